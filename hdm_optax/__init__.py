@@ -1,0 +1,48 @@
+"""hdm_optax: hypergradient descent methods as optax transformations.
+
+Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
+with Hypergradient Descent*: vanilla HDM (Algorithm 1), HDM-HB (Algorithm 2),
+HDM-AGD (Algorithm 3) and HDM-Best (Algorithm 4), plus a compiled solver.
+"""
+
+from hdm_optax import candidates
+from hdm_optax import learners
+from hdm_optax._common import HDMInfo
+from hdm_optax.candidates import CandidateSet
+from hdm_optax.hdm import HDMState
+from hdm_optax.hdm import hdm
+from hdm_optax.hdm_agd import HDMAGDState
+from hdm_optax.hdm_agd import hdm_agd
+from hdm_optax.hdm_best import HDMBestState
+from hdm_optax.hdm_best import hdm_best
+from hdm_optax.hdm_hb import HDMHBState
+from hdm_optax.hdm_hb import hdm_hb
+from hdm_optax.learners import OnlineLearner
+from hdm_optax.solver import SolveResult
+from hdm_optax.solver import SweepResult
+from hdm_optax.solver import Trace
+from hdm_optax.solver import solve
+from hdm_optax.solver import sweep
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "CandidateSet",
+    "HDMAGDState",
+    "HDMBestState",
+    "HDMHBState",
+    "HDMInfo",
+    "HDMState",
+    "OnlineLearner",
+    "SolveResult",
+    "SweepResult",
+    "Trace",
+    "candidates",
+    "hdm",
+    "hdm_agd",
+    "hdm_best",
+    "hdm_hb",
+    "learners",
+    "solve",
+    "sweep",
+)

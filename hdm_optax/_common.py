@@ -1,0 +1,159 @@
+"""Small pieces shared by every HDM variant: diagnostics, dtype and input checks."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class HDMInfo(NamedTuple):
+  """Diagnostics of the last update, kept in every HDM state as ``info``.
+
+  Attributes:
+    accepted: whether the trial point became the new iterate (False on a null
+      step or on a non-finite trial point).
+    hypergrad_norm: Euclidean norm of the hypergradient used to update P
+      (and B or beta when learned), at the last update.
+    num_null_steps: number of updates so far that kept the iterate.
+    num_value_evals: objective evaluations made by ``update`` so far.
+    num_grad_evals: gradient evaluations made by ``update`` so far.
+  """
+
+  accepted: jax.Array
+  hypergrad_norm: jax.Array
+  num_null_steps: jax.Array
+  num_value_evals: jax.Array
+  num_grad_evals: jax.Array
+
+
+def init_info(dtype) -> HDMInfo:
+  zero = jnp.zeros([], jnp.int32)
+  return HDMInfo(
+      accepted=jnp.asarray(True),
+      hypergrad_norm=jnp.zeros([], dtype),
+      num_null_steps=zero,
+      num_value_evals=zero,
+      num_grad_evals=zero,
+  )
+
+
+def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
+  """Info after one update that made ``calls`` value-and-gradient calls."""
+  return HDMInfo(
+      accepted=jnp.asarray(accepted),
+      hypergrad_norm=jnp.asarray(hypergrad_norm, info.hypergrad_norm.dtype),
+      num_null_steps=info.num_null_steps + (~accepted).astype(jnp.int32),
+      num_value_evals=info.num_value_evals + calls,
+      num_grad_evals=info.num_grad_evals + calls,
+  )
+
+
+def params_dtype(params) -> jnp.dtype:
+  """The floating dtype of ``params``; raises for integer, complex or mixed."""
+  leaves = jax.tree.leaves(params)
+  if not leaves:
+    raise ValueError("params is an empty pytree: there is nothing to optimize.")
+  dtypes = {jnp.asarray(leaf).dtype for leaf in leaves}
+  for dt in dtypes:
+    if not jnp.issubdtype(dt, jnp.floating):
+      raise TypeError(
+          f"params must be real floating-point arrays, got dtype {dt}; "
+          "cast them, e.g. jnp.asarray(x, jnp.float32)."
+      )
+  if len(dtypes) > 1:
+    raise TypeError(
+        f"all params leaves must share one dtype, got {sorted(map(str, dtypes))}."
+    )
+  return dtypes.pop()
+
+
+def cast(value, dtype) -> jax.Array:
+  """A hyper-parameter as a 0-d array of the params dtype (no promotion)."""
+  return jnp.asarray(value).astype(dtype)
+
+
+def all_finite(*trees) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(leaf)) for t in trees for leaf in jax.tree.leaves(t)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def safe_div(num, den):
+  """``num / den`` with 0 where ``den == 0`` (the gradient is exactly zero)."""
+  ok = den > 0
+  return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
+
+
+def keep_if(pred, new, old):
+  """``new`` where ``pred`` else ``old``, leaf by leaf (a null step)."""
+  return optax.tree.where(pred, new, old)
+
+
+def require_oracle(name: str, value, grad, value_fn, updates):
+  """Checks the extra args of ``update`` and returns ``(value, grad)``."""
+  missing = [n for n, v in (("value", value), ("value_fn", value_fn)) if v is None]
+  if missing:
+    raise TypeError(
+        f"{name}.update needs the keyword arguments value=, grad= and value_fn= "
+        f"(missing: {', '.join(missing)}). Call it as in\n"
+        "  value_and_grad = optax.value_and_grad_from_state(fun)\n"
+        "  value, grad = value_and_grad(params, state=state)\n"
+        "  updates, state = opt.update(grad, state, params, value=value, "
+        "grad=grad, value_fn=fun)\n"
+        "or use hdm_optax.solve(opt, fun, params, max_steps=...)."
+    )
+  if grad is None:
+    grad = updates
+  if not callable(value_fn):
+    raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}.")
+  return value, grad
+
+
+def value_and_grad(value_fn: Callable[..., Any], params):
+  """One oracle call; checks that ``value_fn`` returns a scalar."""
+  def scalar_fn(p):
+    out = value_fn(p)
+    if jnp.ndim(out) != 0:
+      raise TypeError(
+          f"value_fn must return a scalar, got an array of shape {jnp.shape(out)}."
+      )
+    return out
+  return jax.value_and_grad(scalar_fn)(params)
+
+
+# Construction-time checks. Traced values and arrays skip them (vmap sweeps).
+
+def _is_number(value) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_positive(name: str, value):
+  if _is_number(value) and not value > 0:
+    raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_nonnegative(name: str, value):
+  if _is_number(value) and not value >= 0:
+    raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def check_bounds(lo_name: str, lo, hi_name: str, hi):
+  if _is_number(lo) and _is_number(hi) and lo > hi:
+    raise ValueError(f"{lo_name} must be <= {hi_name}, got {lo} > {hi}")
+
+
+def check_momentum_bounds(lo, hi):
+  for name, val in (("momentum_min", lo), ("momentum_max", hi)):
+    if _is_number(val) and not -1 <= val < 1:
+      raise ValueError(f"{name} must lie in [-1, 1), got {val}")
+  check_bounds("momentum_min", lo, "momentum_max", hi)
+
+
+def check_choice(name: str, value, choices):
+  if isinstance(value, str) and value not in choices:
+    raise ValueError(
+        f"unknown {name} {value!r}; valid: {', '.join(repr(c) for c in choices)}"
+    )

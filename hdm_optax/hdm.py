@@ -1,0 +1,162 @@
+"""Vanilla HDM (Algorithm 1) as an optax transformation."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hdm_optax import _common
+from hdm_optax import candidates as candidates_lib
+from hdm_optax import learners as learners_lib
+
+
+class HDMState(NamedTuple):
+  """State of :func:`hdm`.
+
+  Attributes:
+    count: number of updates k - 1 taken so far.
+    precond: P_k, the stepsize (its shape depends on the candidate set).
+    learner_state: the online learner's accumulators (AdaGrad: U_k).
+    value: f(x^k) at the current iterate (+inf before the first update).
+    grad: grad f(x^k) at the current iterate.
+    info: :class:`hdm_optax.HDMInfo` diagnostics of the last update.
+  """
+
+  count: jax.Array
+  precond: Any
+  learner_state: Any
+  value: jax.Array
+  grad: Any
+  info: _common.HDMInfo
+
+
+def hdm(
+    *,
+    candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
+    learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
+    hypergrad_lr: Any = 0.1,
+    null_step: bool = True,
+    init_precond: Any = 0.0,
+    p_min: Optional[Any] = None,
+    p_max: Optional[Any] = None,
+    adagrad_eps: float = 1e-12,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Hypergradient descent method (Algorithm 1 of Chu et al.).
+
+  Each update takes a trial step with the learned stepsize P and feeds the
+  hypergradient of
+
+  .. math::
+    h_x(P) = \frac{f(x - P \nabla f(x)) - f(x)}{\|\nabla f(x)\|^2}, \qquad
+    \nabla h_x(P) = -\frac{\nabla f(x^+) \nabla f(x)^\top}{\|\nabla f(x)\|^2}
+
+  to an online learner, then keeps the better of x and the trial point:
+
+  .. math::
+    x^{k+1} = \operatorname{argmin}_{x \in \{x^k, x^k - P_k \nabla f(x^k)\}} f(x),
+    \qquad P_{k+1} = \Pi_{\mathcal P}[P_k - \eta_k \nabla h_{x^k}(P_k)].
+
+  With ``null_step=False`` the iterate always moves: that is vanilla HDM,
+  eqs. (1)-(2), which may blow up before it converges (Figure 1a). A trial
+  point with a non-finite value or gradient is always rejected and leaves P
+  and the learner untouched. When ``grad f(x) = 0`` the hypergradient is 0.
+
+  Each update costs one value-and-gradient call (at the trial point); f and
+  grad f at the accepted point are kept in the state, so with
+  ``optax.value_and_grad_from_state`` an iteration costs one oracle call.
+
+  Args:
+    candidate: ``"scalar"``, ``"diagonal"`` or ``"full"`` (an n x n matrix
+      over the flattened params; for small n), see :mod:`hdm_optax.candidates`.
+    learner: ``"ogd"`` (constant step), ``"ogd_sqrt"`` (step eta/sqrt(k)) or
+      ``"adagrad"``, see :mod:`hdm_optax.learners`.
+    hypergrad_lr: eta, the online learner's step size.
+    null_step: take the argmin of Algorithm 1, line 3 (``True``) or always
+      move (``False``, vanilla HDM).
+    init_precond: P_1 = init_precond * I.
+    p_min: lower bound of every entry of P (``None``: unbounded).
+    p_max: upper bound of every entry of P (``None``: unbounded).
+    adagrad_eps: added to sqrt(U) in AdaGrad.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs the
+    keyword arguments ``value``, ``grad`` and ``value_fn`` and returns
+    ``x^{k+1} - x^k``.
+
+  Examples:
+    >>> import jax.numpy as jnp, optax, hdm_optax
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
+    >>> opt = hdm_optax.hdm(hypergrad_lr=0.05)
+    >>> x = jnp.array([1.0, 1.0])
+    >>> state = opt.init(x)
+    >>> value_and_grad = optax.value_and_grad_from_state(fun)
+    >>> for _ in range(50):
+    ...   value, grad = value_and_grad(x, state=state)
+    ...   updates, state = opt.update(grad, state, x, value=value, grad=grad,
+    ...                               value_fn=fun)
+    ...   x = optax.apply_updates(x, updates)
+    >>> bool(fun(x) < 1e-6)
+    True
+
+  References:
+    Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
+    Adaptation with Hypergradient Descent*, Algorithm 1 and Section 3.2.
+  """
+  cand = candidates_lib.get(candidate)
+  learn = learners_lib.get(learner, eps=adagrad_eps)
+  _common.check_positive("hypergrad_lr", hypergrad_lr)
+  _common.check_positive("adagrad_eps", adagrad_eps)
+  _common.check_bounds("p_min", p_min, "p_max", p_max)
+
+  def init_fn(params):
+    dtype = _common.params_dtype(params)
+    precond = cand.project(cand.init(params, init_precond), p_min, p_max)
+    return HDMState(
+        count=jnp.zeros([], jnp.int32),
+        precond=precond,
+        learner_state=learn.init(precond),
+        value=jnp.asarray(jnp.inf, dtype),
+        grad=optax.tree.zeros_like(params),
+        info=_common.init_info(dtype),
+    )
+
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
+                **extra_args):
+    del extra_args
+    value, grad = _common.require_oracle("hdm", value, grad, value_fn, updates)
+    dtype = state.value.dtype
+    # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k).
+    step = optax.tree.scale(-1.0, cand.apply(state.precond, updates))
+    trial = optax.tree.add(params, step)
+    trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
+    finite = _common.all_finite(trial_value, trial_grad)
+    # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2.
+    den = optax.tree.vdot(grad, grad)
+    hypergrad = jax.tree.map(
+        lambda t: _common.safe_div(-t, den), cand.outer(trial_grad, updates))
+    lr = _common.cast(hypergrad_lr, dtype)
+    new_precond, new_learner = learners_lib.learn(
+        cand, learn, state.precond, hypergrad, state.learner_state, lr, p_min, p_max)
+    precond, learner_state = _common.keep_if(
+        finite, (new_precond, new_learner), (state.precond, state.learner_state))
+    # Line 3: the null step keeps x^k unless f decreases.
+    accepted = finite & (trial_value < value) if null_step else finite
+    new_value = jnp.where(accepted, trial_value, value).astype(dtype)
+    new_grad = _common.keep_if(accepted, trial_grad, grad)
+    out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
+    new_state = HDMState(
+        count=state.count + 1,
+        precond=precond,
+        learner_state=learner_state,
+        value=new_value,
+        grad=new_grad,
+        info=_common.next_info(
+            state.info, accepted=accepted,
+            hypergrad_norm=optax.tree.norm(hypergrad), calls=1),
+    )
+    return out, new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,190 @@
+"""HDM with Nesterov momentum, HDM-AGD (Algorithm 3) as an optax transformation."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hdm_optax import _common
+from hdm_optax import candidates as candidates_lib
+from hdm_optax import learners as learners_lib
+
+
+class HDMAGDState(NamedTuple):
+  """State of :func:`hdm_agd`.
+
+  Attributes:
+    count: number of updates taken so far.
+    precond: P_k, the learned stepsize.
+    learner_state: the online learner's accumulators.
+    z: z^k, the aggregated (dual) sequence, z^1 = x^1.
+    a_k: A_k of the recursion A_{k+1} = (A_{k+1} - A_k)^2, A_1 = 1 (A_0 = 0).
+    value: f(x^k) (+inf before the first update).
+    grad: grad f(x^k).
+    info: :class:`hdm_optax.HDMInfo` diagnostics (three value-and-gradient
+      calls per update).
+  """
+
+  count: jax.Array
+  precond: Any
+  learner_state: Any
+  z: Any
+  a_k: jax.Array
+  value: jax.Array
+  grad: Any
+  info: _common.HDMInfo
+
+
+def hdm_agd(
+    *,
+    lipschitz: Any,
+    theta: Any = 1.0,
+    candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
+    learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
+    hypergrad_lr: Any = 0.1,
+    init_precond: Any = 0.0,
+    p_min: Optional[Any] = None,
+    p_max: Optional[Any] = None,
+    adagrad_eps: float = 1e-12,
+) -> optax.GradientTransformationExtraArgs:
+  r"""HDM with Nesterov momentum (Algorithm 3 of Chu et al.).
+
+  With :math:`a_k = A_{k+1} - A_k = (1 + \sqrt{1 + 4A_k})/2`,
+
+  .. math::
+    y^k &= x^k + (1 - A_k / A_{k+1}) (z^k - x^k) \\
+    x^{k+1} &= \operatorname{argmin}_{x \in \{y^k - \nabla f(y^k)/L,\;
+      y^k - P_k \nabla f(y^k),\; x^k\}} f(x) \\
+    P_{k+1} &= \Pi_{\mathcal P}[P_k - \eta \nabla h_{y^k}(P_k)] \\
+    v_k &= \max\{1 / (2\max\{-h_{y^k}(P_k), 1/(2L)\}),\; L/(2\theta)\} \\
+    z^{k+1} &= z^k - \frac{A_{k+1} - A_k}{v_k} \nabla f(y^k).
+
+  The printed algorithm has ``z^k + ...`` in the last line; its proof
+  (Appendix D.2) expands :math:`z^{k+1} = z^k - (A_{k+1}-A_k)/v_k \nabla
+  f(y^k)`, the descent sign used here. Ties in the argmin go to the first
+  candidate in the order above; non-finite candidates count as +inf, and a
+  non-finite value or gradient at y^k rejects the whole update (nothing in
+  the state changes). The incoming ``updates`` are not used: every gradient
+  is taken at y^k.
+
+  Oracle cost: three value-and-gradient calls per update (at y^k and at the
+  two trial points; the gradient of the kept point is cached in the state so
+  ``optax.value_and_grad_from_state`` costs nothing).
+
+  Args:
+    lipschitz: L, the smoothness constant (required).
+    theta: theta in [1/2, L D) (D the diameter of the candidate set); 1/2
+      recovers AGD's rate, larger values trust the learned P more.
+    candidate: ``"scalar"``, ``"diagonal"`` or ``"full"``.
+    learner: ``"ogd"``, ``"ogd_sqrt"`` or ``"adagrad"``.
+    hypergrad_lr: eta, the learner's step.
+    init_precond: P_1 = init_precond * I.
+    p_min: lower bound of the entries of P (``None``: unbounded).
+    p_max: upper bound of the entries of P (``None``: unbounded).
+    adagrad_eps: added to sqrt(U) in AdaGrad.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``
+    and ``value_fn`` and returns ``x^{k+1} - x^k``.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
+    >>> opt = hdm_optax.hdm_agd(lipschitz=20.0, hypergrad_lr=0.05)
+    >>> result = hdm_optax.solve(opt, fun, jnp.array([1.0, 1.0]), max_steps=200)
+    >>> bool(result.converged)
+    True
+
+  References:
+    Chu, Gao, Ye, Udell, Algorithm 3, Section 4.2 and Appendix D.2.
+  """
+  cand = candidates_lib.get(candidate)
+  learn = learners_lib.get(learner, eps=adagrad_eps)
+  _common.check_positive("lipschitz", lipschitz)
+  _common.check_positive("hypergrad_lr", hypergrad_lr)
+  _common.check_positive("adagrad_eps", adagrad_eps)
+  if _common._is_number(theta) and not theta >= 0.5:  # pylint: disable=protected-access
+    raise ValueError(f"theta must be >= 1/2, got {theta}")
+  _common.check_bounds("p_min", p_min, "p_max", p_max)
+
+  def init_fn(params):
+    dtype = _common.params_dtype(params)
+    precond = cand.project(cand.init(params, init_precond), p_min, p_max)
+    return HDMAGDState(
+        count=jnp.zeros([], jnp.int32),
+        precond=precond,
+        learner_state=learn.init(precond),
+        z=params,
+        a_k=jnp.ones([], dtype),
+        value=jnp.asarray(jnp.inf, dtype),
+        grad=optax.tree.zeros_like(params),
+        info=_common.init_info(dtype),
+    )
+
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
+                **extra_args):
+    del extra_args
+    value, grad = _common.require_oracle("hdm_agd", value, grad, value_fn, updates)
+    dtype = state.value.dtype
+    lip = _common.cast(lipschitz, dtype)
+    # Algorithm 3, line 2: A_{k+1} = (A_{k+1} - A_k)^2 gives a_k = A_{k+1} - A_k.
+    a_k = state.a_k
+    a = 0.5 * (1 + jnp.sqrt(1 + 4 * a_k))
+    a_next = a_k + a
+    # Line 3: y^k = x^k + (1 - A_k/A_{k+1}) (z^k - x^k).
+    y = optax.tree.add_scale(params, 1 - a_k / a_next, optax.tree.sub(state.z, params))
+    y_value, y_grad = _common.value_and_grad(value_fn, y)
+    y_ok = _common.all_finite(y_value, y_grad)
+    # Line 4: the three candidates.
+    x_lip = optax.tree.add_scale(y, -1 / lip, y_grad)
+    lip_value, lip_grad = _common.value_and_grad(value_fn, x_lip)
+    x_pre = optax.tree.sub(y, cand.apply(state.precond, y_grad))
+    pre_value, pre_grad = _common.value_and_grad(value_fn, x_pre)
+    pre_ok = y_ok & _common.all_finite(pre_value, pre_grad)
+    # Line 5: P_{k+1} from grad h_{y^k}(P_k) = -grad f(x_P) grad f(y)^T / ||grad f(y)||^2.
+    den = optax.tree.vdot(y_grad, y_grad)
+    hypergrad = jax.tree.map(
+        lambda t: _common.safe_div(-t, den), cand.outer(pre_grad, y_grad))
+    new_p, new_l = learners_lib.learn(
+        cand, learn, state.precond, hypergrad, state.learner_state,
+        _common.cast(hypergrad_lr, dtype), p_min, p_max)
+    precond, learner_state = _common.keep_if(
+        pre_ok, (new_p, new_l), (state.precond, state.learner_state))
+    # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf).
+    inf = jnp.asarray(jnp.inf, dtype)
+    lip_v = jnp.where(y_ok & _common.all_finite(lip_value, lip_grad), lip_value, inf)
+    pre_v = jnp.where(pre_ok, pre_value, inf)
+    values = jnp.stack([lip_v, pre_v, jnp.asarray(value, dtype)])
+    best = jnp.argmin(values)
+    pick = lambda a, b, c: jax.tree.map(
+        lambda u, v, w: jnp.select([best == 0, best == 1], [u, v], w), a, b, c)
+    new_params = pick(x_lip, x_pre, params)
+    new_grad = pick(lip_grad, pre_grad, grad)
+    # Line 6: v_k from h_{y^k}(P_k) = (f(x_P) - f(y)) / ||grad f(y)||^2.
+    h = jnp.where(pre_ok, _common.safe_div(pre_value - y_value, den), inf)
+    v = jnp.maximum(1 / (2 * jnp.maximum(-h, 1 / (2 * lip))),
+                    lip / (2 * _common.cast(theta, dtype)))
+    # Line 7, with the descent sign of Appendix D.2.
+    z = optax.tree.add_scale(state.z, -a / v, y_grad)
+    accepted = y_ok & (best != 2)
+    keep = lambda new, old: _common.keep_if(y_ok, new, old)
+    new_state = HDMAGDState(
+        count=state.count + 1,
+        precond=precond,
+        learner_state=learner_state,
+        z=keep(z, state.z),
+        a_k=keep(a_next, a_k).astype(dtype),
+        value=values[best].astype(dtype),
+        grad=new_grad,
+        info=_common.next_info(
+            state.info, accepted=accepted,
+            hypergrad_norm=optax.tree.norm(hypergrad), calls=3),
+    )
+    step = _common.keep_if(accepted, optax.tree.sub(new_params, params),
+                           optax.tree.zeros_like(params))
+    return step, new_state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

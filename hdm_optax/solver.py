@@ -1,0 +1,317 @@
+"""A compiled full-batch solver for any optax transformation, and vmapped sweeps."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hdm_optax import _common
+
+# SolveResult.status codes.
+CONVERGED = 0
+MAX_STEPS = 1
+NON_FINITE = 2
+STATUS_MESSAGES = {
+    CONVERGED: "converged: ||grad f||_inf <= tol",
+    MAX_STEPS: "max_steps reached before ||grad f||_inf <= tol",
+    NON_FINITE: "f or grad f is not finite at the current iterate",
+}
+
+
+class Trace(NamedTuple):
+  """Per-step record; entry 0 is the initial point, entry k follows step k.
+
+  Entries after the last step repeat the final values.
+
+  Attributes:
+    value: f(x^k).
+    grad_norm: ||grad f(x^k)||_inf.
+    accepted: whether step k moved the iterate (True for entry 0).
+    grad_evals: cumulative gradient evaluations after step k.
+  """
+
+  value: jax.Array
+  grad_norm: jax.Array
+  accepted: jax.Array
+  grad_evals: jax.Array
+
+
+class SolveResult(NamedTuple):
+  """Result of :func:`solve`.
+
+  Attributes:
+    params: the last iterate.
+    state: the optimizer state after the last step.
+    value: f(params).
+    grad_norm: ||grad f(params)||_inf.
+    num_steps: number of ``update`` calls made.
+    num_value_evals: objective evaluations, the initial one included.
+    num_grad_evals: gradient evaluations, the initial one included.
+    converged: whether ||grad f||_inf <= tol.
+    status: ``CONVERGED``, ``MAX_STEPS`` or ``NON_FINITE``
+      (see ``STATUS_MESSAGES``).
+    trace: :class:`Trace`, arrays of length ``max_steps + 1``.
+  """
+
+  params: Any
+  state: Any
+  value: jax.Array
+  grad_norm: jax.Array
+  num_steps: jax.Array
+  num_value_evals: jax.Array
+  num_grad_evals: jax.Array
+  converged: jax.Array
+  status: jax.Array
+  trace: Trace
+
+
+def _inf_norm(tree):
+  return jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _calls_in_update(old_state, new_state):
+  """(value, grad) evaluations that ``update`` made between the two states.
+
+  hdm_optax states count them in ``info``; optax's zoom linesearch (used by
+  ``optax.lbfgs``) makes one value-and-gradient call per linesearch step;
+  other transformations do not call the oracle.
+  """
+  vals = optax.tree.get(new_state, "num_value_evals")
+  if vals is not None:
+    grads = optax.tree.get(new_state, "num_grad_evals")
+    return (vals - optax.tree.get(old_state, "num_value_evals"),
+            grads - optax.tree.get(old_state, "num_grad_evals"))
+  steps = optax.tree.get(new_state, "num_linesearch_steps")
+  if steps is not None:
+    return steps, steps
+  return 0, 0
+
+
+def _has_cache(state) -> bool:
+  try:
+    return (optax.tree.get(state, "value") is not None
+            and optax.tree.get(state, "grad") is not None)
+  except KeyError:  # several 'value' fields: no usable cache
+    return False
+
+
+def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state):
+  def value_fn(p):
+    return fun(p, *fun_args)
+
+  value_and_grad = lambda p: _common.value_and_grad(value_fn, p)
+  state = optimizer.init(init_params) if init_state is None else init_state
+  cached = _has_cache(state)
+  value, grad = value_and_grad(init_params)
+  if cached:
+    state = optax.tree.set(state, value=value, grad=grad)
+  dtype = jnp.result_type(value)
+  tol = jnp.asarray(tol, dtype)
+  gnorm = _inf_norm(grad)
+  one = jnp.ones([], jnp.int32)
+  trace = Trace(
+      value=jnp.full([max_steps + 1], value, dtype),
+      grad_norm=jnp.full([max_steps + 1], gnorm, dtype),
+      accepted=jnp.ones([max_steps + 1], bool),
+      grad_evals=jnp.ones([max_steps + 1], jnp.int32),
+  )
+  carry0 = dict(params=init_params, state=state, value=value, grad=grad, gnorm=gnorm,
+                k=jnp.zeros([], jnp.int32), nv=one, ng=one, trace=trace)
+
+  def finite(c):
+    return jnp.isfinite(c["value"]) & jnp.isfinite(c["gnorm"])
+
+  def cond(c):
+    return (c["k"] < max_steps) & (c["gnorm"] > tol) & finite(c)
+
+  def body(c):
+    updates, new_state = optimizer.update(
+        c["grad"], c["state"], c["params"], value=c["value"], grad=c["grad"],
+        value_fn=value_fn)
+    params = optax.apply_updates(c["params"], updates)
+    dv, dg = _calls_in_update(c["state"], new_state)
+    nv = c["nv"] + jnp.asarray(dv, jnp.int32)
+    ng = c["ng"] + jnp.asarray(dg, jnp.int32)
+    if cached:
+      value = optax.tree.get(new_state, "value")
+      grad = optax.tree.get(new_state, "grad")
+    else:
+      value, grad = value_and_grad(params)
+      nv, ng = nv + 1, ng + 1
+    accepted = optax.tree.get(new_state, "accepted")
+    accepted = jnp.asarray(True) if accepted is None else accepted
+    gnorm = _inf_norm(grad)
+    k = c["k"] + 1
+    tr = c["trace"]
+    trace = Trace(value=tr.value.at[k].set(value), grad_norm=tr.grad_norm.at[k].set(gnorm),
+                  accepted=tr.accepted.at[k].set(accepted), grad_evals=tr.grad_evals.at[k].set(ng))
+    return dict(params=params, state=new_state, value=jnp.asarray(value, dtype), grad=grad,
+                gnorm=gnorm, k=k, nv=nv, ng=ng,
+                trace=trace)
+
+  c = jax.lax.while_loop(cond, body, carry0)
+  # Freeze the tail of the trace at the final values.
+  tail = jnp.arange(max_steps + 1) > c["k"]
+  tr = c["trace"]
+  trace = Trace(
+      value=jnp.where(tail, c["value"], tr.value),
+      grad_norm=jnp.where(tail, c["gnorm"], tr.grad_norm),
+      accepted=jnp.where(tail, False, tr.accepted),
+      grad_evals=jnp.where(tail, c["ng"], tr.grad_evals),
+  )
+  converged = c["gnorm"] <= tol
+  status = jnp.where(converged, CONVERGED, jnp.where(finite(c), MAX_STEPS, NON_FINITE))
+  return SolveResult(
+      params=c["params"], state=c["state"], value=c["value"], grad_norm=c["gnorm"],
+      num_steps=c["k"], num_value_evals=c["nv"], num_grad_evals=c["ng"],
+      converged=converged, status=status.astype(jnp.int32), trace=trace)
+
+
+_solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2))
+
+
+def _under_trace(*trees) -> bool:
+  """Whether ``solve`` runs inside an outer jit/vmap/grad trace."""
+  if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(trees)):
+    return True
+  try:  # private, but the only way to see tracers closed over by the optimizer
+    from jax._src import core  # pylint: disable=g-import-not-at-top
+    return not core.trace_state_clean()
+  except (ImportError, AttributeError):
+    return False
+
+
+def solve(
+    optimizer: optax.GradientTransformation,
+    fun: Callable[..., jax.Array],
+    init_params: Any,
+    *,
+    max_steps: int,
+    tol: float = 1e-4,
+    init_state: Optional[Any] = None,
+    fun_args: Sequence[Any] = (),
+) -> SolveResult:
+  r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
+
+  The run is one ``lax.while_loop`` over ``jax.value_and_grad(fun)``: it stops
+  (freezes) once :math:`\|\nabla f(x)\|_\infty \le` ``tol``, after
+  ``max_steps`` updates, or when f or its gradient is not finite. If the state
+  caches ``value`` and ``grad`` (every hdm_optax transformation, optax's
+  linesearches) they are reused, so an HDM iteration costs one oracle call;
+  otherwise the gradient is computed once per step. ``fun_args`` are
+  arguments of the compiled program (data is not folded into it as
+  constants). Works for any optax transformation; ``update`` receives
+  ``value``, ``grad`` and ``value_fn``.
+
+  ``solve`` is traceable: inside ``jax.jit``/``jax.vmap`` it traces inline,
+  so ``jax.jit(jax.vmap(lambda lr: solve(hdm_best(precond_lr=lr), ...)))``
+  compiles one program for a whole grid. Called outside a trace it compiles
+  once per (optimizer object, fun, max_steps) and input shapes.
+
+  Args:
+    optimizer: an optax transformation.
+    fun: the objective, ``fun(params, *fun_args) -> scalar``.
+    init_params: x^1, any pytree of float arrays.
+    max_steps: the number of updates allowed (static).
+    tol: stop when ||grad f||_inf <= tol.
+    init_state: resume from this optimizer state instead of ``optimizer.init``.
+    fun_args: extra arguments of ``fun`` (e.g. the data).
+
+  Returns:
+    A :class:`SolveResult`.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> fun = lambda x, a: jnp.sum(a * x ** 2)
+    >>> a = jnp.array([1.0, 10.0, 100.0])
+    >>> res = hdm_optax.solve(hdm_optax.hdm_best(lipschitz=200.0), fun,
+    ...                       jnp.ones(3), max_steps=500, fun_args=(a,))
+    >>> bool(res.converged), int(res.num_grad_evals) <= 501
+    (True, True)
+  """
+  if not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
+    raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
+  fun_args = tuple(fun_args)
+  _common.params_dtype(init_params)
+  if _under_trace(init_params, fun_args, tol, init_state):
+    return _solve(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state)
+  return _solve_jit(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state)
+
+
+class SweepResult(NamedTuple):
+  """Result of :func:`sweep`.
+
+  Attributes:
+    points: the grid, a list of dicts (keyword -> value), in row-major order.
+    results: a :class:`SolveResult` whose leaves have a leading axis of
+      length ``len(points)``.
+    best: index of the best point: fewest steps among the converged points,
+      then lowest final value (among all points when none converged).
+  """
+
+  points: list
+  results: SolveResult
+  best: int
+
+
+def sweep(
+    make_optimizer: Callable[..., optax.GradientTransformation],
+    grid: Mapping[str, Sequence[Any]],
+    fun: Callable[..., jax.Array],
+    init_params: Any,
+    **solve_kwargs,
+) -> SweepResult:
+  """Solves once per point of a Cartesian grid, in one vmapped compiled call.
+
+  Args:
+    make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric
+      grid values arrive as traced scalars.
+    grid: keyword -> list of values; the grid is their Cartesian product.
+    fun: the objective, as in :func:`solve`.
+    init_params: the common starting point.
+    **solve_kwargs: ``max_steps``, ``tol``, ``fun_args`` as in :func:`solve`.
+
+  Returns:
+    A :class:`SweepResult`.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
+    >>> out = hdm_optax.sweep(
+    ...     lambda precond_lr, momentum_lr: hdm_optax.hdm_best(
+    ...         lipschitz=20.0, precond_lr=precond_lr, momentum_lr=momentum_lr),
+    ...     {"precond_lr": [0.05, 0.5], "momentum_lr": [1.0, 3.0]},
+    ...     fun, jnp.ones(2), max_steps=300)
+    >>> len(out.points), out.results.num_steps.shape
+    (4, (4,))
+  """
+  names = list(grid)
+  points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
+  if not points:
+    raise ValueError("grid is empty")
+  dtype = _common.params_dtype(init_params)
+  columns = {n: jnp.asarray([p[n] for p in points], dtype) for n in names}
+  fun_args = tuple(solve_kwargs.pop("fun_args", ()))
+
+  @jax.jit
+  def run(columns, init_params, fun_args):
+    def one(point):
+      return solve(make_optimizer(**point), fun, init_params, fun_args=fun_args,
+                   **solve_kwargs)
+    return jax.vmap(one)(columns)
+
+  results = run(columns, init_params, fun_args)
+  steps = np.asarray(results.num_steps)
+  conv = np.asarray(results.converged)
+  value = np.asarray(results.value)
+  value = np.where(np.isfinite(value), value, np.inf)
+  if conv.any():
+    order = np.lexsort((value, np.where(conv, steps, np.iinfo(np.int64).max)))
+  else:
+    order = np.lexsort((value,))
+  return SweepResult(points=points, results=results, best=int(order[0]))
