@@ -18,7 +18,7 @@ MAX_STEPS = 1
 NON_FINITE = 2
 STATUS_MESSAGES = {
     CONVERGED: "converged: ||grad f||_inf <= tol",
-    MAX_STEPS: "max_steps reached before ||grad f||_inf <= tol",
+    MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
     NON_FINITE: "f or grad f is not finite at the current iterate",
 }
 
@@ -100,7 +100,8 @@ def _has_cache(state) -> bool:
     return False
 
 
-def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state):
+def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
+           max_grad_evals):
   def value_fn(p):
     return fun(p, *fun_args)
 
@@ -127,7 +128,8 @@ def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state):
     return jnp.isfinite(c["value"]) & jnp.isfinite(c["gnorm"])
 
   def cond(c):
-    return (c["k"] < max_steps) & (c["gnorm"] > tol) & finite(c)
+    return ((c["k"] < max_steps) & (c["gnorm"] > tol) & finite(c)
+            & (c["ng"] < max_grad_evals))
 
   def body(c):
     updates, new_state = optimizer.update(
@@ -164,7 +166,7 @@ def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state):
       accepted=jnp.where(tail, False, tr.accepted),
       grad_evals=jnp.where(tail, c["ng"], tr.grad_evals),
   )
-  converged = c["gnorm"] <= tol
+  converged = (c["gnorm"] <= tol) & finite(c)
   status = jnp.where(converged, CONVERGED, jnp.where(finite(c), MAX_STEPS, NON_FINITE))
   return SolveResult(
       params=c["params"], state=c["state"], value=c["value"], grad_norm=c["gnorm"],
@@ -195,6 +197,7 @@ def solve(
     tol: float = 1e-4,
     init_state: Optional[Any] = None,
     fun_args: Sequence[Any] = (),
+    max_grad_evals: Optional[int] = None,
 ) -> SolveResult:
   r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
 
@@ -221,6 +224,9 @@ def solve(
     tol: stop when ||grad f||_inf <= tol.
     init_state: resume from this optimizer state instead of ``optimizer.init``.
     fun_args: extra arguments of ``fun`` (e.g. the data).
+    max_grad_evals: also stop before an update once this many gradient
+      evaluations have been made (an update that evaluates several times, such
+      as a linesearch, may end above it). ``None``: no limit.
 
   Returns:
     A :class:`SolveResult`.
@@ -238,9 +244,13 @@ def solve(
     raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
   fun_args = tuple(fun_args)
   _common.params_dtype(init_params)
+  if max_grad_evals is None:
+    max_grad_evals = np.iinfo(np.int32).max
   if _under_trace(init_params, fun_args, tol, init_state):
-    return _solve(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state)
-  return _solve_jit(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state)
+    return _solve(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state,
+                  max_grad_evals)
+  return _solve_jit(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state,
+                    max_grad_evals)
 
 
 class SweepResult(NamedTuple):
