@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Callable, NamedTuple
 
@@ -92,8 +93,14 @@ def keep_if(pred, new, old):
   return optax.tree.where(pred, new, old)
 
 
-def require_oracle(name: str, value, grad, value_fn, updates):
-  """Checks the extra args of ``update`` and returns ``(value, grad)``."""
+def require_oracle(name: str, value, grad, value_fn, updates, params=None,
+                   state_grad=None):
+  """Checks the extra args of ``update`` and returns ``(value, grad)``.
+
+  With ``params``, also checks that ``updates`` and ``grad`` (and the state's
+  cached ``state_grad``, i.e. the pytree ``init`` saw) have the pytree
+  structure and leaf shapes of ``params``.
+  """
   missing = [n for n, v in (("value", value), ("value_fn", value_fn)) if v is None]
   if missing:
     raise TypeError(
@@ -109,7 +116,31 @@ def require_oracle(name: str, value, grad, value_fn, updates):
     grad = updates
   if not callable(value_fn):
     raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}.")
+  if params is not None:
+    for what, tree in (("the gradient (updates)", updates), ("grad=", grad),
+                       ("the optimizer state (built by init)", state_grad)):
+      if tree is not None:
+        check_like(name, what, tree, params)
   return value, grad
+
+
+def _shapes(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, [tuple(jnp.shape(leaf)) for leaf in leaves]
+
+
+def check_like(name: str, what: str, tree, params):
+  """Raises a ``ValueError`` unless ``tree`` is shaped like ``params``."""
+  t_def, t_shapes = _shapes(tree)
+  p_def, p_shapes = _shapes(params)
+  if t_def != p_def:
+    raise ValueError(
+        f"{name}.update: {what} does not have the pytree structure of params:\n"
+        f"  params: {p_def}\n  got:    {t_def}")
+  if t_shapes != p_shapes:
+    raise ValueError(
+        f"{name}.update: {what} does not have the leaf shapes of params: "
+        f"params {p_shapes}, got {t_shapes}")
 
 
 def value_and_grad(value_fn: Callable[..., Any], params):
@@ -130,17 +161,28 @@ def _is_number(value) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _check_type(name: str, value):
+  if isinstance(value, (str, bytes, bool)):
+    raise TypeError(f"{name} must be a number or an array, got {value!r}")
+
+
 def check_positive(name: str, value):
-  if _is_number(value) and not value > 0:
-    raise ValueError(f"{name} must be > 0, got {value}")
+  _check_type(name, value)
+  if _is_number(value) and not 0 < value < math.inf:
+    raise ValueError(f"{name} must be finite and > 0, got {value}")
 
 
 def check_nonnegative(name: str, value):
-  if _is_number(value) and not value >= 0:
-    raise ValueError(f"{name} must be >= 0, got {value}")
+  _check_type(name, value)
+  if _is_number(value) and not 0 <= value < math.inf:
+    raise ValueError(f"{name} must be finite and >= 0, got {value}")
 
 
 def check_bounds(lo_name: str, lo, hi_name: str, hi):
+  for n, v in ((lo_name, lo), (hi_name, hi)):
+    _check_type(n, v)
+    if _is_number(v) and math.isnan(v):
+      raise ValueError(f"{n} must be a number or None, got {v}")
   if _is_number(lo) and _is_number(hi) and lo > hi:
     raise ValueError(f"{lo_name} must be <= {hi_name}, got {lo} > {hi}")
 

@@ -126,7 +126,8 @@ def hdm(
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
                 **extra_args):
     del extra_args
-    value, grad = _common.require_oracle("hdm", value, grad, value_fn, updates)
+    value, grad = _common.require_oracle(
+        "hdm", value, grad, value_fn, updates, params=params, state_grad=state.grad)
     dtype = state.value.dtype
     # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k).
     step = optax.tree.scale(-1.0, cand.apply(state.precond, updates))

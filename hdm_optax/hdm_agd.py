@@ -103,6 +103,8 @@ def hdm_agd(
   """
   cand = candidates_lib.get(candidate)
   learn = learners_lib.get(learner, eps=adagrad_eps)
+  if lipschitz is None:
+    raise TypeError("hdm_agd needs lipschitz=L, the smoothness constant (a number > 0).")
   _common.check_positive("lipschitz", lipschitz)
   _common.check_positive("hypergrad_lr", hypergrad_lr)
   _common.check_positive("adagrad_eps", adagrad_eps)
@@ -127,7 +129,8 @@ def hdm_agd(
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
                 **extra_args):
     del extra_args
-    value, grad = _common.require_oracle("hdm_agd", value, grad, value_fn, updates)
+    value, grad = _common.require_oracle(
+        "hdm_agd", value, grad, value_fn, updates, params=params, state_grad=state.grad)
     dtype = state.value.dtype
     lip = _common.cast(lipschitz, dtype)
     # Algorithm 3, line 2: A_{k+1} = (A_{k+1} - A_k)^2 gives a_k = A_{k+1} - A_k.

@@ -107,8 +107,9 @@ def hdm_best(
     sqrt(U); den = ||g||^2 + ``denominator_eps`` until a curvature estimate
     L_hat exists, then den = ||g||^2 + (L_hat^2/4) ||x - x^-||^2
     (tau = L_hat^2/2; pass ``tau`` to use a fixed tau instead); until L_hat
-    exists, every ``decay_every`` iterations eta_p <- max(``decay_rate`` eta_p,
-    ``decay_floor`` eta_p0) (``lr_decay``); the curvature estimate
+    exists, at iterations k = 50, 100, ... (``decay_every``) eta_p <-
+    max(``decay_rate`` eta_p, ``decay_floor`` eta_p0) before P is updated
+    (``lr_decay``); the curvature estimate
     (``estimate_curvature``): on each accepted step with ||x+ - x|| >
     ``curvature_min_step`` record ||grad f(x+) - grad f(x)|| / ||x+ - x||; a
     counter goes up by 1 per accepted step and down by 2 (floor 0) per null
@@ -217,7 +218,8 @@ def hdm_best(
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
                 **extra_args):
     del extra_args
-    value, grad = _common.require_oracle("hdm_best", value, grad, value_fn, updates)
+    value, grad = _common.require_oracle(
+        "hdm_best", value, grad, value_fn, updates, params=params, state_grad=state.grad)
     dtype = state.value.dtype
     c = lambda x: _common.cast(x, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
@@ -256,6 +258,13 @@ def hdm_best(
     grad_p = jax.tree.map(lambda t: _common.safe_div(-t, den),
                           diag.outer(trial_grad, updates))
     grad_b = _common.safe_div(optax.tree.vdot(trial_grad, diff), den)
+    # Until L_hat exists, eta_p decays at iterations k = 50, 100, ... (before
+    # that iteration's update of P).
+    count = state.count + (~probing).astype(jnp.int32)
+    if lr_decay:
+      decay = state.estimating & ~probing & (count % decay_every == 0)
+      eta_p = jnp.where(decay, jnp.maximum(c(decay_rate) * eta_p, c(decay_floor) * eta_p0),
+                        eta_p)
     # Lines 5-8: AdaGrad on P and beta, then the projections.
     lip_now = jnp.where(has_curv, state.curvature, smoothness)
     p_max = None if max_precond_times_l is None else c(max_precond_times_l) / lip_now
@@ -278,12 +287,7 @@ def hdm_best(
     counter = jnp.where(accepted, state.curvature_counter + 1,
                         jnp.maximum(state.curvature_counter - 2, 0))
     counter = jnp.where(probing, state.curvature_counter, counter)
-    count = state.count + (~probing).astype(jnp.int32)
     estimating = state.estimating
-    if lr_decay:
-      decay = estimating & ~probing & (count % decay_every == 0)
-      eta_p = jnp.where(decay, jnp.maximum(c(decay_rate) * eta_p, c(decay_floor) * eta_p0),
-                        eta_p)
     curvature = state.curvature
     if estimate_curvature:
       k_budget = jnp.asarray(horizon, dtype)

@@ -137,7 +137,8 @@ def hdm_hb(
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
                 **extra_args):
     del extra_args
-    value, grad = _common.require_oracle("hdm_hb", value, grad, value_fn, updates)
+    value, grad = _common.require_oracle(
+        "hdm_hb", value, grad, value_fn, updates, params=params, state_grad=state.grad)
     dtype = state.value.dtype
     om, ta = _common.cast(omega, dtype), _common.cast(tau, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
