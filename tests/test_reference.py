@@ -1,0 +1,439 @@
+"""Trajectory tests: hdm_optax against the plain-NumPy reference (tests/reference.py).
+
+Every configuration runs >= 30 float64 steps on two small problems and compares
+x, P (and B / beta / z / A), the cached value and the accept flags step by step
+with rtol 1e-10.  One objective family covers both problems,
+
+    f(x) = 1/2 (x - s)^T A (x - s) + c * mean(log(1 + exp(-y * (M x))))   (+inf if ||x||^2 > R2)
+
+so that a single jit compilation per configuration serves the random strongly
+convex quadratic (c = 0, minimum value 0 at s) and the logistic regression
+(A = lam I, s = 0, c > 0); the problem data are traced arguments of the jitted
+step.  Writing the quadratic around its minimiser keeps f(x) - f* well resolved:
+HDM-AGD uses h = (f(x_P) - f(y)) / ||g||^2, whose rounding error grows like
+|f| / ||g||^2, and with |f| >> f - f* the two implementations drift apart at the
+1e-10 level for purely numerical reasons.
+"""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import math  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+
+import hdm_optax  # noqa: E402
+
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+    import reference as ref  # noqa: E402
+except ImportError:  # pragma: no cover - tests/ turned into a package
+    from tests import reference as ref  # noqa: E402
+
+RTOL = 1e-10
+ATOL = 1e-13
+N = 6  # dimension of both problems (one compile per configuration)
+M_SAMPLES = 40
+
+
+# ---------------------------------------------------------------------------
+# problems
+# ---------------------------------------------------------------------------
+
+
+def make_problem(kind: str, seed: int, R2: float = math.inf):
+    """Returns (data dict of float64 arrays, smoothness constant L)."""
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((M_SAMPLES, N))
+    y = np.where(rng.standard_normal(M_SAMPLES) > 0, 1.0, -1.0)
+    if kind == "quadratic":
+        Q, _ = np.linalg.qr(rng.standard_normal((N, N)))
+        eig = np.geomspace(1e-2, 1.0, N)  # mu = 0.01, L = 1
+        A = (Q * eig) @ Q.T
+        A = 0.5 * (A + A.T)
+        s = np.linalg.solve(A, rng.standard_normal(N))  # minimiser, f(s) = 0
+        c = 0.0
+        L = float(np.max(np.linalg.eigvalsh(A)))
+    elif kind == "logistic":
+        lam = 1e-4
+        M = M * np.geomspace(0.03, 1.0, N)  # badly scaled features
+        c = 4.0 * M_SAMPLES / np.linalg.norm(M, 2) ** 2  # so that L ~ 1
+        A = lam * np.eye(N)
+        s = np.zeros(N)
+        L = lam + c * np.linalg.norm(M, 2) ** 2 / (4 * M_SAMPLES)
+    else:
+        raise ValueError(kind)
+    data = dict(A=A, s=s, M=M, y=y, c=np.float64(c), R2=np.float64(R2))
+    return data, float(L)
+
+
+def np_oracle(data):
+    A, s, M, y, c, R2 = (data[k] for k in ("A", "s", "M", "y", "c", "R2"))
+
+    def f(x):
+        if x @ x > R2:
+            return math.inf
+        return float(0.5 * (x - s) @ A @ (x - s) + c * np.mean(np.logaddexp(0.0, -y * (M @ x))))
+
+    def grad(x):
+        z = -y * (M @ x)
+        sig = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid(z)
+        return A @ (x - s) + c * (M.T @ (-y * sig)) / len(y)
+
+    return f, grad
+
+
+def jax_objective(data):
+    def f(x):
+        r = x - data["s"]
+        val = 0.5 * r @ data["A"] @ r + data["c"] * jnp.mean(
+            jnp.logaddexp(0.0, -data["y"] * (data["M"] @ x))
+        )
+        return jnp.where(x @ x > data["R2"], jnp.inf, val)
+
+    return f
+
+
+def x_start(seed: int = 1):
+    return np.random.default_rng(seed).standard_normal(N)
+
+
+# ---------------------------------------------------------------------------
+# running the package
+# ---------------------------------------------------------------------------
+
+
+def make_stepper(opt):
+    """One jit compilation per optimizer; problem data are traced arguments.
+
+    The cached (value, grad) of the state is passed in from the host, exactly
+    as ``optax.value_and_grad_from_state`` would (recomputed only while the
+    cached value is not finite, i.e. before the first update); keeping that
+    ``lax.cond`` out of the compiled step makes each compilation cheaper.
+    """
+
+    @jax.jit
+    def step(data, state, x, v, g):
+        f = jax_objective(data)
+        upd, state = opt.update(g, state, x, value=v, grad=g, value_fn=f)
+        return optax.apply_updates(x, upd), state
+
+    return step
+
+
+@jax.jit
+def _value_and_grad(data, x):
+    return jax.value_and_grad(jax_objective(data))(x)
+
+
+def run_package(opt, stepper, data, x0, steps, extract, replace=None):
+    """Runs ``steps`` updates from ``opt.init(x0)`` (optionally with some state
+    fields replaced, e.g. ``precond``) and returns the per-step records."""
+    x = jnp.asarray(x0)
+    state = opt.init(x)
+    if replace:
+        state = state._replace(**{k: jnp.asarray(v) for k, v in replace.items()})
+    recs = []
+    for _ in range(steps):
+        v, g = state.value, state.grad
+        if not np.isfinite(float(v)):
+            v, g = _value_and_grad(data, x)
+        x, state = stepper(data, state, x, v, g)
+        recs.append(extract(np.asarray(x), state))
+    return recs, state
+
+
+def assert_traj(name, got, want, rtol=RTOL, atol=ATOL):
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, (name, got.shape, want.shape)
+    for k in range(got.shape[0]):
+        np.testing.assert_allclose(
+            got[k], want[k], rtol=rtol, atol=atol, err_msg=f"{name} differs at step {k + 1}"
+        )
+
+
+def assert_moves(name, traj, first, tol=1e-3):
+    traj = np.asarray(traj, dtype=np.float64)
+    assert np.max(np.abs(traj - np.asarray(first))) > tol, f"{name} never moved: test is vacuous"
+
+
+def _np(a):
+    return np.asarray(a, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------
+# HDM (Algorithm 1)
+# ---------------------------------------------------------------------------
+
+HDM_LR = {"ogd": 0.5, "ogd_sqrt": 1.0, "adagrad": 0.3}
+HDM_STEPS = 35
+# P_1 = 2.5 > 2/L: the first trials overshoot, so the null step matters.
+HDM_P1 = 2.5
+
+
+def _hdm_extract(x, state):
+    return dict(
+        x=x,
+        P=_np(state.precond),
+        value=float(state.value),
+        accepted=bool(state.info.accepted),
+    )
+
+
+def _check_hdm(opt, stepper, ref_kwargs, data, steps, candidate, P1, *, x0=None, replace=None):
+    f, grad = np_oracle(data)
+    x0 = x_start() if x0 is None else x0
+    want = ref.hdm_reference(f, grad, x0, steps, candidate=candidate, P1=P1, **ref_kwargs)
+    got, _ = run_package(opt, stepper, data, x0, steps, _hdm_extract, replace=replace)
+    assert_traj("x", [r["x"] for r in got], want["xs"])
+    assert_traj("P", [r["P"] for r in got], want["Ps"])
+    assert_traj("value", [r["value"] for r in got], want["values"])
+    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+    assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
+    return want
+
+
+@pytest.mark.parametrize("null_step", [True, False])
+@pytest.mark.parametrize("learner", ref.LEARNERS)
+@pytest.mark.parametrize("candidate", ref.CANDIDATES)
+def test_hdm_matches_reference(candidate, learner, null_step):
+    """Three runs per configuration (one compilation):
+
+    * quadratic from init_precond = 2.5 > 2/L;
+    * logistic regression from P_1 = 0 (set in the state): the first trial
+      equals x, a tie that the null step rejects;
+    * logistic regression from init_precond = 2.5 with f = +inf outside a ball:
+      the first trial increases f (rejected with the null step, taken without),
+      and later trials leave the ball; non-finite trials must be rejected and
+      leave P (and the learner) untouched, with or without the null step.
+
+    (With P_1 = 0 on the ill-conditioned quadratic, the scalar P grows well past
+    2/L and the trajectory amplifies rounding errors so much that two correct
+    float64 implementations disagree at the 1e-8 level; hence that pairing.)
+    """
+    lr = HDM_LR[learner]
+    opt = hdm_optax.hdm(
+        candidate=candidate, learner=learner, hypergrad_lr=lr, null_step=null_step,
+        init_precond=HDM_P1,
+    )
+    stepper = make_stepper(opt)
+    kw = dict(learner=learner, lr=lr, null_step=null_step)
+    x0 = x_start()
+
+    # quadratic, P_1 = 2.5
+    data, _ = make_problem("quadratic", 0)
+    _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
+
+    # logistic regression, P_1 = 0
+    data, _ = make_problem("logistic", 0)
+    P0 = ref.init_precond(candidate, N, 0.0)
+    want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, 0.0, replace=dict(precond=P0))
+    assert want["accepted"][0] is (not null_step)  # f(x - 0 g) == f(x)
+
+    # logistic regression restricted to a ball (+inf outside), P_1 = 2.5
+    data, _ = make_problem("logistic", 0, R2=2.0 * float(x0 @ x0))
+    f, _ = np_oracle(data)
+    want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
+    if null_step:
+        assert not want["accepted"][0]
+        assert all(v <= f(x0) for v in want["values"])
+    else:
+        assert want["accepted"][0]
+        assert want["values"][0] > f(x0)  # vanilla HDM really moved uphill
+    assert not all(want["finite"]), "no non-finite trial: test is vacuous"
+    Ps = np.asarray(want["Ps"])
+    for k in range(1, HDM_STEPS):
+        if not want["finite"][k]:
+            assert not want["accepted"][k]
+            np.testing.assert_array_equal(Ps[k], Ps[k - 1])
+        elif not null_step:
+            assert want["accepted"][k]
+
+
+@pytest.mark.parametrize(
+    "candidate,learner,p_min,p_max",
+    [
+        ("scalar", "ogd", 0.0, 1.5),
+        ("diagonal", "adagrad", 0.2, 3.0),
+        ("full", "ogd_sqrt", -0.3, 2.0),
+    ],
+)
+def test_hdm_projection_matches_reference(candidate, learner, p_min, p_max):
+    lr = HDM_LR[learner]
+    opt = hdm_optax.hdm(
+        candidate=candidate, learner=learner, hypergrad_lr=lr, null_step=True,
+        init_precond=0.5, p_min=p_min, p_max=p_max,
+    )
+    data, _ = make_problem("quadratic", 3)
+    want = _check_hdm(
+        opt, make_stepper(opt), dict(learner=learner, lr=lr, null_step=True, p_min=p_min, p_max=p_max),
+        data, 30, candidate, 0.5,
+    )
+    Ps = np.asarray(want["Ps"])
+    assert np.any(Ps == p_max), "upper bound never active: test is vacuous"
+    assert np.all(Ps >= p_min) and np.all(Ps <= p_max)
+
+
+# ---------------------------------------------------------------------------
+# HDM-HB (Algorithm 2)
+# ---------------------------------------------------------------------------
+
+HB_STEPS = 35
+
+
+def _hb_extract(x, state):
+    return dict(
+        x=x,
+        P=_np(state.precond),
+        B=_np(state.momentum),
+        x_prev=_np(state.prev_params),
+    )
+
+
+# P_1 > 2/L so that the first trials overshoot and the potential-based null step
+# is exercised in every configuration.
+@pytest.mark.parametrize(
+    "candidate,momentum_candidate,learner,omega,tau,P1",
+    [
+        ("scalar", "scalar", "adagrad", 0.0, 0.0, 2.5),
+        ("scalar", "diagonal", "adagrad", 0.5, 1.0, 2.5),
+        ("diagonal", "scalar", "adagrad", 0.5, 1.0, 2.5),
+        ("diagonal", "diagonal", "ogd", 0.0, 0.0, 2.5),
+        ("full", "scalar", "ogd_sqrt", 0.3, 2.0, 3.0),
+        ("full", "diagonal", "adagrad", 0.5, 1.0, 2.5),
+    ],
+)
+def test_hdm_hb_matches_reference(candidate, momentum_candidate, learner, omega, tau, P1):
+    lr = HDM_LR[learner]
+    mlr = {"ogd": 0.2, "ogd_sqrt": 0.3, "adagrad": 0.1}[learner]
+    B1 = 0.5
+    opt = hdm_optax.hdm_hb(
+        candidate=candidate, momentum_candidate=momentum_candidate, learner=learner,
+        hypergrad_lr=lr, momentum_lr=mlr, omega=omega, tau=tau,
+        init_precond=P1, init_momentum=B1,
+    )
+    stepper = make_stepper(opt)
+    n_rejected = 0
+    for kind, seed in (("quadratic", 1), ("logistic", 1)):
+        data, _ = make_problem(kind, seed)
+        f, grad = np_oracle(data)
+        x0 = x_start(2)
+        want = ref.hdm_hb_reference(
+            f, grad, x0, HB_STEPS, candidate=candidate, momentum_candidate=momentum_candidate,
+            learner=learner, lr=lr, momentum_lr=mlr, omega=omega, tau=tau, P1=P1, B1=B1,
+        )
+        got, _ = run_package(opt, stepper, data, x0, HB_STEPS, _hb_extract)
+        tag = f"{kind}:"
+        assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
+        assert_traj(tag + "x_prev", [r["x_prev"] for r in got], want["x_prevs"])
+        assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
+        assert_traj(tag + "B", [r["B"] for r in got], want["Bs"])
+        assert_moves(tag + "P", want["Ps"], ref.init_precond(candidate, N, P1))
+        assert_moves(tag + "B", want["Bs"], ref.init_precond(momentum_candidate, N, B1))
+        assert sum(want["accepted"]) >= HB_STEPS // 3
+        n_rejected += sum(not a for a in want["accepted"])
+        assert want["values"][-1] < f(x0)
+    assert n_rejected >= 1, "no null step in either problem: null-step path untested"
+
+
+# ---------------------------------------------------------------------------
+# HDM-AGD (Algorithm 3)
+# ---------------------------------------------------------------------------
+
+AGD_STEPS = 35
+
+
+def _agd_extract(x, state):
+    return dict(x=x, P=_np(state.precond), z=_np(state.z), A=float(state.a_k))
+
+
+# Configurations are chosen so that the reference trajectory itself is well
+# conditioned: a relative perturbation of 1e-15 of x_1 changes the 35-step
+# reference trajectory by < 1e-11.  (A scalar P well above 2/L makes HDM-AGD
+# amplify rounding errors by ~5x per step along the stiff direction, so two
+# correct float64 implementations legitimately disagree at the 1e-8 level; the
+# scalar case therefore uses a small learning rate and the bound p_max < 2/L.)
+@pytest.mark.parametrize(
+    "candidate,learner,lr,theta,p_max",
+    [
+        ("scalar", "ogd", 0.1, 0.5, 1.9),
+        ("diagonal", "adagrad", 0.3, 1.0, None),
+        ("diagonal", "ogd", 0.5, 0.6, None),
+        ("full", "ogd_sqrt", 1.0, 0.5, None),
+    ],
+)
+def test_hdm_agd_matches_reference(candidate, learner, lr, theta, p_max):
+    x0 = x_start(3)
+    problems = [make_problem(kind, 2) for kind in ("quadratic", "logistic")]
+    # one valid (upper) smoothness constant for both problems -> a single compile
+    L = max(Lp for _, Lp in problems)
+    opt = hdm_optax.hdm_agd(
+        lipschitz=L, theta=theta, candidate=candidate, learner=learner,
+        hypergrad_lr=lr, init_precond=0.0, p_max=p_max,
+    )
+    stepper = make_stepper(opt)
+    for kind, (data, _) in zip(("quadratic", "logistic"), problems):
+        f, grad = np_oracle(data)
+        want = ref.hdm_agd_reference(
+            f, grad, x0, AGD_STEPS, lipschitz=L, theta=theta, candidate=candidate,
+            learner=learner, lr=lr, P1=0.0, p_max=p_max,
+        )
+        got, _ = run_package(opt, stepper, data, x0, AGD_STEPS, _agd_extract)
+        tag = f"{kind}:"
+        assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
+        assert_traj(tag + "z", [r["z"] for r in got], want["zs"])
+        assert_traj(tag + "A", [r["A"] for r in got], want["As"])
+        assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
+        assert_moves(tag + "P", want["Ps"], ref.init_precond(candidate, N, 0.0))
+        assert want["values"][-1] < f(x0)
+
+
+# ---------------------------------------------------------------------------
+# HDM-Best (Algorithm 4 + refinements)
+# ---------------------------------------------------------------------------
+
+
+def _best_extract(x, state):
+    return dict(
+        x=x,
+        P=_np(state.precond),
+        beta=float(state.momentum),
+        x_prev=_np(state.prev_params),
+        U=_np(state.precond_accum.sum_sq),  # AdaGrad state of P: U_k
+        v=float(state.momentum_accum.sum_sq),  # AdaGrad state of beta: v_k
+        eta_p=float(state.precond_lr),
+        L_hat=float(state.curvature),  # 0 until the estimate exists
+        accepted=bool(state.info.accepted),
+    )
+
+
+@pytest.mark.parametrize("kind,seed,steps", [("logistic", 4, 70), ("quadratic", 5, 60)])
+def test_hdm_best_matches_reference(kind, seed, steps):
+    data, L = make_problem(kind, seed)
+    f, grad = np_oracle(data)
+    x0 = x_start(5)
+    kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0, horizon=40)
+    opt = hdm_optax.hdm_best(**kw)
+    stepper = make_stepper(opt)
+    want = ref.hdm_best_reference(f, grad, x0, steps, **kw)
+    got, state = run_package(opt, stepper, data, x0, steps, _best_extract)
+    assert_traj("x", [r["x"] for r in got], want["xs"])
+    assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
+    assert_traj("P", [r["P"] for r in got], want["Ps"])
+    assert_traj("beta", [r["beta"] for r in got], want["betas"])
+    assert_traj("U", [r["U"] for r in got], want["Us"])
+    assert_traj("v", [r["v"] for r in got], want["vs"])
+    assert_traj("eta_p", [r["eta_p"] for r in got], want["eta_ps"])
+    assert_traj("L_hat", [r["L_hat"] for r in got], [0.0 if Lh is None else Lh for Lh in want["L_hats"]])
+    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+    # the smoothness estimate must have been formed within the run
+    k_set = next((k for k, Lh in enumerate(want["L_hats"]) if Lh is not None), None)
+    assert k_set is not None and k_set < steps - 10, "L_hat never set: estimator untested"
+    assert_moves("P", want["Ps"], np.zeros(N))
+    assert_moves("beta", want["betas"], 0.95)
+    assert not all(want["accepted"])
+    assert want["values"][-1] < f(x0)
