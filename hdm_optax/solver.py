@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -269,22 +269,47 @@ class SweepResult(NamedTuple):
   best: int
 
 
+def _sweep(make_optimizer, fun, max_steps, columns, init_params, fun_args, tol,
+           max_grad_evals):
+  def one(point):
+    return _solve(make_optimizer(**point), fun, max_steps, init_params, fun_args, tol,
+                  None, max_grad_evals)
+  return jax.vmap(one)(columns)
+
+
+_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2))
+
+
 def sweep(
     make_optimizer: Callable[..., optax.GradientTransformation],
-    grid: Mapping[str, Sequence[Any]],
+    grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
     fun: Callable[..., jax.Array],
     init_params: Any,
-    **solve_kwargs,
+    *,
+    max_steps: int,
+    tol: float = 1e-4,
+    fun_args: Sequence[Any] = (),
+    max_grad_evals: Optional[int] = None,
 ) -> SweepResult:
-  """Solves once per point of a Cartesian grid, in one vmapped compiled call.
+  """Solves once per grid point, all points in one vmapped, compiled call.
+
+  The points run in lockstep until every one has converged or run out of
+  budget. The compiled program is cached on (``make_optimizer``, ``fun``,
+  ``max_steps``) and the shapes, so a module-level ``make_optimizer`` reused
+  across problems of the same shapes compiles once; pass problem constants
+  (such as L) as grid columns rather than closing over them.
 
   Args:
-    make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric
-      grid values arrive as traced scalars.
-    grid: keyword -> list of values; the grid is their Cartesian product.
+    make_optimizer: ``make_optimizer(**point)`` builds the optimizer; grid
+      values arrive as traced scalars of the params dtype.
+    grid: keyword -> list of values (the grid is their Cartesian product, in
+      row-major order), or an explicit list of points (dicts with the same keys).
     fun: the objective, as in :func:`solve`.
     init_params: the common starting point.
-    **solve_kwargs: ``max_steps``, ``tol``, ``fun_args`` as in :func:`solve`.
+    max_steps: as in :func:`solve`.
+    tol: as in :func:`solve`.
+    fun_args: as in :func:`solve`.
+    max_grad_evals: as in :func:`solve`.
 
   Returns:
     A :class:`SweepResult`.
@@ -300,22 +325,29 @@ def sweep(
     >>> len(out.points), out.results.num_steps.shape
     (4, (4,))
   """
-  names = list(grid)
-  points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
+  if isinstance(grid, Mapping):
+    names = list(grid)
+    points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
+  else:
+    points = [dict(p) for p in grid]
+    names = list(points[0]) if points else []
+    if any(set(p) != set(names) for p in points):
+      raise ValueError("every grid point must have the same keys")
   if not points:
     raise ValueError("grid is empty")
+  if not isinstance(max_steps, (int, np.integer)) or max_steps < 0:
+    raise ValueError(f"max_steps must be a non-negative int, got {max_steps!r}")
   dtype = _common.params_dtype(init_params)
   columns = {n: jnp.asarray([p[n] for p in points], dtype) for n in names}
-  fun_args = tuple(solve_kwargs.pop("fun_args", ()))
+  if max_grad_evals is None:
+    max_grad_evals = np.iinfo(np.int32).max
+  results = _sweep_jit(make_optimizer, fun, int(max_steps), columns, init_params,
+                       tuple(fun_args), tol, max_grad_evals)
+  return SweepResult(points=points, results=results, best=best_index(results))
 
-  @jax.jit
-  def run(columns, init_params, fun_args):
-    def one(point):
-      return solve(make_optimizer(**point), fun, init_params, fun_args=fun_args,
-                   **solve_kwargs)
-    return jax.vmap(one)(columns)
 
-  results = run(columns, init_params, fun_args)
+def best_index(results: SolveResult) -> int:
+  """Fewest steps among converged points, then lowest final value."""
   steps = np.asarray(results.num_steps)
   conv = np.asarray(results.converged)
   value = np.asarray(results.value)
@@ -324,4 +356,4 @@ def sweep(
     order = np.lexsort((value, np.where(conv, steps, np.iinfo(np.int64).max)))
   else:
     order = np.lexsort((value,))
-  return SweepResult(points=points, results=results, best=int(order[0]))
+  return int(order[0])
