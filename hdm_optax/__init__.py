@@ -9,14 +9,16 @@ from hdm_optax import candidates
 from hdm_optax import learners
 from hdm_optax._common import HDMInfo
 from hdm_optax.candidates import CandidateSet
-from hdm_optax.hdm import HDMState
-from hdm_optax.hdm import hdm
-from hdm_optax.hdm_agd import HDMAGDState
-from hdm_optax.hdm_agd import hdm_agd
-from hdm_optax.hdm_best import HDMBestState
-from hdm_optax.hdm_best import hdm_best
-from hdm_optax.hdm_hb import HDMHBState
-from hdm_optax.hdm_hb import hdm_hb
+from hdm_optax._hdm import HDMState
+from hdm_optax._hdm import hdm
+from hdm_optax._hdm_agd import HDMAGDState
+from hdm_optax._hdm_agd import hdm_agd
+from hdm_optax._hdm_best import DEFAULT_MOMENTUM_LR
+from hdm_optax._hdm_best import DEFAULT_PRECOND_LR_TIMES_L
+from hdm_optax._hdm_best import HDMBestState
+from hdm_optax._hdm_best import hdm_best
+from hdm_optax._hdm_hb import HDMHBState
+from hdm_optax._hdm_hb import hdm_hb
 from hdm_optax.learners import OnlineLearner
 from hdm_optax.solver import SolveResult
 from hdm_optax.solver import SweepResult
@@ -27,6 +29,8 @@ from hdm_optax.solver import sweep
 __version__ = "0.1.0"
 
 __all__ = (
+    "DEFAULT_MOMENTUM_LR",
+    "DEFAULT_PRECOND_LR_TIMES_L",
     "CandidateSet",
     "HDMAGDState",
     "HDMBestState",
