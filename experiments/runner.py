@@ -1,0 +1,267 @@
+"""Runs every algorithm of Table 1 on one problem instance (the paper's protocol).
+
+Each JAX algorithm is one vmapped, compiled ``hdm_optax.sweep`` over its grid.
+The optimizer factories below are module-level functions that take L as a
+grid column, and dense problems are zero-padded to a few shape buckets, so a
+compiled program is reused across datasets: padded rows carry weight 0 and
+padded columns have zero gradient, so their coordinates stay at 0 and the
+padded problem is the same problem (up to rounding order in the sums).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import hdm_optax
+
+from experiments import baselines_jax
+from experiments import baselines_scipy
+from experiments import problems as problems_lib
+
+jax.config.update("jax_enable_x64", True)
+
+ROW_BUCKETS = (1024, 4096, 8192, 16384, 32768, 65536)
+COL_BUCKETS = (16, 64, 128, 320)
+HDM_BEST_PM = (0.1, 1.0, 10.0, 100.0)  # eta_p * L
+HDM_BEST_MB = (1.0, 3.0, 5.0, 10.0, 100.0)  # eta_b
+LR_GRID = ("1/L", 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # Adam and AdaGrad
+
+
+# --- objectives with a row weight (padding) ---------------------------------
+
+def svm_weighted(w, A, weight):
+  """1/2 sum_i weight_i max(0, 1 - (A w)_i)^2."""
+  r = jnp.maximum(0.0, 1.0 - problems_lib.matvec(A, w))
+  return 0.5 * jnp.sum(weight * r * r)
+
+
+def logistic_weighted(w, A, y, weight):
+  """sum_i weight_i log(1 + exp(-y_i (A w)_i))."""
+  return jnp.sum(weight * jnp.logaddexp(0.0, -y * problems_lib.matvec(A, w)))
+
+
+@dataclasses.dataclass
+class Instance:
+  """A problem ready for the JAX runs: ``fun(w, *fun_args)``, padded x0."""
+
+  problem: problems_lib.Problem
+  fun: Callable[..., Any]
+  fun_args: tuple
+  x0: jax.Array
+  n: int  # unpadded number of variables
+
+
+def _bucket(size, buckets):
+  for b in buckets:
+    if size <= b:
+      return b
+  return size
+
+
+def prepare(problem: problems_lib.Problem, pad: bool = True) -> Instance:
+  """Pads a dense problem to a shape bucket; sparse problems run as they are."""
+  m, n = problem.A.shape
+  if problem.representation != "dense" or not pad:
+    return Instance(problem, problem.fun, problem.fun_args, jnp.asarray(problem.x0), n)
+  mb, nb = _bucket(m, ROW_BUCKETS), _bucket(n, COL_BUCKETS)
+  A = np.zeros((mb, nb))
+  A[:m, :n] = problem.A.toarray()
+  weight = np.zeros(mb)
+  weight[:m] = 1.0
+  x0 = np.zeros(nb)
+  x0[:n] = problem.x0
+  if problem.kind == "svm":
+    fun, args = svm_weighted, (jnp.asarray(A), jnp.asarray(weight))
+  else:
+    y = np.zeros(mb)
+    y[:m] = problem.y
+    fun, args = logistic_weighted, (jnp.asarray(A), jnp.asarray(y), jnp.asarray(weight))
+  return Instance(problem, fun, args, jnp.asarray(x0), n)
+
+
+# --- optimizer factories (module level: their compiled sweeps are cached) ---
+
+def make_first_order(lr, momentum, nesterov, lambda_schedule):
+  return baselines_jax.first_order_family(lr, momentum, nesterov, lambda_schedule)
+
+
+def make_adam(lr):
+  return optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
+
+
+def make_adagrad(lr):
+  return optax.adagrad(lr, initial_accumulator_value=0.0, eps=1e-8)
+
+
+def make_hdm_best(pm, mb, lip):
+  return hdm_optax.hdm_best(lipschitz=lip, precond_lr=pm / lip, momentum_lr=mb)
+
+
+def make_hdm(eta, lip):
+  return hdm_optax.hdm(candidate="diagonal", learner="adagrad", hypergrad_lr=eta / lip,
+                       null_step=True, p_min=0.0)
+
+
+def make_hdm_hb(eta, mb, lip):
+  return hdm_optax.hdm_hb(candidate="diagonal", momentum_candidate="scalar",
+                          learner="adagrad", hypergrad_lr=eta / lip, momentum_lr=mb,
+                          omega=0.0, tau=lip ** 2 / 2, init_momentum=0.95, p_min=0.0)
+
+
+def make_hdm_agd(eta, lip):
+  return hdm_optax.hdm_agd(lipschitz=lip, theta=1.0, candidate="diagonal",
+                           learner="adagrad", hypergrad_lr=eta / lip, p_min=0.0)
+
+
+LBFGS = optax.lbfgs()
+
+
+@dataclasses.dataclass
+class Row:
+  """One algorithm's best run on one instance (a line of the CSV)."""
+
+  algorithm: str
+  solved: bool
+  iterations: int
+  value_calls: int
+  grad_calls: int
+  hyperparams: str
+  final_value: float
+  final_grad_inf: float
+  seconds: float
+  trace_grad_calls: np.ndarray = dataclasses.field(repr=False)
+  trace_values: np.ndarray = dataclasses.field(repr=False)
+  trace_grad_inf: np.ndarray = dataclasses.field(repr=False)
+
+
+def _fmt(point):
+  return " ".join(f"{k}={v:.6g}" for k, v in point.items())
+
+
+def _rows_from_sweep(out, labels, names, budget, seconds, describe):
+  """The best point per algorithm name (fewest iterations among solved)."""
+  res = jax.tree.map(np.asarray, out.results)
+  solved = res.converged & (res.num_grad_evals < budget - 1)
+  rows = []
+  for name in dict.fromkeys(names):
+    idx = [i for i, nm in enumerate(names) if nm == name]
+    key = lambda i: (not solved[i], res.num_steps[i] if solved[i] else 0,
+                     np.nan_to_num(res.value[i], nan=np.inf))
+    i = min(idx, key=key)
+    k = int(res.num_steps[i])
+    rows.append(Row(
+        algorithm=name, solved=bool(solved[i]), iterations=k,
+        value_calls=int(res.num_value_evals[i]), grad_calls=int(res.num_grad_evals[i]),
+        hyperparams=describe(labels[i]), final_value=float(res.value[i]),
+        final_grad_inf=float(res.grad_norm[i]), seconds=seconds,
+        trace_grad_calls=res.trace.grad_evals[i, :k + 1],
+        trace_values=res.trace.value[i, :k + 1],
+        trace_grad_inf=res.trace.grad_norm[i, :k + 1]))
+  return rows
+
+
+def _sweep(inst, make, points, max_steps, budget, tol):
+  start = time.perf_counter()
+  out = hdm_optax.sweep(make, points, inst.fun, inst.x0, max_steps=max_steps, tol=tol,
+                        fun_args=inst.fun_args, max_grad_evals=budget)
+  jax.block_until_ready(out.results.value)
+  return out, time.perf_counter() - start
+
+
+def jax_algorithms(lip):
+  """(group, factory, points, names, labels, calls per step) for each sweep."""
+  fo = baselines_jax.first_order_grid(lip)
+  lrs = [1.0 / lip if v == "1/L" else v for v in LR_GRID]
+  lr_labels = [{"lr": v} for v in LR_GRID]
+  best = [dict(pm=pm, mb=mb, lip=lip) for pm in HDM_BEST_PM for mb in HDM_BEST_MB]
+  default = dict(pm=hdm_optax.DEFAULT_PRECOND_LR_TIMES_L,
+                 mb=hdm_optax.DEFAULT_MOMENTUM_LR, lip=lip)
+  return [
+      ("first-order", make_first_order, [p for _, p in fo], [n for n, _ in fo],
+       [p for _, p in fo], 1),
+      ("Adam", make_adam, [dict(lr=v) for v in lrs], ["Adam"] * len(lrs), lr_labels, 1),
+      ("AdaGrad", make_adagrad, [dict(lr=v) for v in lrs], ["AdaGrad"] * len(lrs),
+       lr_labels, 1),
+      ("HDM-Best", make_hdm_best, best + [default],
+       ["HDM-Best"] * len(best) + ["HDM-Best-default"], best + [default], 1),
+      ("HDM", make_hdm, [dict(eta=e, lip=lip) for e in (1.0, 10.0, 100.0)], ["HDM"] * 3,
+       None, 1),
+      ("HDM-HB", make_hdm_hb,
+       [dict(eta=e, mb=b, lip=lip) for e in (1.0, 10.0, 100.0) for b in (1.0, 3.0, 10.0)],
+       ["HDM-HB"] * 9, None, 1),
+      ("HDM-AGD", make_hdm_agd, [dict(eta=e, lip=lip) for e in (1.0, 10.0, 100.0)],
+       ["HDM-AGD"] * 3, None, 3),
+  ]
+
+
+def _describe(label):
+  label = dict(label)
+  if "lip" in label:
+    label.pop("lip")
+  return _fmt(label) if label else "defaults"
+
+
+def run_instance(problem, *, max_grad_calls=1000, tol=1e-4, pad=True,
+                 progress: Optional[Callable[[str], None]] = None):
+  """Runs every algorithm on ``problem``; returns (rows, hdm_best_grid)."""
+  inst = prepare(problem, pad=pad)
+  lip = float(problem.L)
+  rows, grid = [], None
+  for group, make, points, names, labels, calls in jax_algorithms(lip):
+    if progress:
+      progress(group)
+    max_steps = (max_grad_calls - 1) // calls
+    out, secs = _sweep(inst, make, points, max_steps, max_grad_calls, tol)
+    labels = labels or points
+    rows += _rows_from_sweep(out, labels, names, max_grad_calls, secs, _describe)
+    if group == "HDM-Best":
+      grid = _grid_table(out, points[:-1], max_grad_calls)
+  if progress:
+    progress("optax-L-BFGS")
+  start = time.perf_counter()
+  res = hdm_optax.solve(LBFGS, inst.fun, inst.x0, max_steps=max_grad_calls - 1, tol=tol,
+                        fun_args=inst.fun_args, max_grad_evals=max_grad_calls)
+  res = jax.tree.map(np.asarray, res)
+  k = int(res.num_steps)
+  rows.append(Row(
+      algorithm="optax-L-BFGS", solved=bool(res.converged and res.num_grad_evals < max_grad_calls - 1),
+      iterations=k, value_calls=int(res.num_value_evals), grad_calls=int(res.num_grad_evals),
+      hyperparams="optax.lbfgs() defaults", final_value=float(res.value),
+      final_grad_inf=float(res.grad_norm), seconds=time.perf_counter() - start,
+      trace_grad_calls=res.trace.grad_evals[:k + 1], trace_values=res.trace.value[:k + 1],
+      trace_grad_inf=res.trace.grad_norm[:k + 1]))
+  for name in baselines_scipy.ALGORITHMS:
+    if progress:
+      progress(name)
+    b = baselines_scipy.run_baseline(problem.fun_np, problem.x0, name, tol=tol)
+    rows.append(Row(
+        algorithm=name, solved=bool(b.solved), iterations=int(b.iterations),
+        value_calls=int(b.value_calls), grad_calls=int(b.grad_calls),
+        hyperparams=_scipy_hyper(name, tol), final_value=float(b.final_value),
+        final_grad_inf=float(b.final_grad_inf), seconds=float(b.seconds),
+        trace_grad_calls=np.asarray(b.trace_grad_calls), trace_values=np.asarray(b.trace_values),
+        trace_grad_inf=np.asarray(b.trace_grad_inf)))
+  return rows, grid
+
+
+def _scipy_hyper(name, tol):
+  method, options = baselines_scipy.scipy_options(name, tol)
+  return method + " " + " ".join(f"{k}={v}" for k, v in options.items())
+
+
+def _grid_table(out, points, budget):
+  res = jax.tree.map(np.asarray, out.results)
+  table = []
+  for i, p in enumerate(points):
+    solved = bool(res.converged[i] and res.num_grad_evals[i] < budget - 1)
+    table.append(dict(eta_p_times_L=p["pm"], eta_b=p["mb"], solved=int(solved),
+                      grad_calls=int(res.num_grad_evals[i]) if solved else budget + 1,
+                      iterations=int(res.num_steps[i])))
+  return table
