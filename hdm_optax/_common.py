@@ -18,7 +18,7 @@ class HDMInfo(NamedTuple):
     accepted: whether the trial point became the new iterate (False on a null
       step or on a non-finite trial point).
     hypergrad_norm: Euclidean norm of the hypergradient used to update P
-      (and B or beta when learned), at the last update.
+      (and B or beta when learned), at the last update (0 if it was not finite).
     num_null_steps: number of updates so far that kept the iterate.
     num_value_evals: objective evaluations made by ``update`` so far.
     num_grad_evals: gradient evaluations made by ``update`` so far.
@@ -46,7 +46,9 @@ def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo
   """Info after one update that made ``calls`` value-and-gradient calls."""
   return HDMInfo(
       accepted=jnp.asarray(accepted),
-      hypergrad_norm=jnp.asarray(hypergrad_norm, info.hypergrad_norm.dtype),
+      # 0 when the trial point was not finite (no hypergradient was used).
+      hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm,
+                               0).astype(info.hypergrad_norm.dtype),
       num_null_steps=info.num_null_steps + (~accepted).astype(jnp.int32),
       num_value_evals=info.num_value_evals + calls,
       num_grad_evals=info.num_grad_evals + calls,

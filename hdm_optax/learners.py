@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _common
+
 
 class OnlineLearner(NamedTuple):
   """An online learner.
@@ -117,6 +119,12 @@ def get(learner, *, eps: float = 1e-12) -> OnlineLearner:
 
 
 def learn(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper):
-  """One online-learning round: P <- Pi_P[P + learner step(G)]."""
-  delta, state = learner.step(g, state, lr)
-  return candidate.project(optax.tree.add(p, delta), lower, upper), state
+  """One online-learning round: P <- Pi_P[P + learner step(G)].
+
+  If the round produces a non-finite P or learner state (the feedback G
+  overflowed), P and the learner state are left unchanged.
+  """
+  delta, new_state = learner.step(g, state, lr)
+  new_p = candidate.project(optax.tree.add(p, delta), lower, upper)
+  ok = _common.all_finite(new_p, new_state)
+  return _common.keep_if(ok, (new_p, new_state), (p, state))

@@ -1,0 +1,18 @@
+"""Multi-device SPMD: runs tests/sharding_check.py in a fresh process, since
+XLA_FLAGS (8 forced host devices) must be set before jax is imported."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_sharded_logistic_matches_single_device():
+  env = dict(os.environ)
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "tests", "sharding_check.py")],
+      capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert proc.stdout.strip().endswith("OK"), proc.stdout
