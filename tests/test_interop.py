@@ -1,0 +1,436 @@
+"""hdm_optax transformations inside the optax ecosystem: loops, wrappers, pytrees,
+dtypes, compilation caching, sweeps and other optimizers in ``solve``."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import chex  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+
+import hdm_optax  # noqa: E402
+from hdm_optax import solver as solver_lib  # noqa: E402
+
+# Tiny programs: XLA's backend optimizations only cost compile time.
+_FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def run_jit(fn, *args):
+  return jax.jit(fn).lower(*args).compile(_FAST_COMPILE)(*args)
+
+
+# A small ridge-regularized logistic regression, data passed as arguments.
+_RNG = np.random.default_rng(0)
+M, N = 40, 6
+X = jnp.asarray(_RNG.standard_normal((M, N)))
+Y = jnp.asarray(np.where(_RNG.standard_normal(M) > 0, 1.0, -1.0))
+LIP = float(0.25 * np.linalg.norm(np.asarray(X), 2) ** 2 + 0.1)
+X0 = jnp.asarray(_RNG.standard_normal(N))
+
+
+def logistic(w, X, y):
+  return jnp.sum(jax.nn.softplus(-y * (X @ w))) + 0.05 * w @ w
+
+
+def vec_logistic(w):
+  return logistic(w, X, Y)
+
+
+def _manual_run(opt, fun, x0, steps):
+  """The documented optax loop, with the update jitted once."""
+  value_and_grad = optax.value_and_grad_from_state(fun)
+
+  @jax.jit
+  def step(x, state):
+    value, grad = value_and_grad(x, state=state)
+    updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+    return optax.apply_updates(x, updates), state
+
+  x, state = x0, opt.init(x0)
+  values = [float(fun(x0))]
+  for _ in range(steps):
+    x, state = step(x, state)
+    values.append(float(optax.tree.get(state, "value")))
+  assert step._cache_size() == 1  # pylint: disable=protected-access
+  return x, state, np.array(values)
+
+
+@pytest.mark.parametrize("name", ["hdm_best", "hdm"])
+def test_value_and_grad_from_state_loop_matches_solve(name):
+  opt = (hdm_optax.hdm_best(lipschitz=LIP) if name == "hdm_best"
+         else hdm_optax.hdm(hypergrad_lr=0.5))
+  steps = 25
+  x, state, values = _manual_run(opt, vec_logistic, X0, steps)
+  res = hdm_optax.solve(opt, logistic, X0, max_steps=steps, tol=0.0, fun_args=(X, Y))
+  assert int(res.num_steps) == steps
+  np.testing.assert_allclose(np.asarray(res.trace.value), values, rtol=1e-10)
+  np.testing.assert_allclose(res.params, x, rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(optax.tree.get(res.state, "precond"),
+                             optax.tree.get(state, "precond"), rtol=1e-9, atol=1e-12)
+  # One oracle call per update: the loop above only calls value_and_grad once
+  # (at the start, where the state's value is +inf).
+  assert int(state.info.num_grad_evals) == steps
+  assert values[-1] < 0.9 * values[0]
+
+
+def _counting(fun):
+  """``fun`` plus a host-side counter of its executions (inside jit/while)."""
+  calls = []
+
+  def counted(*args):
+    jax.debug.callback(lambda: calls.append(1))
+    return fun(*args)
+
+  return counted, calls
+
+
+@pytest.mark.parametrize("name,per_step", [
+    ("hdm", 1), ("hdm_hb", 1), ("hdm_best", 1), ("hdm_agd", 3)])
+def test_solve_oracle_counts(name, per_step):
+  make = {
+      "hdm": lambda: hdm_optax.hdm(hypergrad_lr=0.5),
+      "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5),
+      "hdm_best": lambda: hdm_optax.hdm_best(),  # lipschitz probed: one extra update
+      "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, hypergrad_lr=0.5),
+  }[name]
+  fun, calls = _counting(logistic)
+  opt = make()
+  res = run_jit(lambda x0, X, y: hdm_optax.solve(
+      opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y)), X0, X, Y)
+  jax.effects_barrier()
+  steps = int(res.num_steps)
+  assert steps == 40
+  assert int(res.num_grad_evals) == per_step * steps + 1
+  assert int(res.num_value_evals) == per_step * steps + 1
+  assert len(calls) == int(res.num_grad_evals)  # the counts are the real calls
+  assert int(np.asarray(res.trace.grad_evals)[-1]) == int(res.num_grad_evals)
+
+
+def test_inject_hyperparams_matches_plain():
+  kw = dict(lipschitz=LIP, precond_lr=2.0 / LIP, momentum_lr=2.0)
+  plain = hdm_optax.hdm_best(**kw)
+  injected = optax.inject_hyperparams(hdm_optax.hdm_best)(**kw)
+  steps = 30
+  x_p, _, v_p = _manual_run(plain, vec_logistic, X0, steps)
+  x_i, s_i, v_i = _manual_run(injected, vec_logistic, X0, steps)
+  np.testing.assert_allclose(v_i, v_p, rtol=1e-10)
+  np.testing.assert_allclose(x_i, x_p, rtol=1e-9, atol=1e-12)
+  assert {"lipschitz", "precond_lr", "momentum_lr"} <= set(s_i.hyperparams)
+
+  # Changing an injected hyper-parameter in the state changes the run.
+  def changed(key, value):
+    value_and_grad = optax.value_and_grad_from_state(vec_logistic)
+
+    @jax.jit
+    def run(x):
+      state = injected.init(x)
+      state.hyperparams[key] = jnp.asarray(value, state.hyperparams[key].dtype)
+
+      def body(carry, _):
+        x, state = carry
+        v, g = value_and_grad(x, state=state)
+        u, state = injected.update(g, state, x, value=v, grad=g, value_fn=vec_logistic)
+        return (optax.apply_updates(x, u), state), None
+
+      (x, state), _ = jax.lax.scan(body, (x, state), None, length=steps)
+      return x
+
+    return run(X0)
+
+  x_m = changed("momentum_lr", 0.1)
+  assert float(jnp.max(jnp.abs(x_m - x_p))) > 1e-6
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "hdm_best reads precond_lr only in init (it is stored as state.precond_lr, "
+    "then decayed/reset), so an injected precond_lr changed in "
+    "InjectHyperparamsState.hyperparams after init is silently ignored"))
+def test_inject_hyperparams_precond_lr_change_changes_run():
+  kw = dict(lipschitz=LIP, precond_lr=2.0 / LIP, momentum_lr=2.0)
+  injected = optax.inject_hyperparams(hdm_optax.hdm_best)(**kw)
+  value_and_grad = optax.value_and_grad_from_state(vec_logistic)
+
+  @jax.jit
+  def run(x, precond_lr):
+    state = injected.init(x)
+    state.hyperparams["precond_lr"] = precond_lr
+
+    def body(carry, _):
+      x, state = carry
+      v, g = value_and_grad(x, state=state)
+      u, state = injected.update(g, state, x, value=v, grad=g, value_fn=vec_logistic)
+      return (optax.apply_updates(x, u), state), None
+
+    (x, _), _ = jax.lax.scan(body, (x, state), None, length=30)
+    return x
+
+  a = run(X0, jnp.asarray(2.0 / LIP))
+  b = run(X0, jnp.asarray(0.02 / LIP))
+  assert float(jnp.max(jnp.abs(a - b))) > 1e-6
+
+
+def test_wrappers_chain_and_apply_if_finite():
+  base = hdm_optax.hdm_best(lipschitz=LIP)
+  opts = [base,
+          optax.chain(base, optax.identity()),
+          optax.chain(base, optax.scale(1.0)),
+          optax.apply_if_finite(base, max_consecutive_errors=3)]
+
+  def run(x0, X, y):
+    return [hdm_optax.solve(o, logistic, x0, max_steps=60, tol=0.0, fun_args=(X, y))
+            for o in opts]
+
+  results = run_jit(run, X0, X, Y)
+  ref = results[0]
+  assert float(ref.value) < 0.5 * float(logistic(X0, X, Y))
+  for res in results[1:]:
+    np.testing.assert_allclose(res.trace.value, ref.trace.value, rtol=1e-12)
+    np.testing.assert_allclose(res.params, ref.params, rtol=1e-12, atol=1e-14)
+    assert int(res.num_grad_evals) == int(ref.num_grad_evals) == 61
+
+
+# ---------------------------------------------------------------------------
+# Pytree params
+# ---------------------------------------------------------------------------
+
+_Z = jnp.asarray(_RNG.standard_normal((M, 2, 3)))
+TREE0 = {"w": jnp.asarray(_RNG.standard_normal(4)),
+         "b": jnp.asarray(_RNG.standard_normal((2, 3)))}
+_XW = jnp.asarray(_RNG.standard_normal((M, 4)))
+LIP_TREE = float(0.25 * np.linalg.norm(
+    np.concatenate([np.asarray(_XW), np.asarray(_Z).reshape(M, -1)], 1), 2) ** 2 + 0.1)
+
+
+def tree_logistic(p, Xw, Z, y):
+  margin = Xw @ p["w"] + jnp.einsum("mij,ij->m", Z, p["b"])
+  reg = 0.05 * (p["w"] @ p["w"] + jnp.sum(p["b"] ** 2))
+  return jnp.sum(jax.nn.softplus(-y * margin)) + reg
+
+
+PYTREE_OPTS = {
+    "hdm_diagonal": lambda: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=0.5),
+    "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd",
+                                      hypergrad_lr=0.5 / LIP),
+    "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5, momentum_lr=0.5),
+    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP_TREE, hypergrad_lr=0.5),
+    "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP_TREE),
+}
+# Also run on the flattened vector and compare (the others only run on the tree,
+# to save compile time; they share the same tree code paths).
+COMPARE_FLAT = ("hdm_full", "hdm_best", "hdm_hb")
+
+
+@pytest.mark.parametrize("name", list(PYTREE_OPTS))
+def test_pytree_params(name):
+  """A dict of a vector and a matrix runs like the same problem on the flat vector."""
+  flat0, unravel = ravel_pytree(TREE0)
+  opt = PYTREE_OPTS[name]()
+  steps = 60
+
+  def flat_fun(v, Xw, Z, y):
+    return tree_logistic(unravel(v), Xw, Z, y)
+
+  def run(tree0, flat0, Xw, Z, y):
+    args = (Xw, Z, y)
+    tree = hdm_optax.solve(opt, tree_logistic, tree0, max_steps=steps, tol=0.0,
+                           fun_args=args)
+    if name not in COMPARE_FLAT:
+      return tree, None
+    return tree, hdm_optax.solve(opt, flat_fun, flat0, max_steps=steps, tol=0.0,
+                                 fun_args=args)
+
+  tree_res, flat_res = run_jit(run, TREE0, flat0, _XW, _Z, Y)
+  chex.assert_trees_all_equal_structs(tree_res.params, TREE0)
+  chex.assert_trees_all_equal_shapes(tree_res.params, TREE0)
+  chex.assert_trees_all_equal_shapes(tree_res.state.grad, TREE0)
+  f0 = float(tree_logistic(TREE0, _XW, _Z, Y))
+  assert float(tree_res.value) < 0.5 * f0
+  assert int(tree_res.state.info.num_null_steps) < steps // 2
+  if flat_res is not None:
+    np.testing.assert_allclose(tree_res.trace.value, flat_res.trace.value, rtol=1e-8)
+    np.testing.assert_allclose(ravel_pytree(tree_res.params)[0], flat_res.params,
+                               rtol=1e-7, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------
+
+DTYPE_OPTS = {
+    "hdm_scalar": lambda: hdm_optax.hdm(candidate="scalar"),
+    "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd_sqrt"),
+    "hdm_hb": lambda: hdm_optax.hdm_hb(momentum_candidate="diagonal"),
+    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=10.0),
+    "hdm_best": lambda: hdm_optax.hdm_best(),
+    "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=10.0, tau=1.0),
+}
+
+
+def _float_dtypes(tree):
+  return {jnp.dtype(leaf.dtype) for leaf in jax.tree.leaves(tree)
+          if jnp.issubdtype(leaf.dtype, jnp.floating)}
+
+
+def _check_dtypes(make, dtype):
+  opt = make()
+  params = jax.tree.map(lambda x: x.astype(dtype), TREE0)
+
+  def fun(p):
+    return tree_logistic(p, _XW.astype(dtype), _Z.astype(dtype), Y.astype(dtype))
+
+  def one_step(p):
+    state = opt.init(p)
+    v, g = optax.value_and_grad_from_state(fun)(p, state=state)
+    updates, state = opt.update(g, state, p, value=v, grad=g, value_fn=fun)
+    v, g = optax.value_and_grad_from_state(fun)(p, state=state)
+    updates, state = opt.update(g, state, p, value=v, grad=g, value_fn=fun)
+    return opt.init(p), updates, state
+
+  init_state, updates, state = jax.eval_shape(one_step, params)
+  chex.assert_trees_all_equal_dtypes(updates, params)
+  for tree in (init_state, state):
+    assert _float_dtypes(tree) == {jnp.dtype(dtype)}, _float_dtypes(tree)
+    for leaf in jax.tree.leaves(tree):  # integer counters stay 32-bit
+      assert jnp.dtype(leaf.dtype).itemsize <= jnp.dtype(dtype).itemsize, leaf
+
+
+@pytest.mark.parametrize("name", list(DTYPE_OPTS))
+def test_dtypes_preserved(name):
+  _check_dtypes(DTYPE_OPTS[name], jnp.float32)  # float32 params under x64
+  _check_dtypes(DTYPE_OPTS[name], jnp.float64)
+  with jax.enable_x64(False):  # and without x64
+    _check_dtypes(DTYPE_OPTS[name], jnp.float32)
+
+
+def test_float32_solve_runs_in_float32():
+  x0 = X0.astype(jnp.float32)
+  # float32 resolution of f (~23 here) limits the reachable gradient to ~1e-2.
+  res = run_jit(lambda x0, X, y: hdm_optax.solve(
+      hdm_optax.hdm_best(), logistic, x0, max_steps=300, tol=1e-2, fun_args=(X, y)),
+      x0, X.astype(jnp.float32), Y.astype(jnp.float32))
+  assert res.params.dtype == jnp.float32 and res.value.dtype == jnp.float32
+  assert _float_dtypes(res.state) == {jnp.dtype(jnp.float32)}
+  assert bool(res.converged)
+
+
+# ---------------------------------------------------------------------------
+# Compilation caching
+# ---------------------------------------------------------------------------
+
+
+def test_jitted_update_compiles_once():
+  opt = hdm_optax.hdm(hypergrad_lr=0.5)
+  traces = []
+
+  @jax.jit
+  def step(x, state, X, y):
+    traces.append(1)
+    fun = lambda w: logistic(w, X, y)
+    v, g = optax.value_and_grad_from_state(fun)(x, state=state)
+    u, state = opt.update(g, state, x, value=v, grad=g, value_fn=fun)
+    return optax.apply_updates(x, u), state
+
+  state = opt.init(X0)
+  x, state = step(X0, state, X, Y)
+  x, state = step(x, state, X, Y)
+  x, state = step(x + 1.0, state, 2 * X, Y)  # new values, same shapes
+  assert len(traces) == 1 and step._cache_size() == 1  # pylint: disable=protected-access
+
+
+def test_solve_does_not_recompile_for_new_values():
+  opt = hdm_optax.hdm(hypergrad_lr=0.5)
+  cache = solver_lib._solve_jit._cache_size  # pylint: disable=protected-access
+  before = cache()
+  r1 = hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y))
+  after_first = cache()
+  r2 = hdm_optax.solve(opt, logistic, 2 * X0 + 1, max_steps=20, fun_args=(X, -Y),
+                       tol=1e-6)
+  assert after_first == before + 1
+  assert cache() == after_first
+  assert not np.allclose(r1.params, r2.params)
+
+
+# ---------------------------------------------------------------------------
+# sweep and vmap
+# ---------------------------------------------------------------------------
+
+PRECOND_LRS = [0.3 / LIP, 1.0 / LIP, 3.0 / LIP, 10.0 / LIP]
+MOMENTUM_LRS = [0.3, 1.0, 3.0, 10.0, 30.0]
+
+
+def _make_best(precond_lr, momentum_lr):
+  return hdm_optax.hdm_best(lipschitz=LIP, precond_lr=precond_lr, momentum_lr=momentum_lr)
+
+
+def test_sweep_equals_separate_solves():
+  kw = dict(max_steps=150, tol=1e-5, fun_args=(X, Y))
+  out = hdm_optax.sweep(_make_best, {"precond_lr": PRECOND_LRS, "momentum_lr": MOMENTUM_LRS},
+                        logistic, X0, **kw)
+  assert len(out.points) == 20
+  assert out.points[7] == {"precond_lr": PRECOND_LRS[1], "momentum_lr": MOMENTUM_LRS[2]}
+
+  # 20 separate (unbatched) solves; the hyper-parameters are arguments, so
+  # this compiles once.
+  def single(p_lr, m_lr, x0, X, y):
+    return hdm_optax.solve(_make_best(p_lr, m_lr), logistic, x0, max_steps=150,
+                           tol=1e-5, fun_args=(X, y))
+
+  single = jax.jit(single).lower(1.0, 1.0, X0, X, Y).compile(_FAST_COMPILE)
+  steps, values, conv = [], [], []
+  for i, point in enumerate(out.points):
+    res = single(point["precond_lr"], point["momentum_lr"], X0, X, Y)
+    batched = jax.tree.map(lambda leaf, i=i: leaf[i], out.results)
+    assert int(res.num_steps) == int(batched.num_steps), point
+    np.testing.assert_allclose(batched.params, res.params, rtol=1e-10, atol=1e-12)
+    steps.append(int(res.num_steps))
+    values.append(float(res.value))
+    conv.append(bool(res.converged))
+  steps, values, conv = np.array(steps), np.array(values), np.array(conv)
+  assert conv.any() and len(set(steps)) > 3  # the grid matters
+  fewest = np.where(conv, steps, 10**9)
+  candidates = np.flatnonzero(fewest == fewest.min())
+  best = candidates[np.argmin(values[candidates])]
+  assert out.best == best
+
+
+def test_jit_vmap_solve_over_precond_lr():
+  lrs = jnp.asarray(PRECOND_LRS)
+
+  def run(lrs, x0, X, y):
+    return jax.vmap(lambda lr: hdm_optax.solve(
+        hdm_optax.hdm_best(lipschitz=LIP, precond_lr=lr), logistic, x0,
+        max_steps=150, fun_args=(X, y)))(lrs)
+
+  res = run_jit(run, lrs, X0, X, Y)  # jax.jit(run)(lrs, X0, X, Y)
+  assert res.params.shape == (4, N)
+  assert np.all(np.isfinite(np.asarray(res.value)))
+  assert np.asarray(res.converged).any()
+  assert len(set(np.asarray(res.num_steps).tolist())) > 1
+
+
+# ---------------------------------------------------------------------------
+# Other optax optimizers in solve
+# ---------------------------------------------------------------------------
+
+
+def test_solve_with_adam_and_lbfgs():
+  fun, calls = _counting(logistic)
+  adam = hdm_optax.solve(optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4,
+                         fun_args=(X, Y))
+  jax.effects_barrier()
+  assert int(adam.num_grad_evals) == int(adam.num_steps) + 1 == len(calls)
+  assert float(adam.value) < float(logistic(X0, X, Y))
+
+  calls.clear()
+  lbfgs = hdm_optax.solve(optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8,
+                          fun_args=(X, Y))
+  jax.effects_barrier()
+  assert bool(lbfgs.converged)
+  steps = int(lbfgs.num_steps)
+  assert int(lbfgs.num_grad_evals) >= steps + 1
+  assert int(lbfgs.num_grad_evals) <= 3 * steps + 1
+  assert len(calls) == int(lbfgs.num_grad_evals)  # the count is the real one
