@@ -1,0 +1,179 @@
+"""Per-iteration overhead of HDM-Best over one gradient evaluation, and its memory.
+
+    python -m experiments.overhead [--sizes 1e3,1e4,1e5,1e6] [--dtype float32]
+
+Ridge logistic regression ``f(w) = sum_i log(1 + exp(-y_i <a_i, w>)) + 1e-2/2 ||w||^2``
+(the ridge keeps ``grad f != 0``, so no run stops early) with n parameters on
+synthetic data (labels from a noisy linear model), float32 by default (``--dtype float64`` enables
+x64). The data are arguments of the compiled programs (never constants):
+
+- n <= 1e4: a dense ``m x n`` matrix with ``m = max(1e6 / n, 100)`` rows (1e6 entries);
+- n >= 1e5: a ``jax.experimental.sparse.BCOO`` matrix with ``m = n / 2`` rows and
+  ``k = 10`` nonzeros per row (nnz = 5 n, about the ratio of news20 or url).
+
+For each n it prints, all measured inside compiled loops of K iterations
+after a warm-up compile (best of ``--repeats`` runs):
+
+- ``t_vg``: one ``jax.value_and_grad`` call (a loop ``w <- w - c grad f(w)``, so
+  also one axpy per iteration, needed to keep the loop data-dependent);
+- ``t_update``: one HDM-Best iteration: f and grad f read from the state (where
+  ``update`` caches them; ``optax.value_and_grad_from_state`` does the same
+  behind a ``lax.cond``), one ``update`` (its single oracle call, at the trial
+  point) and ``apply_updates``;
+- ``t_solve``: one iteration of ``hdm_optax.solve(..., tol=0)`` (adds the
+  trace and the ``||grad||_inf`` stopping test);
+- the ratios ``t_update / t_vg`` and ``t_solve / t_vg`` (target <= 1.15 at n >= 1e5);
+- ``state/params``: bytes of the optimizer state over bytes of the params,
+  and the number of state leaves of size n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import numpy as np
+
+
+def _parse():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--sizes", default="1e3,1e4,1e5,1e6")
+  p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+  p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--steps", type=int, default=0, help="K (0: 200 for n < 1e6, else 50)")
+  p.add_argument("--seed", type=int, default=0)
+  return p.parse_args()
+
+
+RIDGE = 1e-2
+
+
+def _labels(margin, rng):
+  return np.where(margin + 0.5 * margin.std() * rng.standard_normal(margin.shape) > 0,
+                  1.0, -1.0)
+
+
+def make_problem(n: int, dtype, rng):
+  """Returns ``(fun, data, w0, L)`` with ``fun(w, *data)``."""
+  import jax.numpy as jnp
+  from jax.experimental import sparse as jsparse
+
+  if n <= 10_000:
+    m = max(1_000_000 // n, 100)
+    A = rng.standard_normal((m, n)).astype(dtype) / np.sqrt(n)
+    y = _labels(A @ rng.standard_normal(n), rng).astype(dtype)
+    lip = 0.25 * (np.sqrt(m / n) + 1) ** 2 + RIDGE  # ~ 0.25 sigma_max^2 for Gaussian A
+    data = (jnp.asarray(A), jnp.asarray(y))
+    kind = f"dense {m}x{n}"
+  else:
+    m, k = n // 2, 10
+    cols = np.sort(rng.integers(0, n, size=(m, k)), axis=1)
+    rows = np.repeat(np.arange(m), k)
+    vals = (rng.standard_normal(m * k) / np.sqrt(k)).astype(dtype)
+    idx = np.stack([rows, cols.ravel()], axis=1).astype(np.int32)
+    A = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(idx)), shape=(m, n),
+                     indices_sorted=True, unique_indices=False)
+    w_true = rng.standard_normal(n)
+    y = _labels((vals.astype(np.float64) * w_true[cols.ravel()]).reshape(m, k).sum(1),
+                rng).astype(dtype)
+    lip = 0.25 * 2.0 * k * 0.5 + RIDGE  # rough estimate; only sets the step scale
+    data = (A, jnp.asarray(y))
+    kind = f"BCOO {m}x{n}, nnz={m * k}"
+
+  def fun(w, A, y):
+    return jnp.sum(jax.nn.softplus(-y * (A @ w))) + 0.5 * RIDGE * jnp.sum(w * w)
+
+  w0 = jnp.asarray(rng.standard_normal(n).astype(dtype) * 0.01)
+  return fun, data, w0, lip, kind
+
+
+def _best_times(fns, args, repeats):
+  """Best wall time of each ``fn(*args)``, interleaved (robust to a busy machine)."""
+  outs = [jax.block_until_ready(fn(*args)) for fn in fns]  # warm-up (compile)
+  best = [np.inf] * len(fns)
+  for _ in range(repeats):
+    for i, fn in enumerate(fns):
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      best[i] = min(best[i], time.perf_counter() - t)
+  return best, outs
+
+
+def measure(n: int, dtype, steps: int, repeats: int, rng):
+  import jax.numpy as jnp
+  import optax
+  import hdm_optax
+
+  fun, data, w0, lip, kind = make_problem(n, dtype, rng)
+  opt = hdm_optax.hdm_best(lipschitz=lip)
+
+  @jax.jit
+  def vg_loop(w, data):
+    vg = jax.value_and_grad(fun)
+    def body(_, c):
+      w, acc = c
+      v, g = vg(w, *data)
+      return w - 1e-6 * g, acc + v
+    v, g = vg(w, *data)  # K + 1 calls, as in solve
+    return jax.lax.fori_loop(0, steps, body, (w - 1e-6 * g, v))
+
+  @jax.jit
+  def update_loop(w, data):
+    value_fn = lambda x: fun(x, *data)
+    def body(_, c):
+      w, state = c
+      v, g = state.value, state.grad
+      u, state = opt.update(g, state, w, value=v, grad=g, value_fn=value_fn)
+      return optax.apply_updates(w, u), state
+    v, g = jax.value_and_grad(value_fn)(w)
+    state = opt.init(w)._replace(value=v, grad=g)
+    return jax.lax.fori_loop(0, steps, body, (w, state))
+
+  def solve_run(w, data):
+    return hdm_optax.solve(opt, fun, w, max_steps=steps, tol=0.0, fun_args=data)
+
+  (t_vg, t_up, t_solve), (_, (_, state), res) = _best_times(
+      [vg_loop, update_loop, solve_run], (w0, data), repeats)
+  if int(res.num_steps) != steps or int(res.num_grad_evals) != steps + 1:
+    raise RuntimeError(f"solve stopped early: {res.num_steps} steps, status {res.status}")
+  assert int(state.info.num_grad_evals) == steps
+
+  leaves = jax.tree.leaves(state)
+  state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
+  param_bytes = w0.size * w0.dtype.itemsize
+  big = [leaf for leaf in leaves if leaf.size >= n]
+  return dict(
+      n=n, kind=kind, steps=steps,
+      t_vg=t_vg / steps, t_update=t_up / steps, t_solve=t_solve / steps,
+      ratio_update=t_up / t_vg, ratio_solve=t_solve / t_vg,
+      state_ratio=state_bytes / param_bytes, n_vectors=len(big),
+      n_leaves=len(leaves), f0=float(fun(w0, *data)), f_end=float(res.value),
+      nulls=int(res.state.info.num_null_steps))
+
+
+def main():
+  args = _parse()
+  if args.dtype == "float64":
+    jax.config.update("jax_enable_x64", True)
+  dtype = np.dtype(args.dtype)
+  rng = np.random.default_rng(args.seed)
+  sizes = [int(float(s)) for s in args.sizes.split(",")]
+  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
+        f"best of {args.repeats} runs; times per iteration")
+  header = (f"{'n':>8} {'data':>28} {'K':>4} {'t_vg':>9} {'t_update':>9} {'t_solve':>9} "
+            f"{'upd/vg':>7} {'solve/vg':>8} {'state/params':>12} {'n-vectors':>9} "
+            f"{'leaves':>6}  f0 -> f_K (null steps)")
+  print(header)
+  for n in sizes:
+    steps = args.steps or (200 if n < 1_000_000 else 50)
+    r = measure(n, dtype, steps, args.repeats, rng)
+    print(f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
+          f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
+          f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
+          f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
+          f"({r['nulls']})", flush=True)
+
+
+if __name__ == "__main__":
+  main()
