@@ -292,14 +292,14 @@ def hdm_agd_reference(
     fx, _, _ = _oracle(f, grad, x)
     P = init_precond(candidate, n, P1)
     opt = Learner(learner, lr, P.shape, eps)
-    out = dict(xs=[], zs=[], As=[], Ps=[], values=[])
+    out = dict(xs=[], zs=[], As=[], Ps=[], values=[], finite_y=[], finite_P=[])
     for k in range(1, steps + 1):
         # Algorithm 3: A_{k+1} = (A_{k+1} - A_k)^2  =>  a = A_{k+1} - A_k = (1 + sqrt(1 + 4 A_k)) / 2
         a = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * A))
         A_next = A + a
         # y^k = x^k + (1 - A_k / A_{k+1}) (z^k - x^k)
         y = x + (1.0 - A / A_next) * (z - x)
-        f_y, g_y, _ = _oracle(f, grad, y)
+        f_y, g_y, finite_y = _oracle(f, grad, y)  # (the spec assumes f(y^k) finite)
         # candidates y - g/L and y - P g
         x_L = y - g_y / L
         f_L, _, _ = _oracle(f, grad, x_L)
@@ -330,6 +330,8 @@ def hdm_agd_reference(
         out["As"].append(A)
         out["Ps"].append(np.array(P, copy=True))
         out["values"].append(fx)
+        out["finite_y"].append(finite_y)
+        out["finite_P"].append(finite_P)
     return out
 
 

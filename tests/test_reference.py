@@ -4,7 +4,8 @@ Every configuration runs >= 30 float64 steps on two small problems and compares
 x, P (and B / beta / z / A), the cached value and the accept flags step by step
 with rtol 1e-10.  One objective family covers both problems,
 
-    f(x) = 1/2 (x - s)^T A (x - s) + c * mean(log(1 + exp(-y * (M x))))   (+inf if ||x||^2 > R2)
+    f(x) = 1/2 (x - s)^T A (x - s) + c * mean(log(1 + exp(-y * (M x))))
+           (+inf if ||x - center||^2 > R2)
 
 so that a single jit compilation per configuration serves the random strongly
 convex quadratic (c = 0, minimum value 0 at s) and the logistic regression
@@ -33,6 +34,10 @@ try:  # pytest's default rootdir-relative import (tests/ is not a package)
 except ImportError:  # pragma: no cover - tests/ turned into a package
     from tests import reference as ref  # noqa: E402
 
+# These tiny programs run a few dozen steps each: XLA's backend optimisations
+# cost more compile time than they save (about 40% of each compilation).
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
 RTOL = 1e-10
 ATOL = 1e-13
 N = 6  # dimension of both problems (one compile per configuration)
@@ -44,7 +49,7 @@ M_SAMPLES = 40
 # ---------------------------------------------------------------------------
 
 
-def make_problem(kind: str, seed: int, R2: float = math.inf):
+def make_problem(kind: str, seed: int, R2: float = math.inf, center=None):
     """Returns (data dict of float64 arrays, smoothness constant L)."""
     rng = np.random.default_rng(seed)
     M = rng.standard_normal((M_SAMPLES, N))
@@ -66,15 +71,16 @@ def make_problem(kind: str, seed: int, R2: float = math.inf):
         L = lam + c * np.linalg.norm(M, 2) ** 2 / (4 * M_SAMPLES)
     else:
         raise ValueError(kind)
-    data = dict(A=A, s=s, M=M, y=y, c=np.float64(c), R2=np.float64(R2))
+    center = np.zeros(N) if center is None else np.asarray(center, dtype=np.float64)
+    data = dict(A=A, s=s, M=M, y=y, c=np.float64(c), R2=np.float64(R2), center=center)
     return data, float(L)
 
 
 def np_oracle(data):
-    A, s, M, y, c, R2 = (data[k] for k in ("A", "s", "M", "y", "c", "R2"))
+    A, s, M, y, c, R2, ctr = (data[k] for k in ("A", "s", "M", "y", "c", "R2", "center"))
 
     def f(x):
-        if x @ x > R2:
+        if (x - ctr) @ (x - ctr) > R2:
             return math.inf
         return float(0.5 * (x - s) @ A @ (x - s) + c * np.mean(np.logaddexp(0.0, -y * (M @ x))))
 
@@ -92,7 +98,8 @@ def jax_objective(data):
         val = 0.5 * r @ data["A"] @ r + data["c"] * jnp.mean(
             jnp.logaddexp(0.0, -data["y"] * (data["M"] @ x))
         )
-        return jnp.where(x @ x > data["R2"], jnp.inf, val)
+        e = x - data["center"]
+        return jnp.where(e @ e > data["R2"], jnp.inf, val)
 
     return f
 
@@ -115,18 +122,34 @@ def make_stepper(opt):
     ``lax.cond`` out of the compiled step makes each compilation cheaper.
     """
 
-    @jax.jit
     def step(data, state, x, v, g):
         f = jax_objective(data)
         upd, state = opt.update(g, state, x, value=v, grad=g, value_fn=f)
         return optax.apply_updates(x, upd), state
 
-    return step
+    return jax.jit(step, compiler_options=FAST_COMPILE)
 
 
-@jax.jit
+_COMPILED = {}
+
+
+def compiled(factory, **kwargs):
+    """(opt, jitted step) for ``factory(**kwargs)``, shared by tests that use the
+    same configuration, so that each configuration is compiled once."""
+    key = (factory.__name__, tuple(sorted(kwargs.items())))
+    if key not in _COMPILED:
+        opt = factory(**kwargs)
+        _COMPILED[key] = (opt, make_stepper(opt))
+    return _COMPILED[key]
+
+
 def _value_and_grad(data, x):
     return jax.value_and_grad(jax_objective(data))(x)
+
+
+# same compiler options as the steps, so that f(x) here and f(x - 0 * g) inside
+# the first update round identically (the P_1 = 0 runs test that exact tie)
+_value_and_grad = jax.jit(_value_and_grad, compiler_options=FAST_COMPILE)
 
 
 def run_package(opt, stepper, data, x0, steps, extract, replace=None):
@@ -189,8 +212,8 @@ def _check_hdm(opt, stepper, ref_kwargs, data, steps, candidate, P1, *, x0=None,
     x0 = x_start() if x0 is None else x0
     want = ref.hdm_reference(f, grad, x0, steps, candidate=candidate, P1=P1, **ref_kwargs)
     got, _ = run_package(opt, stepper, data, x0, steps, _hdm_extract, replace=replace)
-    assert_traj("x", [r["x"] for r in got], want["xs"])
     assert_traj("P", [r["P"] for r in got], want["Ps"])
+    assert_traj("x", [r["x"] for r in got], want["xs"])
     assert_traj("value", [r["value"] for r in got], want["values"])
     assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
     assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
@@ -201,7 +224,7 @@ def _check_hdm(opt, stepper, ref_kwargs, data, steps, candidate, P1, *, x0=None,
 @pytest.mark.parametrize("learner", ref.LEARNERS)
 @pytest.mark.parametrize("candidate", ref.CANDIDATES)
 def test_hdm_matches_reference(candidate, learner, null_step):
-    """Three runs per configuration (one compilation):
+    """Four runs per configuration (one compilation):
 
     * quadratic from init_precond = 2.5 > 2/L;
     * logistic regression from P_1 = 0 (set in the state): the first trial
@@ -209,18 +232,18 @@ def test_hdm_matches_reference(candidate, learner, null_step):
     * logistic regression from init_precond = 2.5 with f = +inf outside a ball:
       the first trial increases f (rejected with the null step, taken without),
       and later trials leave the ball; non-finite trials must be rejected and
-      leave P (and the learner) untouched, with or without the null step.
+      leave P (and the learner) untouched, with or without the null step;
+    * 3 steps from the minimiser of the quadratic (grad f = 0 exactly).
 
     (With P_1 = 0 on the ill-conditioned quadratic, the scalar P grows well past
     2/L and the trajectory amplifies rounding errors so much that two correct
     float64 implementations disagree at the 1e-8 level; hence that pairing.)
     """
     lr = HDM_LR[learner]
-    opt = hdm_optax.hdm(
-        candidate=candidate, learner=learner, hypergrad_lr=lr, null_step=null_step,
-        init_precond=HDM_P1,
+    opt, stepper = compiled(
+        hdm_optax.hdm, candidate=candidate, learner=learner, hypergrad_lr=lr,
+        null_step=null_step, init_precond=HDM_P1,
     )
-    stepper = make_stepper(opt)
     kw = dict(learner=learner, lr=lr, null_step=null_step)
     x0 = x_start()
 
@@ -253,6 +276,20 @@ def test_hdm_matches_reference(candidate, learner, null_step):
         elif not null_step:
             assert want["accepted"][k]
 
+    # started at the minimiser (grad f = 0 exactly): the hypergradient is 0/0,
+    # taken as 0, so nothing may move (and nothing may become NaN)
+    data, _ = make_problem("quadratic", 0)
+    f, grad = np_oracle(data)
+    assert not np.any(grad(data["s"]))
+    want = ref.hdm_reference(
+        f, grad, data["s"], 3, candidate=candidate, P1=HDM_P1, **kw
+    )
+    got, _ = run_package(opt, stepper, data, data["s"], 3, _hdm_extract)
+    for r in got:
+        np.testing.assert_array_equal(r["P"], ref.init_precond(candidate, N, HDM_P1))
+        np.testing.assert_array_equal(r["x"], data["s"])
+    assert [r["accepted"] for r in got] == want["accepted"] == [not null_step] * 3
+
 
 @pytest.mark.parametrize(
     "candidate,learner,p_min,p_max",
@@ -264,13 +301,13 @@ def test_hdm_matches_reference(candidate, learner, null_step):
 )
 def test_hdm_projection_matches_reference(candidate, learner, p_min, p_max):
     lr = HDM_LR[learner]
-    opt = hdm_optax.hdm(
-        candidate=candidate, learner=learner, hypergrad_lr=lr, null_step=True,
+    opt, stepper = compiled(
+        hdm_optax.hdm, candidate=candidate, learner=learner, hypergrad_lr=lr, null_step=True,
         init_precond=0.5, p_min=p_min, p_max=p_max,
     )
     data, _ = make_problem("quadratic", 3)
     want = _check_hdm(
-        opt, make_stepper(opt), dict(learner=learner, lr=lr, null_step=True, p_min=p_min, p_max=p_max),
+        opt, stepper, dict(learner=learner, lr=lr, null_step=True, p_min=p_min, p_max=p_max),
         data, 30, candidate, 0.5,
     )
     Ps = np.asarray(want["Ps"])
@@ -311,12 +348,12 @@ def test_hdm_hb_matches_reference(candidate, momentum_candidate, learner, omega,
     lr = HDM_LR[learner]
     mlr = {"ogd": 0.2, "ogd_sqrt": 0.3, "adagrad": 0.1}[learner]
     B1 = 0.5
-    opt = hdm_optax.hdm_hb(
+    opt, stepper = compiled(
+        hdm_optax.hdm_hb,
         candidate=candidate, momentum_candidate=momentum_candidate, learner=learner,
         hypergrad_lr=lr, momentum_lr=mlr, omega=omega, tau=tau,
         init_precond=P1, init_momentum=B1,
     )
-    stepper = make_stepper(opt)
     n_rejected = 0
     for kind, seed in (("quadratic", 1), ("logistic", 1)):
         data, _ = make_problem(kind, seed)
@@ -328,10 +365,10 @@ def test_hdm_hb_matches_reference(candidate, momentum_candidate, learner, omega,
         )
         got, _ = run_package(opt, stepper, data, x0, HB_STEPS, _hb_extract)
         tag = f"{kind}:"
-        assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
-        assert_traj(tag + "x_prev", [r["x_prev"] for r in got], want["x_prevs"])
         assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
         assert_traj(tag + "B", [r["B"] for r in got], want["Bs"])
+        assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
+        assert_traj(tag + "x_prev", [r["x_prev"] for r in got], want["x_prevs"])
         assert_moves(tag + "P", want["Ps"], ref.init_precond(candidate, N, P1))
         assert_moves(tag + "B", want["Bs"], ref.init_precond(momentum_candidate, N, B1))
         assert sum(want["accepted"]) >= HB_STEPS // 3
@@ -363,7 +400,7 @@ def _agd_extract(x, state):
         ("scalar", "ogd", 0.1, 0.5, 1.9),
         ("diagonal", "adagrad", 0.3, 1.0, None),
         ("diagonal", "ogd", 0.5, 0.6, None),
-        ("full", "ogd_sqrt", 1.0, 0.5, None),
+        ("full", "ogd_sqrt", 0.5, 0.5, None),
     ],
 )
 def test_hdm_agd_matches_reference(candidate, learner, lr, theta, p_max):
@@ -371,25 +408,68 @@ def test_hdm_agd_matches_reference(candidate, learner, lr, theta, p_max):
     problems = [make_problem(kind, 2) for kind in ("quadratic", "logistic")]
     # one valid (upper) smoothness constant for both problems -> a single compile
     L = max(Lp for _, Lp in problems)
-    opt = hdm_optax.hdm_agd(
-        lipschitz=L, theta=theta, candidate=candidate, learner=learner,
+    runs = [(kind, data, 0.0) for kind, (data, _) in zip(("quadratic", "logistic"), problems)]
+    _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs)
+
+
+# Known disagreement (reported): hdm_optax's ogd_sqrt counts k only over the
+# updates it actually takes, so after the two skipped (non-finite) trials its
+# third update uses eta/sqrt(1) where the spec has eta/sqrt(3): P differs at
+# step 3 by a factor sqrt(3) in the step.  strict=True: once the package follows
+# the spec this XPASSes and fails, so the marker must then be removed.
+_OGD_SQRT_COUNT = pytest.mark.xfail(
+    strict=True,
+    reason="hdm_optax ogd_sqrt does not count skipped (non-finite) calls in k",
+)
+
+
+@pytest.mark.parametrize(
+    "learner,lr,theta",
+    [("adagrad", 0.3, 1.0), pytest.param("ogd_sqrt", 0.5, 0.6, marks=_OGD_SQRT_COUNT)],
+)
+def test_hdm_agd_nonfinite_trials_match_reference(learner, lr, theta):
+    """The quadratic restricted to a ball around its minimiser (f = +inf outside),
+    from P_1 = 30 I (set in the state): the first trials y - P g leave the ball,
+    so P is not updated, h counts as +inf (v = max(L, L/(2 theta))) and x_P as
+    f = +inf in the argmin; then P learns again.  With ogd_sqrt the step is
+    eta / sqrt(k) with k the update-call index, counted on every call (the
+    skipped ones included)."""
+    x0 = x_start(3)
+    data, L = make_problem("quadratic", 2)
+    L = max(L, make_problem("logistic", 2)[1])  # same constant as above
+    centre = data["s"]  # minimiser of the quadratic
+    R2 = (1.05 * np.linalg.norm(x0 - centre)) ** 2
+    ball = make_problem("quadratic", 2, R2=R2, center=centre)[0]
+    wants = _check_agd("diagonal", learner, lr, theta, None, L, x0, [("ball", ball, 30.0)])
+    finite_P = wants[0]["finite_P"]
+    assert not all(finite_P[:2]), "no non-finite trial: test is vacuous"
+    assert all(finite_P[5:])
+
+
+def _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs):
+    opt, stepper = compiled(
+        hdm_optax.hdm_agd, lipschitz=L, theta=theta, candidate=candidate, learner=learner,
         hypergrad_lr=lr, init_precond=0.0, p_max=p_max,
     )
-    stepper = make_stepper(opt)
-    for kind, (data, _) in zip(("quadratic", "logistic"), problems):
+    wants = []
+    for kind, data, P1 in runs:
         f, grad = np_oracle(data)
         want = ref.hdm_agd_reference(
             f, grad, x0, AGD_STEPS, lipschitz=L, theta=theta, candidate=candidate,
-            learner=learner, lr=lr, P1=0.0, p_max=p_max,
+            learner=learner, lr=lr, P1=P1, p_max=p_max,
         )
-        got, _ = run_package(opt, stepper, data, x0, AGD_STEPS, _agd_extract)
+        assert all(want["finite_y"])  # the spec leaves a non-finite f(y) undefined
+        assert_moves(kind + ":P", want["Ps"], ref.init_precond(candidate, N, P1))
+        assert want["values"][-1] < f(x0)
+        replace = None if P1 == 0.0 else dict(precond=ref.init_precond(candidate, N, P1))
+        got, _ = run_package(opt, stepper, data, x0, AGD_STEPS, _agd_extract, replace=replace)
         tag = f"{kind}:"
+        assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
         assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
         assert_traj(tag + "z", [r["z"] for r in got], want["zs"])
         assert_traj(tag + "A", [r["A"] for r in got], want["As"])
-        assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
-        assert_moves(tag + "P", want["Ps"], ref.init_precond(candidate, N, 0.0))
-        assert want["values"][-1] < f(x0)
+        wants.append(want)
+    return wants
 
 
 # ---------------------------------------------------------------------------
@@ -411,29 +491,51 @@ def _best_extract(x, state):
     )
 
 
-@pytest.mark.parametrize("kind,seed,steps", [("logistic", 4, 70), ("quadratic", 5, 60)])
-def test_hdm_best_matches_reference(kind, seed, steps):
+def _check_best(kind, seed, steps, horizon):
     data, L = make_problem(kind, seed)
     f, grad = np_oracle(data)
     x0 = x_start(5)
-    kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0, horizon=40)
-    opt = hdm_optax.hdm_best(**kw)
-    stepper = make_stepper(opt)
+    kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0, horizon=horizon)
+    opt, stepper = compiled(hdm_optax.hdm_best, **kw)
     want = ref.hdm_best_reference(f, grad, x0, steps, **kw)
-    got, state = run_package(opt, stepper, data, x0, steps, _best_extract)
-    assert_traj("x", [r["x"] for r in got], want["xs"])
-    assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
-    assert_traj("P", [r["P"] for r in got], want["Ps"])
-    assert_traj("beta", [r["beta"] for r in got], want["betas"])
-    assert_traj("U", [r["U"] for r in got], want["Us"])
-    assert_traj("v", [r["v"] for r in got], want["vs"])
-    assert_traj("eta_p", [r["eta_p"] for r in got], want["eta_ps"])
-    assert_traj("L_hat", [r["L_hat"] for r in got], [0.0 if Lh is None else Lh for Lh in want["L_hats"]])
-    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
-    # the smoothness estimate must have been formed within the run
+    # vacuity checks on the reference run first (they do not depend on the package)
     k_set = next((k for k, Lh in enumerate(want["L_hats"]) if Lh is not None), None)
     assert k_set is not None and k_set < steps - 10, "L_hat never set: estimator untested"
     assert_moves("P", want["Ps"], np.zeros(N))
     assert_moves("beta", want["betas"], 0.95)
     assert not all(want["accepted"])
     assert want["values"][-1] < f(x0)
+    got, _ = run_package(opt, stepper, data, x0, steps, _best_extract)
+    assert_traj("P", [r["P"] for r in got], want["Ps"])
+    assert_traj("eta_p", [r["eta_p"] for r in got], want["eta_ps"])
+    assert_traj("x", [r["x"] for r in got], want["xs"])
+    assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
+    assert_traj("beta", [r["beta"] for r in got], want["betas"])
+    assert_traj("U", [r["U"] for r in got], want["Us"])
+    assert_traj("v", [r["v"] for r in got], want["vs"])
+    assert_traj("L_hat", [r["L_hat"] for r in got], [0.0 if Lh is None else Lh for Lh in want["L_hats"]])
+    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+    return want
+
+
+# horizon 40: threshold 20, L_hat is formed early (step ~22-34) and then used in
+# the denominator (tau = L_hat^2 / 2) and in the bound for the rest of the run.
+@pytest.mark.parametrize("kind,seed,steps", [("quadratic", 5, 60), ("logistic", 4, 70)])
+def test_hdm_best_matches_reference(kind, seed, steps):
+    _check_best(kind, seed, steps, horizon=40)
+
+
+# Known disagreement (reported): hdm_optax decays eta_p at k = 50 *before* the
+# P update of iteration 50 (so P_51 already uses 0.8 eta_p); the spec decays
+# after it (k += 1; if k % 50 == 0: ...), so 0.8 eta_p is first used by the P
+# update of iteration 51.  P differs at step 50.  strict=True: once the package
+# follows the spec this XPASSes and fails, so the marker must then be removed.
+@pytest.mark.xfail(
+    strict=True, reason="hdm_optax HDM-Best decays eta_p before, not after, the P update at k = 50"
+)
+def test_hdm_best_precond_lr_decay_matches_reference():
+    """horizon 240: threshold 60, so the run is still estimating at k = 50, where
+    eta_p <- max(0.8 eta_p, 1e-3 eta_p0) takes effect *after* the P update of
+    iteration 50 (i.e. from iteration 51 on); L_hat is then formed at step ~68."""
+    want = _check_best("logistic", 5, 80, horizon=240)
+    assert want["eta_ps"][49] < want["eta_ps"][48], "eta_p never decayed: decay untested"
