@@ -225,7 +225,7 @@ def hdm_hb_reference(
     B = init_precond(momentum_candidate, n, B1)
     opt_p = Learner(learner, lr, P.shape, eps)
     opt_b = Learner(learner, momentum_lr, B.shape, eps)
-    out = dict(xs=[], Ps=[], Bs=[], x_prevs=[], values=[], accepted=[])
+    out = dict(xs=[], Ps=[], Bs=[], x_prevs=[], values=[], accepted=[], finite=[])
     for k in range(1, steps + 1):
         d = x - x_prev
         # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k g + B_k (x^k - x^{k-1})
@@ -260,6 +260,7 @@ def hdm_hb_reference(
         out["Bs"].append(np.array(B, copy=True))
         out["values"].append(fx)
         out["accepted"].append(accepted)
+        out["finite"].append(finite)
     return out
 
 
@@ -368,7 +369,10 @@ def hdm_best_reference(
     k = 0
     estimating = True
     threshold = max(min(horizon / 4, 200), 20)
-    out = dict(xs=[], x_prevs=[], Ps=[], betas=[], values=[], accepted=[], L_hats=[], eta_ps=[], Us=[], vs=[])
+    out = dict(
+        xs=[], x_prevs=[], Ps=[], betas=[], values=[], accepted=[], finite=[],
+        L_hats=[], eta_ps=[], Us=[], vs=[],
+    )
     for _ in range(steps):
         d = x - x_prev
         # x^{k+1/2} = x^k - P_k g + beta_k (x^k - x^{k-1})
@@ -417,6 +421,7 @@ def hdm_best_reference(
         out["betas"].append(beta)
         out["values"].append(fx)
         out["accepted"].append(accepted)
+        out["finite"].append(finite)
         out["L_hats"].append(L_hat)
         out["eta_ps"].append(eta_p)
         out["Us"].append(U.copy())
