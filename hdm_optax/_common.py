@@ -90,6 +90,20 @@ def safe_div(num, den):
   return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
 
 
+def next_trial_scale(scale, finite):
+  """The trial-step damping s: halved after a non-finite trial, 1 after a finite one.
+
+  A non-finite trial leaves P, B/beta and the learner untouched; without the
+  damping the next trial would be the same point and the run would stall.
+  """
+  return jnp.where(finite, 1, 0.5 * scale).astype(scale.dtype)
+
+
+def copy_tree(tree):
+  """Fresh buffers (so a state built by ``init`` can be donated)."""
+  return jax.tree.map(jnp.array, tree)
+
+
 def keep_if(pred, new, old):
   """``new`` where ``pred`` else ``old``, leaf by leaf (a null step)."""
   return optax.tree.where(pred, new, old)

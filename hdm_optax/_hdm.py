@@ -22,6 +22,8 @@ class HDMState(NamedTuple):
     learner_state: the online learner's accumulators (AdaGrad: U_k).
     value: f(x^k) at the current iterate (+inf before the first update).
     grad: grad f(x^k) at the current iterate.
+    trial_scale: s, the damping of the trial step (1 unless the last trial was
+      not finite; see the docstring of :func:`hdm`).
     info: :class:`hdm_optax.HDMInfo` diagnostics of the last update.
   """
 
@@ -30,6 +32,7 @@ class HDMState(NamedTuple):
   learner_state: Any
   value: jax.Array
   grad: Any
+  trial_scale: jax.Array
   info: _common.HDMInfo
 
 
@@ -62,7 +65,9 @@ def hdm(
   With ``null_step=False`` the iterate always moves: that is vanilla HDM,
   eqs. (1)-(2), which may blow up before it converges (Figure 1a). A trial
   point with a non-finite value or gradient is always rejected and leaves P
-  and the learner untouched. When ``grad f(x) = 0`` the hypergradient is 0.
+  and the learner untouched; the next trial step is then halved (s <- s/2,
+  x^+ = x - s P g, back to s = 1 after a finite trial) so that the run does
+  not stall on the same point (a safeguard that is not in the paper). When ``grad f(x) = 0`` the hypergradient is 0.
 
   Each update costs one value-and-gradient call (at the trial point); f and
   grad f at the accepted point are kept in the state, so with
@@ -120,6 +125,7 @@ def hdm(
         learner_state=learn.init(precond),
         value=jnp.asarray(jnp.inf, dtype),
         grad=optax.tree.zeros_like(params),
+        trial_scale=jnp.ones([], dtype),
         info=_common.init_info(dtype),
     )
 
@@ -130,14 +136,15 @@ def hdm(
         "hdm", value, grad, value_fn, updates, params=params, state_grad=state.grad)
     dtype = state.value.dtype
     # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k).
-    step = optax.tree.scale(-1.0, cand.apply(state.precond, updates))
+    direction = optax.tree.scale(state.trial_scale, updates)  # s grad f(x^k)
+    step = optax.tree.scale(-1.0, cand.apply(state.precond, direction))
     trial = optax.tree.add(params, step)
     trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
     finite = _common.all_finite(trial_value, trial_grad)
     # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2.
     den = optax.tree.vdot(grad, grad)
     hypergrad = jax.tree.map(
-        lambda t: _common.safe_div(-t, den), cand.outer(trial_grad, updates))
+        lambda t: _common.safe_div(-t, den), cand.outer(trial_grad, direction))
     lr = _common.cast(hypergrad_lr, dtype)
     new_precond, new_learner = learners_lib.learn(
         cand, learn, state.precond, hypergrad, state.learner_state, lr, p_min, p_max)
@@ -154,6 +161,7 @@ def hdm(
         learner_state=learner_state,
         value=new_value,
         grad=new_grad,
+        trial_scale=_common.next_trial_scale(state.trial_scale, finite),
         info=_common.next_info(
             state.info, accepted=accepted,
             hypergrad_norm=optax.tree.norm(hypergrad), calls=1),

@@ -66,8 +66,9 @@ def hdm_agd(
   (Appendix D.2) expands :math:`z^{k+1} = z^k - (A_{k+1}-A_k)/v_k \nabla
   f(y^k)`, the descent sign used here. Ties in the argmin go to the first
   candidate in the order above; non-finite candidates count as +inf, and a
-  non-finite value or gradient at y^k rejects the whole update (nothing in
-  the state changes). The incoming ``updates`` are not used: every gradient
+  non-finite value or gradient at y^k rejects the whole update and restarts
+  the momentum (z^{k+1} = x^k, A_{k+1} = 1, so the next y is x^k; P and the
+  learner are untouched). The incoming ``updates`` are not used: every gradient
   is taken at y^k.
 
   Oracle cost: three value-and-gradient calls per update (at y^k and at the
@@ -119,7 +120,7 @@ def hdm_agd(
         count=jnp.zeros([], jnp.int32),
         precond=precond,
         learner_state=learn.init(precond),
-        z=params,
+        z=_common.copy_tree(params),
         a_k=jnp.ones([], dtype),
         value=jnp.asarray(jnp.inf, dtype),
         grad=optax.tree.zeros_like(params),
@@ -178,8 +179,8 @@ def hdm_agd(
         count=state.count + 1,
         precond=precond,
         learner_state=learner_state,
-        z=keep(z, state.z),
-        a_k=keep(a_next, a_k).astype(dtype),
+        z=keep(z, params),
+        a_k=keep(a_next, jnp.ones_like(a_k)).astype(dtype),
         value=values[best].astype(dtype),
         grad=new_grad,
         info=_common.next_info(

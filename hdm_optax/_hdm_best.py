@@ -30,15 +30,19 @@ class HDMBestState(NamedTuple):
     prev_params: x^{k-1} (x^0 = x^1).
     value: f(x^k) (+inf before the first update).
     grad: grad f(x^k).
-    precond_lr: eta_p in force (decayed, then reset to 1/L_hat).
-    precond_lr_base: eta_p0, the base of the decay floor.
-    smoothness: L, the caller's smoothness estimate (or the probe's; 0 until
-      the probe ran when ``lipschitz=None``).
+    precond_lr: eta_p used by the last update (eta_p0 times the decay
+      factor, or 1/L_hat once L_hat exists); eta_p0 itself is the
+      ``precond_lr`` hyper-parameter (or its default), read at every update
+      so ``optax.inject_hyperparams`` can change it.
+    precond_lr_decay: the decay factor of eta_p0 (1, 0.8, 0.64, ... >= the floor).
+    smoothness: L, the caller's ``lipschitz`` (or the probe's; 0 until the
+      probe ran when ``lipschitz=None``).
     curvature: L_hat, the curvature estimate (0 until it exists).
     curvature_sum: sum of the recorded ratios ||grad f(x+) - grad f(x)|| / ||x+ - x||.
     curvature_count: number of recorded ratios.
     curvature_counter: +1 per accepted step, -2 (floor 0) per null step.
     estimating: whether the curvature estimate is still being formed.
+    trial_scale: s, the damping of the trial step (see :func:`hdm_best`).
     info: :class:`hdm_optax.HDMInfo` diagnostics.
   """
 
@@ -51,13 +55,14 @@ class HDMBestState(NamedTuple):
   value: jax.Array
   grad: Any
   precond_lr: jax.Array
-  precond_lr_base: jax.Array
+  precond_lr_decay: jax.Array
   smoothness: jax.Array
   curvature: jax.Array
   curvature_sum: jax.Array
   curvature_count: jax.Array
   curvature_counter: jax.Array
   estimating: jax.Array
+  trial_scale: jax.Array
   info: _common.HDMInfo
 
 
@@ -108,19 +113,21 @@ def hdm_best(
     L_hat exists, then den = ||g||^2 + (L_hat^2/4) ||x - x^-||^2
     (tau = L_hat^2/2; pass ``tau`` to use a fixed tau instead); until L_hat
     exists, at iterations k = 50, 100, ... (``decay_every``) eta_p <-
-    max(``decay_rate`` eta_p, ``decay_floor`` eta_p0) before P is updated
-    (``lr_decay``); the curvature estimate
+    eta_p0 d with d <- max(``decay_rate`` d, ``decay_floor``) before P is
+    updated (``lr_decay``); the curvature estimate
     (``estimate_curvature``): on each accepted step with ||x+ - x|| >
     ``curvature_min_step`` record ||grad f(x+) - grad f(x)|| / ||x+ - x||; a
     counter goes up by 1 per accepted step and down by 2 (floor 0) per null
     step; once it exceeds max(min(K/4, 200), 20), K = ``horizon``, L_hat is the
-    mean of the records, eta_p <- 1/L_hat (the new eta_p0), U <- 0, and
+    mean of the records, eta_p <- 1/L_hat, U <- 0, and
     estimation and decay stop; P is clipped to [0, ``max_precond_times_l``/L]
     (L_hat once it exists; ``None``: [0, inf)). x^{k-1} <- x^k after every
     iteration, accepted or not, so after a null step the momentum term is 0.
   - Null step on f (Appendix A), not on the heavy-ball potential. A non-finite
     trial value or gradient is a null step that leaves P, beta and the
-    accumulators untouched.
+    accumulators untouched; the next trial step is then halved (x^+ = x +
+    s(-P g + beta d), s <- s/2, back to 1 after a finite trial) so the run does
+    not stall on the same point (a safeguard, not in the paper).
   - Without ``lipschitz``, the first update is a probe: it evaluates f at
     x - delta g/||g||, delta = ``probe_size`` max(1, ||x||), takes
     L = ||grad f(probe) - g|| / delta (1 if that is 0 or not finite), and
@@ -183,7 +190,8 @@ def hdm_best(
   _common.check_momentum_bounds(momentum_min, momentum_max)
   momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
 
-  def default_precond_lr(lip):
+  def base_precond_lr(lip):
+    """eta_p0: ``precond_lr``, or the default multiple of 1/L."""
     if precond_lr is None:
       return DEFAULT_PRECOND_LR_TIMES_L / lip
     return jnp.asarray(precond_lr).astype(lip.dtype)
@@ -191,7 +199,6 @@ def hdm_best(
   def init_fn(params):
     dtype = _common.params_dtype(params)
     lip = jnp.zeros([], dtype) if lipschitz is None else _common.cast(lipschitz, dtype)
-    eta_p = default_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype)
     precond = diag.init(params, init_precond)
     momentum = jnp.clip(_common.cast(init_momentum, dtype), momentum_min, momentum_max)
     zero = jnp.zeros([], dtype)
@@ -201,17 +208,18 @@ def hdm_best(
         momentum=momentum.astype(dtype),
         precond_accum=adagrad.init(precond),
         momentum_accum=adagrad.init(momentum),
-        prev_params=params,
+        prev_params=_common.copy_tree(params),
         value=jnp.asarray(jnp.inf, dtype),
         grad=optax.tree.zeros_like(params),
-        precond_lr=eta_p,
-        precond_lr_base=eta_p,
+        precond_lr=base_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype),
+        precond_lr_decay=jnp.ones([], dtype),
         smoothness=lip,
         curvature=zero,
-        curvature_sum=zero,
+        curvature_sum=jnp.zeros([], dtype),
         curvature_count=jnp.zeros([], jnp.int32),
         curvature_counter=jnp.zeros([], jnp.int32),
         estimating=jnp.asarray(estimate_curvature),
+        trial_scale=jnp.ones([], dtype),
         info=_common.init_info(dtype),
     )
 
@@ -223,9 +231,11 @@ def hdm_best(
     dtype = state.value.dtype
     c = lambda x: _common.cast(x, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
+    s = state.trial_scale
+    direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     # Algorithm 4, line 2: x^{k+1/2} = x^k - P_k grad f(x^k) + beta_k (x^k - x^{k-1}).
     step = optax.tree.add_scale(
-        optax.tree.scale(-1.0, diag.apply(state.precond, updates)), state.momentum, diff)
+        optax.tree.scale(-1.0, diag.apply(state.precond, direction)), state.momentum, s_diff)
     trial = optax.tree.add(params, step)
     grad_sq = optax.tree.vdot(grad, grad)
     if lipschitz is None:  # the probe step, see the docstring
@@ -239,14 +249,14 @@ def hdm_best(
       point = trial
     trial_value, trial_grad = _common.value_and_grad(value_fn, point)
     grad_change = optax.tree.norm(optax.tree.sub(trial_grad, grad))
-    smoothness, eta_p, eta_p0 = state.smoothness, state.precond_lr, state.precond_lr_base
     if lipschitz is None:
       probed = grad_change / delta
       probed = jnp.where(jnp.isfinite(probed) & (probed > 0), probed, 1).astype(dtype)
-      smoothness = jnp.where(probing, probed, smoothness)
-      eta_p = jnp.where(probing, default_precond_lr(probed), eta_p).astype(dtype)
-      eta_p0 = jnp.where(probing, default_precond_lr(probed), eta_p0).astype(dtype)
-    finite = _common.all_finite(trial_value, trial_grad) & ~probing
+      smoothness = jnp.where(probing, probed, state.smoothness)
+    else:
+      smoothness = c(lipschitz)
+    # A non-finite g_t makes ||g_t - g|| non-finite: no pass over n needed.
+    finite = jnp.isfinite(trial_value) & jnp.isfinite(grad_change) & ~probing
     # Lines 3-4 with the denominator refinement.
     has_curv = state.curvature > 0
     diff_sq = optax.tree.vdot(diff, diff)
@@ -255,27 +265,34 @@ def hdm_best(
     else:
       den = jnp.where(has_curv, grad_sq + 0.25 * state.curvature ** 2 * diff_sq,
                       grad_sq + c(denominator_eps))
-    grad_p = jax.tree.map(lambda t: _common.safe_div(-t, den),
-                          diag.outer(trial_grad, updates))
-    grad_b = _common.safe_div(optax.tree.vdot(trial_grad, diff), den)
-    # Until L_hat exists, eta_p decays at iterations k = 50, 100, ... (before
-    # that iteration's update of P).
+    # 1/den, zeroed on a rejected trial: then G = 0 and AdaGrad leaves P, beta,
+    # U and v exactly as they are.
+    inv_den = jnp.where(finite & (den > 0), 1 / jnp.where(den > 0, den, 1), 0)
+    grad_p = jax.tree.map(lambda t, u: jnp.where(finite, -t * u * inv_den, 0),
+                          trial_grad, direction)
+    grad_b = jnp.where(finite, optax.tree.vdot(trial_grad, s_diff) * inv_den, 0)
+    # eta_p: 1/L_hat once L_hat exists; before, eta_p0 times the decay factor,
+    # which shrinks at iterations k = 50, 100, ... (before that iteration's
+    # update of P).
     count = state.count + (~probing).astype(jnp.int32)
+    lr_decay_factor = state.precond_lr_decay
     if lr_decay:
       decay = state.estimating & ~probing & (count % decay_every == 0)
-      eta_p = jnp.where(decay, jnp.maximum(c(decay_rate) * eta_p, c(decay_floor) * eta_p0),
-                        eta_p)
-    # Lines 5-8: AdaGrad on P and beta, then the projections.
+      lr_decay_factor = jnp.where(
+          decay, jnp.maximum(c(decay_rate) * lr_decay_factor, c(decay_floor)),
+          lr_decay_factor)
+    eta_p = jnp.where(has_curv, _common.safe_div(1, state.curvature),
+                      base_precond_lr(smoothness) * lr_decay_factor)
+    # Lines 5-8: AdaGrad on P and beta, then the projections. G is finite by
+    # construction and |G| / sqrt(U) <= 1, so no finiteness check is needed.
     lip_now = jnp.where(has_curv, state.curvature, smoothness)
     p_max = None if max_precond_times_l is None else c(max_precond_times_l) / lip_now
-    new_p, new_pa = learners_lib.learn(
-        diag, adagrad, state.precond, grad_p, state.precond_accum, eta_p, 0.0, p_max)
-    new_b, new_ba = learners_lib.learn(
+    precond, precond_accum = learners_lib.learn(
+        diag, adagrad, state.precond, grad_p, state.precond_accum, eta_p, 0.0, p_max,
+        check_finite=False)
+    momentum, momentum_accum = learners_lib.learn(
         scal, adagrad, state.momentum, grad_b, state.momentum_accum,
-        c(momentum_lr), momentum_min, momentum_max)
-    precond, momentum, precond_accum, momentum_accum = _common.keep_if(
-        finite, (new_p, new_b, new_pa, new_ba),
-        (state.precond, state.momentum, state.precond_accum, state.momentum_accum))
+        c(momentum_lr), momentum_min, momentum_max, check_finite=False)
     # Line 9: the null step on f.
     accepted = finite & (trial_value < value)
     # Curvature estimate.
@@ -294,8 +311,6 @@ def hdm_best(
       threshold = jnp.maximum(jnp.minimum(k_budget / 4, 200), 20)
       fire = estimating & (counter > threshold) & (curv_count > 0)
       curvature = jnp.where(fire, _common.safe_div(curv_sum, curv_count), curvature)
-      eta_p = jnp.where(fire, _common.safe_div(1, curvature), eta_p)
-      eta_p0 = jnp.where(fire, eta_p, eta_p0)
       precond_accum = _common.keep_if(fire, adagrad.init(precond), precond_accum)
       estimating = estimating & ~fire
     new_state = HDMBestState(
@@ -307,14 +322,15 @@ def hdm_best(
         prev_params=params,
         value=jnp.where(accepted, trial_value, value).astype(dtype),
         grad=_common.keep_if(accepted, trial_grad, grad),
-        precond_lr=eta_p.astype(dtype),
-        precond_lr_base=eta_p0.astype(dtype),
-        smoothness=smoothness,
+        precond_lr=jnp.asarray(eta_p, dtype),
+        precond_lr_decay=lr_decay_factor.astype(dtype),
+        smoothness=smoothness.astype(dtype),
         curvature=curvature.astype(dtype),
         curvature_sum=curv_sum,
         curvature_count=curv_count,
         curvature_counter=counter,
         estimating=estimating,
+        trial_scale=jnp.where(probing, s, _common.next_trial_scale(s, finite)),
         info=_common.next_info(
             state.info, accepted=accepted,
             hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + grad_b ** 2),

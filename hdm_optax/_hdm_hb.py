@@ -25,6 +25,7 @@ class HDMHBState(NamedTuple):
     prev_params: x^{k-1} (x^0 = x^1 at init).
     value: f(x^k) (+inf before the first update).
     grad: grad f(x^k).
+    trial_scale: s, the damping of the trial step (see :func:`hdm_hb`).
     info: :class:`hdm_optax.HDMInfo` diagnostics.
   """
 
@@ -36,6 +37,7 @@ class HDMHBState(NamedTuple):
   prev_params: Any
   value: jax.Array
   grad: Any
+  trial_scale: jax.Array
   info: _common.HDMInfo
 
 
@@ -72,7 +74,9 @@ def hdm_hb(
   :math:`\nabla_B h = r (x - x^-)^\top / den`. The null step (line 6)
   keeps :math:`(x^k, x^{k-1})` unless the potential decreases. A non-finite
   trial value or gradient is rejected and leaves P, B and the learners
-  untouched. One value-and-gradient call per update.
+  untouched; the next trial step is then halved (x^+ = x + s(-P g + B d),
+  s <- s/2, back to 1 after a finite trial), a safeguard that is not in the
+  paper. One value-and-gradient call per update.
 
   Args:
     candidate: candidate set of P: ``"scalar"``, ``"diagonal"`` or ``"full"``.
@@ -128,9 +132,10 @@ def hdm_hb(
         momentum=momentum,
         precond_learner_state=learn.init(precond),
         momentum_learner_state=learn.init(momentum),
-        prev_params=params,
+        prev_params=_common.copy_tree(params),
         value=jnp.asarray(jnp.inf, dtype),
         grad=optax.tree.zeros_like(params),
+        trial_scale=jnp.ones([], dtype),
         info=_common.init_info(dtype),
     )
 
@@ -142,9 +147,11 @@ def hdm_hb(
     dtype = state.value.dtype
     om, ta = _common.cast(omega, dtype), _common.cast(tau, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
+    s = state.trial_scale
+    direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k grad f(x^k) + B_k (x^k - x^{k-1}).
-    step = optax.tree.add(optax.tree.scale(-1.0, cand_p.apply(state.precond, updates)),
-                          cand_b.apply(state.momentum, diff))
+    step = optax.tree.add(optax.tree.scale(-1.0, cand_p.apply(state.precond, direction)),
+                          cand_b.apply(state.momentum, s_diff))
     trial = optax.tree.add(params, step)
     trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
     finite = _common.all_finite(trial_value, trial_grad)
@@ -152,8 +159,8 @@ def hdm_hb(
     diff_sq = optax.tree.vdot(diff, diff)
     den = optax.tree.vdot(grad, grad) + 0.5 * ta * diff_sq
     resid = optax.tree.add_scale(trial_grad, om, step)  # grad f(x^+) + omega (x^+ - x)
-    grad_p = jax.tree.map(lambda t: _common.safe_div(-t, den), cand_p.outer(resid, updates))
-    grad_b = jax.tree.map(lambda t: _common.safe_div(t, den), cand_b.outer(resid, diff))
+    grad_p = jax.tree.map(lambda t: _common.safe_div(-t, den), cand_p.outer(resid, direction))
+    grad_b = jax.tree.map(lambda t: _common.safe_div(t, den), cand_b.outer(resid, s_diff))
     new_p, new_lp = learners_lib.learn(
         cand_p, learn, state.precond, grad_p, state.precond_learner_state,
         _common.cast(hypergrad_lr, dtype), p_min, p_max)
@@ -177,6 +184,7 @@ def hdm_hb(
         prev_params=_common.keep_if(accepted, params, state.prev_params),
         value=jnp.where(accepted, trial_value, value).astype(dtype),
         grad=_common.keep_if(accepted, trial_grad, grad),
+        trial_scale=_common.next_trial_scale(s, finite),
         info=_common.next_info(
             state.info, accepted=accepted,
             hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p)

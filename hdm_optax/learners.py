@@ -118,13 +118,18 @@ def get(learner, *, eps: float = 1e-12) -> OnlineLearner:
   )
 
 
-def learn(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper):
+def learn(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper, *,
+          check_finite: bool = True):
   """One online-learning round: P <- Pi_P[P + learner step(G)].
 
   If the round produces a non-finite P or learner state (the feedback G
-  overflowed), P and the learner state are left unchanged.
+  overflowed), P and the learner state are left unchanged. Callers that
+  guarantee a finite round pass ``check_finite=False`` to save two passes
+  over P.
   """
   delta, new_state = learner.step(g, state, lr)
   new_p = candidate.project(optax.tree.add(p, delta), lower, upper)
+  if not check_finite:
+    return new_p, new_state
   ok = _common.all_finite(new_p, new_state)
   return _common.keep_if(ok, (new_p, new_state), (p, state))

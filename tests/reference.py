@@ -19,13 +19,17 @@ Conventions shared by all algorithms
 * Projection onto the candidate set = entrywise clip to [lo, hi] (None means
   unbounded on that side).
 * Online learners (G = reduced hypergradient, k = 1, 2, ... the index of the
-  update call, counted on every call):
+  learner round; a rejected non-finite trial is not a round):
     ogd:      P' = P - eta G
     ogd_sqrt: P' = P - eta / sqrt(k) G
     adagrad:  U' = U + G*G,  P' = P - eta G / (sqrt(U') + eps)
   followed by the projection.
 * A trial point with a non-finite value or gradient is rejected and leaves the
-  preconditioner, momentum and every accumulator unchanged.
+  preconditioner, momentum and every accumulator unchanged; the next trial
+  step is damped by s (s <- s/2 after a non-finite trial, s <- 1 after a
+  finite one; the step and the hypergradient use s g and s (x - x^-)).
+  HDM-AGD restarts instead (z <- x, A <- 1) when f or its gradient at y is
+  not finite.
 """
 
 from __future__ import annotations
@@ -102,9 +106,13 @@ class Learner:
         self.lr = float(lr)
         self.eps = float(eps)
         self.U = np.zeros(shape, dtype=np.float64)  # AdaGrad accumulator U_1 = 0
+        self.rounds = 0
 
-    def step(self, P: np.ndarray, G: np.ndarray, k: int) -> np.ndarray:
-        """Unprojected update of P with hypergradient G at call index k (1-based)."""
+    def step(self, P: np.ndarray, G: np.ndarray, k=None) -> np.ndarray:
+        """Unprojected update of P with hypergradient G (round k = 1, 2, ...)."""
+        del k
+        self.rounds += 1
+        k = self.rounds
         if self.kind == "ogd":
             return P - self.lr * G
         if self.kind == "ogd_sqrt":
@@ -153,15 +161,18 @@ def hdm_reference(
     P = init_precond(candidate, n, P1)  # Algorithm 1, input: P_1 in cal P
     opt = Learner(learner, lr, P.shape, eps)
     out = dict(xs=[], Ps=[], values=[], accepted=[], finite=[])
+    s = 1.0  # trial damping (safeguard after non-finite trials)
     for k in range(1, steps + 1):
         # Algorithm 1, line 3 / eq. (null-step): trial point x^k - P_k grad f(x^k)
-        x_t = x - apply_precond(candidate, P, g)
+        sg = s * g
+        x_t = x - apply_precond(candidate, P, sg)
         f_t, g_t, finite = _oracle(f, grad, x_t)
+        s = 1.0 if finite else 0.5 * s
         if finite:
             # eq. (hypergrad-feedback): grad h_{x^k}(P_k) = -grad f(x^{k+1/2}) grad f(x^k)^T / ||grad f(x^k)||^2
             den = float(np.dot(g, g))
             if den > 0:
-                G = reduce_outer(candidate, -g_t, g) / den
+                G = reduce_outer(candidate, -g_t, sg) / den
             else:
                 G = np.zeros_like(P)
             # Algorithm 1, line 4: P_{k+1} = Pi_P[P_k - eta_k grad h_{x^k}(P_k)]
@@ -226,11 +237,14 @@ def hdm_hb_reference(
     opt_p = Learner(learner, lr, P.shape, eps)
     opt_b = Learner(learner, momentum_lr, B.shape, eps)
     out = dict(xs=[], Ps=[], Bs=[], x_prevs=[], values=[], accepted=[], finite=[])
+    s = 1.0  # trial damping (safeguard after non-finite trials)
     for k in range(1, steps + 1):
         d = x - x_prev
+        sg, sd = s * g, s * d
         # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k g + B_k (x^k - x^{k-1})
-        x_t = x - apply_precond(candidate, P, g) + apply_precond(momentum_candidate, B, d)
+        x_t = x - apply_precond(candidate, P, sg) + apply_precond(momentum_candidate, B, sd)
         f_t, g_t, finite = _oracle(f, grad, x_t)
+        s = 1.0 if finite else 0.5 * s
         if finite:
             # Appendix D.1: grad_P h = [-grad f(x+) + w P g - w B d] g^T / den
             #               grad_B h = [ grad f(x+) - w P g + w B d] d^T / den
@@ -238,8 +252,8 @@ def hdm_hb_reference(
             den = float(np.dot(g, g)) + 0.5 * tau * float(np.dot(d, d))
             r = g_t + omega * (x_t - x)
             if den > 0:
-                G_P = reduce_outer(candidate, -r, g) / den
-                G_B = reduce_outer(momentum_candidate, r, d) / den
+                G_P = reduce_outer(candidate, -r, sg) / den
+                G_B = reduce_outer(momentum_candidate, r, sd) / den
             else:
                 G_P = np.zeros_like(P)
                 G_B = np.zeros_like(B)
@@ -300,7 +314,17 @@ def hdm_agd_reference(
         A_next = A + a
         # y^k = x^k + (1 - A_k / A_{k+1}) (z^k - x^k)
         y = x + (1.0 - A / A_next) * (z - x)
-        f_y, g_y, finite_y = _oracle(f, grad, y)  # (the spec assumes f(y^k) finite)
+        f_y, g_y, finite_y = _oracle(f, grad, y)
+        if not finite_y:  # rejected: restart the momentum (z <- x, A <- 1)
+            z, A = x.copy(), 1.0
+            out["xs"].append(x.copy())
+            out["zs"].append(z.copy())
+            out["As"].append(A)
+            out["Ps"].append(np.array(P, copy=True))
+            out["values"].append(fx)
+            out["finite_y"].append(False)
+            out["finite_P"].append(False)
+            continue
         # candidates y - g/L and y - P g
         x_L = y - g_y / L
         f_L, _, _ = _oracle(f, grad, x_L)
@@ -361,8 +385,10 @@ def hdm_best_reference(
     beta = 0.95  # beta_1 = 0.95
     U = np.zeros(n)  # AdaGrad diagonal U_1 = 0
     v = 0.0  # AdaGrad momentum scalar v_1 = 0
-    eta_p = eta_p_base = float(precond_lr)
+    eta_p0 = float(precond_lr)
+    decay = 1.0  # eta_p = eta_p0 * decay until L_hat exists, then 1/L_hat
     eta_b = float(momentum_lr)
+    s = 1.0  # trial damping (safeguard after non-finite trials)
     L_hat = None
     ratios: list[float] = []
     counter = 0
@@ -375,17 +401,24 @@ def hdm_best_reference(
     )
     for _ in range(steps):
         d = x - x_prev
+        sg, sd = s * g, s * d
         # x^{k+1/2} = x^k - P_k g + beta_k (x^k - x^{k-1})
-        x_t = x - P * g + beta * d
+        x_t = x - P * sg + beta * sd
         f_t, g_t, finite = _oracle(f, grad, x_t)
+        s = 1.0 if finite else 0.5 * s
+        k += 1
+        # until L_hat exists, eta_p decays at k = 50, 100, ... before the P update
+        if estimating and k % 50 == 0:
+            decay = max(0.8 * decay, 1e-3)
+        eta_p = eta_p0 * decay if L_hat is None else 1.0 / L_hat
         # denominator ||g||^2 + tau/2 ||d||^2 with tau = L_hat^2 / 2 once L is estimated
         if L_hat is None:
             den = float(np.dot(g, g)) + 1e-12
         else:
             den = float(np.dot(g, g)) + (L_hat**2 / 4.0) * float(np.dot(d, d))
         # hypergradients (omega-term dropped, Appendix A)
-        G_P = -(g_t * g) / den
-        G_b = float(np.dot(g_t, d)) / den
+        G_P = -(g_t * sg) / den
+        G_b = float(np.dot(g_t, sd)) / den
         if finite:
             # U_{k+1} = U_k + G_P o G_P ; v_{k+1} = v_k + G_b^2
             U = U + G_P * G_P
@@ -399,22 +432,17 @@ def hdm_best_reference(
         accepted = finite and f_t < fx
         x_prev = x.copy()  # always, before x moves
         if accepted:
-            s = float(np.linalg.norm(x_t - x))
-            if estimating and s > 1e-3:
-                ratios.append(float(np.linalg.norm(g_t - g)) / s)
+            step_len = float(np.linalg.norm(x_t - x))
+            if estimating and step_len > 1e-3:
+                ratios.append(float(np.linalg.norm(g_t - g)) / step_len)
             x, fx, g = x_t, f_t, g_t
             counter += 1
         else:
             counter = max(counter - 2, 0)
-        k += 1
-        if estimating:
-            if k % 50 == 0:
-                eta_p = max(0.8 * eta_p, 1e-3 * eta_p_base)
-            if counter > threshold and ratios:
-                L_hat = float(np.mean(ratios))
-                eta_p = eta_p_base = 1.0 / L_hat
-                U = np.zeros(n)
-                estimating = False
+        if estimating and counter > threshold and ratios:
+            L_hat = float(np.mean(ratios))  # from now on eta_p = 1 / L_hat
+            U = np.zeros(n)
+            estimating = False
         out["xs"].append(x.copy())
         out["x_prevs"].append(x_prev.copy())
         out["Ps"].append(P.copy())
