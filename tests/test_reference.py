@@ -281,10 +281,10 @@ def test_hdm_matches_reference(candidate, learner, null_step):
 def test_hdm_nonfinite_trials_match_reference(candidate, learner, null_step):
     """Logistic regression with f = +inf outside a ball, from init_precond = 2.5:
     later trials leave the ball.  A non-finite trial must be rejected and leave
-    x, P and the learner untouched, with or without the null step; the next
-    trial is then the very same point (the spec has no safeguard against that
-    stall), so every later trial is rejected too.  (Same compilations as
-    test_hdm_matches_reference.)"""
+    x, P and the learner untouched, with or without the null step, and halve
+    the next trial step (s <- s/2; s <- 1 after a finite trial), so the run
+    alternates between rejected and (damped) finite trials instead of stalling.
+    (Same compilations as test_hdm_matches_reference.)"""
     opt, stepper, kw = _hdm_config(candidate, learner, null_step)
     x0 = x_start()
     data, _ = make_problem("logistic", 0, R2=2.0 * float(x0 @ x0))
@@ -568,8 +568,8 @@ def test_hdm_best_matches_reference(kind, seed, steps):
 def test_hdm_best_nonfinite_trials_match_reference():
     """Logistic regression with f = +inf outside a ball (same compilation as the
     logistic case above).  On a non-finite trial P, beta, U, v stay, the counter
-    drops by 2, k still advances, x stays and x^- <- x, so the next trial is
-    x - P g without momentum; from some point on every trial is non-finite."""
+    drops by 2, k still advances, x stays and x^- <- x, and the next trial step
+    is halved, so it is s (x - P g) without momentum."""
     x0 = x_start(5)
     R2 = 1.5 * float(x0 @ x0)
     want = _check_best("logistic", 4, 40, horizon=40, R2=R2, vacuity=False)
