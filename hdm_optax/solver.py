@@ -16,8 +16,10 @@ from hdm_optax import _common
 CONVERGED = 0
 MAX_STEPS = 1
 NON_FINITE = 2
+STOPPED = 3
 STATUS_MESSAGES = {
     CONVERGED: "converged: ||grad f||_inf <= tol",
+    STOPPED: "stopped by sweep(stop_at_first_converged=True) before the end",
     MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
     NON_FINITE: "f or grad f is not finite at the current iterate",
 }
@@ -100,38 +102,51 @@ def _has_cache(state) -> bool:
     return False
 
 
-def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
-           max_grad_evals):
+class _Run(NamedTuple):
+  """The pieces of a run, so that ``solve`` and ``sweep`` share one loop body."""
+
+  start: Callable[[Any, Any], dict]
+  active: Callable[[dict], jax.Array]
+  step: Callable[[dict], dict]
+  finish: Callable[[dict], SolveResult]
+
+
+def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
+  """Builds start/active/step/finish for one run of ``optimizer`` on ``fun``."""
+
   def value_fn(p):
     return fun(p, *fun_args)
 
   value_and_grad = lambda p: _common.value_and_grad(value_fn, p)
-  state = optimizer.init(init_params) if init_state is None else init_state
-  cached = _has_cache(state)
-  value, grad = value_and_grad(init_params)
-  if cached:
-    state = optax.tree.set(state, value=value, grad=grad)
-  dtype = jnp.result_type(value)
-  tol = jnp.asarray(tol, dtype)
-  gnorm = _inf_norm(grad)
-  one = jnp.ones([], jnp.int32)
-  trace = Trace(
-      value=jnp.full([max_steps + 1], value, dtype),
-      grad_norm=jnp.full([max_steps + 1], gnorm, dtype),
-      accepted=jnp.ones([max_steps + 1], bool),
-      grad_evals=jnp.ones([max_steps + 1], jnp.int32),
-  )
-  carry0 = dict(params=init_params, state=state, value=value, grad=grad, gnorm=gnorm,
+
+  def start(init_params, init_state):
+    state = optimizer.init(init_params) if init_state is None else init_state
+    value, grad = value_and_grad(init_params)
+    if _has_cache(state):
+      state = optax.tree.set(state, value=value, grad=grad)
+    dtype = jnp.result_type(value)
+    gnorm = _inf_norm(grad)
+    one = jnp.ones([], jnp.int32)
+    trace = Trace(
+        value=jnp.full([max_steps + 1], value, dtype),
+        grad_norm=jnp.full([max_steps + 1], gnorm, dtype),
+        accepted=jnp.ones([max_steps + 1], bool),
+        grad_evals=jnp.ones([max_steps + 1], jnp.int32),
+    )
+    return dict(params=init_params, state=state, value=value, grad=grad, gnorm=gnorm,
                 k=jnp.zeros([], jnp.int32), nv=one, ng=one, trace=trace)
 
   def finite(c):
     return jnp.isfinite(c["value"]) & jnp.isfinite(c["gnorm"])
 
-  def cond(c):
-    return ((c["k"] < max_steps) & (c["gnorm"] > tol) & finite(c)
+  def converged(c):
+    return (c["gnorm"] <= jnp.asarray(tol, c["gnorm"].dtype)) & finite(c)
+
+  def active(c):
+    return ((c["k"] < max_steps) & ~converged(c) & finite(c)
             & (c["ng"] < max_grad_evals))
 
-  def body(c):
+  def step(c):
     updates, new_state = optimizer.update(
         c["grad"], c["state"], c["params"], value=c["value"], grad=c["grad"],
         value_fn=value_fn)
@@ -139,7 +154,7 @@ def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
     dv, dg = _calls_in_update(c["state"], new_state)
     nv = c["nv"] + jnp.asarray(dv, jnp.int32)
     ng = c["ng"] + jnp.asarray(dg, jnp.int32)
-    if cached:
+    if _has_cache(new_state):
       value = optax.tree.get(new_state, "value")
       grad = optax.tree.get(new_state, "grad")
     else:
@@ -151,27 +166,36 @@ def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
     k = c["k"] + 1
     tr = c["trace"]
     trace = Trace(value=tr.value.at[k].set(value), grad_norm=tr.grad_norm.at[k].set(gnorm),
-                  accepted=tr.accepted.at[k].set(accepted), grad_evals=tr.grad_evals.at[k].set(ng))
-    return dict(params=params, state=new_state, value=jnp.asarray(value, dtype), grad=grad,
-                gnorm=gnorm, k=k, nv=nv, ng=ng,
-                trace=trace)
+                  accepted=tr.accepted.at[k].set(accepted),
+                  grad_evals=tr.grad_evals.at[k].set(ng))
+    return dict(params=params, state=new_state, value=jnp.asarray(value, c["value"].dtype),
+                grad=grad, gnorm=gnorm, k=k, nv=nv, ng=ng, trace=trace)
 
-  c = jax.lax.while_loop(cond, body, carry0)
-  # Freeze the tail of the trace at the final values.
-  tail = jnp.arange(max_steps + 1) > c["k"]
-  tr = c["trace"]
-  trace = Trace(
-      value=jnp.where(tail, c["value"], tr.value),
-      grad_norm=jnp.where(tail, c["gnorm"], tr.grad_norm),
-      accepted=jnp.where(tail, False, tr.accepted),
-      grad_evals=jnp.where(tail, c["ng"], tr.grad_evals),
-  )
-  converged = (c["gnorm"] <= tol) & finite(c)
-  status = jnp.where(converged, CONVERGED, jnp.where(finite(c), MAX_STEPS, NON_FINITE))
-  return SolveResult(
-      params=c["params"], state=c["state"], value=c["value"], grad_norm=c["gnorm"],
-      num_steps=c["k"], num_value_evals=c["nv"], num_grad_evals=c["ng"],
-      converged=converged, status=status.astype(jnp.int32), trace=trace)
+  def finish(c):
+    # Freeze the tail of the trace at the final values.
+    tail = jnp.arange(max_steps + 1) > c["k"]
+    tr = c["trace"]
+    trace = Trace(
+        value=jnp.where(tail, c["value"], tr.value),
+        grad_norm=jnp.where(tail, c["gnorm"], tr.grad_norm),
+        accepted=jnp.where(tail, False, tr.accepted),
+        grad_evals=jnp.where(tail, c["ng"], tr.grad_evals),
+    )
+    status = jnp.select([converged(c), ~finite(c), active(c)],
+                        [CONVERGED, NON_FINITE, STOPPED], MAX_STEPS)
+    return SolveResult(
+        params=c["params"], state=c["state"], value=c["value"], grad_norm=c["gnorm"],
+        num_steps=c["k"], num_value_evals=c["nv"], num_grad_evals=c["ng"],
+        converged=converged(c), status=status.astype(jnp.int32), trace=trace)
+
+  return _Run(start, active, step, finish)
+
+
+def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
+           max_grad_evals):
+  run = _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals)
+  c = jax.lax.while_loop(run.active, run.step, run.start(init_params, init_state))
+  return run.finish(c)
 
 
 _solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2))
@@ -269,15 +293,33 @@ class SweepResult(NamedTuple):
   best: int
 
 
-def _sweep(make_optimizer, fun, max_steps, columns, init_params, fun_args, tol,
-           max_grad_evals):
-  def one(point):
-    return _solve(make_optimizer(**point), fun, max_steps, init_params, fun_args, tol,
-                  None, max_grad_evals)
-  return jax.vmap(one)(columns)
+def _sweep(make_optimizer, fun, max_steps, stop_at_first, columns, init_params, fun_args,
+           tol, max_grad_evals):
+  def run(point):
+    return _run(make_optimizer(**point), fun, max_steps, fun_args, tol, max_grad_evals)
+
+  batched = lambda method: jax.vmap(lambda point, c: getattr(run(point), method)(c))
+  active = batched("active")
+
+  def go(c):
+    busy = jnp.any(active(columns, c))
+    if stop_at_first:
+      done = jax.vmap(lambda c: (c["gnorm"] <= tol) & jnp.isfinite(c["value"]))(c)
+      busy &= ~jnp.any(done)
+    return busy
+
+  def step(c):
+    # Points that are done stay frozen (as in a vmapped while_loop).
+    keep = active(columns, c)
+    new = batched("step")(columns, c)
+    return jax.vmap(lambda k, n, o: optax.tree.where(k, n, o))(keep, new, c)
+
+  start = jax.vmap(lambda point: run(point).start(init_params, None))(columns)
+  c = jax.lax.while_loop(go, step, start)
+  return batched("finish")(columns, c)
 
 
-_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2))
+_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3))
 
 
 def sweep(
@@ -290,11 +332,15 @@ def sweep(
     tol: float = 1e-4,
     fun_args: Sequence[Any] = (),
     max_grad_evals: Optional[int] = None,
+    stop_at_first_converged: bool = False,
 ) -> SweepResult:
   """Solves once per grid point, all points in one vmapped, compiled call.
 
   The points run in lockstep until every one has converged or run out of
-  budget. The compiled program is cached on (``make_optimizer``, ``fun``,
+  budget, or, with ``stop_at_first_converged``, until the first point
+  converges: the points that converge then have the fewest steps, so ``best``
+  is the same, and the others stop early with status ``STOPPED``. The
+  compiled program is cached on (``make_optimizer``, ``fun``,
   ``max_steps``) and the shapes, so a module-level ``make_optimizer`` reused
   across problems of the same shapes compiles once; pass problem constants
   (such as L) as grid columns rather than closing over them.
@@ -310,6 +356,7 @@ def sweep(
     tol: as in :func:`solve`.
     fun_args: as in :func:`solve`.
     max_grad_evals: as in :func:`solve`.
+    stop_at_first_converged: stop all points once one has converged.
 
   Returns:
     A :class:`SweepResult`.
@@ -341,8 +388,8 @@ def sweep(
   columns = {n: jnp.asarray([p[n] for p in points], dtype) for n in names}
   if max_grad_evals is None:
     max_grad_evals = np.iinfo(np.int32).max
-  results = _sweep_jit(make_optimizer, fun, int(max_steps), columns, init_params,
-                       tuple(fun_args), tol, max_grad_evals)
+  results = _sweep_jit(make_optimizer, fun, int(max_steps), bool(stop_at_first_converged),
+                       columns, init_params, tuple(fun_args), tol, max_grad_evals)
   return SweepResult(points=points, results=results, best=best_index(results))
 
 
