@@ -400,7 +400,7 @@ def best_index(results: SolveResult) -> int:
   value = np.asarray(results.value)
   value = np.where(np.isfinite(value), value, np.inf)
   if conv.any():
-    order = np.lexsort((value, np.where(conv, steps, np.iinfo(np.int64).max)))
+    order = np.lexsort((value, np.where(conv, steps.astype(np.float64), np.inf)))
   else:
     order = np.lexsort((value,))
   return int(order[0])
