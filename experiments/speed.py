@@ -1,0 +1,152 @@
+"""The speed targets of the experiments, measured in one process per dataset.
+
+    python -m experiments.speed [--datasets all | a9a w8a ...] [--problems ...]
+
+For every dataset and problem it prints
+
+(a) the time of one compiled value-and-gradient call of the objective in the
+    representation used by Table 1 (dense, or SciPy CSR through a host
+    callback), and in the other representations (dense, BCOO, host CSR), each
+    divided by the time of the same two products (A w and A^T r) done with
+    ``scipy.sparse`` CSR (target: <= 1.5);
+(b) the wall time of the whole 20-point HDM-Best sweep (one vmapped compiled
+    program; every point runs until it converges or spends the 1000-call
+    budget) divided by the time of one solve with the winning configuration
+    (target: <= 4), and the same for the sweep that stops when its first point
+    converges (``stop_at_first_converged=True``, as Table 1 runs the grids of
+    the baselines); ``steps`` is the winner's steps / the longest run's.
+
+Every timing is the best of several runs after a warm-up (compilation excluded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hdm_optax
+from experiments import data as data_lib
+from experiments import problems as problems_lib
+from experiments import runner
+
+jax.config.update("jax_enable_x64", True)
+
+
+def best_time(fn, repeats=5):
+  fn()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def scipy_products(problem):
+  A = problem.A.tocsr()
+  AT = A.T.tocsr()
+  w = np.asarray(problem.x0)
+  r = np.ones(A.shape[0])
+  def run():
+    for _ in range(20):
+      A @ w
+      AT @ r
+  return best_time(run) / 20
+
+
+def value_and_grad_time(problem):
+  vg = jax.jit(jax.value_and_grad(problem.fun))
+  w = jnp.asarray(problem.x0)
+  def run():
+    for _ in range(20):
+      out = vg(w, *problem.fun_args)
+    jax.block_until_ready(out)
+  return best_time(run) / 20
+
+
+def sweep_ratio(problem, budget=1000, tol=1e-4):
+  inst = runner.prepare(problem, pad=False)
+  lip = float(problem.L)
+  points = [dict(pm=pm, mb=mb, lip=lip) for pm in runner.HDM_BEST_PM
+            for mb in runner.HDM_BEST_MB]
+  def sweep(first=False):
+    out = hdm_optax.sweep(runner.make_hdm_best, points, inst.fun, inst.x0,
+                          max_steps=budget - 1, tol=tol, fun_args=inst.fun_args,
+                          stop_at_first_converged=first)
+    jax.block_until_ready(out.results.value)
+    return out
+  out = sweep()
+  winner = points[out.best]
+  opt = runner.make_hdm_best(**winner)
+  def single():
+    res = hdm_optax.solve(opt, inst.fun, inst.x0, max_steps=budget - 1, tol=tol,
+                          fun_args=inst.fun_args)
+    jax.block_until_ready(res.value)
+  t_sweep = best_time(sweep, repeats=2)
+  t_first = best_time(lambda: sweep(True), repeats=2)
+  t_single = best_time(single, repeats=3)
+  steps = np.asarray(out.results.num_steps)
+  return t_sweep, t_first, t_single, int(steps[out.best]), int(steps.max())
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--datasets", nargs="+", default=["all"])
+  parser.add_argument("--problems", nargs="+", default=["svm", "logistic"])
+  parser.add_argument("--data-dir", default=None)
+  parser.add_argument("--skip-sweep", action="store_true")
+  args = parser.parse_args(argv)
+  data_dir = args.data_dir or data_lib.default_data_dir()
+  names = data_lib.list_datasets(data_dir) if args.datasets == ["all"] else args.datasets
+  print(f"{'dataset':>20} {'problem':>8} {'m x n':>12} {'repr':>6} {'scipy 2 prod':>12} "
+        f"{'(a) used':>9} {'dense':>7} {'bcoo':>7} {'host':>7} "
+        f"{'sweep s':>8} {'solve s':>8} {'(b) ratio':>9} {'1st-stop':>9} {'steps':>9}")
+  for name in names:
+    for kind in args.problems:
+      try:
+        used = problems_lib.load_problem(name, kind, data_dir=data_dir)
+      except FileNotFoundError as e:
+        print(f"skipping {name}: {e}")
+        break
+      t_ref = scipy_products(used)
+      ratios = {}
+      for rep in ("dense", "sparse", "host"):
+        ratios[rep] = value_and_grad_time(_rebuild(used, rep)) / t_ref
+      line = (f"{name:>20} {kind:>8} {used.m:>6}x{used.n:<5} {used.representation[:6]:>6} "
+              f"{t_ref * 1e3:>9.3f} ms {ratios[used.representation]:>9.2f} "
+              f"{ratios['dense']:>7.2f} {ratios['sparse']:>7.2f} {ratios['host']:>7.2f}")
+      if not args.skip_sweep:
+        t_sweep, t_first, t_single, k_best, k_max = sweep_ratio(used)
+        line += (f" {t_sweep:>8.3f} {t_single:>8.3f} {t_sweep / t_single:>9.2f} "
+                 f"{t_first / t_single:>9.2f} {k_best:>4}/{k_max:<4}")
+      print(line, flush=True)
+
+
+def _rebuild(problem, representation):
+  """The same problem in another representation (same A, y, L, x0)."""
+  if representation == problem.representation:
+    return problem
+  A = problem.A
+  if representation == "dense":
+    A_jax = jnp.asarray(A.toarray())
+    fun = problems_lib.OBJECTIVES[problem.kind]
+    args = (A_jax,) if problem.kind == "svm" else (A_jax, jnp.asarray(problem.y))
+  elif representation == "sparse":
+    A_jax = problems_lib.to_bcoo(A)
+    fun = problems_lib.OBJECTIVES[problem.kind]
+    args = (A_jax,) if problem.kind == "svm" else (A_jax, jnp.asarray(problem.y))
+  else:
+    handle = problems_lib.host_csr.register(A)
+    fun = problems_lib.HOST_OBJECTIVES[problem.kind]
+    second = jnp.ones(A.shape[0]) if problem.kind == "svm" else jnp.asarray(problem.y)
+    args = (handle, second)
+  return dataclasses.replace(problem, fun=fun, fun_args=args, representation=representation)
+
+
+if __name__ == "__main__":
+  main()
