@@ -54,19 +54,20 @@ def compare(grids, ref):
   for key, calls in ref.items():
     if key in grids:
       pairs[key[:2]].append((key[2:], grids[key][1], calls))
-  lines, equal, total, rel = [], 0, 0, []
+  lines, agree, total, equal, rel = [], 0, 0, 0, []
   for (problem, dataset), rows in sorted(pairs.items()):
     ours = " ".join(f"{c:>4}" for _, c, _ in rows)
     theirs = " ".join(f"{c:>4}" for _, _, c in rows)
     lines.append(f"{dataset}/{problem}\n  ours:      {ours}\n  published: {theirs}")
     for _, c, r in rows:
       total += 1
-      equal += c == r
+      agree += (c < 1000) == (r < 1000)
       if c < 1000 and r < 1000:
+        equal += c == r
         rel.append(abs(c - r) / r)
-  summary = (f"{equal}/{total} grid points with equal counts; median relative difference "
-             f"where both solved: {100 * np.median(rel) if rel else float('nan'):.1f}% "
-             f"({len(rel)} points)")
+  summary = (f"solved/unsolved agree on {agree}/{total} grid points; of the {len(rel)} "
+             f"points both solved, {equal} have equal counts and the median relative "
+             f"difference is {100 * np.median(rel) if rel else float('nan'):.1f}%")
   return "\n".join(lines), summary
 
 
