@@ -81,6 +81,17 @@ def rank_points(grids):
   return sorted(score.items(), key=lambda kv: (-kv[1][0], kv[1][1]))
 
 
+def leave_one_out(grids):
+  """Solved instances when each dataset's point is chosen on the other datasets."""
+  datasets = sorted({key[1] for key in grids})
+  total = 0
+  for held_out in datasets:
+    rest = {k: v for k, v in grids.items() if k[1] != held_out}
+    point = rank_points(rest)[0][0]
+    total += sum(v[0] for k, v in grids.items() if k[1] == held_out and k[2:] == point)
+  return total, sum(1 for k in grids if k[2:] == rank_points(grids)[0][0])
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--results", default="results")
@@ -105,6 +116,9 @@ def main(argv=None):
     if (pm, mb) == (hdm_optax.DEFAULT_PRECOND_LR_TIMES_L, hdm_optax.DEFAULT_MOMENTUM_LR):
       mark = "  <- hdm_best default"
     print(f"{pm:>8g} {mb:>6g} {solved:>4}/{n:<3} {calls:>11}{mark}")
+  loo, n = leave_one_out(grids)
+  print(f"leave one dataset out (choose the point on the other datasets, count the held-out "
+        f"one's instances): {loo}/{n} solved")
 
 
 if __name__ == "__main__":

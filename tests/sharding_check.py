@@ -38,7 +38,7 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
   a = rng.normal(size=(m, n)) / np.sqrt(n)
   y = np.where(rng.normal(size=m) > 0, 1.0, -1.0)
   lip = float(np.linalg.norm(a, 2) ** 2 / 4)
-  opt = hdm_optax.hdm_best(lipschitz=lip)
+  opt = hdm_optax.hdm_best(lipschitz=lip, precond_lr=10.0 / lip)
   x0 = jnp.zeros(n)
   ref = hdm_optax.solve(opt, logistic, x0, max_steps=steps, tol=0.0,
                         fun_args=(jnp.asarray(a), jnp.asarray(y)))

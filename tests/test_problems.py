@@ -89,7 +89,7 @@ def test_fun_takes_data_as_arguments():
 
 def test_choose_representation():
     assert problems.choose_representation(sp.random(100, 10, density=0.9, format="csr")) == "dense"
-    assert problems.choose_representation(sp.random(20000, 300, density=0.04, format="csr")) == "sparse"
+    assert problems.choose_representation(sp.random(20000, 300, density=0.04, format="csr")) == "host"
     assert problems.choose_representation(sp.random(100, 300, density=0.04, format="csr")) == "dense"
 
 

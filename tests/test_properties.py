@@ -36,8 +36,8 @@ def problems(draw):
   """A random convex problem: a quadratic, a logistic regression or a mix."""
   seed = draw(st.integers(0, 2**31 - 1))
   kind = draw(st.sampled_from(["quad", "logistic", "mix"]))
-  log_cond = draw(st.floats(0.0, 4.0))
-  logit_scale = draw(st.floats(-1.0, 2.0))  # rows of a scaled by up to 100
+  log_cond = draw(st.floats(0.0, 4.0, allow_subnormal=False))
+  logit_scale = draw(st.floats(-1.0, 2.0, allow_subnormal=False))  # rows of a scaled by up to 100
   rng = np.random.default_rng(seed)
   q, _ = np.linalg.qr(rng.normal(size=(N, N)))
   eig = np.logspace(0.0, log_cond, N) * rng.uniform(0.1, 10.0)
@@ -96,8 +96,8 @@ def _hdm_scalar(**hp):
 
 @SETTINGS
 @given(prob=problems(), make=st.sampled_from([_hdm_diag, _hdm_scalar]),
-       lr=log_uniform(1e-3, 10.0), p_min=st.floats(0.0, 0.1),
-       p_span=log_uniform(1e-3, 10.0), init=st.floats(0.0, 1.0))
+       lr=log_uniform(1e-3, 10.0), p_min=st.floats(0.0, 0.1, allow_subnormal=False),
+       p_span=log_uniform(1e-3, 10.0), init=st.floats(0.0, 1.0, allow_subnormal=False))
 def test_hdm_properties(prob, make, lr, p_min, p_span, init):
   data, x0, lip = prob
   p_max = (p_min + p_span) / lip
@@ -114,9 +114,9 @@ def _hdm_hb(**hp):
 
 @SETTINGS
 @given(prob=problems(), lr=log_uniform(1e-3, 10.0), mlr=log_uniform(1e-3, 10.0),
-       omega=st.floats(0.0, 10.0), tau=st.floats(0.0, 100.0),
-       b_lo=st.floats(-0.99, 0.5), b_span=st.floats(0.0, 0.49),
-       b_init=st.floats(0.0, 1.0))
+       omega=st.floats(0.0, 10.0, allow_subnormal=False), tau=st.floats(0.0, 100.0, allow_subnormal=False),
+       b_lo=st.floats(-0.99, 0.5, allow_subnormal=False), b_span=st.floats(0.0, 0.49, allow_subnormal=False),
+       b_init=st.floats(0.0, 1.0, allow_subnormal=False))
 def test_hdm_hb_properties(prob, lr, mlr, omega, tau, b_lo, b_span, b_init):
   data, x0, lip = prob
   b_hi = b_lo + b_span
@@ -134,7 +134,7 @@ def _hdm_agd(**hp):
 
 
 @SETTINGS
-@given(prob=problems(), l_factor=log_uniform(0.5, 10.0), theta=st.floats(0.5, 5.0),
+@given(prob=problems(), l_factor=log_uniform(0.5, 10.0), theta=st.floats(0.5, 5.0, allow_subnormal=False),
        lr=log_uniform(1e-3, 10.0))
 def test_hdm_agd_properties(prob, l_factor, theta, lr):
   data, x0, lip = prob
@@ -151,8 +151,8 @@ def _hdm_best(**hp):
 
 @SETTINGS
 @given(prob=problems(), l_factor=log_uniform(0.1, 10.0), lr=log_uniform(0.1, 100.0),
-       mlr=log_uniform(0.01, 30.0), b_lo=st.floats(0.0, 0.5),
-       b_hi=st.floats(0.6, 0.9995), b_init=st.floats(0.0, 1.0))
+       mlr=log_uniform(0.01, 30.0), b_lo=st.floats(0.0, 0.5, allow_subnormal=False),
+       b_hi=st.floats(0.6, 0.9995, allow_subnormal=False), b_init=st.floats(0.0, 1.0, allow_subnormal=False))
 def test_hdm_best_properties(prob, l_factor, lr, mlr, b_lo, b_hi, b_init):
   data, x0, lip = prob
   hp = dict(lipschitz=l_factor * lip, precond_lr=lr / lip, momentum_lr=mlr,
