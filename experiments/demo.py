@@ -1,6 +1,6 @@
 """The README's first command: HDM-Best against optax.lbfgs on a logistic regression.
 
-    python -m experiments.demo [--dataset a9a] [--data-dir DIR] [--tol 1e-4]
+    python -m experiments.demo [--dataset ijcnn1] [--data-dir DIR] [--tol 1e-4]
 
 Loads a LIBSVM dataset (the paper's protocol: A = [X, 1], f(w) = sum_i
 log(1 + exp(-y_i (A w)_i)), x0 = randn / ||randn|| with seed 20250128), solves
@@ -24,14 +24,13 @@ from experiments import problems
 jax.config.update("jax_enable_x64", True)
 
 
-def _run(name, optimizer, problem, max_steps, tol):
+def _run(name, optimizer, problem, max_grad_calls, tol):
   x0 = jnp.asarray(problem.x0)
-  args = problem.fun_args
-  hdm_optax.solve(optimizer, problem.fun, x0, max_steps=max_steps, tol=tol,
-                  fun_args=args).value.block_until_ready()  # compile
+  kwargs = dict(max_steps=max_grad_calls - 1, tol=tol, fun_args=problem.fun_args,
+                max_grad_evals=max_grad_calls)
+  hdm_optax.solve(optimizer, problem.fun, x0, **kwargs).value.block_until_ready()  # compile
   start = time.perf_counter()
-  res = hdm_optax.solve(optimizer, problem.fun, x0, max_steps=max_steps, tol=tol,
-                        fun_args=args)
+  res = hdm_optax.solve(optimizer, problem.fun, x0, **kwargs)
   res.value.block_until_ready()
   seconds = time.perf_counter() - start
   print(f"{name:<12} {int(res.num_steps):>6} {int(res.num_value_evals):>7} "
@@ -41,7 +40,7 @@ def _run(name, optimizer, problem, max_steps, tol):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--dataset", default="a9a")
+  parser.add_argument("--dataset", default="ijcnn1")
   parser.add_argument("--data-dir", default=None)
   parser.add_argument("--tol", type=float, default=1e-4)
   parser.add_argument("--max-grad-calls", type=int, default=1000)
@@ -51,9 +50,9 @@ def main(argv=None):
         f"L = {problem.L:.6g}, {problem.representation} data, tol = {args.tol:g}")
   print(f"{'method':<12} {'iters':>6} {'f-calls':>7} {'g-calls':>7} "
         f"{'final f':>16} {'|g|_inf':>10} {'converged':>9} {'seconds':>8}")
-  budget = args.max_grad_calls - 1  # the initial gradient is the first call
-  _run("HDM-Best", hdm_optax.hdm_best(lipschitz=problem.L), problem, budget, args.tol)
-  _run("optax.lbfgs", optax.lbfgs(), problem, budget, args.tol)
+  _run("HDM-Best", hdm_optax.hdm_best(lipschitz=problem.L), problem, args.max_grad_calls,
+       args.tol)
+  _run("optax.lbfgs", optax.lbfgs(), problem, args.max_grad_calls, args.tol)
 
 
 if __name__ == "__main__":
