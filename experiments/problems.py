@@ -266,6 +266,26 @@ def choose_representation(A: sp.spmatrix) -> str:
     return "host" if sparse_pays or too_big else "dense"
 
 
+def objective(A: sp.csr_matrix, y: np.ndarray, kind: str, representation: str):
+    """``(fun, fun_args)`` for the paper's matrix ``A`` in one representation.
+
+    ``"dense"`` (a jnp array), ``"sparse"`` (BCOO) or ``"host"`` (SciPy CSR
+    through a host callback, ``experiments.host_csr``).
+    """
+    if representation == "host":
+        second = jnp.ones(A.shape[0]) if kind == "svm" else jnp.asarray(y)
+        return HOST_OBJECTIVES[kind], (host_csr.register(A), second)
+    if representation == "dense":
+        A_jax = jnp.asarray(A.toarray())
+    elif representation == "sparse":
+        A_jax = to_bcoo(A)
+    else:
+        raise ValueError(
+            f"representation must be 'dense', 'sparse', 'host' or 'auto', got {representation!r}")
+    fun_args = (A_jax,) if kind == "svm" else (A_jax, jnp.asarray(y))
+    return OBJECTIVES[kind], fun_args
+
+
 def make_problem(
     X, y: np.ndarray, kind: str, name: str = "custom", representation: str = "auto"
 ) -> Problem:
@@ -284,21 +304,7 @@ def make_problem(
     y = np.asarray(y, dtype=np.float64)
     if representation == "auto":
         representation = choose_representation(A)
-    fun = OBJECTIVES[kind]
-    if representation == "dense":
-        A_jax = jnp.asarray(A.toarray())
-    elif representation == "sparse":
-        A_jax = to_bcoo(A)
-    elif representation == "host":
-        handle = host_csr.register(A)
-        fun = HOST_OBJECTIVES[kind]
-        second = jnp.ones(A.shape[0]) if kind == "svm" else jnp.asarray(y)
-        fun_args = (handle, second)
-    else:
-        raise ValueError(
-            f"representation must be 'dense', 'sparse', 'host' or 'auto', got {representation!r}")
-    if representation != "host":
-        fun_args = (A_jax,) if kind == "svm" else (A_jax, jnp.asarray(y))
+    fun, fun_args = objective(A, y, kind, representation)
     return Problem(
         name=name,
         kind=kind,

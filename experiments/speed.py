@@ -131,20 +131,7 @@ def _rebuild(problem, representation):
   """The same problem in another representation (same A, y, L, x0)."""
   if representation == problem.representation:
     return problem
-  A = problem.A
-  if representation == "dense":
-    A_jax = jnp.asarray(A.toarray())
-    fun = problems_lib.OBJECTIVES[problem.kind]
-    args = (A_jax,) if problem.kind == "svm" else (A_jax, jnp.asarray(problem.y))
-  elif representation == "sparse":
-    A_jax = problems_lib.to_bcoo(A)
-    fun = problems_lib.OBJECTIVES[problem.kind]
-    args = (A_jax,) if problem.kind == "svm" else (A_jax, jnp.asarray(problem.y))
-  else:
-    handle = problems_lib.host_csr.register(A)
-    fun = problems_lib.HOST_OBJECTIVES[problem.kind]
-    second = jnp.ones(A.shape[0]) if problem.kind == "svm" else jnp.asarray(problem.y)
-    args = (handle, second)
+  fun, args = problems_lib.objective(problem.A, problem.y, problem.kind, representation)
   return dataclasses.replace(problem, fun=fun, fun_args=args, representation=representation)
 
 

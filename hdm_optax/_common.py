@@ -203,15 +203,13 @@ def check_bounds(lo_name: str, lo, hi_name: str, hi):
     raise ValueError(f"{lo_name} must be <= {hi_name}, got {lo} > {hi}")
 
 
+def check_at_least(name: str, value, lower):
+  if _is_number(value) and not value >= lower:
+    raise ValueError(f"{name} must be >= {lower}, got {value}")
+
+
 def check_momentum_bounds(lo, hi):
   for name, val in (("momentum_min", lo), ("momentum_max", hi)):
     if _is_number(val) and not -1 <= val < 1:
       raise ValueError(f"{name} must lie in [-1, 1), got {val}")
   check_bounds("momentum_min", lo, "momentum_max", hi)
-
-
-def check_choice(name: str, value, choices):
-  if isinstance(value, str) and value not in choices:
-    raise ValueError(
-        f"unknown {name} {value!r}; valid: {', '.join(repr(c) for c in choices)}"
-    )

@@ -109,8 +109,7 @@ def hdm_agd(
   _common.check_positive("lipschitz", lipschitz)
   _common.check_positive("hypergrad_lr", hypergrad_lr)
   _common.check_positive("adagrad_eps", adagrad_eps)
-  if _common._is_number(theta) and not theta >= 0.5:  # pylint: disable=protected-access
-    raise ValueError(f"theta must be >= 1/2, got {theta}")
+  _common.check_at_least("theta", theta, 0.5)
   _common.check_bounds("p_min", p_min, "p_max", p_max)
 
   def init_fn(params):
