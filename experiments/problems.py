@@ -36,14 +36,15 @@ jax.config.update("jax_enable_x64", True)
 
 SEED = 20250128
 KINDS = ("svm", "logistic")
-# Representation rule, from value_and_grad timings on a 2-core CPU (see
-# choose_representation): XLA's gather/scatter sparse matvec costs ~10-13 ns per
-# nonzero, the dense BLAS pair ~1.5 ns per entry, so sparse pays off below
-# ~10% density (a9a, 12%: a tie; w8a, 4%: ~3x faster sparse), and only for
-# matrices big enough that fixed overheads do not dominate (w1a: a tie).
-SPARSE_DENSITY_THRESHOLD = 0.10
-SPARSE_MIN_ENTRIES = 1_000_000
+# Representation rule (see choose_representation).
+VERY_SPARSE_DENSITY = 0.05
+VERY_SPARSE_MIN_NNZ = 20_000
+SPARSE_DENSITY = 0.15
+SPARSE_MIN_ENTRIES = 2_500_000
 DENSE_MAX_BYTES = 512 * 2**20
+# XLA's CPU loops vectorise exp/log only when the length is a multiple of the
+# vector width: the logistic loss of 32561 rows costs 3.5x that of 32560.
+ROW_MULTIPLE = 8
 
 
 # ----------------------------------------------------------------------------
@@ -143,19 +144,51 @@ def matvec(A, w: jax.Array) -> jax.Array:
     return A @ w
 
 
-def svm_objective(w: jax.Array, A) -> jax.Array:
-    """Smoothed SVM loss ``1/2 sum_i max(0, 1 - (A w)_i)^2`` with ``A = diag(y)[X, -1]``."""
-    r = jnp.maximum(0.0, 1.0 - matvec(A, w))
-    return 0.5 * jnp.sum(r * r)
+def svm_loss(z: jax.Array, weight: jax.Array) -> jax.Array:
+    """``1/2 sum_i weight_i max(0, 1 - z_i)^2``."""
+    r = jnp.maximum(0.0, 1.0 - z)
+    return 0.5 * jnp.sum(weight * (r * r))
 
 
-def logistic_objective(w: jax.Array, A, y: jax.Array) -> jax.Array:
-    """Logistic loss ``sum_i log(1 + exp(-y_i (A w)_i))`` with ``A = [X, 1]`` (overflow-safe)."""
-    return jnp.sum(jnp.logaddexp(0.0, -y * matvec(A, w)))
+def logistic_loss(margin: jax.Array, weight: jax.Array) -> jax.Array:
+    """``sum_i weight_i log(1 + exp(-margin_i))``, overflow-safe.
+
+    Written as ``max(t, 0) + log1p(exp(-|t|))`` with ``t = -margin``: the value
+    of ``jnp.logaddexp(0, t)``, with its gradient (``sigmoid(t)``) ~4.7x
+    faster on a CPU (``logaddexp``'s derivative guards infinities with extra
+    selects and exponentials).
+    """
+    t = -margin
+    return jnp.sum(weight * (jnp.maximum(t, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(t)))))
+
+
+def svm_objective(w: jax.Array, A, weight: jax.Array) -> jax.Array:
+    """Smoothed SVM loss ``1/2 sum_i max(0, 1 - (A w)_i)^2`` with ``A = diag(y)[X, -1]``.
+
+    ``weight`` is 1 on the data's rows and 0 on zero rows appended for speed
+    (see ``ROW_MULTIPLE``).
+    """
+    return svm_loss(matvec(A, w), weight)
+
+
+def logistic_objective(w: jax.Array, A, y: jax.Array, weight: jax.Array) -> jax.Array:
+    """Logistic loss ``sum_i log(1 + exp(-y_i (A w)_i))`` with ``A = [X, 1]`` (``weight``: as SVM)."""
+    return logistic_loss(y * matvec(A, w), weight)
+
+
+def host_svm_objective(w: jax.Array, handle: jax.Array, weight: jax.Array) -> jax.Array:
+    """``svm_objective`` with ``A`` on the host (``host_csr``)."""
+    return svm_loss(host_csr.csr_matvec(w, handle, weight.shape[0], w.shape[0]), weight)
+
+
+def host_logistic_objective(w: jax.Array, handle: jax.Array, y: jax.Array,
+                            weight: jax.Array) -> jax.Array:
+    """``logistic_objective`` with ``A`` on the host (``host_csr``)."""
+    return logistic_loss(y * host_csr.csr_matvec(w, handle, y.shape[0], w.shape[0]), weight)
 
 
 OBJECTIVES = {"svm": svm_objective, "logistic": logistic_objective}
-HOST_OBJECTIVES = {"svm": host_csr.svm_objective, "logistic": host_csr.logistic_objective}
+HOST_OBJECTIVES = {"svm": host_svm_objective, "logistic": host_logistic_objective}
 _JITTED: dict = {}
 
 
@@ -250,40 +283,55 @@ def choose_representation(A: sp.spmatrix) -> str:
     """Picks the representation of ``A`` for CPU runs.
 
     Returns:
-        ``"host"`` (SciPy CSR products through a callback) if ``A`` has at
-        least 1e6 entries (m * n) and density below 10%, or if dense storage
-        would exceed 512 MiB; else ``"dense"``. Of the LIBSVM problems this
-        makes w4a, w6a, w7a, w8a sparse. Measured on 2 cores (value and
-        gradient of the logistic loss, 21 points vmapped): w8a 38 ms host,
-        65 ms dense; a9a (12% dense) 25 ms host, 18 ms dense. BCOO
-        (``"sparse"``) is slower than both on a CPU (``python -m
-        experiments.speed``) but is the representation to use on accelerators.
+        ``"host"`` (SciPy CSR products through a callback) if ``A`` is sparse
+        and big enough for SciPy's ~1-2 ns per nonzero to beat the dense
+        BLAS pair plus two host calls (~25 us each): density below 5% and at
+        least 20,000 nonzeros, or density below 15% and at least 2.5e6
+        entries (m * n; a dense float64 matrix that big no longer fits in
+        cache), or dense storage above 512 MiB; else ``"dense"``. Of the
+        LIBSVM problems this makes w1a-w8a, a8a and a9a host-CSR. Measured on
+        2 cores (one value and gradient in a compiled loop / the two SciPy
+        products, ``python -m experiments.speed``): a9a 0.9-1.3 host vs
+        3.6-3.9 dense; a7a (2.0e6 entries) 1.2-1.7 host vs 1.1-1.2 dense;
+        w1a 1.6-2.4 host vs 2.6-3.9 dense. BCOO (``"sparse"``) is slower than
+        both on a CPU but is the representation to use on accelerators.
     """
     m, n = A.shape
     density = A.nnz / max(m * n, 1)
     too_big = m * n * 8 > DENSE_MAX_BYTES
-    sparse_pays = density < SPARSE_DENSITY_THRESHOLD and m * n >= SPARSE_MIN_ENTRIES
-    return "host" if sparse_pays or too_big else "dense"
+    very_sparse = density < VERY_SPARSE_DENSITY and A.nnz >= VERY_SPARSE_MIN_NNZ
+    sparse_and_big = density < SPARSE_DENSITY and m * n >= SPARSE_MIN_ENTRIES
+    return "host" if very_sparse or sparse_and_big or too_big else "dense"
 
 
 def objective(A: sp.csr_matrix, y: np.ndarray, kind: str, representation: str):
     """``(fun, fun_args)`` for the paper's matrix ``A`` in one representation.
 
     ``"dense"`` (a jnp array), ``"sparse"`` (BCOO) or ``"host"`` (SciPy CSR
-    through a host callback, ``experiments.host_csr``).
+    through a host callback, ``experiments.host_csr``). The rows are padded
+    with zero rows of weight 0 to a multiple of ``ROW_MULTIPLE``; the value
+    and gradient are those of the unpadded problem.
     """
+    _check_kind(kind)
+    m = A.shape[0]
+    rows = -(-m // ROW_MULTIPLE) * ROW_MULTIPLE
+    A = sp.vstack([A, sp.csr_matrix((rows - m, A.shape[1]))], format="csr")
+    weight = np.zeros(rows)
+    weight[:m] = 1.0
+    y_pad = np.zeros(rows)
+    y_pad[:m] = y
     if representation == "host":
-        second = jnp.ones(A.shape[0]) if kind == "svm" else jnp.asarray(y)
-        return HOST_OBJECTIVES[kind], (host_csr.register(A), second)
-    if representation == "dense":
-        A_jax = jnp.asarray(A.toarray())
+        fun, A_arg = HOST_OBJECTIVES[kind], host_csr.register(A)
+    elif representation == "dense":
+        fun, A_arg = OBJECTIVES[kind], jnp.asarray(A.toarray())
     elif representation == "sparse":
-        A_jax = to_bcoo(A)
+        fun, A_arg = OBJECTIVES[kind], to_bcoo(A)
     else:
         raise ValueError(
             f"representation must be 'dense', 'sparse', 'host' or 'auto', got {representation!r}")
-    fun_args = (A_jax,) if kind == "svm" else (A_jax, jnp.asarray(y))
-    return OBJECTIVES[kind], fun_args
+    if kind == "svm":
+        return fun, (A_arg, jnp.asarray(weight))
+    return fun, (A_arg, jnp.asarray(y_pad), jnp.asarray(weight))
 
 
 def make_problem(

@@ -36,19 +36,6 @@ HDM_BEST_MB = (1.0, 3.0, 5.0, 10.0, 100.0)  # eta_b
 LR_GRID = ("1/L", 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # Adam and AdaGrad
 
 
-# --- objectives with a row weight (padding) ---------------------------------
-
-def svm_weighted(w, A, weight):
-  """1/2 sum_i weight_i max(0, 1 - (A w)_i)^2."""
-  r = jnp.maximum(0.0, 1.0 - problems_lib.matvec(A, w))
-  return 0.5 * jnp.sum(weight * r * r)
-
-
-def logistic_weighted(w, A, y, weight):
-  """sum_i weight_i log(1 + exp(-y_i (A w)_i))."""
-  return jnp.sum(weight * jnp.logaddexp(0.0, -y * problems_lib.matvec(A, w)))
-
-
 @dataclasses.dataclass
 class Instance:
   """A problem ready for the JAX runs: ``fun(w, *fun_args)``, padded x0."""
@@ -80,12 +67,12 @@ def prepare(problem: problems_lib.Problem, pad: bool = True) -> Instance:
   x0 = np.zeros(nb)
   x0[:n] = problem.x0
   if problem.kind == "svm":
-    fun, args = svm_weighted, (jnp.asarray(A), jnp.asarray(weight))
+    args = (jnp.asarray(A), jnp.asarray(weight))
   else:
     y = np.zeros(mb)
     y[:m] = problem.y
-    fun, args = logistic_weighted, (jnp.asarray(A), jnp.asarray(y), jnp.asarray(weight))
-  return Instance(problem, fun, args, jnp.asarray(x0), n)
+    args = (jnp.asarray(A), jnp.asarray(y), jnp.asarray(weight))
+  return Instance(problem, problem.fun, args, jnp.asarray(x0), n)
 
 
 # --- optimizer factories (module level: their compiled sweeps are cached) ---

@@ -46,6 +46,7 @@ def test_objectives_agree(kind):
     X, y = _toy()
     dense = problems.make_problem(X, y, kind, representation="dense")
     sparse = problems.make_problem(X, y, kind, representation="sparse")
+    host = problems.make_problem(X, y, kind, representation="host")
     A = dense.A.toarray()
     for w in (dense.x0, 3.0 * np.random.default_rng(1).standard_normal(dense.n)):
         if kind == "svm":
@@ -55,7 +56,7 @@ def test_objectives_agree(kind):
             mgn = y * (A @ w)
             f = np.sum(np.log1p(np.exp(-mgn)))
             g = A.T @ (-y / (1.0 + np.exp(mgn)))
-        for p in (dense, sparse):
+        for p in (dense, sparse, host):
             v, gj = p.value_and_grad(w)
             assert float(v) == pytest.approx(f, rel=1e-12)
             np.testing.assert_allclose(np.asarray(gj), g, rtol=1e-10, atol=1e-12)
@@ -91,6 +92,9 @@ def test_choose_representation():
     assert problems.choose_representation(sp.random(100, 10, density=0.9, format="csr")) == "dense"
     assert problems.choose_representation(sp.random(20000, 300, density=0.04, format="csr")) == "host"
     assert problems.choose_representation(sp.random(100, 300, density=0.04, format="csr")) == "dense"
+    # a9a-like (12% dense): host CSR once the dense matrix leaves the cache
+    assert problems.choose_representation(sp.random(32561, 124, density=0.12, format="csr")) == "host"
+    assert problems.choose_representation(sp.random(16100, 124, density=0.12, format="csr")) == "dense"
 
 
 @pytest.mark.skipif(REAL_DIR is None, reason="LIBSVM data directory not found")
