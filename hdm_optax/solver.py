@@ -103,16 +103,24 @@ def _has_cache(state) -> bool:
 
 
 class _Run(NamedTuple):
-  """The pieces of a run, so that ``solve`` and ``sweep`` share one loop body."""
+  """The pieces of a run, so that ``solve`` and ``sweep`` share one loop body.
+
+  The carry (a dict) holds the iterate, the optimizer state and the counters;
+  the :class:`Trace` is kept beside it so that ``sweep`` can write one column
+  per lockstep iteration (a cheap dynamic slice, not a batched scatter) and
+  keep it out of the per-point select that freezes finished points.
+  """
 
   start: Callable[[Any, Any], dict]
   active: Callable[[dict], jax.Array]
   step: Callable[[dict], dict]
-  finish: Callable[[dict], SolveResult]
+  new_trace: Callable[[dict], Trace]
+  record: Callable[[Trace, jax.Array, dict], Trace]
+  finish: Callable[[dict, Trace], SolveResult]
 
 
 def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
-  """Builds start/active/step/finish for one run of ``optimizer`` on ``fun``."""
+  """Builds the pieces of one run of ``optimizer`` on ``fun``."""
 
   def value_fn(p):
     return fun(p, *fun_args)
@@ -124,17 +132,21 @@ def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
     value, grad = value_and_grad(init_params)
     if _has_cache(state):
       state = optax.tree.set(state, value=value, grad=grad)
-    dtype = jnp.result_type(value)
-    gnorm = _inf_norm(grad)
     one = jnp.ones([], jnp.int32)
-    trace = Trace(
-        value=jnp.full([max_steps + 1], value, dtype),
-        grad_norm=jnp.full([max_steps + 1], gnorm, dtype),
-        accepted=jnp.ones([max_steps + 1], bool),
-        grad_evals=jnp.ones([max_steps + 1], jnp.int32),
-    )
-    return dict(params=init_params, state=state, value=value, grad=grad, gnorm=gnorm,
-                k=jnp.zeros([], jnp.int32), nv=one, ng=one, trace=trace)
+    return dict(params=init_params, state=state, value=value, grad=grad,
+                gnorm=_inf_norm(grad), k=jnp.zeros([], jnp.int32), nv=one, ng=one,
+                accepted=jnp.asarray(True))
+
+  def new_trace(c):
+    size = [max_steps + 1]
+    return Trace(value=jnp.full(size, c["value"]), grad_norm=jnp.full(size, c["gnorm"]),
+                 accepted=jnp.ones(size, bool), grad_evals=jnp.ones(size, jnp.int32))
+
+  def record(trace, index, c):
+    return Trace(value=trace.value.at[index].set(c["value"]),
+                 grad_norm=trace.grad_norm.at[index].set(c["gnorm"]),
+                 accepted=trace.accepted.at[index].set(c["accepted"]),
+                 grad_evals=trace.grad_evals.at[index].set(c["ng"]))
 
   def finite(c):
     return jnp.isfinite(c["value"]) & jnp.isfinite(c["gnorm"])
@@ -161,20 +173,14 @@ def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
       value, grad = value_and_grad(params)
       nv, ng = nv + 1, ng + 1
     accepted = optax.tree.get(new_state, "accepted")
-    accepted = jnp.asarray(True) if accepted is None else accepted
-    gnorm = _inf_norm(grad)
-    k = c["k"] + 1
-    tr = c["trace"]
-    trace = Trace(value=tr.value.at[k].set(value), grad_norm=tr.grad_norm.at[k].set(gnorm),
-                  accepted=tr.accepted.at[k].set(accepted),
-                  grad_evals=tr.grad_evals.at[k].set(ng))
+    accepted = jnp.asarray(True) if accepted is None else jnp.asarray(accepted)
     return dict(params=params, state=new_state, value=jnp.asarray(value, c["value"].dtype),
-                grad=grad, gnorm=gnorm, k=k, nv=nv, ng=ng, trace=trace)
+                grad=grad, gnorm=_inf_norm(grad), k=c["k"] + 1, nv=nv, ng=ng,
+                accepted=accepted)
 
-  def finish(c):
+  def finish(c, tr):
     # Freeze the tail of the trace at the final values.
     tail = jnp.arange(max_steps + 1) > c["k"]
-    tr = c["trace"]
     trace = Trace(
         value=jnp.where(tail, c["value"], tr.value),
         grad_norm=jnp.where(tail, c["gnorm"], tr.grad_norm),
@@ -188,14 +194,21 @@ def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
         num_steps=c["k"], num_value_evals=c["nv"], num_grad_evals=c["ng"],
         converged=converged(c), status=status.astype(jnp.int32), trace=trace)
 
-  return _Run(start, active, step, finish)
+  return _Run(start, active, step, new_trace, record, finish)
 
 
 def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
            max_grad_evals):
   run = _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals)
-  c = jax.lax.while_loop(run.active, run.step, run.start(init_params, init_state))
-  return run.finish(c)
+
+  def body(carry):
+    c, trace = carry
+    c = run.step(c)
+    return c, run.record(trace, c["k"], c)
+
+  c = run.start(init_params, init_state)
+  c, trace = jax.lax.while_loop(lambda carry: run.active(carry[0]), body, (c, run.new_trace(c)))
+  return run.finish(c, trace)
 
 
 _solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2))
@@ -298,25 +311,30 @@ def _sweep(make_optimizer, fun, max_steps, stop_at_first, columns, init_params, 
   def run(point):
     return _run(make_optimizer(**point), fun, max_steps, fun_args, tol, max_grad_evals)
 
-  batched = lambda method: jax.vmap(lambda point, c: getattr(run(point), method)(c))
-  active = batched("active")
+  def batched(method, *args):
+    return jax.vmap(lambda point, *a: getattr(run(point), method)(*a))(columns, *args)
 
-  def go(c):
-    busy = jnp.any(active(columns, c))
+  def go(carry):
+    c, _, _ = carry
+    busy = jnp.any(batched("active", c))
     if stop_at_first:
-      done = jax.vmap(lambda c: (c["gnorm"] <= tol) & jnp.isfinite(c["value"]))(c)
-      busy &= ~jnp.any(done)
+      busy &= ~jnp.any((c["gnorm"] <= tol) & jnp.isfinite(c["value"]))
     return busy
 
-  def step(c):
-    # Points that are done stay frozen (as in a vmapped while_loop).
-    keep = active(columns, c)
-    new = batched("step")(columns, c)
-    return jax.vmap(lambda k, n, o: optax.tree.where(k, n, o))(keep, new, c)
+  def body(carry):
+    c, trace, t = carry
+    # Points that are done stay frozen (as in a vmapped while_loop); the
+    # active ones have made t steps, so their entry t + 1 is step k + 1.
+    keep = batched("active", c)
+    c = jax.vmap(optax.tree.where)(keep, batched("step", c), c)
+    t = t + 1
+    record = lambda point, tr, cc: run(point).record(tr, t, cc)
+    return c, jax.vmap(record)(columns, trace, c), t
 
-  start = jax.vmap(lambda point: run(point).start(init_params, None))(columns)
-  c = jax.lax.while_loop(go, step, start)
-  return batched("finish")(columns, c)
+  c = jax.vmap(lambda point: run(point).start(init_params, None))(columns)
+  carry = (c, batched("new_trace", c), jnp.zeros([], jnp.int32))
+  c, trace, _ = jax.lax.while_loop(go, body, carry)
+  return batched("finish", c, trace)
 
 
 _sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3))
