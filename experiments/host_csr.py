@@ -10,8 +10,8 @@ custom VJP ``A^T v`` (the second host call); the losses' elementwise work
 ~9x faster than NumPy's here. The matrices stay on the host in a registry and
 the compiled program receives only an integer handle (an argument, so nothing
 is folded into the program and one compiled program serves every matrix of
-the same shape). Under ``vmap`` the host gets the whole batch and does one
-CSR-times-matrix product.
+the same shape). Under ``vmap`` the host gets the whole batch, as a
+(cols, batch) matrix, and does one CSR-times-matrix product.
 
 The host call is lowered with JAX's internal ``emit_python_callback``, which
 hands the host function NumPy views of the operands. ``jax.pure_callback``
@@ -41,24 +41,25 @@ try:  # JAX internals (see the module docstring); optional.
 except ImportError:  # pragma: no cover - depends on the JAX version
     _emit_python_callback = None
 
-# SciPy's CSR kernels release the GIL, so a product is split into row blocks
-# of equal nonzero count, one per core, when the matrix is big enough for the
-# threads to pay off (w8a: 1.5 ms -> 1.0 ms for both products on 2 cores;
-# while the callback runs, XLA's own threads wait for it).
+# SciPy's CSR kernels release the GIL, so a big product is split into row
+# blocks of equal nonzero count, one per core (while the callback runs, XLA's
+# own threads wait for it). Below ~5e5 multiply-adds the thread hand-off costs
+# more than it saves: w8a (6.3e5 nonzeros) 1.5 -> 1.0 ms for both products,
+# a9a (4.8e5) no gain for one vector, 13 -> 7.5 ms for a batch of 20.
 THREADS = min(2, os.cpu_count() or 1)
-THREAD_MIN_NNZ = 100_000
+THREAD_MIN_WORK = 500_000
 _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(THREADS - 1, 1))
 _REGISTRY: dict[int, tuple[list[sp.csr_matrix], list[sp.csr_matrix]]] = {}
 _NEXT = itertools.count()
 
 
 def _row_blocks(M: sp.csr_matrix) -> list[sp.csr_matrix]:
-    """``M`` split into ``THREADS`` row blocks of about equal nonzero count."""
-    if THREADS == 1 or M.nnz < THREAD_MIN_NNZ:
+    """``[M]`` followed by ``M`` split into ``THREADS`` row blocks of about equal nonzero count."""
+    if THREADS == 1:
         return [M]
     targets = M.nnz * np.arange(1, THREADS) / THREADS
     cuts = [0, *np.searchsorted(M.indptr, targets).tolist(), M.shape[0]]
-    return [M[a:b] for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    return [M] + [M[a:b] for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 def register(A) -> jax.Array:
@@ -73,25 +74,28 @@ def register(A) -> jax.Array:
 
 
 def host_product(handle, w, transpose: bool = False) -> np.ndarray:
-    """``A @ w`` (or ``A^T @ w``) for ``w`` of shape (..., cols), in ``w``'s dtype."""
+    """``A @ w`` (or ``A^T @ w``) for ``w`` of shape (cols, ...), in ``w``'s dtype.
+
+    The product runs along the FIRST axis of ``w``: the trailing axes are
+    batch axes (``vmap``), so a C-ordered batch is the (cols, batch) matrix
+    SciPy multiplies and its (rows, batch) result needs no transposed copy.
+    """
     key = int(np.asarray(handle).reshape(-1)[0])
     if key not in _REGISTRY:
         raise KeyError(f"no host matrix is registered under handle {key}")
     blocks = _REGISTRY[key][1 if transpose else 0]
     w = np.asarray(w)
     cols = blocks[0].shape[1]
-    if w.shape[-1] != cols:
-        raise ValueError(f"the product needs {cols} entries, got {w.shape[-1]}")
-    x = w if w.ndim == 1 else w.reshape(-1, cols).T
-    if len(blocks) == 1:
-        out = blocks[0] @ x
+    if w.shape[0] != cols:
+        raise ValueError(f"the product needs {cols} entries, got {w.shape[0]}")
+    x = w if w.ndim == 1 else w.reshape(cols, -1)
+    whole, parts = blocks[0], blocks[1:]
+    if len(parts) < 2 or whole.nnz * (x.size // cols) < THREAD_MIN_WORK:
+        out = whole @ x
     else:
-        rest = [_POOL.submit(b.__matmul__, x) for b in blocks[1:]]
-        out = np.concatenate([blocks[0] @ x] + [f.result() for f in rest])
-    if w.ndim == 1:
-        return np.asarray(out, dtype=w.dtype)
-    out = np.ascontiguousarray(np.asarray(out, dtype=w.dtype).T)
-    return out.reshape(w.shape[:-1] + (out.shape[-1],))
+        rest = [_POOL.submit(b.__matmul__, x) for b in parts[1:]]
+        out = np.concatenate([parts[0] @ x] + [f.result() for f in rest])
+    return np.asarray(out, dtype=w.dtype).reshape((out.shape[0],) + w.shape[1:])
 
 
 # ----------------------------------------------------------------------------
@@ -103,7 +107,7 @@ _product_p = jex_core.Primitive("host_csr_product")
 
 def _abstract_eval(handle, w, *, rows, transpose):
     del handle, transpose
-    return jax.core.ShapedArray(w.shape[:-1] + (rows,), w.dtype)
+    return jax.core.ShapedArray((rows,) + w.shape[1:], w.dtype)
 
 
 def _impl(handle, w, *, rows, transpose):
@@ -115,8 +119,8 @@ def _batch(args, dims, *, rows, transpose):
     handle, w = args
     if dims[0] is not None:  # None: not mapped
         raise NotImplementedError("vmap over the host matrix handle is not supported")
-    w = jnp.moveaxis(w, dims[1], 0)
-    return _product_p.bind(handle, w, rows=rows, transpose=transpose), 0
+    w = jnp.moveaxis(w, dims[1], 1)  # the product runs along axis 0
+    return _product_p.bind(handle, w, rows=rows, transpose=transpose), 1
 
 
 def _lower(ctx, handle, w, *, rows, transpose):
@@ -132,9 +136,9 @@ def _lower(ctx, handle, w, *, rows, transpose):
 
 def _lower_fallback(ctx, handle, w, *, rows, transpose):
     def fn(h, x):
-        shape = jax.ShapeDtypeStruct(x.shape[:-1] + (rows,), x.dtype)
+        shape = jax.ShapeDtypeStruct((rows,) + x.shape[1:], x.dtype)
         return jax.pure_callback(functools.partial(host_product, transpose=transpose), shape,
-                                 h, x, vmap_method="expand_dims")
+                                 h, x)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, handle, w)
 
 

@@ -306,38 +306,63 @@ class SweepResult(NamedTuple):
   best: int
 
 
-def _sweep(make_optimizer, fun, max_steps, stop_at_first, columns, init_params, fun_args,
-           tol, max_grad_evals):
+def _stages(size: int, compact: bool) -> tuple[int, ...]:
+  """Batch sizes of the sweep's stages: (B,), or (B, ceil(B/4), ..., 1) to compact."""
+  sizes = [size]
+  while compact and sizes[-1] > 1:
+    sizes.append(-(-sizes[-1] // 4))
+  return tuple(sizes)
+
+
+def _sweep(make_optimizer, fun, max_steps, stop_at_first, stages, columns, init_params,
+           fun_args, tol, max_grad_evals):
   def run(point):
     return _run(make_optimizer(**point), fun, max_steps, fun_args, tol, max_grad_evals)
 
-  def batched(method, *args):
-    return jax.vmap(lambda point, *a: getattr(run(point), method)(*a))(columns, *args)
+  def batched(cols, method, *args):
+    return jax.vmap(lambda point, *a: getattr(run(point), method)(*a))(cols, *args)
 
-  def go(carry):
-    c, _, _ = carry
-    busy = jnp.any(batched("active", c))
-    if stop_at_first:
-      busy &= ~jnp.any((c["gnorm"] <= tol) & jnp.isfinite(c["value"]))
-    return busy
+  def any_converged(c):
+    return jnp.any((c["gnorm"] <= tol) & jnp.isfinite(c["value"]))
 
-  def body(carry):
-    c, trace, t = carry
-    # Points that are done stay frozen (as in a vmapped while_loop); the
-    # active ones have made t steps, so their entry t + 1 is step k + 1.
-    keep = batched("active", c)
-    c = jax.vmap(optax.tree.where)(keep, batched("step", c), c)
-    t = t + 1
-    record = lambda point, tr, cc: run(point).record(tr, t, cc)
-    return c, jax.vmap(record)(columns, trace, c), t
+  def run_stage(cols, c, trace, t, later, stopped):
+    """Runs the batch while more than ``later`` points are active."""
+    def go(carry):
+      c, _, _ = carry
+      busy = jnp.sum(batched(cols, "active", c)) > later
+      if stop_at_first:
+        busy &= ~any_converged(c) & ~stopped
+      return busy
+
+    def body(carry):
+      c, trace, t = carry
+      # Points that are done stay frozen (as in a vmapped while_loop); the
+      # active ones have made t steps, so their entry t + 1 is step k + 1.
+      keep = batched(cols, "active", c)
+      c = jax.vmap(optax.tree.where)(keep, batched(cols, "step", c), c)
+      t = t + 1
+      record = lambda point, tr, cc: run(point).record(tr, t, cc)
+      return c, jax.vmap(record)(cols, trace, c), t
+
+    return jax.lax.while_loop(go, body, (c, trace, t))
 
   c = jax.vmap(lambda point: run(point).start(init_params, None))(columns)
-  carry = (c, batched("new_trace", c), jnp.zeros([], jnp.int32))
-  c, trace, _ = jax.lax.while_loop(go, body, carry)
-  return batched("finish", c, trace)
+  trace = batched(columns, "new_trace", c)
+  c, trace, t = run_stage(columns, c, trace, jnp.zeros([], jnp.int32),
+                          stages[1] if len(stages) > 1 else 0, jnp.asarray(False))
+  for i, size in enumerate(stages[1:], start=1):
+    # Continue with the (at most ``size``) active points in a smaller batch.
+    stopped = any_converged(c) if stop_at_first else jnp.asarray(False)
+    ids = jnp.argsort(~batched(columns, "active", c), stable=True)[:size]
+    take = lambda tree: jax.tree.map(lambda x: x[ids], tree)
+    later = stages[i + 1] if i + 1 < len(stages) else 0
+    c_s, trace_s, t = run_stage(take(columns), take(c), take(trace), t, later, stopped)
+    put = lambda full, part: jax.tree.map(lambda f, x: f.at[ids].set(x), full, part)
+    c, trace = put(c, c_s), put(trace, trace_s)
+  return batched(columns, "finish", c, trace)
 
 
-_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3))
+_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4))
 
 
 def sweep(
@@ -351,14 +376,20 @@ def sweep(
     fun_args: Sequence[Any] = (),
     max_grad_evals: Optional[int] = None,
     stop_at_first_converged: bool = False,
+    compact: bool = False,
 ) -> SweepResult:
   """Solves once per grid point, all points in one vmapped, compiled call.
 
   The points run in lockstep until every one has converged or run out of
   budget, or, with ``stop_at_first_converged``, until the first point
   converges: the points that converge then have the fewest steps, so ``best``
-  is the same, and the others stop early with status ``STOPPED``. The
-  compiled program is cached on (``make_optimizer``, ``fun``,
+  is the same, and the others stop early with status ``STOPPED``. With
+  ``compact``, finished points stop costing work: once at most a quarter of
+  the batch is still active, those points continue as a batch of a quarter
+  the size (B, B/4, B/16, ..., 1; each stage is one more compiled loop, so
+  compile time grows). Worth it when the objective's cost grows with the
+  batch (large data); on small problems per-step overhead dominates. The
+  results do not depend on ``compact``. The compiled program is cached on (``make_optimizer``, ``fun``,
   ``max_steps``) and the shapes, so a module-level ``make_optimizer`` reused
   across problems of the same shapes compiles once; pass problem constants
   (such as L) as grid columns rather than closing over them.
@@ -375,6 +406,7 @@ def sweep(
     fun_args: as in :func:`solve`.
     max_grad_evals: as in :func:`solve`.
     stop_at_first_converged: stop all points once one has converged.
+    compact: move the active points to smaller batches as points finish.
 
   Returns:
     A :class:`SweepResult`.
@@ -406,8 +438,9 @@ def sweep(
   columns = {n: jnp.asarray([p[n] for p in points], dtype) for n in names}
   if max_grad_evals is None:
     max_grad_evals = np.iinfo(np.int32).max
+  stages = _stages(len(points), bool(compact))
   results = _sweep_jit(make_optimizer, fun, int(max_steps), bool(stop_at_first_converged),
-                       columns, init_params, tuple(fun_args), tol, max_grad_evals)
+                       stages, columns, init_params, tuple(fun_args), tol, max_grad_evals)
   return SweepResult(points=points, results=results, best=best_index(results))
 
 

@@ -23,6 +23,9 @@ def _loss(w, handle):
 
 
 def _check(value_and_grad):
+    nested = jax.vmap(jax.vmap(lambda w: host_csr.csr_matvec(w, HANDLE, 37, 9)))(
+        jnp.asarray(W.reshape(2, 2, 9)))
+    np.testing.assert_allclose(np.asarray(nested), (W @ A.T.toarray()).reshape(2, 2, 37))
     for w in W:
         v, g = value_and_grad(jnp.asarray(w), HANDLE)
         z = A @ w
@@ -56,8 +59,9 @@ def test_float32_stays_float32():
 
 
 def test_transposed_and_batched_host_products():
-    np.testing.assert_allclose(host_csr.host_product(HANDLE, V, transpose=True), V @ A.toarray())
-    np.testing.assert_allclose(host_csr.host_product(HANDLE, W[:, None, :])[:, 0], W @ A.T.toarray())
+    np.testing.assert_allclose(host_csr.host_product(HANDLE, V.T, transpose=True),
+                               A.T @ V.T)
+    np.testing.assert_allclose(host_csr.host_product(HANDLE, W.T[:, None, :])[:, 0], A @ W.T)
 
 
 def test_bad_handle_and_shape_are_clear_errors():
@@ -69,10 +73,10 @@ def test_bad_handle_and_shape_are_clear_errors():
 
 def test_products_split_into_row_blocks_agree(monkeypatch):
     monkeypatch.setattr(host_csr, "THREADS", 2)
-    monkeypatch.setattr(host_csr, "THREAD_MIN_NNZ", 0)
+    monkeypatch.setattr(host_csr, "THREAD_MIN_WORK", 0)
     handle = host_csr.register(A)
     blocks, blocks_t = host_csr._REGISTRY[int(handle[0])]
-    assert len(blocks) == 2 and len(blocks_t) == 2
-    np.testing.assert_allclose(host_csr.host_product(handle, W), W @ A.T.toarray(), rtol=1e-13)
+    assert len(blocks) == 3 and len(blocks_t) == 3  # the whole matrix, then 2 row blocks
+    np.testing.assert_allclose(host_csr.host_product(handle, W.T), A @ W.T, rtol=1e-13)
     np.testing.assert_allclose(host_csr.host_product(handle, V[0], transpose=True), A.T @ V[0],
                                rtol=1e-13)

@@ -66,3 +66,27 @@ def test_trace_is_frozen_after_the_last_step():
   assert np.all(np.asarray(res.trace.grad_norm)[k:] == float(res.grad_norm))
   assert not np.any(np.asarray(res.trace.accepted)[k + 1:])
   assert int(res.num_grad_evals) == k + 1  # one oracle call per HDM-Best iteration
+
+
+def test_compact_sweep_gives_the_same_results():
+  """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
+  assert solver._stages(6, True) == (6, 2, 1) and solver._stages(6, False) == (6,)
+  kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
+  full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
+  compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)
+  steps = np.asarray(full.results.num_steps)
+  assert len(set(steps.tolist())) >= 4  # points finish at different times: stages run
+  np.testing.assert_array_equal(np.asarray(compact.results.status),
+                                np.asarray(full.results.status))
+  assert np.max(np.abs(np.asarray(compact.results.num_steps) - steps)) <= 1
+  assert compact.best == full.best
+  for i, k in enumerate(steps):
+    np.testing.assert_allclose(compact.results.trace.value[i, :k],
+                               full.results.trace.value[i, :k], rtol=1e-8)
+    np.testing.assert_allclose(compact.results.trace.grad_evals[i, :k],
+                               full.results.trace.grad_evals[i, :k])
+  np.testing.assert_allclose(compact.results.params, full.results.params, rtol=1e-6, atol=1e-9)
+  first = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True,
+                          stop_at_first_converged=True, **kw)
+  assert first.best == full.best
+  assert np.all(np.asarray(first.results.num_steps) <= steps[full.best] + 1)
