@@ -143,6 +143,7 @@ def main(argv=None):
                  f"{t_sweep / r['single']:>9.2f} {r['max_steps'] / r['best_steps']:>6.2f} "
                  f"{r['first'] / r['single']:>9.2f} {r['best_steps']:>4}/{r['max_steps']:<4}")
       print(line, flush=True)
+    jax.clear_caches()  # every dataset compiles new programs: do not keep them all mapped
 
 
 def _rebuild(problem, representation):
