@@ -15,7 +15,7 @@ from hdm_optax import learners as learners_lib
 # The one default configuration: eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and
 # eta_b = DEFAULT_MOMENTUM_LR, the point of the paper's grid (eta_p L in
 # {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}) that solves the most of the
-# 54 LIBSVM instances (39; 37 when each dataset's point is chosen on the
+# 54 LIBSVM instances (40 of 54, also when each dataset's point is chosen on the
 # others): ``python -m experiments.fidelity`` (README, "Choosing the defaults").
 DEFAULT_PRECOND_LR_TIMES_L = 100.0
 DEFAULT_MOMENTUM_LR = 1.0
