@@ -304,17 +304,20 @@ def choose_representation(A: sp.spmatrix) -> str:
     return "host" if very_sparse or sparse_and_big or too_big else "dense"
 
 
-def objective(A: sp.csr_matrix, y: np.ndarray, kind: str, representation: str):
+def objective(A: sp.csr_matrix, y: np.ndarray, kind: str, representation: str,
+              rows: int | None = None):
     """``(fun, fun_args)`` for the paper's matrix ``A`` in one representation.
 
     ``"dense"`` (a jnp array), ``"sparse"`` (BCOO) or ``"host"`` (SciPy CSR
     through a host callback, ``experiments.host_csr``). The rows are padded
-    with zero rows of weight 0 to a multiple of ``ROW_MULTIPLE``; the value
-    and gradient are those of the unpadded problem.
+    with zero rows of weight 0 to ``rows`` (default: the next multiple of
+    ``ROW_MULTIPLE``); the value and gradient are those of the unpadded
+    problem.
     """
     _check_kind(kind)
     m = A.shape[0]
-    rows = -(-m // ROW_MULTIPLE) * ROW_MULTIPLE
+    if rows is None:
+        rows = -(-m // ROW_MULTIPLE) * ROW_MULTIPLE
     A = sp.vstack([A, sp.csr_matrix((rows - m, A.shape[1]))], format="csr")
     weight = np.zeros(rows)
     weight[:m] = 1.0

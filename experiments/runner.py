@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import scipy.sparse as sp
 
 import hdm_optax
 
@@ -60,18 +61,10 @@ def prepare(problem: problems_lib.Problem, pad: bool = True) -> Instance:
   if problem.representation != "dense" or not pad or m > ROW_BUCKETS[-1]:
     return Instance(problem, problem.fun, problem.fun_args, jnp.asarray(problem.x0), n)
   mb, nb = _bucket(m, ROW_BUCKETS), _bucket(n, COL_BUCKETS)
-  A = np.zeros((mb, nb))
-  A[:m, :n] = problem.A.toarray()
-  weight = np.zeros(mb)
-  weight[:m] = 1.0
+  A = sp.hstack([problem.A, sp.csr_matrix((m, nb - n))], format="csr")
+  _, args = problems_lib.objective(A, problem.y, problem.kind, "dense", rows=mb)
   x0 = np.zeros(nb)
   x0[:n] = problem.x0
-  if problem.kind == "svm":
-    args = (jnp.asarray(A), jnp.asarray(weight))
-  else:
-    y = np.zeros(mb)
-    y[:m] = problem.y
-    args = (jnp.asarray(A), jnp.asarray(y), jnp.asarray(weight))
   return Instance(problem, problem.fun, args, jnp.asarray(x0), n)
 
 

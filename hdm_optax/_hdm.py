@@ -67,7 +67,8 @@ def hdm(
   point with a non-finite value or gradient is always rejected and leaves P
   and the learner untouched; the next trial step is then halved (s <- s/2,
   x^+ = x - s P g, back to s = 1 after a finite trial) so that the run does
-  not stall on the same point (a safeguard that is not in the paper). When ``grad f(x) = 0`` the hypergradient is 0.
+  not stall on the same point (a safeguard that is not in the paper). When
+  ``grad f(x) = 0`` the hypergradient is 0.
 
   Each update costs one value-and-gradient call (at the trial point); f and
   grad f at the accepted point are kept in the state, so with

@@ -348,14 +348,15 @@ def _sweep(make_optimizer, fun, max_steps, stop_at_first, stages, columns, init_
 
   c = jax.vmap(lambda point: run(point).start(init_params, None))(columns)
   trace = batched(columns, "new_trace", c)
-  c, trace, t = run_stage(columns, c, trace, jnp.zeros([], jnp.int32),
-                          stages[1] if len(stages) > 1 else 0, jnp.asarray(False))
-  for i, size in enumerate(stages[1:], start=1):
+  t = jnp.zeros([], jnp.int32)
+  for i, (size, later) in enumerate(zip(stages, stages[1:] + (0,))):
+    if i == 0:
+      c, trace, t = run_stage(columns, c, trace, t, later, jnp.asarray(False))
+      continue
     # Continue with the (at most ``size``) active points in a smaller batch.
     stopped = any_converged(c) if stop_at_first else jnp.asarray(False)
     ids = jnp.argsort(~batched(columns, "active", c), stable=True)[:size]
     take = lambda tree: jax.tree.map(lambda x: x[ids], tree)
-    later = stages[i + 1] if i + 1 < len(stages) else 0
     c_s, trace_s, t = run_stage(take(columns), take(c), take(trace), t, later, stopped)
     put = lambda full, part: jax.tree.map(lambda f, x: f.at[ids].set(x), full, part)
     c, trace = put(c, c_s), put(trace, trace_s)
@@ -389,7 +390,8 @@ def sweep(
   the size (B, B/4, B/16, ..., 1; each stage is one more compiled loop, so
   compile time grows). Worth it when the objective's cost grows with the
   batch (large data); on small problems per-step overhead dominates. The
-  results do not depend on ``compact``. The compiled program is cached on (``make_optimizer``, ``fun``,
+  results are those of the lockstep sweep up to rounding (another compiled
+  program). The compiled program is cached on (``make_optimizer``, ``fun``,
   ``max_steps``) and the shapes, so a module-level ``make_optimizer`` reused
   across problems of the same shapes compiles once; pass problem constants
   (such as L) as grid columns rather than closing over them.

@@ -308,6 +308,13 @@ def hdm_agd_reference(
     P = init_precond(candidate, n, P1)
     opt = Learner(learner, lr, P.shape, eps)
     out = dict(xs=[], zs=[], As=[], Ps=[], values=[], finite_y=[], finite_P=[])
+
+    def record(x, z, A, P, fx, finite_y, finite_P):
+        for key, val in (("xs", x.copy()), ("zs", z.copy()), ("As", A),
+                         ("Ps", np.array(P, copy=True)), ("values", fx),
+                         ("finite_y", finite_y), ("finite_P", finite_P)):
+            out[key].append(val)
+
     for k in range(1, steps + 1):
         # Algorithm 3: A_{k+1} = (A_{k+1} - A_k)^2  =>  a = A_{k+1} - A_k = (1 + sqrt(1 + 4 A_k)) / 2
         a = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * A))
@@ -317,13 +324,7 @@ def hdm_agd_reference(
         f_y, g_y, finite_y = _oracle(f, grad, y)
         if not finite_y:  # rejected: restart the momentum (z <- x, A <- 1)
             z, A = x.copy(), 1.0
-            out["xs"].append(x.copy())
-            out["zs"].append(z.copy())
-            out["As"].append(A)
-            out["Ps"].append(np.array(P, copy=True))
-            out["values"].append(fx)
-            out["finite_y"].append(False)
-            out["finite_P"].append(False)
+            record(x, z, A, P, fx, False, False)
             continue
         # candidates y - g/L and y - P g
         x_L = y - g_y / L
@@ -350,13 +351,7 @@ def hdm_agd_reference(
         z = z - (a / v) * g_y
         x, fx = best_x.copy(), best_f
         A = A_next
-        out["xs"].append(x.copy())
-        out["zs"].append(z.copy())
-        out["As"].append(A)
-        out["Ps"].append(np.array(P, copy=True))
-        out["values"].append(fx)
-        out["finite_y"].append(finite_y)
-        out["finite_P"].append(finite_P)
+        record(x, z, A, P, fx, finite_y, finite_P)
     return out
 
 
