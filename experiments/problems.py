@@ -176,15 +176,15 @@ def logistic_objective(w: jax.Array, A, y: jax.Array, weight: jax.Array) -> jax.
     return logistic_loss(y * matvec(A, w), weight)
 
 
-def host_svm_objective(w: jax.Array, handle: jax.Array, weight: jax.Array) -> jax.Array:
+def host_svm_objective(w: jax.Array, matrix: host_csr.CSRMatrix, weight: jax.Array) -> jax.Array:
     """``svm_objective`` with ``A`` on the host (``host_csr``)."""
-    return svm_loss(host_csr.csr_matvec(w, handle, weight.shape[0], w.shape[0]), weight)
+    return svm_loss(host_csr.csr_matvec(w, matrix), weight)
 
 
-def host_logistic_objective(w: jax.Array, handle: jax.Array, y: jax.Array,
+def host_logistic_objective(w: jax.Array, matrix: host_csr.CSRMatrix, y: jax.Array,
                             weight: jax.Array) -> jax.Array:
     """``logistic_objective`` with ``A`` on the host (``host_csr``)."""
-    return logistic_loss(y * host_csr.csr_matvec(w, handle, y.shape[0], w.shape[0]), weight)
+    return logistic_loss(y * host_csr.csr_matvec(w, matrix), weight)
 
 
 OBJECTIVES = {"svm": svm_objective, "logistic": logistic_objective}
@@ -283,18 +283,21 @@ def choose_representation(A: sp.spmatrix) -> str:
     """Picks the representation of ``A`` for CPU runs.
 
     Returns:
-        ``"host"`` (SciPy CSR products through a callback) if ``A`` is sparse
-        and big enough for SciPy's ~1-2 ns per nonzero to beat the dense
-        BLAS pair plus two host calls (~25 us each): density below 5% and at
-        least 20,000 nonzeros, or density below 15% and at least 2.5e6
-        entries (m * n; a dense float64 matrix that big no longer fits in
-        cache), or dense storage above 512 MiB; else ``"dense"``. Of the
-        LIBSVM problems this makes w1a-w8a, a8a and a9a host-CSR. Measured on
-        2 cores (one value and gradient in a compiled loop / the two SciPy
-        products, ``python -m experiments.speed``): a9a 0.9-1.3 host vs
-        3.6-3.9 dense; a7a (2.0e6 entries) 1.2-1.7 host vs 1.1-1.2 dense;
-        w1a 1.6-2.4 host vs 2.6-3.9 dense. BCOO (``"sparse"``) is slower than
-        both on a CPU but is the representation to use on accelerators.
+        ``"host"`` (CSR products, ``experiments.host_csr``) if ``A`` is sparse
+        and big enough for a CSR kernel's ~1-2 ns per nonzero to beat the
+        dense BLAS pair: density below 5% and at least 20,000 nonzeros, or
+        density below 15% and at least 2.5e6 entries (m * n; a dense float64
+        matrix that big no longer fits in cache), or dense storage above
+        512 MiB; else ``"dense"``. Of the LIBSVM problems this makes w1a-w8a,
+        a8a and a9a CSR. The thresholds were set when the products went
+        through Python host callbacks (~25 us per call), with the measurements
+        (one value and gradient in a compiled loop / the two SciPy products,
+        ``python -m experiments.speed``): a9a 0.9-1.3 host vs 3.6-3.9 dense;
+        a7a (2.0e6 entries) 1.2-1.7 host vs 1.1-1.2 dense; w1a 1.6-2.4 host vs
+        2.6-3.9 dense. The FFI kernel has no per-call cost, so they are
+        conservative; they are kept so that Table 1's numbers stay comparable.
+        BCOO (``"sparse"``) is slower than both on a CPU but is the
+        representation to use on accelerators.
     """
     m, n = A.shape
     density = A.nnz / max(m * n, 1)
@@ -308,8 +311,8 @@ def objective(A: sp.csr_matrix, y: np.ndarray, kind: str, representation: str,
               rows: int | None = None):
     """``(fun, fun_args)`` for the paper's matrix ``A`` in one representation.
 
-    ``"dense"`` (a jnp array), ``"sparse"`` (BCOO) or ``"host"`` (SciPy CSR
-    through a host callback, ``experiments.host_csr``). The rows are padded
+    ``"dense"`` (a jnp array), ``"sparse"`` (BCOO) or ``"host"`` (a
+    ``host_csr.CSRMatrix``: CSR arrays of ``A`` and ``A^T``). The rows are padded
     with zero rows of weight 0 to ``rows`` (default: the next multiple of
     ``ROW_MULTIPLE``); the value and gradient are those of the unpadded
     problem.
@@ -347,8 +350,8 @@ def make_problem(
         y: (m,) labels in {-1, +1}.
         kind: ``"svm"`` or ``"logistic"``.
         name: Instance name.
-        representation: ``"dense"``, ``"sparse"`` (BCOO), ``"host"`` (SciPy CSR
-          through a host callback, ``experiments.host_csr``) or ``"auto"``
+        representation: ``"dense"``, ``"sparse"`` (BCOO), ``"host"`` (CSR
+          products, ``experiments.host_csr``) or ``"auto"``
           (``choose_representation``).
     """
     A = design_matrix(X, y, kind)
