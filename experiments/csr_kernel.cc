@@ -22,29 +22,30 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+// Columns [c, c + W) of rows [r0, r1): W accumulators stay in registers.
+template <int W, typename T>
+inline void Chunk(const int32_t* indptr, const int32_t* indices, const double* data,
+                  const T* x, T* out, int64_t batch, int64_t c, int64_t i) {
+  double acc[W] = {};
+  for (int32_t k = indptr[i]; k < indptr[i + 1]; ++k) {
+    const double a = data[k];
+    const T* xr = x + static_cast<int64_t>(indices[k]) * batch + c;
+    for (int b = 0; b < W; ++b) acc[b] += a * static_cast<double>(xr[b]);
+  }
+  T* o = out + i * batch + c;
+  for (int b = 0; b < W; ++b) o[b] = static_cast<T>(acc[b]);
+}
+
 template <typename T>
 void Rows(const int32_t* indptr, const int32_t* indices, const double* data,
           const T* x, T* out, int64_t batch, int64_t r0, int64_t r1) {
-  if (batch == 1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      double sum = 0.0;
-      for (int32_t k = indptr[i]; k < indptr[i + 1]; ++k) {
-        sum += data[k] * static_cast<double>(x[indices[k]]);
-      }
-      out[i] = static_cast<T>(sum);
-    }
-    return;
-  }
-  std::vector<double> acc(batch);
   for (int64_t i = r0; i < r1; ++i) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int32_t k = indptr[i]; k < indptr[i + 1]; ++k) {
-      const double a = data[k];
-      const T* xr = x + static_cast<int64_t>(indices[k]) * batch;
-      for (int64_t b = 0; b < batch; ++b) acc[b] += a * static_cast<double>(xr[b]);
-    }
-    T* o = out + i * batch;
-    for (int64_t b = 0; b < batch; ++b) o[b] = static_cast<T>(acc[b]);
+    int64_t c = 0;
+    for (; c + 16 <= batch; c += 16) Chunk<16>(indptr, indices, data, x, out, batch, c, i);
+    if (c + 8 <= batch) Chunk<8>(indptr, indices, data, x, out, batch, c, i), c += 8;
+    if (c + 4 <= batch) Chunk<4>(indptr, indices, data, x, out, batch, c, i), c += 4;
+    if (c + 2 <= batch) Chunk<2>(indptr, indices, data, x, out, batch, c, i), c += 2;
+    if (c < batch) Chunk<1>(indptr, indices, data, x, out, batch, c, i);
   }
 }
 
