@@ -22,7 +22,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Columns [c, c + W) of rows [r0, r1): W accumulators stay in registers.
+// Columns [c, c + W) of row i: the W accumulators stay in registers.
 template <int W, typename T>
 inline void Chunk(const int32_t* indptr, const int32_t* indices, const double* data,
                   const T* x, T* out, int64_t batch, int64_t c, int64_t i) {

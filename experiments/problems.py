@@ -129,13 +129,15 @@ def to_bcoo(A: sp.csr_matrix) -> jsparse.BCOO:
 
 
 def matvec(A, w: jax.Array) -> jax.Array:
-    """Returns ``A @ w`` for a dense array or a row-sorted BCOO matrix.
+    """Returns ``A @ w`` for a dense array, a row-sorted BCOO matrix or a ``host_csr.CSRMatrix``.
 
-    The sparse product is a gather plus a sorted segment sum; its reverse-mode
+    The CSR product is ``host_csr.csr_matvec`` (a CSR kernel). The BCOO product is a gather plus a sorted segment sum; its reverse-mode
     derivative in ``w`` is one scatter-add (``A^T v``), so ``value_and_grad``
     costs two sparse matvecs. It is built from standard primitives, so
     ``jvp``/``vmap``/higher derivatives work too.
     """
+    if isinstance(A, host_csr.CSRMatrix):
+        return host_csr.csr_matvec(w, A)
     if isinstance(A, jsparse.BCOO):
         rows, cols = A.indices[:, 0], A.indices[:, 1]
         return jax.ops.segment_sum(
@@ -176,19 +178,7 @@ def logistic_objective(w: jax.Array, A, y: jax.Array, weight: jax.Array) -> jax.
     return logistic_loss(y * matvec(A, w), weight)
 
 
-def host_svm_objective(w: jax.Array, matrix: host_csr.CSRMatrix, weight: jax.Array) -> jax.Array:
-    """``svm_objective`` with ``A`` on the host (``host_csr``)."""
-    return svm_loss(host_csr.csr_matvec(w, matrix), weight)
-
-
-def host_logistic_objective(w: jax.Array, matrix: host_csr.CSRMatrix, y: jax.Array,
-                            weight: jax.Array) -> jax.Array:
-    """``logistic_objective`` with ``A`` on the host (``host_csr``)."""
-    return logistic_loss(y * host_csr.csr_matvec(w, matrix), weight)
-
-
 OBJECTIVES = {"svm": svm_objective, "logistic": logistic_objective}
-HOST_OBJECTIVES = {"svm": host_svm_objective, "logistic": host_logistic_objective}
 _JITTED: dict = {}
 
 
@@ -327,17 +317,17 @@ def objective(A: sp.csr_matrix, y: np.ndarray, kind: str, representation: str,
     y_pad = np.zeros(rows)
     y_pad[:m] = y
     if representation == "host":
-        fun, A_arg = HOST_OBJECTIVES[kind], host_csr.register(A)
+        A_arg = host_csr.register(A)
     elif representation == "dense":
-        fun, A_arg = OBJECTIVES[kind], jnp.asarray(A.toarray())
+        A_arg = jnp.asarray(A.toarray())
     elif representation == "sparse":
-        fun, A_arg = OBJECTIVES[kind], to_bcoo(A)
+        A_arg = to_bcoo(A)
     else:
         raise ValueError(
             f"representation must be 'dense', 'sparse', 'host' or 'auto', got {representation!r}")
     if kind == "svm":
-        return fun, (A_arg, jnp.asarray(weight))
-    return fun, (A_arg, jnp.asarray(y_pad), jnp.asarray(weight))
+        return OBJECTIVES[kind], (A_arg, jnp.asarray(weight))
+    return OBJECTIVES[kind], (A_arg, jnp.asarray(y_pad), jnp.asarray(weight))
 
 
 def make_problem(
