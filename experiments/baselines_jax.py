@@ -43,8 +43,9 @@ def first_order_family(lr, momentum, nesterov, lambda_schedule):
 
   def beta(lam_prev, lam, dtype):
     nesterov_beta = (lam_prev - 1) / lam
-    return jnp.where(jnp.asarray(lambda_schedule) > 0, nesterov_beta,
-                     jnp.asarray(momentum, dtype)).astype(dtype)
+    return jnp.where(
+      jnp.asarray(lambda_schedule) > 0, nesterov_beta, jnp.asarray(momentum, dtype)
+    ).astype(dtype)
 
   def update_fn(updates, state, params, **extra_args):
     del extra_args
@@ -52,9 +53,13 @@ def first_order_family(lr, momentum, nesterov, lambda_schedule):
     nu = jnp.asarray(nesterov, dtype)
     b_k = beta(state.lam_prev, state.lam, dtype)
     x_next = jax.tree.map(
-        lambda y, g, x, xp: y - jnp.asarray(lr, dtype) * g + (1 - nu) * b_k * (x - xp),
-        params, updates, state.x, state.x_prev)
-    lam_next = 0.5 * (1 + jnp.sqrt(1 + 4 * state.lam ** 2))
+      lambda y, g, x, xp: y - jnp.asarray(lr, dtype) * g + (1 - nu) * b_k * (x - xp),
+      params,
+      updates,
+      state.x,
+      state.x_prev,
+    )
+    lam_next = 0.5 * (1 + jnp.sqrt(1 + 4 * state.lam**2))
     b_next = beta(state.lam, lam_next, dtype)
     y_next = jax.tree.map(lambda xn, x: xn + nu * b_next * (xn - x), x_next, state.x)
     step = jax.tree.map(jnp.subtract, y_next, params)
@@ -71,6 +76,5 @@ def first_order_grid(lipschitz: float, mu: float = 1e-4):
   for m in (0.1, 0.5, 0.9, 0.99):
     rows.append(("GD-HB", dict(lr=lr, momentum=m, nesterov=0.0, lambda_schedule=0.0)))
   rows.append(("AGD-CVX", dict(lr=lr, momentum=0.0, nesterov=1.0, lambda_schedule=1.0)))
-  rows.append(("AGD-SCVX", dict(lr=lr, momentum=float(scvx), nesterov=1.0,
-                                lambda_schedule=0.0)))
+  rows.append(("AGD-SCVX", dict(lr=lr, momentum=float(scvx), nesterov=1.0, lambda_schedule=0.0)))
   return rows

@@ -27,132 +27,144 @@ FunNp = Callable[[np.ndarray], tuple[float, np.ndarray]]
 
 @dataclass
 class BaselineResult:
-    """Outcome of one SciPy run.
+  """Outcome of one SciPy run.
 
-    Attributes:
-        algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
-        solved: See the module docstring.
-        iterations: ``OptimizeResult.nit``.
-        value_calls: Number of objective evaluations.
-        grad_calls: Number of gradient evaluations (equal to ``value_calls``).
-        final_value: Objective at the returned point.
-        final_grad_inf: ``||grad f||_inf`` at the returned point.
-        seconds: Wall-clock time of ``scipy.optimize.minimize``.
-        trace_grad_calls: Cumulative gradient calls, 1..grad_calls.
-        trace_values: Objective value of each call, in call order.
-        trace_grad_inf: ``||g||_inf`` of each call, in call order.
-        success: SciPy's ``success`` flag.
-        message: SciPy's message.
-        x: The returned point.
-    """
+  Attributes:
+      algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
+      solved: See the module docstring.
+      iterations: ``OptimizeResult.nit``.
+      value_calls: Number of objective evaluations.
+      grad_calls: Number of gradient evaluations (equal to ``value_calls``).
+      final_value: Objective at the returned point.
+      final_grad_inf: ``||grad f||_inf`` at the returned point.
+      seconds: Wall-clock time of ``scipy.optimize.minimize``.
+      trace_grad_calls: Cumulative gradient calls, 1..grad_calls.
+      trace_values: Objective value of each call, in call order.
+      trace_grad_inf: ``||g||_inf`` of each call, in call order.
+      success: SciPy's ``success`` flag.
+      message: SciPy's message.
+      x: The returned point.
+  """
 
-    algorithm: str
-    solved: bool
-    iterations: int
-    value_calls: int
-    grad_calls: int
-    final_value: float
-    final_grad_inf: float
-    seconds: float
-    trace_grad_calls: np.ndarray
-    trace_values: np.ndarray
-    trace_grad_inf: np.ndarray
-    success: bool = False
-    message: str = ""
-    x: np.ndarray = field(default=None, repr=False)
+  algorithm: str
+  solved: bool
+  iterations: int
+  value_calls: int
+  grad_calls: int
+  final_value: float
+  final_grad_inf: float
+  seconds: float
+  trace_grad_calls: np.ndarray
+  trace_values: np.ndarray
+  trace_grad_inf: np.ndarray
+  success: bool = False
+  message: str = ""
+  x: np.ndarray = field(default=None, repr=False)
 
 
 def is_solved(success: bool, best_grad_inf: float, grad_calls: int, tol: float) -> bool:
-    """The paper's success criterion for a SciPy run (see the module docstring)."""
-    return bool(success) and best_grad_inf <= TOL_SLACK * tol and grad_calls < MAX_GRAD_CALLS
+  """The paper's success criterion for a SciPy run (see the module docstring)."""
+  return bool(success) and best_grad_inf <= TOL_SLACK * tol and grad_calls < MAX_GRAD_CALLS
 
 
 def scipy_options(algorithm: str, tol: float = 1e-4) -> tuple[str, dict]:
-    """Returns ``(method, options)`` for ``scipy.optimize.minimize``.
+  """Returns ``(method, options)`` for ``scipy.optimize.minimize``.
 
-    Args:
-        algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
-        tol: Gradient tolerance (inf-norm).
-    """
-    if algorithm == "BFGS":
-        return "BFGS", {"gtol": tol, "maxiter": 999, "norm": np.inf}
-    if algorithm.startswith("L-BFGS-M"):
-        memory = int(algorithm[len("L-BFGS-M"):])
-        return "L-BFGS-B", {"maxcor": memory, "ftol": 1e-25, "gtol": tol, "maxiter": 999}
-    raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+  Args:
+      algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
+      tol: Gradient tolerance (inf-norm).
+  """
+  if algorithm == "BFGS":
+    return "BFGS", {"gtol": tol, "maxiter": 999, "norm": np.inf}
+  if algorithm.startswith("L-BFGS-M"):
+    memory = int(algorithm[len("L-BFGS-M") :])
+    return "L-BFGS-B", {"maxcor": memory, "ftol": 1e-25, "gtol": tol, "maxiter": 999}
+  raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
-def run_baseline(fun_np: FunNp, x0: np.ndarray, algorithm: str, tol: float = 1e-4,
-                 blas_threads: int | None = 1) -> BaselineResult:
-    """Runs one SciPy baseline from ``x0`` and records the call trace.
+def run_baseline(
+  fun_np: FunNp, x0: np.ndarray, algorithm: str, tol: float = 1e-4, blas_threads: int | None = 1
+) -> BaselineResult:
+  """Runs one SciPy baseline from ``x0`` and records the call trace.
 
-    Args:
-        fun_np: ``w -> (value, grad)`` in float64.
-        x0: Starting point.
-        algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
-        tol: Stopping tolerance on ``||grad f||_inf``.
-        blas_threads: BLAS thread limit during the run (None: no limit).
-    """
-    method, options = scipy_options(algorithm, tol)
-    values: list[float] = []
-    grad_infs: list[float] = []
+  Args:
+      fun_np: ``w -> (value, grad)`` in float64.
+      x0: Starting point.
+      algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
+      tol: Stopping tolerance on ``||grad f||_inf``.
+      blas_threads: BLAS thread limit during the run (None: no limit).
+  """
+  method, options = scipy_options(algorithm, tol)
+  values: list[float] = []
+  grad_infs: list[float] = []
 
-    def recorded(w):
-        value, grad = fun_np(w)
-        values.append(float(value))
-        grad_infs.append(float(np.max(np.abs(grad))))
-        return value, grad
+  def recorded(w):
+    value, grad = fun_np(w)
+    values.append(float(value))
+    grad_infs.append(float(np.max(np.abs(grad))))
+    return value, grad
 
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
-        start = time.perf_counter()
-        res = minimize(recorded, np.asarray(x0, dtype=np.float64).copy(), jac=True,
-                       method=method, options=options)
-        seconds = time.perf_counter() - start
-
-    final_value, final_grad = fun_np(res.x)  # not recorded: not part of the run
-    calls = len(values)
-    best = min(grad_infs) if grad_infs else np.inf
-    solved = is_solved(res.success, best, calls, tol)
-    return BaselineResult(
-        algorithm=algorithm,
-        solved=solved,
-        iterations=int(res.nit),
-        value_calls=calls,
-        grad_calls=calls,
-        final_value=float(final_value),
-        final_grad_inf=float(np.max(np.abs(final_grad))),
-        seconds=seconds,
-        trace_grad_calls=np.arange(1, calls + 1),
-        trace_values=np.asarray(values),
-        trace_grad_inf=np.asarray(grad_infs),
-        success=bool(res.success),
-        message=str(res.message),
-        x=np.asarray(res.x),
+  with threadpool_limits(limits=blas_threads, user_api="blas"):
+    start = time.perf_counter()
+    res = minimize(
+      recorded, np.asarray(x0, dtype=np.float64).copy(), jac=True, method=method, options=options
     )
+    seconds = time.perf_counter() - start
+
+  final_value, final_grad = fun_np(res.x)  # not recorded: not part of the run
+  calls = len(values)
+  best = min(grad_infs) if grad_infs else np.inf
+  solved = is_solved(res.success, best, calls, tol)
+  return BaselineResult(
+    algorithm=algorithm,
+    solved=solved,
+    iterations=int(res.nit),
+    value_calls=calls,
+    grad_calls=calls,
+    final_value=float(final_value),
+    final_grad_inf=float(np.max(np.abs(final_grad))),
+    seconds=seconds,
+    trace_grad_calls=np.arange(1, calls + 1),
+    trace_values=np.asarray(values),
+    trace_grad_inf=np.asarray(grad_infs),
+    success=bool(res.success),
+    message=str(res.message),
+    x=np.asarray(res.x),
+  )
 
 
-def run_all_baselines(fun_np: FunNp, x0: np.ndarray, tol: float = 1e-4,
-                      algorithms: tuple[str, ...] = ALGORITHMS,
-                      blas_threads: int | None = 1) -> list[BaselineResult]:
-    """Runs each algorithm of ``algorithms`` from ``x0`` (see ``run_baseline``)."""
-    return [run_baseline(fun_np, x0, a, tol, blas_threads) for a in algorithms]
+def run_all_baselines(
+  fun_np: FunNp,
+  x0: np.ndarray,
+  tol: float = 1e-4,
+  algorithms: tuple[str, ...] = ALGORITHMS,
+  blas_threads: int | None = 1,
+) -> list[BaselineResult]:
+  """Runs each algorithm of ``algorithms`` from ``x0`` (see ``run_baseline``)."""
+  return [run_baseline(fun_np, x0, a, tol, blas_threads) for a in algorithms]
 
 
-def reference_optimum(fun_np: FunNp, x0: np.ndarray, tol: float = 1e-4,
-                      maxiter: int = 100_000) -> float:
-    """Estimates ``f*`` as in the paper: BFGS run until ``||grad f||_inf <= tol``.
+def reference_optimum(
+  fun_np: FunNp, x0: np.ndarray, tol: float = 1e-4, maxiter: int = 100_000
+) -> float:
+  """Estimates ``f*`` as in the paper: BFGS run until ``||grad f||_inf <= tol``.
 
-    The iteration budget is large (``maxiter``) instead of the benchmark's 999;
-    the smallest value seen during the run is returned.
-    """
-    values: list[float] = []
+  The iteration budget is large (``maxiter``) instead of the benchmark's 999;
+  the smallest value seen during the run is returned.
+  """
+  values: list[float] = []
 
-    def recorded(w):
-        value, grad = fun_np(w)
-        values.append(float(value))
-        return value, grad
+  def recorded(w):
+    value, grad = fun_np(w)
+    values.append(float(value))
+    return value, grad
 
-    with threadpool_limits(limits=1, user_api="blas"):
-        minimize(recorded, np.asarray(x0, dtype=np.float64).copy(), jac=True, method="BFGS",
-                 options={"gtol": tol, "maxiter": maxiter, "norm": np.inf})
-    return min(values)
+  with threadpool_limits(limits=1, user_api="blas"):
+    minimize(
+      recorded,
+      np.asarray(x0, dtype=np.float64).copy(),
+      jac=True,
+      method="BFGS",
+      options={"gtol": tol, "maxiter": maxiter, "norm": np.inf},
+    )
+  return min(values)

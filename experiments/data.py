@@ -41,277 +41,276 @@ _CHUNK = 1 << 16
 
 @dataclass(frozen=True)
 class ManifestEntry:
-    """One row of ``MANIFEST.tsv``.
+  """One row of ``MANIFEST.tsv``.
 
-    Attributes:
-        name: Dataset name (file stem).
-        rows: Number of examples.
-        features_in_file: Largest feature index present in the file.
-        stated_features: Feature count stated on the LIBSVM page (or None).
-        labels: Label tokens as written in the file, e.g. ``("+1", "-1")``.
-        sha256: SHA-256 of the uncompressed text (or None).
-    """
+  Attributes:
+      name: Dataset name (file stem).
+      rows: Number of examples.
+      features_in_file: Largest feature index present in the file.
+      stated_features: Feature count stated on the LIBSVM page (or None).
+      labels: Label tokens as written in the file, e.g. ``("+1", "-1")``.
+      sha256: SHA-256 of the uncompressed text (or None).
+  """
 
-    name: str
-    rows: int | None
-    features_in_file: int | None
-    stated_features: int | None
-    labels: tuple[str, ...]
-    sha256: str | None
+  name: str
+  rows: int | None
+  features_in_file: int | None
+  stated_features: int | None
+  labels: tuple[str, ...]
+  sha256: str | None
 
 
 def repo_root() -> Path:
-    """Returns the repository root (the parent of ``experiments/``)."""
-    return Path(__file__).resolve().parents[1]
+  """Returns the repository root (the parent of ``experiments/``)."""
+  return Path(__file__).resolve().parents[1]
 
 
 def default_data_dir() -> Path | None:
-    """Returns the dataset directory, or None if there is none.
+  """Returns the dataset directory, or None if there is none.
 
-    ``$HDM_DATA_DIR`` wins when set; otherwise ``<repo>/../shared/datasets/libsvm``
-    is used when it exists.
-    """
-    env = os.environ.get("HDM_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    candidate = (repo_root() / ".." / "shared" / "datasets" / "libsvm").resolve()
-    return candidate if candidate.is_dir() else None
+  ``$HDM_DATA_DIR`` wins when set; otherwise ``<repo>/../shared/datasets/libsvm``
+  is used when it exists.
+  """
+  env = os.environ.get("HDM_DATA_DIR")
+  if env:
+    return Path(env).expanduser()
+  candidate = (repo_root() / ".." / "shared" / "datasets" / "libsvm").resolve()
+  return candidate if candidate.is_dir() else None
 
 
 def default_cache_dir() -> Path:
-    """Returns the download cache (``$HDM_CACHE_DIR`` or ``~/.cache/hdm_optax/libsvm``)."""
-    env = os.environ.get("HDM_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hdm_optax" / "libsvm"
+  """Returns the download cache (``$HDM_CACHE_DIR`` or ``~/.cache/hdm_optax/libsvm``)."""
+  env = os.environ.get("HDM_CACHE_DIR")
+  return Path(env).expanduser() if env else Path.home() / ".cache" / "hdm_optax" / "libsvm"
 
 
 def _int_or_none(text: str | None) -> int | None:
-    text = (text or "").strip()
-    return int(text) if text else None
+  text = (text or "").strip()
+  return int(text) if text else None
 
 
 def read_manifest(data_dir: str | os.PathLike | None = None) -> dict[str, ManifestEntry]:
-    """Parses ``MANIFEST.tsv`` of ``data_dir`` (default: ``default_data_dir()``).
+  """Parses ``MANIFEST.tsv`` of ``data_dir`` (default: ``default_data_dir()``).
 
-    Returns:
-        A dict name -> ManifestEntry, empty when there is no manifest.
-    """
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    path = data_dir / "MANIFEST.tsv" if data_dir is not None else None
-    if path is None or not path.is_file():
-        return {}
-    entries = {}
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f, delimiter="\t"):
-            name = row["name"].strip()
-            entries[name] = ManifestEntry(
-                name=name,
-                rows=_int_or_none(row.get("rows")),
-                features_in_file=_int_or_none(row.get("features_in_file")),
-                stated_features=_int_or_none(row.get("stated_features")),
-                labels=tuple(t.strip() for t in (row.get("labels") or "").split(",") if t.strip()),
-                sha256=(row.get("sha256_of_uncompressed") or "").strip().lower() or None,
-            )
-    return entries
+  Returns:
+      A dict name -> ManifestEntry, empty when there is no manifest.
+  """
+  data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+  path = data_dir / "MANIFEST.tsv" if data_dir is not None else None
+  if path is None or not path.is_file():
+    return {}
+  entries = {}
+  with open(path, newline="", encoding="utf-8") as f:
+    for row in csv.DictReader(f, delimiter="\t"):
+      name = row["name"].strip()
+      entries[name] = ManifestEntry(
+        name=name,
+        rows=_int_or_none(row.get("rows")),
+        features_in_file=_int_or_none(row.get("features_in_file")),
+        stated_features=_int_or_none(row.get("stated_features")),
+        labels=tuple(t.strip() for t in (row.get("labels") or "").split(",") if t.strip()),
+        sha256=(row.get("sha256_of_uncompressed") or "").strip().lower() or None,
+      )
+  return entries
 
 
 def _find_file(name: str, directory: Path | None) -> Path | None:
-    """Returns ``<dir>/<name>.xz``, ``<dir>/<name>.bz2`` or ``<dir>/<name>`` if present."""
-    if directory is None:
-        return None
-    for suffix in (".xz", ".bz2", ""):
-        path = directory / f"{name}{suffix}"
-        if path.is_file():
-            return path
+  """Returns ``<dir>/<name>.xz``, ``<dir>/<name>.bz2`` or ``<dir>/<name>`` if present."""
+  if directory is None:
     return None
+  for suffix in (".xz", ".bz2", ""):
+    path = directory / f"{name}{suffix}"
+    if path.is_file():
+      return path
+  return None
 
 
 def list_datasets(data_dir: str | os.PathLike | None = None) -> list[str]:
-    """Returns the MANIFEST names whose file is present in ``data_dir``, in MANIFEST order."""
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    return [n for n in read_manifest(data_dir) if _find_file(n, data_dir) is not None]
+  """Returns the MANIFEST names whose file is present in ``data_dir``, in MANIFEST order."""
+  data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+  return [n for n in read_manifest(data_dir) if _find_file(n, data_dir) is not None]
 
 
 def _read_text(path: Path) -> bytes:
-    """Returns the uncompressed bytes of ``path`` (.xz, .bz2 or plain)."""
-    if path.suffix == ".xz":
-        with lzma.open(path, "rb") as f:
-            return f.read()
-    if path.suffix == ".bz2":
-        with bz2.open(path, "rb") as f:
-            return f.read()
-    return path.read_bytes()
+  """Returns the uncompressed bytes of ``path`` (.xz, .bz2 or plain)."""
+  if path.suffix == ".xz":
+    with lzma.open(path, "rb") as f:
+      return f.read()
+  if path.suffix == ".bz2":
+    with bz2.open(path, "rb") as f:
+      return f.read()
+  return path.read_bytes()
 
 
 def _map_labels(y: np.ndarray, name: str) -> np.ndarray:
-    """Maps two distinct labels to -1/+1 (smaller -> -1)."""
-    classes = np.unique(y)
-    if classes.size != 2:
-        raise ValueError(f"{name}: expected 2 distinct labels, found {classes.tolist()}")
-    return np.where(y == classes[0], -1.0, 1.0)
+  """Maps two distinct labels to -1/+1 (smaller -> -1)."""
+  classes = np.unique(y)
+  if classes.size != 2:
+    raise ValueError(f"{name}: expected 2 distinct labels, found {classes.tolist()}")
+  return np.where(y == classes[0], -1.0, 1.0)
 
 
 def load_dataset(
-    name: str,
-    data_dir: str | os.PathLike | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    download: bool = False,
+  name: str,
+  data_dir: str | os.PathLike | None = None,
+  cache_dir: str | os.PathLike | None = None,
+  download: bool = False,
 ) -> tuple[sp.csr_matrix, np.ndarray]:
-    """Loads a LIBSVM dataset as (X, y).
+  """Loads a LIBSVM dataset as (X, y).
 
-    The file is looked up in ``data_dir`` (default ``default_data_dir()``), then
-    in ``cache_dir`` (default ``default_cache_dir()``); if absent and
-    ``download`` is True it is downloaded into ``cache_dir``. Its uncompressed
-    text must match the MANIFEST SHA-256 when one is listed.
+  The file is looked up in ``data_dir`` (default ``default_data_dir()``), then
+  in ``cache_dir`` (default ``default_cache_dir()``); if absent and
+  ``download`` is True it is downloaded into ``cache_dir``. Its uncompressed
+  text must match the MANIFEST SHA-256 when one is listed.
 
-    Args:
-        name: Dataset name as in MANIFEST.tsv, e.g. ``"a9a"``.
-        data_dir: Directory with ``<name>.xz`` files and MANIFEST.tsv.
-        cache_dir: Directory with downloaded (uncompressed) files.
-        download: Whether to download a missing dataset.
+  Args:
+      name: Dataset name as in MANIFEST.tsv, e.g. ``"a9a"``.
+      data_dir: Directory with ``<name>.xz`` files and MANIFEST.tsv.
+      cache_dir: Directory with downloaded (uncompressed) files.
+      download: Whether to download a missing dataset.
 
-    Returns:
-        X: ``scipy.sparse.csr_matrix`` float64 of shape (rows, n_features), with
-          n_features the MANIFEST's stated feature count when given, else the
-          largest index in the file.
-        y: float64 array of -1.0/+1.0 (the smaller original label -> -1).
+  Returns:
+      X: ``scipy.sparse.csr_matrix`` float64 of shape (rows, n_features), with
+        n_features the MANIFEST's stated feature count when given, else the
+        largest index in the file.
+      y: float64 array of -1.0/+1.0 (the smaller original label -> -1).
 
-    Raises:
-        FileNotFoundError: The dataset is missing and ``download`` is False.
-        ValueError: The file's checksum or shape disagrees with MANIFEST.
-        ConnectionError: A download was needed but failed.
-    """
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = read_manifest(data_dir).get(name)
-    path = _find_file(name, data_dir) or _find_file(name, cache_dir)
-    if path is None:
-        if not download:
-            raise FileNotFoundError(
-                f"dataset {name!r} not found in {data_dir} (nor in cache {cache_dir}); "
-                "set HDM_DATA_DIR or pass download=True"
-            )
-        path = download_dataset(name, cache_dir, sha256=entry.sha256 if entry else None)
+  Raises:
+      FileNotFoundError: The dataset is missing and ``download`` is False.
+      ValueError: The file's checksum or shape disagrees with MANIFEST.
+      ConnectionError: A download was needed but failed.
+  """
+  data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+  cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+  entry = read_manifest(data_dir).get(name)
+  path = _find_file(name, data_dir) or _find_file(name, cache_dir)
+  if path is None:
+    if not download:
+      raise FileNotFoundError(
+        f"dataset {name!r} not found in {data_dir} (nor in cache {cache_dir}); "
+        "set HDM_DATA_DIR or pass download=True"
+      )
+    path = download_dataset(name, cache_dir, sha256=entry.sha256 if entry else None)
 
-    text = _read_text(path)
-    if entry is not None and entry.sha256 is not None:
-        digest = hashlib.sha256(text).hexdigest()
-        if digest != entry.sha256:
-            raise ValueError(
-                f"{path}: SHA-256 of the uncompressed text is {digest}, MANIFEST says "
-                f"{entry.sha256}; the file is altered or corrupt, delete or replace it"
-            )
-    n_features = entry.stated_features if entry is not None else None
-    if n_features is not None and entry.features_in_file is not None:
-        n_features = max(n_features, entry.features_in_file)
-    X, y = load_svmlight_file(
-        io.BytesIO(text), n_features=n_features, dtype=np.float64, zero_based=False
-    )
-    X = sp.csr_matrix(X, dtype=np.float64)
-    X.sum_duplicates()
-    X.sort_indices()
-    if entry is not None and entry.rows is not None and X.shape[0] != entry.rows:
-        raise ValueError(f"{name}: {X.shape[0]} rows, MANIFEST says {entry.rows}")
-    return X, _map_labels(np.asarray(y, dtype=np.float64), name)
+  text = _read_text(path)
+  if entry is not None and entry.sha256 is not None:
+    digest = hashlib.sha256(text).hexdigest()
+    if digest != entry.sha256:
+      raise ValueError(
+        f"{path}: SHA-256 of the uncompressed text is {digest}, MANIFEST says "
+        f"{entry.sha256}; the file is altered or corrupt, delete or replace it"
+      )
+  n_features = entry.stated_features if entry is not None else None
+  if n_features is not None and entry.features_in_file is not None:
+    n_features = max(n_features, entry.features_in_file)
+  X, y = load_svmlight_file(
+    io.BytesIO(text), n_features=n_features, dtype=np.float64, zero_based=False
+  )
+  X = sp.csr_matrix(X, dtype=np.float64)
+  X.sum_duplicates()
+  X.sort_indices()
+  if entry is not None and entry.rows is not None and X.shape[0] != entry.rows:
+    raise ValueError(f"{name}: {X.shape[0]} rows, MANIFEST says {entry.rows}")
+  return X, _map_labels(np.asarray(y, dtype=np.float64), name)
 
 
 def default_url(name: str) -> str:
-    """Returns the LIBSVM download URL of dataset ``name``."""
-    return LIBSVM_BINARY_URL + _REMOTE_NAMES.get(name, name)
+  """Returns the LIBSVM download URL of dataset ``name``."""
+  return LIBSVM_BINARY_URL + _REMOTE_NAMES.get(name, name)
 
 
 def download_dataset(
-    name: str,
-    cache_dir: str | os.PathLike,
-    url: str | None = None,
-    sha256: str | None = None,
-    timeout: float = 30.0,
+  name: str,
+  cache_dir: str | os.PathLike,
+  url: str | None = None,
+  sha256: str | None = None,
+  timeout: float = 30.0,
 ) -> Path:
-    """Downloads a LIBSVM file into ``cache_dir/<name>`` (uncompressed text).
+  """Downloads a LIBSVM file into ``cache_dir/<name>`` (uncompressed text).
 
-    The data are streamed into a temporary file in ``cache_dir``, checked, and
-    renamed to ``<name>`` only when complete: fewer bytes than Content-Length,
-    a truncated bz2 stream or a SHA-256 mismatch remove the temporary file.
+  The data are streamed into a temporary file in ``cache_dir``, checked, and
+  renamed to ``<name>`` only when complete: fewer bytes than Content-Length,
+  a truncated bz2 stream or a SHA-256 mismatch remove the temporary file.
 
-    Args:
-        name: Dataset name; the target file is ``cache_dir/<name>``.
-        cache_dir: Destination directory (created if needed).
-        url: Source URL (default ``default_url(name)``); a URL ending in
-          ``.bz2`` is decompressed on the fly.
-        sha256: Expected SHA-256 of the uncompressed text. None looks it up in
-          the MANIFEST of ``default_data_dir()`` (no check if not listed there);
-          ``""`` skips the check.
-        timeout: Socket timeout in seconds.
+  Args:
+      name: Dataset name; the target file is ``cache_dir/<name>``.
+      cache_dir: Destination directory (created if needed).
+      url: Source URL (default ``default_url(name)``); a URL ending in
+        ``.bz2`` is decompressed on the fly.
+      sha256: Expected SHA-256 of the uncompressed text. None looks it up in
+        the MANIFEST of ``default_data_dir()`` (no check if not listed there);
+        ``""`` skips the check.
+      timeout: Socket timeout in seconds.
 
-    Returns:
-        The path of the downloaded file.
+  Returns:
+      The path of the downloaded file.
 
-    Raises:
-        ConnectionError: The URL could not be reached or the transfer broke.
-        ValueError: The data are truncated or fail the checksum.
-    """
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    url = url or default_url(name)
-    if sha256 is None:
-        entry = read_manifest().get(name)
-        sha256 = entry.sha256 if entry is not None else None
-    target = cache_dir / name
+  Raises:
+      ConnectionError: The URL could not be reached or the transfer broke.
+      ValueError: The data are truncated or fail the checksum.
+  """
+  cache_dir = Path(cache_dir)
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  url = url or default_url(name)
+  if sha256 is None:
+    entry = read_manifest().get(name)
+    sha256 = entry.sha256 if entry is not None else None
+  target = cache_dir / name
 
-    def offline(reason) -> ConnectionError:
-        return ConnectionError(
-            f"could not download {name} from {url}: {reason}; "
-            f"put the file in {cache_dir} or set HDM_DATA_DIR"
-        )
+  def offline(reason) -> ConnectionError:
+    return ConnectionError(
+      f"could not download {name} from {url}: {reason}; "
+      f"put the file in {cache_dir} or set HDM_DATA_DIR"
+    )
 
-    try:
-        response = urllib.request.urlopen(url, timeout=timeout)
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-        raise offline(getattr(exc, "reason", exc)) from exc
+  try:
+    response = urllib.request.urlopen(url, timeout=timeout)
+  except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+    raise offline(getattr(exc, "reason", exc)) from exc
 
-    with response:
-        return _stream_to_cache(response, name, url, target, sha256, offline)
+  with response:
+    return _stream_to_cache(response, name, url, target, sha256, offline)
 
 
 def _stream_to_cache(response, name, url, target, sha256, offline) -> Path:
-    """Writes ``response`` (decompressed if bz2) to ``target`` via a verified temp file."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
-    tmp = Path(tmp_name)
-    try:
-        digest = hashlib.sha256()
-        decomp = bz2.BZ2Decompressor() if url.endswith(".bz2") else None
-        expected = response.headers.get("Content-Length")
-        received = 0
-        with os.fdopen(fd, "wb") as out:
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except http.client.IncompleteRead as exc:
-                    raise ValueError(f"download of {name} from {url} is truncated") from exc
-                except (OSError, socket.timeout, http.client.HTTPException) as exc:
-                    raise offline(exc) from exc
-                if not chunk:
-                    break
-                received += len(chunk)
-                try:
-                    data = decomp.decompress(chunk) if decomp is not None else chunk
-                except (OSError, EOFError) as exc:
-                    raise ValueError(f"download of {name} from {url} is not valid bz2") from exc
-                digest.update(data)
-                out.write(data)
-        if expected is not None and received != int(expected):
-            raise ValueError(
-                f"download of {name} from {url} is truncated: "
-                f"{received} of {expected} bytes received"
-            )
-        if decomp is not None and not decomp.eof:
-            raise ValueError(f"download of {name} from {url} is truncated: incomplete bz2 stream")
-        if sha256 and digest.hexdigest() != sha256.lower():
-            raise ValueError(
-                f"checksum mismatch for {name} from {url}: SHA-256 {digest.hexdigest()}, "
-                f"expected {sha256.lower()}; file discarded"
-            )
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return target
+  """Writes ``response`` (decompressed if bz2) to ``target`` via a verified temp file."""
+  fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=target.parent)
+  tmp = Path(tmp_name)
+  try:
+    digest = hashlib.sha256()
+    decomp = bz2.BZ2Decompressor() if url.endswith(".bz2") else None
+    expected = response.headers.get("Content-Length")
+    received = 0
+    with os.fdopen(fd, "wb") as out:
+      while True:
+        try:
+          chunk = response.read(_CHUNK)
+        except http.client.IncompleteRead as exc:
+          raise ValueError(f"download of {name} from {url} is truncated") from exc
+        except (OSError, socket.timeout, http.client.HTTPException) as exc:
+          raise offline(exc) from exc
+        if not chunk:
+          break
+        received += len(chunk)
+        try:
+          data = decomp.decompress(chunk) if decomp is not None else chunk
+        except (OSError, EOFError) as exc:
+          raise ValueError(f"download of {name} from {url} is not valid bz2") from exc
+        digest.update(data)
+        out.write(data)
+    if expected is not None and received != int(expected):
+      raise ValueError(
+        f"download of {name} from {url} is truncated: {received} of {expected} bytes received"
+      )
+    if decomp is not None and not decomp.eof:
+      raise ValueError(f"download of {name} from {url} is truncated: incomplete bz2 stream")
+    if sha256 and digest.hexdigest() != sha256.lower():
+      raise ValueError(
+        f"checksum mismatch for {name} from {url}: SHA-256 {digest.hexdigest()}, "
+        f"expected {sha256.lower()}; file discarded"
+      )
+    os.replace(tmp, target)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+  return target

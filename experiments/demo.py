@@ -26,16 +26,19 @@ jax.config.update("jax_enable_x64", True)
 
 def _run(name, optimizer, problem, max_grad_calls, tol):
   x0 = jnp.asarray(problem.x0)
-  kwargs = dict(max_steps=max_grad_calls - 1, tol=tol, fun_args=problem.fun_args,
-                max_grad_evals=max_grad_calls)
+  kwargs = dict(
+    max_steps=max_grad_calls - 1, tol=tol, fun_args=problem.fun_args, max_grad_evals=max_grad_calls
+  )
   hdm_optax.solve(optimizer, problem.fun, x0, **kwargs).value.block_until_ready()  # compile
   start = time.perf_counter()
   res = hdm_optax.solve(optimizer, problem.fun, x0, **kwargs)
   res.value.block_until_ready()
   seconds = time.perf_counter() - start
-  print(f"{name:<12} {int(res.num_steps):>6} {int(res.num_value_evals):>7} "
-        f"{int(res.num_grad_evals):>7} {float(res.value):>16.10e} "
-        f"{float(res.grad_norm):>10.3e} {str(bool(res.converged)):>9} {seconds:>8.3f}")
+  print(
+    f"{name:<12} {int(res.num_steps):>6} {int(res.num_value_evals):>7} "
+    f"{int(res.num_grad_evals):>7} {float(res.value):>16.10e} "
+    f"{float(res.grad_norm):>10.3e} {str(bool(res.converged)):>9} {seconds:>8.3f}"
+  )
 
 
 def main(argv=None):
@@ -46,12 +49,15 @@ def main(argv=None):
   parser.add_argument("--max-grad-calls", type=int, default=1000)
   args = parser.parse_args(argv)
   problem = problems.load_problem(args.dataset, "logistic", data_dir=args.data_dir)
-  print(f"logistic regression on {args.dataset}: m = {problem.m}, n = {problem.n}, "
-        f"L = {problem.L:.6g}, {problem.representation} data, tol = {args.tol:g}")
-  print(f"{'method':<12} {'iters':>6} {'f-calls':>7} {'g-calls':>7} "
-        f"{'final f':>16} {'|g|_inf':>10} {'converged':>9} {'seconds':>8}")
-  _run("HDM-Best", hdm_optax.hdm_best(lipschitz=problem.L), problem, args.max_grad_calls,
-       args.tol)
+  print(
+    f"logistic regression on {args.dataset}: m = {problem.m}, n = {problem.n}, "
+    f"L = {problem.L:.6g}, {problem.representation} data, tol = {args.tol:g}"
+  )
+  print(
+    f"{'method':<12} {'iters':>6} {'f-calls':>7} {'g-calls':>7} "
+    f"{'final f':>16} {'|g|_inf':>10} {'converged':>9} {'seconds':>8}"
+  )
+  _run("HDM-Best", hdm_optax.hdm_best(lipschitz=problem.L), problem, args.max_grad_calls, args.tol)
   _run("optax.lbfgs", optax.lbfgs(), problem, args.max_grad_calls, args.tol)
 
 

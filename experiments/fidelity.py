@@ -65,9 +65,11 @@ def compare(grids, ref):
       if c < 1000 and r < 1000:
         equal += c == r
         rel.append(abs(c - r) / r)
-  summary = (f"solved/unsolved agree on {agree}/{total} grid points; of the {len(rel)} "
-             f"points both solved, {equal} have equal counts and the median relative "
-             f"difference is {100 * np.median(rel) if rel else float('nan'):.1f}%")
+  summary = (
+    f"solved/unsolved agree on {agree}/{total} grid points; of the {len(rel)} "
+    f"points both solved, {equal} have equal counts and the median relative "
+    f"difference is {100 * np.median(rel) if rel else float('nan'):.1f}%"
+  )
   return "\n".join(lines), summary
 
 
@@ -103,8 +105,10 @@ def main(argv=None):
     raise SystemExit(f"no *_hdm_best_grid.csv under {args.results}: run experiments.table1")
   if Path(args.reference).exists():
     detail, summary = compare(grids, read_reference(args.reference))
-    print("gradient calls per grid point (eta_p L, eta_b) in row-major order "
-          "of eta_p L in {0.1, 1, 10, 100} x eta_b in {1, 3, 5, 10, 100}; 1001 = not solved")
+    print(
+      "gradient calls per grid point (eta_p L, eta_b) in row-major order "
+      "of eta_p L in {0.1, 1, 10, 100} x eta_b in {1, 3, 5, 10, 100}; 1001 = not solved"
+    )
     print(detail)
     print(summary)
   else:
@@ -117,8 +121,10 @@ def main(argv=None):
       mark = "  <- hdm_best default"
     print(f"{pm:>8g} {mb:>6g} {solved:>4}/{n:<3} {calls:>11}{mark}")
   loo, n = leave_one_out(grids)
-  print(f"leave one dataset out (choose the point on the other datasets, count the held-out "
-        f"one's instances): {loo}/{n} solved")
+  print(
+    f"leave one dataset out (choose the point on the other datasets, count the held-out "
+    f"one's instances): {loo}/{n} solved"
+  )
 
 
 if __name__ == "__main__":

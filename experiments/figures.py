@@ -60,23 +60,23 @@ DPI = 110
 # One style per algorithm, shared by all dataset figures (legend order).
 _FIRST, _ADAPT, _QN, _HDM = "--", ":", "-.", "-"
 STYLES = {
-    "GD": dict(color="#7f7f7f", ls=_FIRST),
-    "GD-HB": dict(color="#8c564b", ls=_FIRST),
-    "AGD-CVX": dict(color="#bcbd22", ls=_FIRST),
-    "AGD-SCVX": dict(color="#c49c94", ls=_FIRST),
-    "Adam": dict(color="#e377c2", ls=_ADAPT, lw=1.8),
-    "AdaGrad": dict(color="#9467bd", ls=_ADAPT, lw=1.8),
-    "BFGS": dict(color="#08306b", ls=_QN),
-    "L-BFGS-M1": dict(color="#9ecae1", ls=_QN),
-    "L-BFGS-M3": dict(color="#6baed6", ls=_QN),
-    "L-BFGS-M5": dict(color="#3182bd", ls=_QN),
-    "L-BFGS-M10": dict(color="#1c5a9c", ls=_QN),
-    "optax-L-BFGS": dict(color="#17becf", ls=_QN),
-    "HDM": dict(color="#ff7f0e", ls=_HDM),
-    "HDM-HB": dict(color="#2ca02c", ls=_HDM),
-    "HDM-AGD": dict(color="#98df8a", ls=_HDM),
-    "HDM-Best-default": dict(color="#ff9896", ls=_HDM, lw=1.6),
-    "HDM-Best": dict(color="#d62728", ls=_HDM, lw=2.8, zorder=10),
+  "GD": dict(color="#7f7f7f", ls=_FIRST),
+  "GD-HB": dict(color="#8c564b", ls=_FIRST),
+  "AGD-CVX": dict(color="#bcbd22", ls=_FIRST),
+  "AGD-SCVX": dict(color="#c49c94", ls=_FIRST),
+  "Adam": dict(color="#e377c2", ls=_ADAPT, lw=1.8),
+  "AdaGrad": dict(color="#9467bd", ls=_ADAPT, lw=1.8),
+  "BFGS": dict(color="#08306b", ls=_QN),
+  "L-BFGS-M1": dict(color="#9ecae1", ls=_QN),
+  "L-BFGS-M3": dict(color="#6baed6", ls=_QN),
+  "L-BFGS-M5": dict(color="#3182bd", ls=_QN),
+  "L-BFGS-M10": dict(color="#1c5a9c", ls=_QN),
+  "optax-L-BFGS": dict(color="#17becf", ls=_QN),
+  "HDM": dict(color="#ff7f0e", ls=_HDM),
+  "HDM-HB": dict(color="#2ca02c", ls=_HDM),
+  "HDM-AGD": dict(color="#98df8a", ls=_HDM),
+  "HDM-Best-default": dict(color="#ff9896", ls=_HDM, lw=1.6),
+  "HDM-Best": dict(color="#d62728", ls=_HDM, lw=2.8, zorder=10),
 }
 
 
@@ -124,24 +124,37 @@ def plot_instance(npz_path: Path, out_png: Path, problem: str, dataset: str, pdf
     ax_f.plot(calls, value - fstar, label=_label(name, rows.get(name)), **kw)
     ax_g.plot(calls, grad_inf, **kw)
   ax_g.axhline(TOL, color="k", lw=0.8, ls=(0, (1, 1)), zorder=1)
-  ax_g.annotate("tol = 1e-4", (1.0, TOL), xycoords=("axes fraction", "data"),
-                ha="right", va="bottom", fontsize=8)
+  ax_g.annotate(
+    "tol = 1e-4",
+    (1.0, TOL),
+    xycoords=("axes fraction", "data"),
+    ha="right",
+    va="bottom",
+    fontsize=8,
+  )
   for ax, ylabel in ((ax_f, r"$f(x) - f^\star$"), (ax_g, r"$\|\nabla f(x)\|_\infty$")):
     ax.set_yscale("log")
     ax.set_xlabel("gradient calls")
     ax.set_ylabel(ylabel)
     ax.grid(True, which="major", alpha=0.3)
   fig.suptitle(f"{dataset} ({problem})")
-  fig.legend(loc="lower center", ncol=6, fontsize=8, frameon=False,
-             title="algorithm (gradient calls to tol; - = not solved)", title_fontsize=8)
+  fig.legend(
+    loc="lower center",
+    ncol=6,
+    fontsize=8,
+    frameon=False,
+    title="algorithm (gradient calls to tol; - = not solved)",
+    title_fontsize=8,
+  )
   fig.tight_layout(rect=(0, 0.15, 1, 1))
   _save(fig, out_png, pdf)
 
 
 def make_dataset_figures(results: Path, out: Path, datasets=None, pdf=False):
   """One figure per ``<results>/<problem>/<dataset>.npz``; returns the PNG paths."""
-  instances = sorted(p for p in Path(results).glob("*/*.npz")
-                     if datasets is None or p.stem in datasets)
+  instances = sorted(
+    p for p in Path(results).glob("*/*.npz") if datasets is None or p.stem in datasets
+  )
   pngs = []
   for npz in tqdm(instances, desc="dataset figures", unit="fig"):
     problem, dataset = npz.parent.name, npz.stem
@@ -171,8 +184,7 @@ def _save(fig, png: Path, pdf: bool):
 TOY_L, TOY_MU = 100.0, 1.0
 OGD_LRS = (1e-3, 3e-3, 1e-2)  # figure 2, online gradient descent (1e-3: VANILLA_HDM)
 ADAGRAD_LRS = (1e-2, 1e-1, 1.0)  # figure 2, AdaGrad
-HDM_HB = dict(momentum_candidate="scalar", learner="adagrad", hypergrad_lr=0.1,
-              momentum_lr=0.1)
+HDM_HB = dict(momentum_candidate="scalar", learner="adagrad", hypergrad_lr=0.1, momentum_lr=0.1)
 HDM_AGD = dict(candidate="diagonal", learner="adagrad", hypergrad_lr=0.1, theta=1.0)
 HB_ALPHAS = tuple(np.round(np.logspace(np.log10(0.5), np.log10(5.0), 15) / TOY_L, 6))
 HB_BETAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
@@ -182,10 +194,14 @@ YLIM = dict(figure1a=(1e-32, 1e34), figure1b=(1e-20, 1e34))  # others: (1e-20, 1
 
 
 # The runs are tiny: compile fast (~2x) rather than optimise the program.
-@functools.partial(jax.jit, static_argnums=2, compiler_options={
-    "xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True})
+@functools.partial(
+  jax.jit,
+  static_argnums=2,
+  compiler_options={"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True},
+)
 def _toy_traces(x0, A, steps):
   """All toy runs in one compiled program: name -> (values, grad_evals), batched for grids."""
+
   def run(opt):
     r = hdm_optax.solve(opt, toy.toy_objective, x0, max_steps=steps, tol=0.0, fun_args=(A,))
     return r.trace.value, r.trace.grad_evals
@@ -198,25 +214,31 @@ def _toy_traces(x0, A, steps):
   alphas, betas = np.meshgrid(HB_ALPHAS, HB_BETAS, indexing="ij")
   n_hb = alphas.size
   # lr, momentum, nesterov, lambda_schedule: heavy-ball grid, GD, AGD-CVX, AGD-SCVX.
-  family = np.array([*zip(alphas.ravel(), betas.ravel(), [0] * n_hb, [0] * n_hb),
-                     (1 / L, 0, 0, 0), (1 / L, 0, 1, 1), (1 / L, scvx, 1, 0)])
+  family = np.array(
+    [
+      *zip(alphas.ravel(), betas.ravel(), [0] * n_hb, [0] * n_hb),
+      (1 / L, 0, 0, 0),
+      (1 / L, 0, 1, 1),
+      (1 / L, scvx, 1, 0),
+    ]
+  )
   fo = grid(baselines_jax.first_order_family, *family.T)
 
   def hdm(**kw):  # HDM with null step, the settings of figure 1 unless overridden
     return hdm_optax.hdm(null_step=True, **{**toy.VANILLA_HDM, **kw})
 
   return {
-      "heavy ball grid": jax.tree.map(lambda a: a[:n_hb], fo),
-      "GD": jax.tree.map(lambda a: a[n_hb], fo),
-      "AGD-CVX": jax.tree.map(lambda a: a[n_hb + 1], fo),
-      "AGD-SCVX": jax.tree.map(lambda a: a[n_hb + 2], fo),
-      "vanilla HDM": run(hdm_optax.hdm(null_step=False, **toy.VANILLA_HDM)),
-      "HDM OGD": grid(lambda lr: hdm(learner="ogd", hypergrad_lr=lr), OGD_LRS),
-      "HDM AdaGrad": grid(lambda lr: hdm(learner="adagrad", hypergrad_lr=lr), ADAGRAD_LRS),
-      "HDM-Best": run(hdm_optax.hdm_best(lipschitz=L)),
-      "HDM-HB full": run(hdm_optax.hdm_hb(candidate="full", **HDM_HB)),
-      "HDM-HB diagonal": run(hdm_optax.hdm_hb(candidate="diagonal", **HDM_HB)),
-      "HDM-AGD": run(hdm_optax.hdm_agd(lipschitz=L, **HDM_AGD)),
+    "heavy ball grid": jax.tree.map(lambda a: a[:n_hb], fo),
+    "GD": jax.tree.map(lambda a: a[n_hb], fo),
+    "AGD-CVX": jax.tree.map(lambda a: a[n_hb + 1], fo),
+    "AGD-SCVX": jax.tree.map(lambda a: a[n_hb + 2], fo),
+    "vanilla HDM": run(hdm_optax.hdm(null_step=False, **toy.VANILLA_HDM)),
+    "HDM OGD": grid(lambda lr: hdm(learner="ogd", hypergrad_lr=lr), OGD_LRS),
+    "HDM AdaGrad": grid(lambda lr: hdm(learner="adagrad", hypergrad_lr=lr), ADAGRAD_LRS),
+    "HDM-Best": run(hdm_optax.hdm_best(lipschitz=L)),
+    "HDM-HB full": run(hdm_optax.hdm_hb(candidate="full", **HDM_HB)),
+    "HDM-HB diagonal": run(hdm_optax.hdm_hb(candidate="diagonal", **HDM_HB)),
+    "HDM-AGD": run(hdm_optax.hdm_agd(lipschitz=L, **HDM_AGD)),
   }
 
 
@@ -255,28 +277,33 @@ def _toy_lines(runs, figure):
     return [gd, vanilla, null, ("HDM-Best", "HDM-Best", dict(color="#d62728", lw=2.5))]
   if figure == "figure2":
     blues, reds = ("#9ecae1", "#4292c6", "#08519c"), ("#fcae91", "#fb6a4a", "#a50f15")
-    return ([(f"HDM OGD eta={lr:g}", f"online GD, eta={lr:g}", dict(color=c))
-             for lr, c in zip(OGD_LRS, blues)]
-            + [(f"HDM AdaGrad eta={lr:g}", f"AdaGrad, eta={lr:g}", dict(color=c, ls="-."))
-               for lr, c in zip(ADAGRAD_LRS, reds)])
+    return [
+      (f"HDM OGD eta={lr:g}", f"online GD, eta={lr:g}", dict(color=c))
+      for lr, c in zip(OGD_LRS, blues)
+    ] + [
+      (f"HDM AdaGrad eta={lr:g}", f"AdaGrad, eta={lr:g}", dict(color=c, ls="-."))
+      for lr, c in zip(ADAGRAD_LRS, reds)
+    ]
   if figure == "figure3a":
     alpha, beta = (float(w.split("=")[1]) for w in hb.split()[2:])
-    return [(hb, f"heavy ball, tuned alpha={alpha:g}, beta={beta:g}",
-             dict(color="#8c564b", ls="--")),
-            ("HDM-HB full", "HDM-HB, full P", dict(color="#d62728", lw=2)),
-            ("HDM-HB diagonal", "HDM-HB, diagonal P", dict(color="#2ca02c", ls="-."))]
-  return [("AGD-CVX", "AGD-CVX (step 1/L)", dict(color="#bcbd22", ls="--")),
-          ("AGD-SCVX", "AGD-SCVX (step 1/L)", dict(color="#8c564b", ls="--")),
-          ("HDM-AGD", "HDM-AGD (3 gradient calls per iteration)",
-           dict(color="#d62728", lw=2))]
+    return [
+      (hb, f"heavy ball, tuned alpha={alpha:g}, beta={beta:g}", dict(color="#8c564b", ls="--")),
+      ("HDM-HB full", "HDM-HB, full P", dict(color="#d62728", lw=2)),
+      ("HDM-HB diagonal", "HDM-HB, diagonal P", dict(color="#2ca02c", ls="-.")),
+    ]
+  return [
+    ("AGD-CVX", "AGD-CVX (step 1/L)", dict(color="#bcbd22", ls="--")),
+    ("AGD-SCVX", "AGD-SCVX (step 1/L)", dict(color="#8c564b", ls="--")),
+    ("HDM-AGD", "HDM-AGD (3 gradient calls per iteration)", dict(color="#d62728", lw=2)),
+  ]
 
 
 TOY_TITLES = dict(
-    figure1a="Figure 1a: two-phase behaviour of vanilla HDM",
-    figure1b="Figure 1b: null step and HDM-Best",
-    figure2="Figure 2: online learner of HDM (null step)",
-    figure3a="Figure 3a: HDM-HB",
-    figure3b="Figure 3b: HDM-AGD",
+  figure1a="Figure 1a: two-phase behaviour of vanilla HDM",
+  figure1b="Figure 1b: null step and HDM-Best",
+  figure2="Figure 2: online learner of HDM (null step)",
+  figure3a="Figure 3a: HDM-HB",
+  figure3b="Figure 3b: HDM-AGD",
 )
 
 
@@ -284,8 +311,7 @@ def plot_toy(runs, figure: str, out_png: Path, steps: int, pdf=False):
   fig, ax = plt.subplots(figsize=(6, 4.3))
   for name, label, kw in _toy_lines(runs, figure):
     gap = runs[name][0][: steps + 1]
-    ax.plot(np.arange(gap.size), np.where(gap > 0, gap, np.nan), label=label,
-            **{"lw": 1.5, **kw})
+    ax.plot(np.arange(gap.size), np.where(gap > 0, gap, np.nan), label=label, **{"lw": 1.5, **kw})
   ax.set_yscale("log")
   ax.set_ylim(*YLIM.get(figure, (1e-20, 1e4)))
   ax.set_xlim(0, steps)
@@ -303,53 +329,64 @@ def _describe(runs, figure, f1, steps):
   for name, label, _ in _toy_lines(runs, figure):
     gap, calls = runs[name][0][: steps + 1], runs[name][1][: steps + 1]
     k = _hit(gap)
-    reach = (f"reaches f - f* <= {TARGET:g} at iteration {k} ({int(calls[k])} gradient calls)"
-             if k <= steps else f"f - f* = {gap[-1]:.2e} after {steps} iterations")
+    reach = (
+      f"reaches f - f* <= {TARGET:g} at iteration {k} ({int(calls[k])} gradient calls)"
+      if k <= steps
+      else f"f - f* = {gap[-1]:.2e} after {steps} iterations"
+    )
     shape = "monotone" if np.all(np.diff(gap) <= 0) else "not monotone"
-    lines.append(f"- {label}: max f - f* = {gap.max():.2e} ({gap.max() / f1:.2e} f(x^1)), "
-                 f"{shape}, final {gap[-1]:.2e}; {reach}.")
+    lines.append(
+      f"- {label}: max f - f* = {gap.max():.2e} ({gap.max() / f1:.2e} f(x^1)), "
+      f"{shape}, final {gap[-1]:.2e}; {reach}."
+    )
   return "\n".join(lines)
 
 
 def write_toy_readme(runs, out: Path, steps_of):
   f1 = float(runs["GD"][0][0])
   text = [
-      "# Toy quadratic figures (Figures 1-3 of the paper)",
-      "",
-      "Generated by `python -m experiments.figures --toy-only` in float64 with "
-      "`hdm_optax.solve` (tol = 0, fixed iteration budget).",
-      "",
-      "Problem (`experiments.toy.toy_quadratic()`): f(x) = 1/2 x^T A x with "
-      "A = diag(logspace(0, 2, 5)) = diag(1, 3.16, 10, 31.6, 100): n = 5, L = 100, "
-      f"mu = 1, condition number 100, x* = 0, f* = 0; x^1 = (1, ..., 1), f(x^1) = {f1:.4g}.",
-      "",
-      "Hyper-parameters: HDM uses a diagonal P with P_1 = 0.1 I (ten times 1/L); "
-      f"vanilla HDM and 'HDM + null step' use online gradient descent with eta = 1e-3 "
-      f"(`experiments.toy.VANILLA_HDM`); HDM-Best = `hdm_best(lipschitz=100)` (defaults); "
-      f"HDM-HB = `hdm_hb({_kwargs(HDM_HB)})` (omega = tau = 0, P_1 = 0, beta_1 = 0); "
-      f"HDM-AGD = `hdm_agd(lipschitz=100, {_kwargs(HDM_AGD)})` (3 gradient calls per "
-      "iteration); heavy ball x+ = x - alpha g + beta (x - x_prev) with (alpha, beta) "
-      f"chosen on the grid alpha in {{{', '.join(f'{a:g}' for a in HB_ALPHAS)}}} x "
-      f"beta in {{{', '.join(f'{b:g}' for b in HB_BETAS)}}} "
-      f"(fewest iterations to f - f* <= {TARGET:g}); GD and AGD use step 1/L; "
-      "AGD-SCVX uses momentum (sqrt(L) - sqrt(mu)) / (sqrt(L) + sqrt(mu)).",
-      "",
+    "# Toy quadratic figures (Figures 1-3 of the paper)",
+    "",
+    "Generated by `python -m experiments.figures --toy-only` in float64 with "
+    "`hdm_optax.solve` (tol = 0, fixed iteration budget).",
+    "",
+    "Problem (`experiments.toy.toy_quadratic()`): f(x) = 1/2 x^T A x with "
+    "A = diag(logspace(0, 2, 5)) = diag(1, 3.16, 10, 31.6, 100): n = 5, L = 100, "
+    f"mu = 1, condition number 100, x* = 0, f* = 0; x^1 = (1, ..., 1), f(x^1) = {f1:.4g}.",
+    "",
+    "Hyper-parameters: HDM uses a diagonal P with P_1 = 0.1 I (ten times 1/L); "
+    f"vanilla HDM and 'HDM + null step' use online gradient descent with eta = 1e-3 "
+    f"(`experiments.toy.VANILLA_HDM`); HDM-Best = `hdm_best(lipschitz=100)` (defaults); "
+    f"HDM-HB = `hdm_hb({_kwargs(HDM_HB)})` (omega = tau = 0, P_1 = 0, beta_1 = 0); "
+    f"HDM-AGD = `hdm_agd(lipschitz=100, {_kwargs(HDM_AGD)})` (3 gradient calls per "
+    "iteration); heavy ball x+ = x - alpha g + beta (x - x_prev) with (alpha, beta) "
+    f"chosen on the grid alpha in {{{', '.join(f'{a:g}' for a in HB_ALPHAS)}}} x "
+    f"beta in {{{', '.join(f'{b:g}' for b in HB_BETAS)}}} "
+    f"(fewest iterations to f - f* <= {TARGET:g}); GD and AGD use step 1/L; "
+    "AGD-SCVX uses momentum (sqrt(L) - sqrt(mu)) / (sqrt(L) + sqrt(mu)).",
+    "",
   ]
   captions = dict(
-      figure1a="Vanilla HDM (no null step) against GD: f(x^k) spikes by many orders "
-               "of magnitude in the warm-up phase, then converges superlinearly.",
-      figure1b="The null step flattens the spike (monotone f) but does not shorten the "
-               "warm-up; HDM-Best converges fastest.",
-      figure2="HDM with null step: online gradient descent against AdaGrad as the "
-              "online learner, three step sizes each.",
-      figure3a="HDM-HB (full and diagonal P, scalar momentum) against heavy ball with "
-               "the best constant (alpha, beta).",
-      figure3b="HDM-AGD against AGD (Nesterov momentum, step 1/L).",
+    figure1a="Vanilla HDM (no null step) against GD: f(x^k) spikes by many orders "
+    "of magnitude in the warm-up phase, then converges superlinearly.",
+    figure1b="The null step flattens the spike (monotone f) but does not shorten the "
+    "warm-up; HDM-Best converges fastest.",
+    figure2="HDM with null step: online gradient descent against AdaGrad as the "
+    "online learner, three step sizes each.",
+    figure3a="HDM-HB (full and diagonal P, scalar momentum) against heavy ball with "
+    "the best constant (alpha, beta).",
+    figure3b="HDM-AGD against AGD (Nesterov momentum, step 1/L).",
   )
   for figure, caption in captions.items():
     steps = steps_of[figure]
-    text += [f"## {figure}.png ({steps} iterations)", "", caption, "",
-             _describe(runs, figure, f1, steps), ""]
+    text += [
+      f"## {figure}.png ({steps} iterations)",
+      "",
+      caption,
+      "",
+      _describe(runs, figure, f1, steps),
+      "",
+    ]
   (out / "README.md").write_text("\n".join(text))
 
 

@@ -50,8 +50,7 @@ RIDGE = 1e-2
 
 
 def _labels(margin, rng):
-  return np.where(margin + 0.5 * margin.std() * rng.standard_normal(margin.shape) > 0,
-                  1.0, -1.0)
+  return np.where(margin + 0.5 * margin.std() * rng.standard_normal(margin.shape) > 0, 1.0, -1.0)
 
 
 def make_problem(n: int, dtype, rng):
@@ -72,11 +71,13 @@ def make_problem(n: int, dtype, rng):
     rows = np.repeat(np.arange(m), k)
     vals = (rng.standard_normal(m * k) / np.sqrt(k)).astype(dtype)
     idx = np.stack([rows, cols.ravel()], axis=1).astype(np.int32)
-    A = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(idx)), shape=(m, n),
-                     indices_sorted=True, unique_indices=False)
+    A = jsparse.BCOO(
+      (jnp.asarray(vals), jnp.asarray(idx)), shape=(m, n), indices_sorted=True, unique_indices=False
+    )
     w_true = rng.standard_normal(n)
-    y = _labels((vals.astype(np.float64) * w_true[cols.ravel()]).reshape(m, k).sum(1),
-                rng).astype(dtype)
+    y = _labels((vals.astype(np.float64) * w_true[cols.ravel()]).reshape(m, k).sum(1), rng).astype(
+      dtype
+    )
     lip = 0.25 * 2.0 * k * 0.5 + RIDGE  # rough estimate; only sets the step scale
     data = (A, jnp.asarray(y))
     kind = f"BCOO {m}x{n}, nnz={m * k}"
@@ -101,7 +102,6 @@ def _best_times(fns, args, repeats):
 
 
 def measure(n: int, dtype, steps: int, repeats: int, rng):
-  import jax.numpy as jnp
   import optax
   import hdm_optax
 
@@ -111,21 +111,25 @@ def measure(n: int, dtype, steps: int, repeats: int, rng):
   @jax.jit
   def vg_loop(w, data):
     vg = jax.value_and_grad(fun)
+
     def body(_, c):
       w, acc = c
       v, g = vg(w, *data)
       return w - 1e-6 * g, acc + v
+
     v, g = vg(w, *data)  # K + 1 calls, as in solve
     return jax.lax.fori_loop(0, steps, body, (w - 1e-6 * g, v))
 
   @jax.jit
   def update_loop(w, data):
     value_fn = lambda x: fun(x, *data)
+
     def body(_, c):
       w, state = c
       v, g = state.value, state.grad
       u, state = opt.update(g, state, w, value=v, grad=g, value_fn=value_fn)
       return optax.apply_updates(w, u), state
+
     v, g = jax.value_and_grad(value_fn)(w)
     state = opt.init(w)._replace(value=v, grad=g)
     return jax.lax.fori_loop(0, steps, body, (w, state))
@@ -134,7 +138,8 @@ def measure(n: int, dtype, steps: int, repeats: int, rng):
     return hdm_optax.solve(opt, fun, w, max_steps=steps, tol=0.0, fun_args=data)
 
   (t_vg, t_up, t_solve), (_, (_, state), res) = _best_times(
-      [vg_loop, update_loop, solve_run], (w0, data), repeats)
+    [vg_loop, update_loop, solve_run], (w0, data), repeats
+  )
   if int(res.num_steps) != steps or int(res.num_grad_evals) != steps + 1:
     raise RuntimeError(f"solve stopped early: {res.num_steps} steps, status {res.status}")
   assert int(state.info.num_grad_evals) == steps
@@ -144,12 +149,21 @@ def measure(n: int, dtype, steps: int, repeats: int, rng):
   param_bytes = w0.size * w0.dtype.itemsize
   big = [leaf for leaf in leaves if leaf.size >= n]
   return dict(
-      n=n, kind=kind, steps=steps,
-      t_vg=t_vg / steps, t_update=t_up / steps, t_solve=t_solve / steps,
-      ratio_update=t_up / t_vg, ratio_solve=t_solve / t_vg,
-      state_ratio=state_bytes / param_bytes, n_vectors=len(big),
-      n_leaves=len(leaves), f0=float(fun(w0, *data)), f_end=float(res.value),
-      nulls=int(res.state.info.num_null_steps))
+    n=n,
+    kind=kind,
+    steps=steps,
+    t_vg=t_vg / steps,
+    t_update=t_up / steps,
+    t_solve=t_solve / steps,
+    ratio_update=t_up / t_vg,
+    ratio_solve=t_solve / t_vg,
+    state_ratio=state_bytes / param_bytes,
+    n_vectors=len(big),
+    n_leaves=len(leaves),
+    f0=float(fun(w0, *data)),
+    f_end=float(res.value),
+    nulls=int(res.state.info.num_null_steps),
+  )
 
 
 def main():
@@ -159,20 +173,27 @@ def main():
   dtype = np.dtype(args.dtype)
   rng = np.random.default_rng(args.seed)
   sizes = [int(float(s)) for s in args.sizes.split(",")]
-  print(f"jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
-        f"best of {args.repeats} runs; times per iteration")
-  header = (f"{'n':>8} {'data':>28} {'K':>4} {'t_vg':>9} {'t_update':>9} {'t_solve':>9} "
-            f"{'upd/vg':>7} {'solve/vg':>8} {'state/params':>12} {'n-vectors':>9} "
-            f"{'leaves':>6}  f0 -> f_K (null steps)")
+  print(
+    f"jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
+    f"best of {args.repeats} runs; times per iteration"
+  )
+  header = (
+    f"{'n':>8} {'data':>28} {'K':>4} {'t_vg':>9} {'t_update':>9} {'t_solve':>9} "
+    f"{'upd/vg':>7} {'solve/vg':>8} {'state/params':>12} {'n-vectors':>9} "
+    f"{'leaves':>6}  f0 -> f_K (null steps)"
+  )
   print(header)
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
     r = measure(n, dtype, steps, args.repeats, rng)
-    print(f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
-          f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
-          f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
-          f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
-          f"({r['nulls']})", flush=True)
+    print(
+      f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
+      f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
+      f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
+      f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
+      f"({r['nulls']})",
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def prepare(problem: problems_lib.Problem, pad: bool = True) -> Instance:
 
 # --- optimizer factories (module level: their compiled sweeps are cached) ---
 
+
 def make_first_order(lr, momentum, nesterov, lambda_schedule):
   return baselines_jax.first_order_family(lr, momentum, nesterov, lambda_schedule)
 
@@ -87,19 +88,34 @@ def make_hdm_best(pm, mb, lip):
 
 
 def make_hdm(eta, lip):
-  return hdm_optax.hdm(candidate="diagonal", learner="adagrad", hypergrad_lr=eta / lip,
-                       null_step=True, p_min=0.0)
+  return hdm_optax.hdm(
+    candidate="diagonal", learner="adagrad", hypergrad_lr=eta / lip, null_step=True, p_min=0.0
+  )
 
 
 def make_hdm_hb(eta, mb, lip):
-  return hdm_optax.hdm_hb(candidate="diagonal", momentum_candidate="scalar",
-                          learner="adagrad", hypergrad_lr=eta / lip, momentum_lr=mb,
-                          omega=0.0, tau=lip ** 2 / 2, init_momentum=0.95, p_min=0.0)
+  return hdm_optax.hdm_hb(
+    candidate="diagonal",
+    momentum_candidate="scalar",
+    learner="adagrad",
+    hypergrad_lr=eta / lip,
+    momentum_lr=mb,
+    omega=0.0,
+    tau=lip**2 / 2,
+    init_momentum=0.95,
+    p_min=0.0,
+  )
 
 
 def make_hdm_agd(eta, lip):
-  return hdm_optax.hdm_agd(lipschitz=lip, theta=1.0, candidate="diagonal",
-                           learner="adagrad", hypergrad_lr=eta / lip, p_min=0.0)
+  return hdm_optax.hdm_agd(
+    lipschitz=lip,
+    theta=1.0,
+    candidate="diagonal",
+    learner="adagrad",
+    hypergrad_lr=eta / lip,
+    p_min=0.0,
+  )
 
 
 LBFGS = optax.lbfgs()
@@ -134,26 +150,45 @@ def _rows_from_sweep(out, labels, names, budget, seconds, describe):
   rows = []
   for name in dict.fromkeys(names):
     idx = [i for i, nm in enumerate(names) if nm == name]
-    key = lambda i: (not solved[i], res.num_steps[i] if solved[i] else 0,
-                     np.nan_to_num(res.value[i], nan=np.inf))
+    key = lambda i: (
+      not solved[i],
+      res.num_steps[i] if solved[i] else 0,
+      np.nan_to_num(res.value[i], nan=np.inf),
+    )
     i = min(idx, key=key)
     k = int(res.num_steps[i])
-    rows.append(Row(
-        algorithm=name, solved=bool(solved[i]), iterations=k,
-        value_calls=int(res.num_value_evals[i]), grad_calls=int(res.num_grad_evals[i]),
-        hyperparams=describe(labels[i]), final_value=float(res.value[i]),
-        final_grad_inf=float(res.grad_norm[i]), seconds=seconds,
-        trace_grad_calls=res.trace.grad_evals[i, :k + 1],
-        trace_values=res.trace.value[i, :k + 1],
-        trace_grad_inf=res.trace.grad_norm[i, :k + 1]))
+    rows.append(
+      Row(
+        algorithm=name,
+        solved=bool(solved[i]),
+        iterations=k,
+        value_calls=int(res.num_value_evals[i]),
+        grad_calls=int(res.num_grad_evals[i]),
+        hyperparams=describe(labels[i]),
+        final_value=float(res.value[i]),
+        final_grad_inf=float(res.grad_norm[i]),
+        seconds=seconds,
+        trace_grad_calls=res.trace.grad_evals[i, : k + 1],
+        trace_values=res.trace.value[i, : k + 1],
+        trace_grad_inf=res.trace.grad_norm[i, : k + 1],
+      )
+    )
   return rows
 
 
 def _sweep(inst, make, points, max_steps, budget, tol, stop_at_first):
   start = time.perf_counter()
-  out = hdm_optax.sweep(make, points, inst.fun, inst.x0, max_steps=max_steps, tol=tol,
-                        fun_args=inst.fun_args, max_grad_evals=budget,
-                        stop_at_first_converged=stop_at_first)
+  out = hdm_optax.sweep(
+    make,
+    points,
+    inst.fun,
+    inst.x0,
+    max_steps=max_steps,
+    tol=tol,
+    fun_args=inst.fun_args,
+    max_grad_evals=budget,
+    stop_at_first_converged=stop_at_first,
+  )
   jax.block_until_ready(out.results.value)
   return out, time.perf_counter() - start
 
@@ -164,23 +199,43 @@ def jax_algorithms(lip):
   lrs = [1.0 / lip if v == "1/L" else v for v in LR_GRID]
   lr_labels = [{"lr": v} for v in LR_GRID]
   best = [dict(pm=pm, mb=mb, lip=lip) for pm in HDM_BEST_PM for mb in HDM_BEST_MB]
-  default = dict(pm=hdm_optax.DEFAULT_PRECOND_LR_TIMES_L,
-                 mb=hdm_optax.DEFAULT_MOMENTUM_LR, lip=lip)
+  default = dict(pm=hdm_optax.DEFAULT_PRECOND_LR_TIMES_L, mb=hdm_optax.DEFAULT_MOMENTUM_LR, lip=lip)
   return [
-      ("first-order", make_first_order, [p for _, p in fo], [n for n, _ in fo],
-       [p for _, p in fo], 1),
-      ("Adam", make_adam, [dict(lr=v) for v in lrs], ["Adam"] * len(lrs), lr_labels, 1),
-      ("AdaGrad", make_adagrad, [dict(lr=v) for v in lrs], ["AdaGrad"] * len(lrs),
-       lr_labels, 1),
-      ("HDM-Best", make_hdm_best, best + [default],
-       ["HDM-Best"] * len(best) + ["HDM-Best-default"], best + [default], 1),
-      ("HDM", make_hdm, [dict(eta=e, lip=lip) for e in (1.0, 10.0, 100.0)], ["HDM"] * 3,
-       None, 1),
-      ("HDM-HB", make_hdm_hb,
-       [dict(eta=e, mb=b, lip=lip) for e in (1.0, 10.0, 100.0) for b in (1.0, 3.0, 10.0)],
-       ["HDM-HB"] * 9, None, 1),
-      ("HDM-AGD", make_hdm_agd, [dict(eta=e, lip=lip) for e in (1.0, 10.0, 100.0)],
-       ["HDM-AGD"] * 3, None, 3),
+    (
+      "first-order",
+      make_first_order,
+      [p for _, p in fo],
+      [n for n, _ in fo],
+      [p for _, p in fo],
+      1,
+    ),
+    ("Adam", make_adam, [dict(lr=v) for v in lrs], ["Adam"] * len(lrs), lr_labels, 1),
+    ("AdaGrad", make_adagrad, [dict(lr=v) for v in lrs], ["AdaGrad"] * len(lrs), lr_labels, 1),
+    (
+      "HDM-Best",
+      make_hdm_best,
+      best + [default],
+      ["HDM-Best"] * len(best) + ["HDM-Best-default"],
+      best + [default],
+      1,
+    ),
+    ("HDM", make_hdm, [dict(eta=e, lip=lip) for e in (1.0, 10.0, 100.0)], ["HDM"] * 3, None, 1),
+    (
+      "HDM-HB",
+      make_hdm_hb,
+      [dict(eta=e, mb=b, lip=lip) for e in (1.0, 10.0, 100.0) for b in (1.0, 3.0, 10.0)],
+      ["HDM-HB"] * 9,
+      None,
+      1,
+    ),
+    (
+      "HDM-AGD",
+      make_hdm_agd,
+      [dict(eta=e, lip=lip) for e in (1.0, 10.0, 100.0)],
+      ["HDM-AGD"] * 3,
+      None,
+      3,
+    ),
   ]
 
 
@@ -191,8 +246,14 @@ def _describe(label):
   return _fmt(label) if label else "defaults"
 
 
-def run_instance(problem, *, max_grad_calls=1000, tol=1e-4, pad=True,
-                 progress: Optional[Callable[[str], None]] = None):
+def run_instance(
+  problem,
+  *,
+  max_grad_calls=1000,
+  tol=1e-4,
+  pad=True,
+  progress: Optional[Callable[[str], None]] = None,
+):
   """Runs every algorithm on ``problem``; returns (rows, hdm_best_grid)."""
   inst = prepare(problem, pad=pad)
   lip = float(problem.L)
@@ -205,8 +266,9 @@ def run_instance(problem, *, max_grad_calls=1000, tol=1e-4, pad=True,
     # algorithm stops when its first point converges. The first-order group
     # (several algorithms) and the HDM-Best grid (all 20 points are written out
     # for the fidelity check and the choice of the defaults) run to the end.
-    out, secs = _sweep(inst, make, points, max_steps, max_grad_calls, tol,
-                       stop_at_first=len(set(names)) == 1)
+    out, secs = _sweep(
+      inst, make, points, max_steps, max_grad_calls, tol, stop_at_first=len(set(names)) == 1
+    )
     labels = labels or points
     rows += _rows_from_sweep(out, labels, names, max_grad_calls, secs, _describe)
     if group == "HDM-Best":
@@ -214,28 +276,53 @@ def run_instance(problem, *, max_grad_calls=1000, tol=1e-4, pad=True,
   if progress:
     progress("optax-L-BFGS")
   start = time.perf_counter()
-  res = hdm_optax.solve(LBFGS, inst.fun, inst.x0, max_steps=max_grad_calls - 1, tol=tol,
-                        fun_args=inst.fun_args, max_grad_evals=max_grad_calls)
+  res = hdm_optax.solve(
+    LBFGS,
+    inst.fun,
+    inst.x0,
+    max_steps=max_grad_calls - 1,
+    tol=tol,
+    fun_args=inst.fun_args,
+    max_grad_evals=max_grad_calls,
+  )
   res = jax.tree.map(np.asarray, res)
   k = int(res.num_steps)
-  rows.append(Row(
-      algorithm="optax-L-BFGS", solved=bool(res.converged and res.num_grad_evals < max_grad_calls - 1),
-      iterations=k, value_calls=int(res.num_value_evals), grad_calls=int(res.num_grad_evals),
-      hyperparams="optax.lbfgs() defaults", final_value=float(res.value),
-      final_grad_inf=float(res.grad_norm), seconds=time.perf_counter() - start,
-      trace_grad_calls=res.trace.grad_evals[:k + 1], trace_values=res.trace.value[:k + 1],
-      trace_grad_inf=res.trace.grad_norm[:k + 1]))
+  rows.append(
+    Row(
+      algorithm="optax-L-BFGS",
+      solved=bool(res.converged and res.num_grad_evals < max_grad_calls - 1),
+      iterations=k,
+      value_calls=int(res.num_value_evals),
+      grad_calls=int(res.num_grad_evals),
+      hyperparams="optax.lbfgs() defaults",
+      final_value=float(res.value),
+      final_grad_inf=float(res.grad_norm),
+      seconds=time.perf_counter() - start,
+      trace_grad_calls=res.trace.grad_evals[: k + 1],
+      trace_values=res.trace.value[: k + 1],
+      trace_grad_inf=res.trace.grad_norm[: k + 1],
+    )
+  )
   for name in baselines_scipy.ALGORITHMS:
     if progress:
       progress(name)
     b = baselines_scipy.run_baseline(problem.fun_np, problem.x0, name, tol=tol)
-    rows.append(Row(
-        algorithm=name, solved=bool(b.solved), iterations=int(b.iterations),
-        value_calls=int(b.value_calls), grad_calls=int(b.grad_calls),
-        hyperparams=_scipy_hyper(name, tol), final_value=float(b.final_value),
-        final_grad_inf=float(b.final_grad_inf), seconds=float(b.seconds),
-        trace_grad_calls=np.asarray(b.trace_grad_calls), trace_values=np.asarray(b.trace_values),
-        trace_grad_inf=np.asarray(b.trace_grad_inf)))
+    rows.append(
+      Row(
+        algorithm=name,
+        solved=bool(b.solved),
+        iterations=int(b.iterations),
+        value_calls=int(b.value_calls),
+        grad_calls=int(b.grad_calls),
+        hyperparams=_scipy_hyper(name, tol),
+        final_value=float(b.final_value),
+        final_grad_inf=float(b.final_grad_inf),
+        seconds=float(b.seconds),
+        trace_grad_calls=np.asarray(b.trace_grad_calls),
+        trace_values=np.asarray(b.trace_values),
+        trace_grad_inf=np.asarray(b.trace_grad_inf),
+      )
+    )
   return rows, grid
 
 
@@ -249,7 +336,13 @@ def _grid_table(out, points, budget):
   table = []
   for i, p in enumerate(points):
     solved = bool(res.converged[i] and res.num_grad_evals[i] < budget - 1)
-    table.append(dict(eta_p_times_L=p["pm"], eta_b=p["mb"], solved=int(solved),
-                      grad_calls=int(res.num_grad_evals[i]) if solved else budget + 1,
-                      iterations=int(res.num_steps[i])))
+    table.append(
+      dict(
+        eta_p_times_L=p["pm"],
+        eta_b=p["mb"],
+        solved=int(solved),
+        grad_calls=int(res.num_grad_evals[i]) if solved else budget + 1,
+        iterations=int(res.num_steps[i]),
+      )
+    )
   return table

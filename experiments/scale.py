@@ -37,8 +37,9 @@ def make_problem(n, m, nnz_per_row, seed=0):
   w_true = rng.standard_normal(n).astype(np.float32)
   logits = np.bincount(rows, weights=vals * w_true[cols], minlength=m)
   y = np.where(rng.random(m) < 1 / (1 + np.exp(-logits)), 1.0, -1.0).astype(np.float32)
-  a = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1))),
-                   shape=(m, n), indices_sorted=True)
+  a = jsparse.BCOO(
+    (jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1))), shape=(m, n), indices_sorted=True
+  )
   return a, jnp.asarray(y)
 
 
@@ -66,11 +67,13 @@ def main(argv=None):
 
   t0 = time.perf_counter()
   a, y = make_problem(n, m, args.nnz_per_row)
-  print(f"problem: n = {n:,} params (float32), m = {m:,} rows, "
-        f"nnz = {a.nse:,} ({time.perf_counter() - t0:.1f} s to build)")
+  print(
+    f"problem: n = {n:,} params (float32), m = {m:,} rows, "
+    f"nnz = {a.nse:,} ({time.perf_counter() - t0:.1f} s to build)"
+  )
 
   # A crude upper bound on L: ||A||_F^2 / 4.
-  lip = float(jnp.sum(a.data ** 2)) / 4
+  lip = float(jnp.sum(a.data**2)) / 4
   opt = hdm_optax.hdm_best(lipschitz=lip, horizon=1000)
   x = jnp.zeros(n, jnp.float32)
   # x and the state are donated to the compiled iteration, so no two of them
@@ -105,18 +108,26 @@ def main(argv=None):
   vec_bytes = n * 4
   state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state))
   mem = compiled.memory_analysis()
-  print(f"f(x^1) = {f0:.6g} -> f(x^{args.iters + 2}) = {float(state.value):.6g} "
-        f"({int(state.info.num_null_steps)} null steps)")
+  print(
+    f"f(x^1) = {f0:.6g} -> f(x^{args.iters + 2}) = {float(state.value):.6g} "
+    f"({int(state.info.num_null_steps)} null steps)"
+  )
   print(f"value-and-gradient call: {t_oracle:.3f} s")
-  print(f"HDM-Best iteration:      {t_iter:.3f} s  "
-        f"(ratio to one value-and-gradient call: {t_iter / t_oracle:.2f})")
-  print(f"optimizer state: {state_bytes / vec_bytes:.2f} vectors of n "
-        f"({state_bytes / 2**20:.0f} MiB; P, U, x^(k-1), cached grad f)")
+  print(
+    f"HDM-Best iteration:      {t_iter:.3f} s  "
+    f"(ratio to one value-and-gradient call: {t_iter / t_oracle:.2f})"
+  )
+  print(
+    f"optimizer state: {state_bytes / vec_bytes:.2f} vectors of n "
+    f"({state_bytes / 2**20:.0f} MiB; P, U, x^(k-1), cached grad f)"
+  )
   if mem is not None:
-    print(f"compiled iteration: temporaries {mem.temp_size_in_bytes / vec_bytes:.2f} "
-          f"vectors of n, arguments {mem.argument_size_in_bytes / vec_bytes:.2f}, "
-          f"outputs {mem.output_size_in_bytes / vec_bytes:.2f} "
-          f"(donated x and state alias {mem.alias_size_in_bytes / vec_bytes:.2f})")
+    print(
+      f"compiled iteration: temporaries {mem.temp_size_in_bytes / vec_bytes:.2f} "
+      f"vectors of n, arguments {mem.argument_size_in_bytes / vec_bytes:.2f}, "
+      f"outputs {mem.output_size_in_bytes / vec_bytes:.2f} "
+      f"(donated x and state alias {mem.alias_size_in_bytes / vec_bytes:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -36,10 +36,12 @@ def parse(argv):
   parser.add_argument("--cols", type=int, default=512)
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--layout", choices=("rows", "cols"), default="rows")
-  parser.add_argument("--cpu-devices", type=int, default=0,
-                      help="fake this many CPU devices (single host only)")
-  parser.add_argument("--multihost", action="store_true",
-                      help="call jax.distributed.initialize() first")
+  parser.add_argument(
+    "--cpu-devices", type=int, default=0, help="fake this many CPU devices (single host only)"
+  )
+  parser.add_argument(
+    "--multihost", action="store_true", help="call jax.distributed.initialize() first"
+  )
   parser.add_argument("--float64", action="store_true")
   return parser.parse_args(argv)
 
@@ -48,9 +50,12 @@ def main(argv=None):
   args = parse(argv)
   if args.cpu_devices:
     # Must happen before jax is imported.
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={args.cpu_devices}")
+    os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "")
+      + f" --xla_force_host_platform_device_count={args.cpu_devices}"
+    )
   import jax  # pylint: disable=g-import-not-at-top
+
   if args.multihost:
     jax.distributed.initialize()  # reads JAX_COORDINATOR_ADDRESS etc. / the cluster env
   if args.float64:
@@ -70,8 +75,10 @@ def main(argv=None):
     if lead:
       print(*a, flush=True)
 
-  log(f"{jax.process_count()} process(es), {ndev} devices "
-      f"({jax.devices()[0].platform}), layout={args.layout}")
+  log(
+    f"{jax.process_count()} process(es), {ndev} devices "
+    f"({jax.devices()[0].platform}), layout={args.layout}"
+  )
   m, n = args.rows, args.cols
   if args.layout == "rows" and m % ndev or args.layout == "cols" and n % ndev:
     sys.exit(f"the sharded dimension must be a multiple of {ndev}")
@@ -98,8 +105,11 @@ def main(argv=None):
   lip = float(np.linalg.norm(a_np, 2) ** 2 / 4)
   opt = hdm_optax.hdm_best(lipschitz=lip, horizon=args.steps)
 
-  run = jax.jit(lambda x, a, y: hdm_optax.solve(
-      opt, logistic, x, max_steps=args.steps, tol=1e-5, fun_args=(a, y)))
+  run = jax.jit(
+    lambda x, a, y: hdm_optax.solve(
+      opt, logistic, x, max_steps=args.steps, tol=1e-5, fun_args=(a, y)
+    )
+  )
   t0 = time.perf_counter()
   res = jax.block_until_ready(run(x0, a, y))
   t_first = time.perf_counter() - t0
@@ -107,25 +117,36 @@ def main(argv=None):
   res = jax.block_until_ready(run(x0, a, y))
   t_run = time.perf_counter() - t0
 
-  log(f"sharded:  f = {float(res.value):.8g}, ||grad||_inf = {float(res.grad_norm):.3g}, "
-      f"steps = {int(res.num_steps)}, status = "
-      f"{hdm_optax.solver.STATUS_MESSAGES[int(res.status)]}")
+  log(
+    f"sharded:  f = {float(res.value):.8g}, ||grad||_inf = {float(res.grad_norm):.3g}, "
+    f"steps = {int(res.num_steps)}, status = "
+    f"{hdm_optax.solver.STATUS_MESSAGES[int(res.status)]}"
+  )
   log(f"          {t_run:.3f} s per solve ({t_first:.1f} s with compilation)")
   log(f"params sharding:        {res.params.sharding.spec}")
-  log(f"state.precond sharding: {res.state.precond.sharding.spec}, "
-      f"state.grad: {res.state.grad.sharding.spec}, "
-      f"state.prev_params: {res.state.prev_params.sharding.spec}")
+  log(
+    f"state.precond sharding: {res.state.precond.sharding.spec}, "
+    f"state.grad: {res.state.grad.sharding.spec}, "
+    f"state.prev_params: {res.state.prev_params.sharding.spec}"
+  )
 
   if jax.process_count() == 1:
     dev = jax.devices()[0]
-    ref = hdm_optax.solve(opt, logistic, jax.device_put(np.zeros(n, dtype), dev),
-                          max_steps=args.steps, tol=1e-5,
-                          fun_args=(jax.device_put(a_np, dev), jax.device_put(y_np, dev)))
+    ref = hdm_optax.solve(
+      opt,
+      logistic,
+      jax.device_put(np.zeros(n, dtype), dev),
+      max_steps=args.steps,
+      tol=1e-5,
+      fun_args=(jax.device_put(a_np, dev), jax.device_put(y_np, dev)),
+    )
     params = np.asarray(res.params)
     ref_params = np.asarray(ref.params)
     rel = np.max(np.abs(params - ref_params)) / np.max(np.abs(ref_params))
-    log(f"single device: f = {float(ref.value):.8g}, steps = {int(ref.num_steps)}; "
-        f"max relative difference of the params: {rel:.2e}")
+    log(
+      f"single device: f = {float(ref.value):.8g}, steps = {int(ref.num_steps)}; "
+      f"max relative difference of the params: {rel:.2e}"
+    )
 
 
 if __name__ == "__main__":

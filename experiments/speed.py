@@ -60,10 +60,12 @@ def scipy_products(problem):
   AT = A.T.tocsr()
   w = np.asarray(problem.x0)
   r = np.ones(A.shape[0])
+
   def run():
     for _ in range(20):
       A @ w
       AT @ r
+
   return lambda: best_time(run) / 20
 
 
@@ -76,6 +78,7 @@ def value_and_grad_time(problem, calls=100):
     def body(_, w):
       _, g = vg(w, *args)
       return w - 1e-12 * g  # each call depends on the previous one
+
     return jax.lax.fori_loop(0, calls, body, w)
 
   w = jnp.asarray(problem.x0)
@@ -99,27 +102,42 @@ def sweep_ratio(problem, budget=1000, tol=1e-4):
   """Times of the 20-point HDM-Best sweep (lockstep, compacted, stop-at-first) and the winner's solve."""
   inst = runner.prepare(problem, pad=False)
   lip = float(problem.L)
-  points = [dict(pm=pm, mb=mb, lip=lip) for pm in runner.HDM_BEST_PM
-            for mb in runner.HDM_BEST_MB]
+  points = [dict(pm=pm, mb=mb, lip=lip) for pm in runner.HDM_BEST_PM for mb in runner.HDM_BEST_MB]
+
   def sweep(first=False, compact=False):
-    out = hdm_optax.sweep(runner.make_hdm_best, points, inst.fun, inst.x0,
-                          max_steps=budget - 1, tol=tol, fun_args=inst.fun_args,
-                          stop_at_first_converged=first, compact=compact)
+    out = hdm_optax.sweep(
+      runner.make_hdm_best,
+      points,
+      inst.fun,
+      inst.x0,
+      max_steps=budget - 1,
+      tol=tol,
+      fun_args=inst.fun_args,
+      stop_at_first_converged=first,
+      compact=compact,
+    )
     jax.block_until_ready(out.results.value)
     return out
+
   out = sweep()
   winner = points[out.best]
   opt = runner.make_hdm_best(**winner)
+
   def single():
-    res = hdm_optax.solve(opt, inst.fun, inst.x0, max_steps=budget - 1, tol=tol,
-                          fun_args=inst.fun_args)
+    res = hdm_optax.solve(
+      opt, inst.fun, inst.x0, max_steps=budget - 1, tol=tol, fun_args=inst.fun_args
+    )
     jax.block_until_ready(res.value)
+
   steps = np.asarray(out.results.num_steps)
-  return dict(sweep=best_time(sweep, repeats=2),
-              compact=best_time(lambda: sweep(compact=True), repeats=2),
-              first=best_time(lambda: sweep(True), repeats=2),
-              single=best_time(single, repeats=3),
-              best_steps=int(steps[out.best]), max_steps=int(steps.max()))
+  return dict(
+    sweep=best_time(sweep, repeats=2),
+    compact=best_time(lambda: sweep(compact=True), repeats=2),
+    first=best_time(lambda: sweep(True), repeats=2),
+    single=best_time(single, repeats=3),
+    best_steps=int(steps[out.best]),
+    max_steps=int(steps.max()),
+  )
 
 
 def main(argv=None):
@@ -131,10 +149,12 @@ def main(argv=None):
   args = parser.parse_args(argv)
   data_dir = args.data_dir or data_lib.default_data_dir()
   names = data_lib.list_datasets(data_dir) if args.datasets == ["all"] else args.datasets
-  print(f"{'dataset':>20} {'problem':>8} {'m x n':>12} {'repr':>6} {'scipy 2 prod':>12} "
-        f"{'(a) used':>9} {'dense':>7} {'bcoo':>7} {'host':>7} "
-        f"{'sweep s':>8} {'compact':>8} {'solve s':>8} {'(b) ratio':>9} {'floor':>6} "
-        f"{'1st-stop':>9} {'steps':>9}")
+  print(
+    f"{'dataset':>20} {'problem':>8} {'m x n':>12} {'repr':>6} {'scipy 2 prod':>12} "
+    f"{'(a) used':>9} {'dense':>7} {'bcoo':>7} {'host':>7} "
+    f"{'sweep s':>8} {'compact':>8} {'solve s':>8} {'(b) ratio':>9} {'floor':>6} "
+    f"{'1st-stop':>9} {'steps':>9}"
+  )
   for name in names:
     for kind in args.problems:
       try:
@@ -147,15 +167,19 @@ def main(argv=None):
       times = interleaved_minimum({"scipy": scipy_products(used), **timers})
       t_ref = times.pop("scipy")
       ratios = {rep: t / t_ref for rep, t in times.items()}
-      line = (f"{name:>20} {kind:>8} {used.m:>6}x{used.n:<5} {used.representation[:6]:>6} "
-              f"{t_ref * 1e3:>9.3f} ms {ratios[used.representation]:>9.2f} "
-              f"{ratios['dense']:>7.2f} {ratios['sparse']:>7.2f} {ratios['host']:>7.2f}")
+      line = (
+        f"{name:>20} {kind:>8} {used.m:>6}x{used.n:<5} {used.representation[:6]:>6} "
+        f"{t_ref * 1e3:>9.3f} ms {ratios[used.representation]:>9.2f} "
+        f"{ratios['dense']:>7.2f} {ratios['sparse']:>7.2f} {ratios['host']:>7.2f}"
+      )
       if not args.skip_sweep:
         r = sweep_ratio(used)
         t_sweep = min(r["sweep"], r["compact"])
-        line += (f" {r['sweep']:>8.3f} {r['compact']:>8.3f} {r['single']:>8.3f} "
-                 f"{t_sweep / r['single']:>9.2f} {r['max_steps'] / r['best_steps']:>6.2f} "
-                 f"{r['first'] / r['single']:>9.2f} {r['best_steps']:>4}/{r['max_steps']:<4}")
+        line += (
+          f" {r['sweep']:>8.3f} {r['compact']:>8.3f} {r['single']:>8.3f} "
+          f"{t_sweep / r['single']:>9.2f} {r['max_steps'] / r['best_steps']:>6.2f} "
+          f"{r['first'] / r['single']:>9.2f} {r['best_steps']:>4}/{r['max_steps']:<4}"
+        )
       print(line, flush=True)
     jax.clear_caches()  # every dataset compiles new programs: do not keep them all mapped
 

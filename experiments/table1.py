@@ -34,21 +34,76 @@ from experiments import runner
 
 # Table 1 of the paper (SVM, logistic regression; out of 33 each).
 PAPER = {
-    "GD": (5, 2), "GD-HB": (9, 7), "AGD-CVX": (8, 3), "AGD-SCVX": (7, 6),
-    "Adam": (26, 11), "AdaGrad": (9, 8), "L-BFGS-M1": (13, 11), "L-BFGS-M3": (20, 14),
-    "L-BFGS-M5": (26, 16), "L-BFGS-M10": (31, 18), "BFGS": (32, 26), "HDM-Best": (32, 21),
+  "GD": (5, 2),
+  "GD-HB": (9, 7),
+  "AGD-CVX": (8, 3),
+  "AGD-SCVX": (7, 6),
+  "Adam": (26, 11),
+  "AdaGrad": (9, 8),
+  "L-BFGS-M1": (13, 11),
+  "L-BFGS-M3": (20, 14),
+  "L-BFGS-M5": (26, 16),
+  "L-BFGS-M10": (31, 18),
+  "BFGS": (32, 26),
+  "HDM-Best": (32, 21),
 }
-ORDER = ["GD", "GD-HB", "AGD-CVX", "AGD-SCVX", "Adam", "AdaGrad", "L-BFGS-M1",
-         "L-BFGS-M3", "L-BFGS-M5", "L-BFGS-M10", "BFGS", "HDM-Best",
-         "HDM-Best-default", "optax-L-BFGS", "HDM", "HDM-HB", "HDM-AGD"]
-FIELDS = ["algorithm", "solved", "iterations", "value_calls", "grad_calls", "hyperparams",
-          "final_value", "final_grad_inf", "seconds"]
+ORDER = [
+  "GD",
+  "GD-HB",
+  "AGD-CVX",
+  "AGD-SCVX",
+  "Adam",
+  "AdaGrad",
+  "L-BFGS-M1",
+  "L-BFGS-M3",
+  "L-BFGS-M5",
+  "L-BFGS-M10",
+  "BFGS",
+  "HDM-Best",
+  "HDM-Best-default",
+  "optax-L-BFGS",
+  "HDM",
+  "HDM-HB",
+  "HDM-AGD",
+]
+FIELDS = [
+  "algorithm",
+  "solved",
+  "iterations",
+  "value_calls",
+  "grad_calls",
+  "hyperparams",
+  "final_value",
+  "final_grad_inf",
+  "seconds",
+]
 # The datasets of the paper's experiments that are in the shared folder.
-PAPER_DATASETS = ("a1a", "a2a", "a3a", "a4a", "a7a", "a8a", "a9a", "australian_scale",
-                  "fourclass_scale", "german.numer_scale", "heart_scale", "ijcnn1",
-                  "ionosphere_scale", "mushrooms", "phishing", "sonar_scale",
-                  "splice_scale", "svmguide1", "svmguide3", "w1a", "w4a", "w6a",
-                  "w7a", "w8a")
+PAPER_DATASETS = (
+  "a1a",
+  "a2a",
+  "a3a",
+  "a4a",
+  "a7a",
+  "a8a",
+  "a9a",
+  "australian_scale",
+  "fourclass_scale",
+  "german.numer_scale",
+  "heart_scale",
+  "ijcnn1",
+  "ionosphere_scale",
+  "mushrooms",
+  "phishing",
+  "sonar_scale",
+  "splice_scale",
+  "svmguide1",
+  "svmguide3",
+  "w1a",
+  "w4a",
+  "w6a",
+  "w7a",
+  "w8a",
+)
 
 
 def write_instance(out: Path, problem: str, dataset: str, rows, grid):
@@ -58,9 +113,19 @@ def write_instance(out: Path, problem: str, dataset: str, rows, grid):
     writer = csv.writer(f)
     writer.writerow(FIELDS)
     for r in rows:
-      writer.writerow([r.algorithm, int(r.solved), r.iterations, r.value_calls, r.grad_calls,
-                       r.hyperparams, f"{r.final_value:.17g}", f"{r.final_grad_inf:.6e}",
-                       f"{r.seconds:.3f}"])
+      writer.writerow(
+        [
+          r.algorithm,
+          int(r.solved),
+          r.iterations,
+          r.value_calls,
+          r.grad_calls,
+          r.hyperparams,
+          f"{r.final_value:.17g}",
+          f"{r.final_grad_inf:.6e}",
+          f"{r.seconds:.3f}",
+        ]
+      )
   traces = {}
   for r in rows:
     traces[f"{r.algorithm}/grad_calls"] = np.asarray(r.trace_grad_calls, np.int32)
@@ -92,25 +157,29 @@ def read_counts(out: Path, problem: str, datasets=None):
 
 def write_table(out: Path, datasets_paper):
   svm, log = read_counts(out, "svm"), read_counts(out, "logistic")
-  svm_p, log_p = (read_counts(out, "svm", datasets_paper),
-                  read_counts(out, "logistic", datasets_paper))
+  svm_p, log_p = (
+    read_counts(out, "svm", datasets_paper),
+    read_counts(out, "logistic", datasets_paper),
+  )
   lines = [
-      "# Table 1: solved problems (||grad f||_inf <= 1e-4 within 1000 gradient calls)",
-      "",
-      "`all` counts every dataset in the folder; `paper's datasets` only those of the",
-      "paper's list that are present; `paper` is the published column (out of 33).",
-      "",
-      "| Algorithm | SVM (all) | Logistic (all) | SVM (paper's datasets) | "
-      "Logistic (paper's datasets) | paper SVM | paper logistic |",
-      "|---|---|---|---|---|---|---|",
+    "# Table 1: solved problems (||grad f||_inf <= 1e-4 within 1000 gradient calls)",
+    "",
+    "`all` counts every dataset in the folder; `paper's datasets` only those of the",
+    "paper's list that are present; `paper` is the published column (out of 33).",
+    "",
+    "| Algorithm | SVM (all) | Logistic (all) | SVM (paper's datasets) | "
+    "Logistic (paper's datasets) | paper SVM | paper logistic |",
+    "|---|---|---|---|---|---|---|",
   ]
   fmt = lambda c, a: f"{c[a][0]}/{c[a][1]}" if a in c else "-"
   for alg in ORDER:
     if alg not in svm and alg not in log:
       continue
     p = PAPER.get(alg)
-    lines.append(f"| {alg} | {fmt(svm, alg)} | {fmt(log, alg)} | {fmt(svm_p, alg)} | "
-                 f"{fmt(log_p, alg)} | {p[0] if p else ''} | {p[1] if p else ''} |")
+    lines.append(
+      f"| {alg} | {fmt(svm, alg)} | {fmt(log, alg)} | {fmt(svm_p, alg)} | "
+      f"{fmt(log_p, alg)} | {p[0] if p else ''} | {p[1] if p else ''} |"
+    )
   (out / "table1.md").write_text("\n".join(lines) + "\n")
   return "\n".join(lines)
 
@@ -137,18 +206,20 @@ def release_compiled_programs():
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--problems", nargs="+", default=["svm", "logistic"],
-                      choices=["svm", "logistic"])
+  parser.add_argument(
+    "--problems", nargs="+", default=["svm", "logistic"], choices=["svm", "logistic"]
+  )
   parser.add_argument("--datasets", nargs="+", default=["all"])
   parser.add_argument("--data-dir", default=None)
   parser.add_argument("--max-grad-calls", type=int, default=1000)
   parser.add_argument("--tol", type=float, default=1e-4)
   parser.add_argument("--out", default="results")
-  parser.add_argument("--no-pad", action="store_true",
-                      help="do not pad dense problems to shared shape buckets")
+  parser.add_argument(
+    "--no-pad", action="store_true", help="do not pad dense problems to shared shape buckets"
+  )
   args = parser.parse_args(argv)
   data_dir = args.data_dir or data_lib.default_data_dir()
-  names = (data_lib.list_datasets(data_dir) if args.datasets == ["all"] else args.datasets)
+  names = data_lib.list_datasets(data_dir) if args.datasets == ["all"] else args.datasets
   out = Path(args.out)
   total = time.perf_counter()
   for name in names:
@@ -159,18 +230,32 @@ def main(argv=None):
       except FileNotFoundError as e:
         print(f"skipping {name}: {e}", file=sys.stderr)
         break
-      bar = tqdm(total=len(runner.jax_algorithms(1.0)) + 6, desc=f"{name}/{kind}",
-                 leave=False, file=sys.stderr)
+      bar = tqdm(
+        total=len(runner.jax_algorithms(1.0)) + 6,
+        desc=f"{name}/{kind}",
+        leave=False,
+        file=sys.stderr,
+      )
+
       def progress(label, bar=bar):
         bar.set_postfix_str(label)
         bar.update(1)
-      rows, grid = runner.run_instance(problem, max_grad_calls=args.max_grad_calls,
-                                       tol=args.tol, pad=not args.no_pad, progress=progress)
+
+      rows, grid = runner.run_instance(
+        problem,
+        max_grad_calls=args.max_grad_calls,
+        tol=args.tol,
+        pad=not args.no_pad,
+        progress=progress,
+      )
       bar.close()
       write_instance(out, kind, name, rows, grid)
       solved = [r.algorithm for r in rows if r.solved]
-      print(f"{name:>20} {kind:>8}: solved by {len(solved)}/{len(rows)} "
-            f"(HDM-Best: {'yes' if 'HDM-Best' in solved else 'no'})", flush=True)
+      print(
+        f"{name:>20} {kind:>8}: solved by {len(solved)}/{len(rows)} "
+        f"(HDM-Best: {'yes' if 'HDM-Best' in solved else 'no'})",
+        flush=True,
+      )
     print(f"{name:>20} wall time {time.perf_counter() - start:7.1f} s", flush=True)
     release_compiled_programs()
   print(write_table(out, PAPER_DATASETS))

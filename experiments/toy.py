@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 # The HDM settings that show the two-phase behaviour on toy_quadratic().
-VANILLA_HDM = dict(candidate="diagonal", learner="ogd", hypergrad_lr=1e-3,
-                   init_precond=0.1)
+VANILLA_HDM = dict(candidate="diagonal", learner="ogd", hypergrad_lr=1e-3, init_precond=0.1)
 TOY_MAX_STEPS = 2000
 
 

@@ -34,24 +34,25 @@ class HDMInfo(NamedTuple):
 def init_info(dtype) -> HDMInfo:
   zero = jnp.zeros([], jnp.int32)
   return HDMInfo(
-      accepted=jnp.asarray(True),
-      hypergrad_norm=jnp.zeros([], dtype),
-      num_null_steps=zero,
-      num_value_evals=zero,
-      num_grad_evals=zero,
+    accepted=jnp.asarray(True),
+    hypergrad_norm=jnp.zeros([], dtype),
+    num_null_steps=zero,
+    num_value_evals=zero,
+    num_grad_evals=zero,
   )
 
 
 def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
   """Info after one update that made ``calls`` value-and-gradient calls."""
   return HDMInfo(
-      accepted=jnp.asarray(accepted),
-      # 0 when the trial point was not finite (no hypergradient was used).
-      hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm,
-                               0).astype(info.hypergrad_norm.dtype),
-      num_null_steps=info.num_null_steps + (~accepted).astype(jnp.int32),
-      num_value_evals=info.num_value_evals + calls,
-      num_grad_evals=info.num_grad_evals + calls,
+    accepted=jnp.asarray(accepted),
+    # 0 when the trial point was not finite (no hypergradient was used).
+    hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm, 0).astype(
+      info.hypergrad_norm.dtype
+    ),
+    num_null_steps=info.num_null_steps + (~accepted).astype(jnp.int32),
+    num_value_evals=info.num_value_evals + calls,
+    num_grad_evals=info.num_grad_evals + calls,
   )
 
 
@@ -64,13 +65,11 @@ def params_dtype(params) -> jnp.dtype:
   for dt in dtypes:
     if not jnp.issubdtype(dt, jnp.floating):
       raise TypeError(
-          f"params must be real floating-point arrays, got dtype {dt}; "
-          "cast them, e.g. jnp.asarray(x, jnp.float32)."
+        f"params must be real floating-point arrays, got dtype {dt}; "
+        "cast them, e.g. jnp.asarray(x, jnp.float32)."
       )
   if len(dtypes) > 1:
-    raise TypeError(
-        f"all params leaves must share one dtype, got {sorted(map(str, dtypes))}."
-    )
+    raise TypeError(f"all params leaves must share one dtype, got {sorted(map(str, dtypes))}.")
   return dtypes.pop()
 
 
@@ -109,8 +108,7 @@ def keep_if(pred, new, old):
   return optax.tree.where(pred, new, old)
 
 
-def require_oracle(name: str, value, grad, value_fn, updates, params=None,
-                   state_grad=None):
+def require_oracle(name: str, value, grad, value_fn, updates, params=None, state_grad=None):
   """Checks the extra args of ``update`` and returns ``(value, grad)``.
 
   With ``params``, also checks that ``updates`` and ``grad`` (and the state's
@@ -120,21 +118,24 @@ def require_oracle(name: str, value, grad, value_fn, updates, params=None,
   missing = [n for n, v in (("value", value), ("value_fn", value_fn)) if v is None]
   if missing:
     raise TypeError(
-        f"{name}.update needs the keyword arguments value=, grad= and value_fn= "
-        f"(missing: {', '.join(missing)}). Call it as in\n"
-        "  value_and_grad = optax.value_and_grad_from_state(fun)\n"
-        "  value, grad = value_and_grad(params, state=state)\n"
-        "  updates, state = opt.update(grad, state, params, value=value, "
-        "grad=grad, value_fn=fun)\n"
-        "or use hdm_optax.solve(opt, fun, params, max_steps=...)."
+      f"{name}.update needs the keyword arguments value=, grad= and value_fn= "
+      f"(missing: {', '.join(missing)}). Call it as in\n"
+      "  value_and_grad = optax.value_and_grad_from_state(fun)\n"
+      "  value, grad = value_and_grad(params, state=state)\n"
+      "  updates, state = opt.update(grad, state, params, value=value, "
+      "grad=grad, value_fn=fun)\n"
+      "or use hdm_optax.solve(opt, fun, params, max_steps=...)."
     )
   if grad is None:
     grad = updates
   if not callable(value_fn):
     raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}.")
   if params is not None:
-    for what, tree in (("the gradient (updates)", updates), ("grad=", grad),
-                       ("the optimizer state (built by init)", state_grad)):
+    for what, tree in (
+      ("the gradient (updates)", updates),
+      ("grad=", grad),
+      ("the optimizer state (built by init)", state_grad),
+    ):
       if tree is not None:
         check_like(name, what, tree, params)
   return value, grad
@@ -151,27 +152,30 @@ def check_like(name: str, what: str, tree, params):
   p_def, p_shapes = _shapes(params)
   if t_def != p_def:
     raise ValueError(
-        f"{name}.update: {what} does not have the pytree structure of params:\n"
-        f"  params: {p_def}\n  got:    {t_def}")
+      f"{name}.update: {what} does not have the pytree structure of params:\n"
+      f"  params: {p_def}\n  got:    {t_def}"
+    )
   if t_shapes != p_shapes:
     raise ValueError(
-        f"{name}.update: {what} does not have the leaf shapes of params: "
-        f"params {p_shapes}, got {t_shapes}")
+      f"{name}.update: {what} does not have the leaf shapes of params: "
+      f"params {p_shapes}, got {t_shapes}"
+    )
 
 
 def value_and_grad(value_fn: Callable[..., Any], params):
   """One oracle call; checks that ``value_fn`` returns a scalar."""
+
   def scalar_fn(p):
     out = value_fn(p)
     if jnp.ndim(out) != 0:
-      raise TypeError(
-          f"value_fn must return a scalar, got an array of shape {jnp.shape(out)}."
-      )
+      raise TypeError(f"value_fn must return a scalar, got an array of shape {jnp.shape(out)}.")
     return out
+
   return jax.value_and_grad(scalar_fn)(params)
 
 
 # Construction-time checks. Traced values and arrays skip them (vmap sweeps).
+
 
 def _is_number(value) -> bool:
   return isinstance(value, numbers.Real) and not isinstance(value, bool)

@@ -37,15 +37,15 @@ class HDMState(NamedTuple):
 
 
 def hdm(
-    *,
-    candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
-    learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
-    hypergrad_lr: Any = 0.1,
-    null_step: bool = True,
-    init_precond: Any = 0.0,
-    p_min: Optional[Any] = None,
-    p_max: Optional[Any] = None,
-    adagrad_eps: float = 1e-12,
+  *,
+  candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
+  learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
+  hypergrad_lr: Any = 0.1,
+  null_step: bool = True,
+  init_precond: Any = 0.0,
+  p_min: Optional[Any] = None,
+  p_max: Optional[Any] = None,
+  adagrad_eps: float = 1e-12,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Hypergradient descent method (Algorithm 1 of Chu et al.).
 
@@ -121,20 +121,20 @@ def hdm(
     dtype = _common.params_dtype(params)
     precond = cand.project(cand.init(params, init_precond), p_min, p_max)
     return HDMState(
-        count=jnp.zeros([], jnp.int32),
-        precond=precond,
-        learner_state=learn.init(precond),
-        value=jnp.asarray(jnp.inf, dtype),
-        grad=optax.tree.zeros_like(params),
-        trial_scale=jnp.ones([], dtype),
-        info=_common.init_info(dtype),
+      count=jnp.zeros([], jnp.int32),
+      precond=precond,
+      learner_state=learn.init(precond),
+      value=jnp.asarray(jnp.inf, dtype),
+      grad=optax.tree.zeros_like(params),
+      trial_scale=jnp.ones([], dtype),
+      info=_common.init_info(dtype),
     )
 
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
-                **extra_args):
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
-        "hdm", value, grad, value_fn, updates, params=params, state_grad=state.grad)
+      "hdm", value, grad, value_fn, updates, params=params, state_grad=state.grad
+    )
     dtype = state.value.dtype
     # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k).
     direction = optax.tree.scale(state.trial_scale, updates)  # s grad f(x^k)
@@ -144,28 +144,29 @@ def hdm(
     finite = _common.all_finite(trial_value, trial_grad)
     # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2.
     den = optax.tree.vdot(grad, grad)
-    hypergrad = jax.tree.map(
-        lambda t: _common.safe_div(-t, den), cand.outer(trial_grad, direction))
+    hypergrad = jax.tree.map(lambda t: _common.safe_div(-t, den), cand.outer(trial_grad, direction))
     lr = _common.cast(hypergrad_lr, dtype)
     new_precond, new_learner = learners_lib.learn(
-        cand, learn, state.precond, hypergrad, state.learner_state, lr, p_min, p_max)
+      cand, learn, state.precond, hypergrad, state.learner_state, lr, p_min, p_max
+    )
     precond, learner_state = _common.keep_if(
-        finite, (new_precond, new_learner), (state.precond, state.learner_state))
+      finite, (new_precond, new_learner), (state.precond, state.learner_state)
+    )
     # Line 3: the null step keeps x^k unless f decreases.
     accepted = finite & (trial_value < value) if null_step else finite
     new_value = jnp.where(accepted, trial_value, value).astype(dtype)
     new_grad = _common.keep_if(accepted, trial_grad, grad)
     out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
     new_state = HDMState(
-        count=state.count + 1,
-        precond=precond,
-        learner_state=learner_state,
-        value=new_value,
-        grad=new_grad,
-        trial_scale=_common.next_trial_scale(state.trial_scale, finite),
-        info=_common.next_info(
-            state.info, accepted=accepted,
-            hypergrad_norm=optax.tree.norm(hypergrad), calls=1),
+      count=state.count + 1,
+      precond=precond,
+      learner_state=learner_state,
+      value=new_value,
+      grad=new_grad,
+      trial_scale=_common.next_trial_scale(state.trial_scale, finite),
+      info=_common.next_info(
+        state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=1
+      ),
     )
     return out, new_state
 

@@ -39,16 +39,16 @@ class HDMAGDState(NamedTuple):
 
 
 def hdm_agd(
-    *,
-    lipschitz: Any,
-    theta: Any = 1.0,
-    candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
-    learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
-    hypergrad_lr: Any = 0.1,
-    init_precond: Any = 0.0,
-    p_min: Optional[Any] = None,
-    p_max: Optional[Any] = None,
-    adagrad_eps: float = 1e-12,
+  *,
+  lipschitz: Any,
+  theta: Any = 1.0,
+  candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
+  learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
+  hypergrad_lr: Any = 0.1,
+  init_precond: Any = 0.0,
+  p_min: Optional[Any] = None,
+  p_max: Optional[Any] = None,
+  adagrad_eps: float = 1e-12,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM with Nesterov momentum (Algorithm 3 of Chu et al.).
 
@@ -116,21 +116,21 @@ def hdm_agd(
     dtype = _common.params_dtype(params)
     precond = cand.project(cand.init(params, init_precond), p_min, p_max)
     return HDMAGDState(
-        count=jnp.zeros([], jnp.int32),
-        precond=precond,
-        learner_state=learn.init(precond),
-        z=_common.copy_tree(params),
-        a_k=jnp.ones([], dtype),
-        value=jnp.asarray(jnp.inf, dtype),
-        grad=optax.tree.zeros_like(params),
-        info=_common.init_info(dtype),
+      count=jnp.zeros([], jnp.int32),
+      precond=precond,
+      learner_state=learn.init(precond),
+      z=_common.copy_tree(params),
+      a_k=jnp.ones([], dtype),
+      value=jnp.asarray(jnp.inf, dtype),
+      grad=optax.tree.zeros_like(params),
+      info=_common.init_info(dtype),
     )
 
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
-                **extra_args):
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
-        "hdm_agd", value, grad, value_fn, updates, params=params, state_grad=state.grad)
+      "hdm_agd", value, grad, value_fn, updates, params=params, state_grad=state.grad
+    )
     dtype = state.value.dtype
     lip = _common.cast(lipschitz, dtype)
     # Algorithm 3, line 2: A_{k+1} = (A_{k+1} - A_k)^2 gives a_k = A_{k+1} - A_k.
@@ -149,13 +149,20 @@ def hdm_agd(
     pre_ok = y_ok & _common.all_finite(pre_value, pre_grad)
     # Line 5: P_{k+1} from grad h_{y^k}(P_k) = -grad f(x_P) grad f(y)^T / ||grad f(y)||^2.
     den = optax.tree.vdot(y_grad, y_grad)
-    hypergrad = jax.tree.map(
-        lambda t: _common.safe_div(-t, den), cand.outer(pre_grad, y_grad))
+    hypergrad = jax.tree.map(lambda t: _common.safe_div(-t, den), cand.outer(pre_grad, y_grad))
     new_p, new_l = learners_lib.learn(
-        cand, learn, state.precond, hypergrad, state.learner_state,
-        _common.cast(hypergrad_lr, dtype), p_min, p_max)
+      cand,
+      learn,
+      state.precond,
+      hypergrad,
+      state.learner_state,
+      _common.cast(hypergrad_lr, dtype),
+      p_min,
+      p_max,
+    )
     precond, learner_state = _common.keep_if(
-        pre_ok, (new_p, new_l), (state.precond, state.learner_state))
+      pre_ok, (new_p, new_l), (state.precond, state.learner_state)
+    )
     # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf).
     inf = jnp.asarray(jnp.inf, dtype)
     lip_v = jnp.where(y_ok & _common.all_finite(lip_value, lip_grad), lip_value, inf)
@@ -163,31 +170,34 @@ def hdm_agd(
     values = jnp.stack([lip_v, pre_v, jnp.asarray(value, dtype)])
     best = jnp.argmin(values)
     pick = lambda a, b, c: jax.tree.map(
-        lambda u, v, w: jnp.select([best == 0, best == 1], [u, v], w), a, b, c)
+      lambda u, v, w: jnp.select([best == 0, best == 1], [u, v], w), a, b, c
+    )
     new_params = pick(x_lip, x_pre, params)
     new_grad = pick(lip_grad, pre_grad, grad)
     # Line 6: v_k from h_{y^k}(P_k) = (f(x_P) - f(y)) / ||grad f(y)||^2.
     h = jnp.where(pre_ok, _common.safe_div(pre_value - y_value, den), inf)
-    v = jnp.maximum(1 / (2 * jnp.maximum(-h, 1 / (2 * lip))),
-                    lip / (2 * _common.cast(theta, dtype)))
+    v = jnp.maximum(
+      1 / (2 * jnp.maximum(-h, 1 / (2 * lip))), lip / (2 * _common.cast(theta, dtype))
+    )
     # Line 7, with the descent sign of Appendix D.2.
     z = optax.tree.add_scale(state.z, -a / v, y_grad)
     accepted = y_ok & (best != 2)
     keep = lambda new, old: _common.keep_if(y_ok, new, old)
     new_state = HDMAGDState(
-        count=state.count + 1,
-        precond=precond,
-        learner_state=learner_state,
-        z=keep(z, params),
-        a_k=keep(a_next, jnp.ones_like(a_k)).astype(dtype),
-        value=values[best].astype(dtype),
-        grad=new_grad,
-        info=_common.next_info(
-            state.info, accepted=accepted,
-            hypergrad_norm=optax.tree.norm(hypergrad), calls=3),
+      count=state.count + 1,
+      precond=precond,
+      learner_state=learner_state,
+      z=keep(z, params),
+      a_k=keep(a_next, jnp.ones_like(a_k)).astype(dtype),
+      value=values[best].astype(dtype),
+      grad=new_grad,
+      info=_common.next_info(
+        state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=3
+      ),
     )
-    step = _common.keep_if(accepted, optax.tree.sub(new_params, params),
-                           optax.tree.zeros_like(params))
+    step = _common.keep_if(
+      accepted, optax.tree.sub(new_params, params), optax.tree.zeros_like(params)
+    )
     return step, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -70,26 +70,26 @@ class HDMBestState(NamedTuple):
 
 
 def hdm_best(
-    *,
-    lipschitz: Optional[Any] = None,
-    precond_lr: Optional[Any] = None,
-    momentum_lr: Optional[Any] = None,
-    horizon: Any = 1000,
-    init_precond: Any = 0.0,
-    init_momentum: Any = 0.95,
-    momentum_min: Any = 0.0,
-    momentum_max: Any = 0.9995,
-    adagrad_eps: float = 1e-12,
-    tau: Optional[Any] = None,
-    denominator_eps: Any = 1e-12,
-    lr_decay: bool = True,
-    decay_every: int = 50,
-    decay_rate: Any = 0.8,
-    decay_floor: Any = 1e-3,
-    estimate_curvature: bool = True,
-    curvature_min_step: Any = 1e-3,
-    max_precond_times_l: Optional[Any] = 1e10,
-    probe_size: Any = 1e-4,
+  *,
+  lipschitz: Optional[Any] = None,
+  precond_lr: Optional[Any] = None,
+  momentum_lr: Optional[Any] = None,
+  horizon: Any = 1000,
+  init_precond: Any = 0.0,
+  init_momentum: Any = 0.95,
+  momentum_min: Any = 0.0,
+  momentum_max: Any = 0.9995,
+  adagrad_eps: float = 1e-12,
+  tau: Optional[Any] = None,
+  denominator_eps: Any = 1e-12,
+  lr_decay: bool = True,
+  decay_every: int = 50,
+  decay_rate: Any = 0.8,
+  decay_floor: Any = 1e-3,
+  estimate_curvature: bool = True,
+  curvature_min_step: Any = 1e-3,
+  max_precond_times_l: Optional[Any] = 1e10,
+  probe_size: Any = 1e-4,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM-Best: diagonal HDM with heavy-ball momentum and AdaGrad (Algorithm 4).
 
@@ -178,16 +178,26 @@ def hdm_best(
   diag = candidates_lib.diagonal()
   scal = candidates_lib.scalar()
   adagrad = learners_lib.adagrad(adagrad_eps)
-  for name, val in (("lipschitz", lipschitz), ("precond_lr", precond_lr),
-                    ("momentum_lr", momentum_lr), ("horizon", horizon),
-                    ("adagrad_eps", adagrad_eps), ("decay_every", decay_every),
-                    ("decay_rate", decay_rate), ("probe_size", probe_size),
-                    ("max_precond_times_l", max_precond_times_l)):
+  for name, val in (
+    ("lipschitz", lipschitz),
+    ("precond_lr", precond_lr),
+    ("momentum_lr", momentum_lr),
+    ("horizon", horizon),
+    ("adagrad_eps", adagrad_eps),
+    ("decay_every", decay_every),
+    ("decay_rate", decay_rate),
+    ("probe_size", probe_size),
+    ("max_precond_times_l", max_precond_times_l),
+  ):
     if val is not None:
       _common.check_positive(name, val)
-  for name, val in (("tau", tau), ("denominator_eps", denominator_eps),
-                    ("decay_floor", decay_floor), ("init_precond", init_precond),
-                    ("curvature_min_step", curvature_min_step)):
+  for name, val in (
+    ("tau", tau),
+    ("denominator_eps", denominator_eps),
+    ("decay_floor", decay_floor),
+    ("init_precond", init_precond),
+    ("curvature_min_step", curvature_min_step),
+  ):
     if val is not None:
       _common.check_nonnegative(name, val)
   _common.check_momentum_bounds(momentum_min, momentum_max)
@@ -206,31 +216,31 @@ def hdm_best(
     momentum = jnp.clip(_common.cast(init_momentum, dtype), momentum_min, momentum_max)
     zero = jnp.zeros([], dtype)
     return HDMBestState(
-        count=jnp.zeros([], jnp.int32),
-        precond=precond,
-        momentum=momentum.astype(dtype),
-        precond_accum=adagrad.init(precond),
-        momentum_accum=adagrad.init(momentum),
-        prev_params=_common.copy_tree(params),
-        value=jnp.asarray(jnp.inf, dtype),
-        grad=optax.tree.zeros_like(params),
-        precond_lr=base_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype),
-        precond_lr_decay=jnp.ones([], dtype),
-        smoothness=lip,
-        curvature=zero,
-        curvature_sum=jnp.zeros([], dtype),
-        curvature_count=jnp.zeros([], jnp.int32),
-        curvature_counter=jnp.zeros([], jnp.int32),
-        estimating=jnp.asarray(estimate_curvature),
-        trial_scale=jnp.ones([], dtype),
-        info=_common.init_info(dtype),
+      count=jnp.zeros([], jnp.int32),
+      precond=precond,
+      momentum=momentum.astype(dtype),
+      precond_accum=adagrad.init(precond),
+      momentum_accum=adagrad.init(momentum),
+      prev_params=_common.copy_tree(params),
+      value=jnp.asarray(jnp.inf, dtype),
+      grad=optax.tree.zeros_like(params),
+      precond_lr=base_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype),
+      precond_lr_decay=jnp.ones([], dtype),
+      smoothness=lip,
+      curvature=zero,
+      curvature_sum=jnp.zeros([], dtype),
+      curvature_count=jnp.zeros([], jnp.int32),
+      curvature_counter=jnp.zeros([], jnp.int32),
+      estimating=jnp.asarray(estimate_curvature),
+      trial_scale=jnp.ones([], dtype),
+      info=_common.init_info(dtype),
     )
 
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
-                **extra_args):
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
-        "hdm_best", value, grad, value_fn, updates, params=params, state_grad=state.grad)
+      "hdm_best", value, grad, value_fn, updates, params=params, state_grad=state.grad
+    )
     dtype = state.value.dtype
     c = lambda x: _common.cast(x, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
@@ -238,14 +248,14 @@ def hdm_best(
     direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     # Algorithm 4, line 2: x^{k+1/2} = x^k - P_k grad f(x^k) + beta_k (x^k - x^{k-1}).
     step = optax.tree.add_scale(
-        optax.tree.scale(-1.0, diag.apply(state.precond, direction)), state.momentum, s_diff)
+      optax.tree.scale(-1.0, diag.apply(state.precond, direction)), state.momentum, s_diff
+    )
     trial = optax.tree.add(params, step)
     grad_sq = optax.tree.vdot(grad, grad)
     if lipschitz is None:  # the probe step, see the docstring
       probing = state.smoothness == 0
       delta = c(probe_size) * jnp.maximum(1, optax.tree.norm(params))
-      probe = optax.tree.add_scale(
-          params, -_common.safe_div(delta, jnp.sqrt(grad_sq)), grad)
+      probe = optax.tree.add_scale(params, -_common.safe_div(delta, jnp.sqrt(grad_sq)), grad)
       point = _common.keep_if(probing, probe, trial)
     else:
       probing = jnp.asarray(False)
@@ -266,13 +276,15 @@ def hdm_best(
     if tau is not None:
       den = grad_sq + 0.5 * c(tau) * diff_sq
     else:
-      den = jnp.where(has_curv, grad_sq + 0.25 * state.curvature ** 2 * diff_sq,
-                      grad_sq + c(denominator_eps))
+      den = jnp.where(
+        has_curv, grad_sq + 0.25 * state.curvature**2 * diff_sq, grad_sq + c(denominator_eps)
+      )
     # 1/den, zeroed on a rejected trial: then G = 0 and AdaGrad leaves P, beta,
     # U and v exactly as they are.
     inv_den = jnp.where(finite & (den > 0), 1 / jnp.where(den > 0, den, 1), 0)
-    grad_p = jax.tree.map(lambda t, u: jnp.where(finite, -t * u * inv_den, 0),
-                          trial_grad, direction)
+    grad_p = jax.tree.map(
+      lambda t, u: jnp.where(finite, -t * u * inv_den, 0), trial_grad, direction
+    )
     grad_b = jnp.where(finite, optax.tree.vdot(trial_grad, s_diff) * inv_den, 0)
     # eta_p: 1/L_hat once L_hat exists; before, eta_p0 times the decay factor,
     # which shrinks at iterations k = 50, 100, ... (before that iteration's
@@ -282,30 +294,49 @@ def hdm_best(
     if lr_decay:
       decay = state.estimating & ~probing & (count % decay_every == 0)
       lr_decay_factor = jnp.where(
-          decay, jnp.maximum(c(decay_rate) * lr_decay_factor, c(decay_floor)),
-          lr_decay_factor)
-    eta_p = jnp.where(has_curv, _common.safe_div(1, state.curvature),
-                      base_precond_lr(smoothness) * lr_decay_factor)
+        decay, jnp.maximum(c(decay_rate) * lr_decay_factor, c(decay_floor)), lr_decay_factor
+      )
+    eta_p = jnp.where(
+      has_curv, _common.safe_div(1, state.curvature), base_precond_lr(smoothness) * lr_decay_factor
+    )
     # Lines 5-8: AdaGrad on P and beta, then the projections. G is finite by
     # construction and |G| / sqrt(U) <= 1, so no finiteness check is needed.
     lip_now = jnp.where(has_curv, state.curvature, smoothness)
     p_max = None if max_precond_times_l is None else c(max_precond_times_l) / lip_now
     precond, precond_accum = learners_lib.learn(
-        diag, adagrad, state.precond, grad_p, state.precond_accum, eta_p, 0.0, p_max,
-        check_finite=False)
+      diag,
+      adagrad,
+      state.precond,
+      grad_p,
+      state.precond_accum,
+      eta_p,
+      0.0,
+      p_max,
+      check_finite=False,
+    )
     momentum, momentum_accum = learners_lib.learn(
-        scal, adagrad, state.momentum, grad_b, state.momentum_accum,
-        c(momentum_lr), momentum_min, momentum_max, check_finite=False)
+      scal,
+      adagrad,
+      state.momentum,
+      grad_b,
+      state.momentum_accum,
+      c(momentum_lr),
+      momentum_min,
+      momentum_max,
+      check_finite=False,
+    )
     # Line 9: the null step on f.
     accepted = finite & (trial_value < value)
     # Curvature estimate.
     step_norm = optax.tree.norm(step)
     record = accepted & state.estimating & (step_norm > c(curvature_min_step))
     curv_sum = state.curvature_sum + jnp.where(
-        record, _common.safe_div(grad_change, step_norm), 0).astype(dtype)
+      record, _common.safe_div(grad_change, step_norm), 0
+    ).astype(dtype)
     curv_count = state.curvature_count + record.astype(jnp.int32)
-    counter = jnp.where(accepted, state.curvature_counter + 1,
-                        jnp.maximum(state.curvature_counter - 2, 0))
+    counter = jnp.where(
+      accepted, state.curvature_counter + 1, jnp.maximum(state.curvature_counter - 2, 0)
+    )
     counter = jnp.where(probing, state.curvature_counter, counter)
     estimating = state.estimating
     curvature = state.curvature
@@ -317,27 +348,29 @@ def hdm_best(
       precond_accum = _common.keep_if(fire, adagrad.init(precond), precond_accum)
       estimating = estimating & ~fire
     new_state = HDMBestState(
-        count=count,
-        precond=precond,
-        momentum=momentum,
-        precond_accum=precond_accum,
-        momentum_accum=momentum_accum,
-        prev_params=params,
-        value=jnp.where(accepted, trial_value, value).astype(dtype),
-        grad=_common.keep_if(accepted, trial_grad, grad),
-        precond_lr=jnp.asarray(eta_p, dtype),
-        precond_lr_decay=lr_decay_factor.astype(dtype),
-        smoothness=smoothness.astype(dtype),
-        curvature=curvature.astype(dtype),
-        curvature_sum=curv_sum,
-        curvature_count=curv_count,
-        curvature_counter=counter,
-        estimating=estimating,
-        trial_scale=jnp.where(probing, s, _common.next_trial_scale(s, finite)),
-        info=_common.next_info(
-            state.info, accepted=accepted,
-            hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + grad_b ** 2),
-            calls=1),
+      count=count,
+      precond=precond,
+      momentum=momentum,
+      precond_accum=precond_accum,
+      momentum_accum=momentum_accum,
+      prev_params=params,
+      value=jnp.where(accepted, trial_value, value).astype(dtype),
+      grad=_common.keep_if(accepted, trial_grad, grad),
+      precond_lr=jnp.asarray(eta_p, dtype),
+      precond_lr_decay=lr_decay_factor.astype(dtype),
+      smoothness=smoothness.astype(dtype),
+      curvature=curvature.astype(dtype),
+      curvature_sum=curv_sum,
+      curvature_count=curv_count,
+      curvature_counter=counter,
+      estimating=estimating,
+      trial_scale=jnp.where(probing, s, _common.next_trial_scale(s, finite)),
+      info=_common.next_info(
+        state.info,
+        accepted=accepted,
+        hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + grad_b**2),
+        calls=1,
+      ),
     )
     out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
     return out, new_state

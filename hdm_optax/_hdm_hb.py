@@ -42,21 +42,21 @@ class HDMHBState(NamedTuple):
 
 
 def hdm_hb(
-    *,
-    candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
-    momentum_candidate: Union[str, candidates_lib.CandidateSet] = "scalar",
-    learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
-    hypergrad_lr: Any = 0.1,
-    momentum_lr: Any = 1.0,
-    omega: Any = 0.0,
-    tau: Any = 0.0,
-    init_precond: Any = 0.0,
-    init_momentum: Any = 0.0,
-    p_min: Optional[Any] = None,
-    p_max: Optional[Any] = None,
-    momentum_min: Any = 0.0,
-    momentum_max: Any = 0.9995,
-    adagrad_eps: float = 1e-12,
+  *,
+  candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
+  momentum_candidate: Union[str, candidates_lib.CandidateSet] = "scalar",
+  learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
+  hypergrad_lr: Any = 0.1,
+  momentum_lr: Any = 1.0,
+  omega: Any = 0.0,
+  tau: Any = 0.0,
+  init_precond: Any = 0.0,
+  init_momentum: Any = 0.0,
+  p_min: Optional[Any] = None,
+  p_max: Optional[Any] = None,
+  momentum_min: Any = 0.0,
+  momentum_max: Any = 0.9995,
+  adagrad_eps: float = 1e-12,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM with heavy-ball momentum (Algorithm 2 of Chu et al.).
 
@@ -113,8 +113,11 @@ def hdm_hb(
   cand_p = candidates_lib.get(candidate)
   cand_b = candidates_lib.get(momentum_candidate, allowed=("scalar", "diagonal"))
   learn = learners_lib.get(learner, eps=adagrad_eps)
-  for name, val in (("hypergrad_lr", hypergrad_lr), ("momentum_lr", momentum_lr),
-                    ("adagrad_eps", adagrad_eps)):
+  for name, val in (
+    ("hypergrad_lr", hypergrad_lr),
+    ("momentum_lr", momentum_lr),
+    ("adagrad_eps", adagrad_eps),
+  ):
     _common.check_positive(name, val)
   _common.check_nonnegative("omega", omega)
   _common.check_nonnegative("tau", tau)
@@ -124,34 +127,35 @@ def hdm_hb(
   def init_fn(params):
     dtype = _common.params_dtype(params)
     precond = cand_p.project(cand_p.init(params, init_precond), p_min, p_max)
-    momentum = cand_b.project(
-        cand_b.init(params, init_momentum), momentum_min, momentum_max)
+    momentum = cand_b.project(cand_b.init(params, init_momentum), momentum_min, momentum_max)
     return HDMHBState(
-        count=jnp.zeros([], jnp.int32),
-        precond=precond,
-        momentum=momentum,
-        precond_learner_state=learn.init(precond),
-        momentum_learner_state=learn.init(momentum),
-        prev_params=_common.copy_tree(params),
-        value=jnp.asarray(jnp.inf, dtype),
-        grad=optax.tree.zeros_like(params),
-        trial_scale=jnp.ones([], dtype),
-        info=_common.init_info(dtype),
+      count=jnp.zeros([], jnp.int32),
+      precond=precond,
+      momentum=momentum,
+      precond_learner_state=learn.init(precond),
+      momentum_learner_state=learn.init(momentum),
+      prev_params=_common.copy_tree(params),
+      value=jnp.asarray(jnp.inf, dtype),
+      grad=optax.tree.zeros_like(params),
+      trial_scale=jnp.ones([], dtype),
+      info=_common.init_info(dtype),
     )
 
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None,
-                **extra_args):
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
-        "hdm_hb", value, grad, value_fn, updates, params=params, state_grad=state.grad)
+      "hdm_hb", value, grad, value_fn, updates, params=params, state_grad=state.grad
+    )
     dtype = state.value.dtype
     om, ta = _common.cast(omega, dtype), _common.cast(tau, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
     s = state.trial_scale
     direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k grad f(x^k) + B_k (x^k - x^{k-1}).
-    step = optax.tree.add(optax.tree.scale(-1.0, cand_p.apply(state.precond, direction)),
-                          cand_b.apply(state.momentum, s_diff))
+    step = optax.tree.add(
+      optax.tree.scale(-1.0, cand_p.apply(state.precond, direction)),
+      cand_b.apply(state.momentum, s_diff),
+    )
     trial = optax.tree.add(params, step)
     trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
     finite = _common.all_finite(trial_value, trial_grad)
@@ -162,34 +166,50 @@ def hdm_hb(
     grad_p = jax.tree.map(lambda t: _common.safe_div(-t, den), cand_p.outer(resid, direction))
     grad_b = jax.tree.map(lambda t: _common.safe_div(t, den), cand_b.outer(resid, s_diff))
     new_p, new_lp = learners_lib.learn(
-        cand_p, learn, state.precond, grad_p, state.precond_learner_state,
-        _common.cast(hypergrad_lr, dtype), p_min, p_max)
+      cand_p,
+      learn,
+      state.precond,
+      grad_p,
+      state.precond_learner_state,
+      _common.cast(hypergrad_lr, dtype),
+      p_min,
+      p_max,
+    )
     new_b, new_lb = learners_lib.learn(
-        cand_b, learn, state.momentum, grad_b, state.momentum_learner_state,
-        _common.cast(momentum_lr, dtype), momentum_min, momentum_max)
+      cand_b,
+      learn,
+      state.momentum,
+      grad_b,
+      state.momentum_learner_state,
+      _common.cast(momentum_lr, dtype),
+      momentum_min,
+      momentum_max,
+    )
     precond, momentum, lp, lb = _common.keep_if(
-        finite, (new_p, new_b, new_lp, new_lb),
-        (state.precond, state.momentum, state.precond_learner_state,
-         state.momentum_learner_state))
+      finite,
+      (new_p, new_b, new_lp, new_lb),
+      (state.precond, state.momentum, state.precond_learner_state, state.momentum_learner_state),
+    )
     # Line 6: the null step on the potential psi.
     psi_new = trial_value + 0.5 * om * optax.tree.vdot(step, step)
     psi_old = value + 0.5 * om * diff_sq
     accepted = finite & (psi_new < psi_old)
     new_state = HDMHBState(
-        count=state.count + 1,
-        precond=precond,
-        momentum=momentum,
-        precond_learner_state=lp,
-        momentum_learner_state=lb,
-        prev_params=_common.keep_if(accepted, params, state.prev_params),
-        value=jnp.where(accepted, trial_value, value).astype(dtype),
-        grad=_common.keep_if(accepted, trial_grad, grad),
-        trial_scale=_common.next_trial_scale(s, finite),
-        info=_common.next_info(
-            state.info, accepted=accepted,
-            hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p)
-                                    + optax.tree.vdot(grad_b, grad_b)),
-            calls=1),
+      count=state.count + 1,
+      precond=precond,
+      momentum=momentum,
+      precond_learner_state=lp,
+      momentum_learner_state=lb,
+      prev_params=_common.keep_if(accepted, params, state.prev_params),
+      value=jnp.where(accepted, trial_value, value).astype(dtype),
+      grad=_common.keep_if(accepted, trial_grad, grad),
+      trial_scale=_common.next_trial_scale(s, finite),
+      info=_common.next_info(
+        state.info,
+        accepted=accepted,
+        hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + optax.tree.vdot(grad_b, grad_b)),
+        calls=1,
+      ),
     )
     out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
     return out, new_state

@@ -57,22 +57,22 @@ def _dtype(params):
 def scalar() -> CandidateSet:
   """P = alpha I, a 0-d array."""
   return CandidateSet(
-      name="scalar",
-      init=lambda params, value: jnp.asarray(value).astype(_dtype(params)),
-      apply=lambda p, v: jax.tree.map(lambda x: p * x, v),
-      outer=lambda u, w: optax.tree.vdot(u, w),
-      project=_clip,
+    name="scalar",
+    init=lambda params, value: jnp.asarray(value).astype(_dtype(params)),
+    apply=lambda p, v: jax.tree.map(lambda x: p * x, v),
+    outer=lambda u, w: optax.tree.vdot(u, w),
+    project=_clip,
   )
 
 
 def diagonal() -> CandidateSet:
   """P = diag(d), d stored like the params."""
   return CandidateSet(
-      name="diagonal",
-      init=lambda params, value: optax.tree.full_like(params, value),
-      apply=lambda p, v: jax.tree.map(jnp.multiply, p, v),
-      outer=lambda u, w: jax.tree.map(jnp.multiply, u, w),
-      project=_clip,
+    name="diagonal",
+    init=lambda params, value: optax.tree.full_like(params, value),
+    apply=lambda p, v: jax.tree.map(jnp.multiply, p, v),
+    outer=lambda u, w: jax.tree.map(jnp.multiply, u, w),
+    project=_clip,
   )
 
 
@@ -102,7 +102,6 @@ def get(candidate, *, allowed=tuple(CANDIDATE_SETS)) -> CandidateSet:
     return candidate
   if candidate not in allowed:
     raise ValueError(
-        f"unknown candidate set {candidate!r}; valid: "
-        + ", ".join(repr(c) for c in allowed)
+      f"unknown candidate set {candidate!r}; valid: " + ", ".join(repr(c) for c in allowed)
     )
   return CANDIDATE_SETS[candidate]()

@@ -59,9 +59,9 @@ def _scaled(g, lr):
 def ogd() -> OnlineLearner:
   """Online gradient descent with a constant step: delta = -lr G."""
   return OnlineLearner(
-      name="ogd",
-      init=lambda p: optax.EmptyState(),
-      step=lambda g, state, lr: (_scaled(g, lr), state),
+    name="ogd",
+    init=lambda p: optax.EmptyState(),
+    step=lambda g, state, lr: (_scaled(g, lr), state),
   )
 
 
@@ -74,9 +74,9 @@ def ogd_sqrt() -> OnlineLearner:
     return _scaled(g, lr_k), OGDSqrtState(count=count)
 
   return OnlineLearner(
-      name="ogd_sqrt",
-      init=lambda p: OGDSqrtState(count=jnp.zeros([], jnp.int32)),
-      step=step,
+    name="ogd_sqrt",
+    init=lambda p: OGDSqrtState(count=jnp.zeros([], jnp.int32)),
+    step=step,
   )
 
 
@@ -86,17 +86,18 @@ def adagrad(eps: float = 1e-12) -> OnlineLearner:
   def step(g, state, lr):
     sum_sq = jax.tree.map(lambda u, x: u + x * x, state.sum_sq, g)
     delta = jax.tree.map(
-        lambda x, u: -jnp.asarray(lr).astype(x.dtype) * x
-        / (jnp.sqrt(u) + jnp.asarray(eps).astype(x.dtype)),
-        g,
-        sum_sq,
+      lambda x, u: (
+        -jnp.asarray(lr).astype(x.dtype) * x / (jnp.sqrt(u) + jnp.asarray(eps).astype(x.dtype))
+      ),
+      g,
+      sum_sq,
     )
     return delta, AdagradState(sum_sq=sum_sq)
 
   return OnlineLearner(
-      name="adagrad",
-      init=lambda p: AdagradState(sum_sq=optax.tree.zeros_like(p)),
-      step=step,
+    name="adagrad",
+    init=lambda p: AdagradState(sum_sq=optax.tree.zeros_like(p)),
+    step=step,
   )
 
 
@@ -113,13 +114,12 @@ def get(learner, *, eps: float = 1e-12) -> OnlineLearner:
     return ogd_sqrt()
   if learner == "adagrad":
     return adagrad(eps)
-  raise ValueError(
-      f"unknown learner {learner!r}; valid: " + ", ".join(repr(n) for n in LEARNERS)
-  )
+  raise ValueError(f"unknown learner {learner!r}; valid: " + ", ".join(repr(n) for n in LEARNERS))
 
 
-def learn(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper, *,
-          check_finite: bool = True):
+def learn(
+  candidate, learner: OnlineLearner, p, g, state, lr, lower, upper, *, check_finite: bool = True
+):
   """One online-learning round: P <- Pi_P[P + learner step(G)].
 
   If the round produces a non-finite P or learner state (the feedback G

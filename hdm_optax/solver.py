@@ -18,10 +18,10 @@ MAX_STEPS = 1
 NON_FINITE = 2
 STOPPED = 3
 STATUS_MESSAGES = {
-    CONVERGED: "converged: ||grad f||_inf <= tol",
-    STOPPED: "stopped by sweep(stop_at_first_converged=True) before the end",
-    MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
-    NON_FINITE: "f or grad f is not finite at the current iterate",
+  CONVERGED: "converged: ||grad f||_inf <= tol",
+  STOPPED: "stopped by sweep(stop_at_first_converged=True) before the end",
+  MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
+  NON_FINITE: "f or grad f is not finite at the current iterate",
 }
 
 
@@ -86,8 +86,10 @@ def _calls_in_update(old_state, new_state):
   vals = optax.tree.get(new_state, "num_value_evals")
   if vals is not None:
     grads = optax.tree.get(new_state, "num_grad_evals")
-    return (vals - optax.tree.get(old_state, "num_value_evals"),
-            grads - optax.tree.get(old_state, "num_grad_evals"))
+    return (
+      vals - optax.tree.get(old_state, "num_value_evals"),
+      grads - optax.tree.get(old_state, "num_grad_evals"),
+    )
   steps = optax.tree.get(new_state, "num_linesearch_steps")
   if steps is not None:
     return steps, steps
@@ -96,8 +98,7 @@ def _calls_in_update(old_state, new_state):
 
 def _has_cache(state) -> bool:
   try:
-    return (optax.tree.get(state, "value") is not None
-            and optax.tree.get(state, "grad") is not None)
+    return optax.tree.get(state, "value") is not None and optax.tree.get(state, "grad") is not None
   except KeyError:  # several 'value' fields: no usable cache
     return False
 
@@ -133,20 +134,34 @@ def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
     if _has_cache(state):
       state = optax.tree.set(state, value=value, grad=grad)
     one = jnp.ones([], jnp.int32)
-    return dict(params=init_params, state=state, value=value, grad=grad,
-                gnorm=_inf_norm(grad), k=jnp.zeros([], jnp.int32), nv=one, ng=one,
-                accepted=jnp.asarray(True))
+    return dict(
+      params=init_params,
+      state=state,
+      value=value,
+      grad=grad,
+      gnorm=_inf_norm(grad),
+      k=jnp.zeros([], jnp.int32),
+      nv=one,
+      ng=one,
+      accepted=jnp.asarray(True),
+    )
 
   def new_trace(c):
     size = [max_steps + 1]
-    return Trace(value=jnp.full(size, c["value"]), grad_norm=jnp.full(size, c["gnorm"]),
-                 accepted=jnp.ones(size, bool), grad_evals=jnp.ones(size, jnp.int32))
+    return Trace(
+      value=jnp.full(size, c["value"]),
+      grad_norm=jnp.full(size, c["gnorm"]),
+      accepted=jnp.ones(size, bool),
+      grad_evals=jnp.ones(size, jnp.int32),
+    )
 
   def record(trace, index, c):
-    return Trace(value=trace.value.at[index].set(c["value"]),
-                 grad_norm=trace.grad_norm.at[index].set(c["gnorm"]),
-                 accepted=trace.accepted.at[index].set(c["accepted"]),
-                 grad_evals=trace.grad_evals.at[index].set(c["ng"]))
+    return Trace(
+      value=trace.value.at[index].set(c["value"]),
+      grad_norm=trace.grad_norm.at[index].set(c["gnorm"]),
+      accepted=trace.accepted.at[index].set(c["accepted"]),
+      grad_evals=trace.grad_evals.at[index].set(c["ng"]),
+    )
 
   def finite(c):
     return jnp.isfinite(c["value"]) & jnp.isfinite(c["gnorm"])
@@ -155,13 +170,12 @@ def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
     return (c["gnorm"] <= jnp.asarray(tol, c["gnorm"].dtype)) & finite(c)
 
   def active(c):
-    return ((c["k"] < max_steps) & ~converged(c) & finite(c)
-            & (c["ng"] < max_grad_evals))
+    return (c["k"] < max_steps) & ~converged(c) & finite(c) & (c["ng"] < max_grad_evals)
 
   def step(c):
     updates, new_state = optimizer.update(
-        c["grad"], c["state"], c["params"], value=c["value"], grad=c["grad"],
-        value_fn=value_fn)
+      c["grad"], c["state"], c["params"], value=c["value"], grad=c["grad"], value_fn=value_fn
+    )
     params = optax.apply_updates(c["params"], updates)
     dv, dg = _calls_in_update(c["state"], new_state)
     nv = c["nv"] + jnp.asarray(dv, jnp.int32)
@@ -174,31 +188,47 @@ def _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals) -> _Run:
       nv, ng = nv + 1, ng + 1
     accepted = optax.tree.get(new_state, "accepted")
     accepted = jnp.asarray(True) if accepted is None else jnp.asarray(accepted)
-    return dict(params=params, state=new_state, value=jnp.asarray(value, c["value"].dtype),
-                grad=grad, gnorm=_inf_norm(grad), k=c["k"] + 1, nv=nv, ng=ng,
-                accepted=accepted)
+    return dict(
+      params=params,
+      state=new_state,
+      value=jnp.asarray(value, c["value"].dtype),
+      grad=grad,
+      gnorm=_inf_norm(grad),
+      k=c["k"] + 1,
+      nv=nv,
+      ng=ng,
+      accepted=accepted,
+    )
 
   def finish(c, tr):
     # Freeze the tail of the trace at the final values.
     tail = jnp.arange(max_steps + 1) > c["k"]
     trace = Trace(
-        value=jnp.where(tail, c["value"], tr.value),
-        grad_norm=jnp.where(tail, c["gnorm"], tr.grad_norm),
-        accepted=jnp.where(tail, False, tr.accepted),
-        grad_evals=jnp.where(tail, c["ng"], tr.grad_evals),
+      value=jnp.where(tail, c["value"], tr.value),
+      grad_norm=jnp.where(tail, c["gnorm"], tr.grad_norm),
+      accepted=jnp.where(tail, False, tr.accepted),
+      grad_evals=jnp.where(tail, c["ng"], tr.grad_evals),
     )
-    status = jnp.select([converged(c), ~finite(c), active(c)],
-                        [CONVERGED, NON_FINITE, STOPPED], MAX_STEPS)
+    status = jnp.select(
+      [converged(c), ~finite(c), active(c)], [CONVERGED, NON_FINITE, STOPPED], MAX_STEPS
+    )
     return SolveResult(
-        params=c["params"], state=c["state"], value=c["value"], grad_norm=c["gnorm"],
-        num_steps=c["k"], num_value_evals=c["nv"], num_grad_evals=c["ng"],
-        converged=converged(c), status=status.astype(jnp.int32), trace=trace)
+      params=c["params"],
+      state=c["state"],
+      value=c["value"],
+      grad_norm=c["gnorm"],
+      num_steps=c["k"],
+      num_value_evals=c["nv"],
+      num_grad_evals=c["ng"],
+      converged=converged(c),
+      status=status.astype(jnp.int32),
+      trace=trace,
+    )
 
   return _Run(start, active, step, new_trace, record, finish)
 
 
-def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state,
-           max_grad_evals):
+def _solve(optimizer, fun, max_steps, init_params, fun_args, tol, init_state, max_grad_evals):
   run = _run(optimizer, fun, max_steps, fun_args, tol, max_grad_evals)
 
   def body(carry):
@@ -220,21 +250,22 @@ def _under_trace(*trees) -> bool:
     return True
   try:  # private, but the only way to see tracers closed over by the optimizer
     from jax._src import core  # pylint: disable=g-import-not-at-top
+
     return not core.trace_state_clean()
   except (ImportError, AttributeError):
     return False
 
 
 def solve(
-    optimizer: optax.GradientTransformation,
-    fun: Callable[..., jax.Array],
-    init_params: Any,
-    *,
-    max_steps: int,
-    tol: float = 1e-4,
-    init_state: Optional[Any] = None,
-    fun_args: Sequence[Any] = (),
-    max_grad_evals: Optional[int] = None,
+  optimizer: optax.GradientTransformation,
+  fun: Callable[..., jax.Array],
+  init_params: Any,
+  *,
+  max_steps: int,
+  tol: float = 1e-4,
+  init_state: Optional[Any] = None,
+  fun_args: Sequence[Any] = (),
+  max_grad_evals: Optional[int] = None,
 ) -> SolveResult:
   r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
 
@@ -284,10 +315,12 @@ def solve(
   if max_grad_evals is None:
     max_grad_evals = np.iinfo(np.int32).max
   if _under_trace(init_params, fun_args, tol, init_state):
-    return _solve(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state,
-                  max_grad_evals)
-  return _solve_jit(optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state,
-                    max_grad_evals)
+    return _solve(
+      optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state, max_grad_evals
+    )
+  return _solve_jit(
+    optimizer, fun, int(max_steps), init_params, fun_args, tol, init_state, max_grad_evals
+  )
 
 
 class SweepResult(NamedTuple):
@@ -314,8 +347,18 @@ def _stages(size: int, compact: bool) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def _sweep(make_optimizer, fun, max_steps, stop_at_first, stages, columns, init_params,
-           fun_args, tol, max_grad_evals):
+def _sweep(
+  make_optimizer,
+  fun,
+  max_steps,
+  stop_at_first,
+  stages,
+  columns,
+  init_params,
+  fun_args,
+  tol,
+  max_grad_evals,
+):
   def run(point):
     return _run(make_optimizer(**point), fun, max_steps, fun_args, tol, max_grad_evals)
 
@@ -327,6 +370,7 @@ def _sweep(make_optimizer, fun, max_steps, stop_at_first, stages, columns, init_
 
   def run_stage(cols, c, trace, t, later, stopped):
     """Runs the batch while more than ``later`` points are active."""
+
     def go(carry):
       c, _, _ = carry
       busy = jnp.sum(batched(cols, "active", c)) > later
@@ -367,17 +411,17 @@ _sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4))
 
 
 def sweep(
-    make_optimizer: Callable[..., optax.GradientTransformation],
-    grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
-    fun: Callable[..., jax.Array],
-    init_params: Any,
-    *,
-    max_steps: int,
-    tol: float = 1e-4,
-    fun_args: Sequence[Any] = (),
-    max_grad_evals: Optional[int] = None,
-    stop_at_first_converged: bool = False,
-    compact: bool = False,
+  make_optimizer: Callable[..., optax.GradientTransformation],
+  grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
+  fun: Callable[..., jax.Array],
+  init_params: Any,
+  *,
+  max_steps: int,
+  tol: float = 1e-4,
+  fun_args: Sequence[Any] = (),
+  max_grad_evals: Optional[int] = None,
+  stop_at_first_converged: bool = False,
+  compact: bool = False,
 ) -> SweepResult:
   """Solves once per grid point, all points in one vmapped, compiled call.
 
@@ -441,8 +485,18 @@ def sweep(
   if max_grad_evals is None:
     max_grad_evals = np.iinfo(np.int32).max
   stages = _stages(len(points), bool(compact))
-  results = _sweep_jit(make_optimizer, fun, int(max_steps), bool(stop_at_first_converged),
-                       stages, columns, init_params, tuple(fun_args), tol, max_grad_evals)
+  results = _sweep_jit(
+    make_optimizer,
+    fun,
+    int(max_steps),
+    bool(stop_at_first_converged),
+    stages,
+    columns,
+    init_params,
+    tuple(fun_args),
+    tol,
+    max_grad_evals,
+  )
   return SweepResult(points=points, results=results, best=best_index(results))
 
 

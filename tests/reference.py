@@ -48,91 +48,91 @@ LEARNERS = ("ogd", "ogd_sqrt", "adagrad")
 
 
 def init_precond(candidate: str, n: int, value) -> np.ndarray:
-    """Initial P for a candidate from a scalar (scalar -> a, diag -> a*1, full -> a*I)
-    or from an explicit array of the right shape."""
-    value = np.asarray(value, dtype=np.float64)
-    if value.ndim > 0:
-        return value.copy()
-    a = float(value)
-    if candidate == "scalar":
-        return np.asarray(a, dtype=np.float64)
-    if candidate == "diagonal":
-        return np.full(n, a, dtype=np.float64)
-    if candidate == "full":
-        return a * np.eye(n, dtype=np.float64)
-    raise ValueError(candidate)
+  """Initial P for a candidate from a scalar (scalar -> a, diag -> a*1, full -> a*I)
+  or from an explicit array of the right shape."""
+  value = np.asarray(value, dtype=np.float64)
+  if value.ndim > 0:
+    return value.copy()
+  a = float(value)
+  if candidate == "scalar":
+    return np.asarray(a, dtype=np.float64)
+  if candidate == "diagonal":
+    return np.full(n, a, dtype=np.float64)
+  if candidate == "full":
+    return a * np.eye(n, dtype=np.float64)
+  raise ValueError(candidate)
 
 
 def apply_precond(candidate: str, P: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """P v for the candidate representation of P."""
-    if candidate == "scalar":
-        return float(P) * v
-    if candidate == "diagonal":
-        return P * v
-    if candidate == "full":
-        return P @ v
-    raise ValueError(candidate)
+  """P v for the candidate representation of P."""
+  if candidate == "scalar":
+    return float(P) * v
+  if candidate == "diagonal":
+    return P * v
+  if candidate == "full":
+    return P @ v
+  raise ValueError(candidate)
 
 
 def reduce_outer(candidate: str, u: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Projection of the matrix gradient u w^T onto the candidate subspace
-    (in the candidate's own parametrisation)."""
-    if candidate == "scalar":
-        return np.asarray(float(np.dot(u, w)))
-    if candidate == "diagonal":
-        return u * w
-    if candidate == "full":
-        return np.outer(u, w)
-    raise ValueError(candidate)
+  """Projection of the matrix gradient u w^T onto the candidate subspace
+  (in the candidate's own parametrisation)."""
+  if candidate == "scalar":
+    return np.asarray(float(np.dot(u, w)))
+  if candidate == "diagonal":
+    return u * w
+  if candidate == "full":
+    return np.outer(u, w)
+  raise ValueError(candidate)
 
 
 def clip(P: np.ndarray, lo, hi) -> np.ndarray:
-    """Orthogonal projection onto the box [lo, hi] (entrywise); None = unbounded."""
-    P = np.asarray(P, dtype=np.float64)
-    if lo is not None:
-        P = np.maximum(P, lo)
-    if hi is not None:
-        P = np.minimum(P, hi)
-    return P
+  """Orthogonal projection onto the box [lo, hi] (entrywise); None = unbounded."""
+  P = np.asarray(P, dtype=np.float64)
+  if lo is not None:
+    P = np.maximum(P, lo)
+  if hi is not None:
+    P = np.minimum(P, hi)
+  return P
 
 
 class Learner:
-    """Online learner for one hyper-parameter block (P or B)."""
+  """Online learner for one hyper-parameter block (P or B)."""
 
-    def __init__(self, kind: str, lr: float, shape, eps: float = 1e-12):
-        if kind not in LEARNERS:
-            raise ValueError(kind)
-        self.kind = kind
-        self.lr = float(lr)
-        self.eps = float(eps)
-        self.U = np.zeros(shape, dtype=np.float64)  # AdaGrad accumulator U_1 = 0
-        self.rounds = 0
+  def __init__(self, kind: str, lr: float, shape, eps: float = 1e-12):
+    if kind not in LEARNERS:
+      raise ValueError(kind)
+    self.kind = kind
+    self.lr = float(lr)
+    self.eps = float(eps)
+    self.U = np.zeros(shape, dtype=np.float64)  # AdaGrad accumulator U_1 = 0
+    self.rounds = 0
 
-    def step(self, P: np.ndarray, G: np.ndarray, k=None) -> np.ndarray:
-        """Unprojected update of P with hypergradient G (round k = 1, 2, ...)."""
-        del k
-        self.rounds += 1
-        k = self.rounds
-        if self.kind == "ogd":
-            return P - self.lr * G
-        if self.kind == "ogd_sqrt":
-            return P - self.lr / math.sqrt(k) * G
-        # adagrad
-        self.U = self.U + G * G
-        return P - self.lr * G / (np.sqrt(self.U) + self.eps)
+  def step(self, P: np.ndarray, G: np.ndarray, k=None) -> np.ndarray:
+    """Unprojected update of P with hypergradient G (round k = 1, 2, ...)."""
+    del k
+    self.rounds += 1
+    k = self.rounds
+    if self.kind == "ogd":
+      return P - self.lr * G
+    if self.kind == "ogd_sqrt":
+      return P - self.lr / math.sqrt(k) * G
+    # adagrad
+    self.U = self.U + G * G
+    return P - self.lr * G / (np.sqrt(self.U) + self.eps)
 
 
 def _oracle(f, grad, x):
-    with np.errstate(all="ignore"):
-        fx = float(f(x))
-        gx = np.asarray(grad(x), dtype=np.float64)
-    finite = bool(np.isfinite(fx) and np.all(np.isfinite(gx)))
-    return fx, gx, finite
+  with np.errstate(all="ignore"):
+    fx = float(f(x))
+    gx = np.asarray(grad(x), dtype=np.float64)
+  finite = bool(np.isfinite(fx) and np.all(np.isfinite(gx)))
+  return fx, gx, finite
 
 
 def _fval(v: float) -> float:
-    """Non-finite values count as +inf when comparing."""
-    return v if math.isfinite(v) else math.inf
+  """Non-finite values count as +inf when comparing."""
+  return v if math.isfinite(v) else math.inf
 
 
 # ---------------------------------------------------------------------------
@@ -141,53 +141,53 @@ def _fval(v: float) -> float:
 
 
 def hdm_reference(
-    f,
-    grad,
-    x0,
-    steps: int,
-    *,
-    candidate: str = "diagonal",
-    learner: str = "adagrad",
-    lr: float,
-    null_step: bool = True,
-    P1=0.0,
-    p_min=None,
-    p_max=None,
-    eps: float = 1e-12,
+  f,
+  grad,
+  x0,
+  steps: int,
+  *,
+  candidate: str = "diagonal",
+  learner: str = "adagrad",
+  lr: float,
+  null_step: bool = True,
+  P1=0.0,
+  p_min=None,
+  p_max=None,
+  eps: float = 1e-12,
 ) -> dict:
-    x = np.array(x0, dtype=np.float64)
-    n = x.size
-    fx, g, _ = _oracle(f, grad, x)
-    P = init_precond(candidate, n, P1)  # Algorithm 1, input: P_1 in cal P
-    opt = Learner(learner, lr, P.shape, eps)
-    out = dict(xs=[], Ps=[], values=[], accepted=[], finite=[])
-    s = 1.0  # trial damping (safeguard after non-finite trials)
-    for k in range(1, steps + 1):
-        # Algorithm 1, line 3 / eq. (null-step): trial point x^k - P_k grad f(x^k)
-        sg = s * g
-        x_t = x - apply_precond(candidate, P, sg)
-        f_t, g_t, finite = _oracle(f, grad, x_t)
-        s = 1.0 if finite else 0.5 * s
-        if finite:
-            # eq. (hypergrad-feedback): grad h_{x^k}(P_k) = -grad f(x^{k+1/2}) grad f(x^k)^T / ||grad f(x^k)||^2
-            den = float(np.dot(g, g))
-            if den > 0:
-                G = reduce_outer(candidate, -g_t, sg) / den
-            else:
-                G = np.zeros_like(P)
-            # Algorithm 1, line 4: P_{k+1} = Pi_P[P_k - eta_k grad h_{x^k}(P_k)]
-            P = clip(opt.step(P, G, k), p_min, p_max)
-        # Algorithm 1, line 3: x^{k+1} = argmin_{x in {x^k, x^k - P_k g}} f(x)
-        # (vanilla HDM, null_step=False, always moves unless the trial is non-finite)
-        accepted = finite and ((f_t < fx) if null_step else True)
-        if accepted:
-            x, fx, g = x_t, f_t, g_t
-        out["xs"].append(x.copy())
-        out["Ps"].append(np.array(P, copy=True))
-        out["values"].append(fx)
-        out["accepted"].append(accepted)
-        out["finite"].append(finite)
-    return out
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  fx, g, _ = _oracle(f, grad, x)
+  P = init_precond(candidate, n, P1)  # Algorithm 1, input: P_1 in cal P
+  opt = Learner(learner, lr, P.shape, eps)
+  out = dict(xs=[], Ps=[], values=[], accepted=[], finite=[])
+  s = 1.0  # trial damping (safeguard after non-finite trials)
+  for k in range(1, steps + 1):
+    # Algorithm 1, line 3 / eq. (null-step): trial point x^k - P_k grad f(x^k)
+    sg = s * g
+    x_t = x - apply_precond(candidate, P, sg)
+    f_t, g_t, finite = _oracle(f, grad, x_t)
+    s = 1.0 if finite else 0.5 * s
+    if finite:
+      # eq. (hypergrad-feedback): grad h_{x^k}(P_k) = -grad f(x^{k+1/2}) grad f(x^k)^T / ||grad f(x^k)||^2
+      den = float(np.dot(g, g))
+      if den > 0:
+        G = reduce_outer(candidate, -g_t, sg) / den
+      else:
+        G = np.zeros_like(P)
+      # Algorithm 1, line 4: P_{k+1} = Pi_P[P_k - eta_k grad h_{x^k}(P_k)]
+      P = clip(opt.step(P, G, k), p_min, p_max)
+    # Algorithm 1, line 3: x^{k+1} = argmin_{x in {x^k, x^k - P_k g}} f(x)
+    # (vanilla HDM, null_step=False, always moves unless the trial is non-finite)
+    accepted = finite and ((f_t < fx) if null_step else True)
+    if accepted:
+      x, fx, g = x_t, f_t, g_t
+    out["xs"].append(x.copy())
+    out["Ps"].append(np.array(P, copy=True))
+    out["values"].append(fx)
+    out["accepted"].append(accepted)
+    out["finite"].append(finite)
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -196,86 +196,86 @@ def hdm_reference(
 
 
 def heavyball_feedback(f, x, x_prev, g, P, B, *, candidate, momentum_candidate, omega, tau):
-    """h_{x,x^-}(P, B) of eq. (heavyball-feedback) (used by the finite-difference tests)."""
-    d = x - x_prev
-    x_plus = x - apply_precond(candidate, P, g) + apply_precond(momentum_candidate, B, d)
-    num = (f(x_plus) + 0.5 * omega * np.dot(x_plus - x, x_plus - x)) - (
-        f(x) + 0.5 * omega * np.dot(d, d)
-    )
-    return num / (np.dot(g, g) + 0.5 * tau * np.dot(d, d))
+  """h_{x,x^-}(P, B) of eq. (heavyball-feedback) (used by the finite-difference tests)."""
+  d = x - x_prev
+  x_plus = x - apply_precond(candidate, P, g) + apply_precond(momentum_candidate, B, d)
+  num = (f(x_plus) + 0.5 * omega * np.dot(x_plus - x, x_plus - x)) - (
+    f(x) + 0.5 * omega * np.dot(d, d)
+  )
+  return num / (np.dot(g, g) + 0.5 * tau * np.dot(d, d))
 
 
 def hdm_hb_reference(
-    f,
-    grad,
-    x0,
-    steps: int,
-    *,
-    candidate: str = "diagonal",
-    momentum_candidate: str = "scalar",
-    learner: str = "adagrad",
-    lr: float,
-    momentum_lr: float,
-    omega: float = 0.0,
-    tau: float = 0.0,
-    P1=0.0,
-    B1=0.0,
-    p_min=None,
-    p_max=None,
-    momentum_min=0.0,
-    momentum_max=0.9995,
-    eps: float = 1e-12,
+  f,
+  grad,
+  x0,
+  steps: int,
+  *,
+  candidate: str = "diagonal",
+  momentum_candidate: str = "scalar",
+  learner: str = "adagrad",
+  lr: float,
+  momentum_lr: float,
+  omega: float = 0.0,
+  tau: float = 0.0,
+  P1=0.0,
+  B1=0.0,
+  p_min=None,
+  p_max=None,
+  momentum_min=0.0,
+  momentum_max=0.9995,
+  eps: float = 1e-12,
 ) -> dict:
-    if momentum_candidate == "full":
-        raise ValueError("full momentum is not part of the reference")
-    x = np.array(x0, dtype=np.float64)
-    n = x.size
-    x_prev = x.copy()  # Algorithm 2, input: x^0 = x^1
-    fx, g, _ = _oracle(f, grad, x)
-    P = init_precond(candidate, n, P1)
-    B = init_precond(momentum_candidate, n, B1)
-    opt_p = Learner(learner, lr, P.shape, eps)
-    opt_b = Learner(learner, momentum_lr, B.shape, eps)
-    out = dict(xs=[], Ps=[], Bs=[], x_prevs=[], values=[], accepted=[], finite=[])
-    s = 1.0  # trial damping (safeguard after non-finite trials)
-    for k in range(1, steps + 1):
-        d = x - x_prev
-        sg, sd = s * g, s * d
-        # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k g + B_k (x^k - x^{k-1})
-        x_t = x - apply_precond(candidate, P, sg) + apply_precond(momentum_candidate, B, sd)
-        f_t, g_t, finite = _oracle(f, grad, x_t)
-        s = 1.0 if finite else 0.5 * s
-        if finite:
-            # Appendix D.1: grad_P h = [-grad f(x+) + w P g - w B d] g^T / den
-            #               grad_B h = [ grad f(x+) - w P g + w B d] d^T / den
-            # with -P g + B d = x+ - x, i.e. r = grad f(x+) + w (x+ - x).
-            den = float(np.dot(g, g)) + 0.5 * tau * float(np.dot(d, d))
-            r = g_t + omega * (x_t - x)
-            if den > 0:
-                G_P = reduce_outer(candidate, -r, sg) / den
-                G_B = reduce_outer(momentum_candidate, r, sd) / den
-            else:
-                G_P = np.zeros_like(P)
-                G_B = np.zeros_like(B)
-            # Algorithm 2, line 4: P_{k+1} = Pi_P[P_k - eta_p grad_P h]
-            P = clip(opt_p.step(P, G_P, k), p_min, p_max)
-            # Algorithm 2, line 5: B_{k+1} = Pi_B[B_k - eta_b grad_B h]
-            B = clip(opt_b.step(B, G_B, k), momentum_min, momentum_max)
-        # Algorithm 2, line 6: null step w.r.t. the potential psi(x, x^-) = f(x) + w/2 ||x - x^-||^2
-        psi_new = f_t + 0.5 * omega * float(np.dot(x_t - x, x_t - x))
-        psi_old = fx + 0.5 * omega * float(np.dot(d, d))
-        accepted = finite and psi_new < psi_old
-        if accepted:
-            x_prev, x = x, x_t
-            fx, g = f_t, g_t
-        out["xs"].append(x.copy())
-        out["x_prevs"].append(x_prev.copy())
-        out["Ps"].append(np.array(P, copy=True))
-        out["Bs"].append(np.array(B, copy=True))
-        out["values"].append(fx)
-        out["accepted"].append(accepted)
-        out["finite"].append(finite)
-    return out
+  if momentum_candidate == "full":
+    raise ValueError("full momentum is not part of the reference")
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  x_prev = x.copy()  # Algorithm 2, input: x^0 = x^1
+  fx, g, _ = _oracle(f, grad, x)
+  P = init_precond(candidate, n, P1)
+  B = init_precond(momentum_candidate, n, B1)
+  opt_p = Learner(learner, lr, P.shape, eps)
+  opt_b = Learner(learner, momentum_lr, B.shape, eps)
+  out = dict(xs=[], Ps=[], Bs=[], x_prevs=[], values=[], accepted=[], finite=[])
+  s = 1.0  # trial damping (safeguard after non-finite trials)
+  for k in range(1, steps + 1):
+    d = x - x_prev
+    sg, sd = s * g, s * d
+    # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k g + B_k (x^k - x^{k-1})
+    x_t = x - apply_precond(candidate, P, sg) + apply_precond(momentum_candidate, B, sd)
+    f_t, g_t, finite = _oracle(f, grad, x_t)
+    s = 1.0 if finite else 0.5 * s
+    if finite:
+      # Appendix D.1: grad_P h = [-grad f(x+) + w P g - w B d] g^T / den
+      #               grad_B h = [ grad f(x+) - w P g + w B d] d^T / den
+      # with -P g + B d = x+ - x, i.e. r = grad f(x+) + w (x+ - x).
+      den = float(np.dot(g, g)) + 0.5 * tau * float(np.dot(d, d))
+      r = g_t + omega * (x_t - x)
+      if den > 0:
+        G_P = reduce_outer(candidate, -r, sg) / den
+        G_B = reduce_outer(momentum_candidate, r, sd) / den
+      else:
+        G_P = np.zeros_like(P)
+        G_B = np.zeros_like(B)
+      # Algorithm 2, line 4: P_{k+1} = Pi_P[P_k - eta_p grad_P h]
+      P = clip(opt_p.step(P, G_P, k), p_min, p_max)
+      # Algorithm 2, line 5: B_{k+1} = Pi_B[B_k - eta_b grad_B h]
+      B = clip(opt_b.step(B, G_B, k), momentum_min, momentum_max)
+    # Algorithm 2, line 6: null step w.r.t. the potential psi(x, x^-) = f(x) + w/2 ||x - x^-||^2
+    psi_new = f_t + 0.5 * omega * float(np.dot(x_t - x, x_t - x))
+    psi_old = fx + 0.5 * omega * float(np.dot(d, d))
+    accepted = finite and psi_new < psi_old
+    if accepted:
+      x_prev, x = x, x_t
+      fx, g = f_t, g_t
+    out["xs"].append(x.copy())
+    out["x_prevs"].append(x_prev.copy())
+    out["Ps"].append(np.array(P, copy=True))
+    out["Bs"].append(np.array(B, copy=True))
+    out["values"].append(fx)
+    out["accepted"].append(accepted)
+    out["finite"].append(finite)
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -284,75 +284,81 @@ def hdm_hb_reference(
 
 
 def hdm_agd_reference(
-    f,
-    grad,
-    x0,
-    steps: int,
-    *,
-    lipschitz: float,
-    theta: float = 1.0,
-    candidate: str = "diagonal",
-    learner: str = "adagrad",
-    lr: float,
-    P1=0.0,
-    p_min=None,
-    p_max=None,
-    eps: float = 1e-12,
+  f,
+  grad,
+  x0,
+  steps: int,
+  *,
+  lipschitz: float,
+  theta: float = 1.0,
+  candidate: str = "diagonal",
+  learner: str = "adagrad",
+  lr: float,
+  P1=0.0,
+  p_min=None,
+  p_max=None,
+  eps: float = 1e-12,
 ) -> dict:
-    L = float(lipschitz)
-    x = np.array(x0, dtype=np.float64)
-    n = x.size
-    z = x.copy()  # z^1 = x^1
-    A = 1.0  # A_1 = (A_1 - A_0)^2 with A_0 = 0  =>  A_1 = 1
-    fx, _, _ = _oracle(f, grad, x)
-    P = init_precond(candidate, n, P1)
-    opt = Learner(learner, lr, P.shape, eps)
-    out = dict(xs=[], zs=[], As=[], Ps=[], values=[], finite_y=[], finite_P=[])
+  L = float(lipschitz)
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  z = x.copy()  # z^1 = x^1
+  A = 1.0  # A_1 = (A_1 - A_0)^2 with A_0 = 0  =>  A_1 = 1
+  fx, _, _ = _oracle(f, grad, x)
+  P = init_precond(candidate, n, P1)
+  opt = Learner(learner, lr, P.shape, eps)
+  out = dict(xs=[], zs=[], As=[], Ps=[], values=[], finite_y=[], finite_P=[])
 
-    def record(x, z, A, P, fx, finite_y, finite_P):
-        for key, val in (("xs", x.copy()), ("zs", z.copy()), ("As", A),
-                         ("Ps", np.array(P, copy=True)), ("values", fx),
-                         ("finite_y", finite_y), ("finite_P", finite_P)):
-            out[key].append(val)
+  def record(x, z, A, P, fx, finite_y, finite_P):
+    for key, val in (
+      ("xs", x.copy()),
+      ("zs", z.copy()),
+      ("As", A),
+      ("Ps", np.array(P, copy=True)),
+      ("values", fx),
+      ("finite_y", finite_y),
+      ("finite_P", finite_P),
+    ):
+      out[key].append(val)
 
-    for k in range(1, steps + 1):
-        # Algorithm 3: A_{k+1} = (A_{k+1} - A_k)^2  =>  a = A_{k+1} - A_k = (1 + sqrt(1 + 4 A_k)) / 2
-        a = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * A))
-        A_next = A + a
-        # y^k = x^k + (1 - A_k / A_{k+1}) (z^k - x^k)
-        y = x + (1.0 - A / A_next) * (z - x)
-        f_y, g_y, finite_y = _oracle(f, grad, y)
-        if not finite_y:  # rejected: restart the momentum (z <- x, A <- 1)
-            z, A = x.copy(), 1.0
-            record(x, z, A, P, fx, False, False)
-            continue
-        # candidates y - g/L and y - P g
-        x_L = y - g_y / L
-        f_L, _, _ = _oracle(f, grad, x_L)
-        x_P = y - apply_precond(candidate, P, g_y)
-        f_P, g_P, finite_P = _oracle(f, grad, x_P)
-        den = float(np.dot(g_y, g_y))
-        if finite_P:
-            h = (f_P - f_y) / den  # h_{y^k}(P_k)
-            G = reduce_outer(candidate, -g_P, g_y) / den if den > 0 else np.zeros_like(P)
-            # P_{k+1} = Pi_P[P_k - eta grad h_{y^k}(P_k)]
-            P = clip(opt.step(P, G, k), p_min, p_max)
-        else:
-            h = math.inf
-        # x^{k+1} = argmin_{x in {y - g/L, y - P g, x^k}} f(x)  (first minimum wins)
-        cands = [(x_L, _fval(f_L)), (x_P, _fval(f_P)), (x, _fval(fx))]
-        best_x, best_f = cands[0]
-        for cx, cf in cands[1:]:
-            if cf < best_f:
-                best_x, best_f = cx, cf
-        # v_k = max{ 1 / (2 max{-h, 1/(2L)}), L / (2 theta) }
-        v = max(1.0 / (2.0 * max(-h, 1.0 / (2.0 * L))), L / (2.0 * theta))
-        # z^{k+1} = z^k - (A_{k+1} - A_k) / v_k grad f(y^k)   (descent sign, Appendix D.2)
-        z = z - (a / v) * g_y
-        x, fx = best_x.copy(), best_f
-        A = A_next
-        record(x, z, A, P, fx, finite_y, finite_P)
-    return out
+  for k in range(1, steps + 1):
+    # Algorithm 3: A_{k+1} = (A_{k+1} - A_k)^2  =>  a = A_{k+1} - A_k = (1 + sqrt(1 + 4 A_k)) / 2
+    a = 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * A))
+    A_next = A + a
+    # y^k = x^k + (1 - A_k / A_{k+1}) (z^k - x^k)
+    y = x + (1.0 - A / A_next) * (z - x)
+    f_y, g_y, finite_y = _oracle(f, grad, y)
+    if not finite_y:  # rejected: restart the momentum (z <- x, A <- 1)
+      z, A = x.copy(), 1.0
+      record(x, z, A, P, fx, False, False)
+      continue
+    # candidates y - g/L and y - P g
+    x_L = y - g_y / L
+    f_L, _, _ = _oracle(f, grad, x_L)
+    x_P = y - apply_precond(candidate, P, g_y)
+    f_P, g_P, finite_P = _oracle(f, grad, x_P)
+    den = float(np.dot(g_y, g_y))
+    if finite_P:
+      h = (f_P - f_y) / den  # h_{y^k}(P_k)
+      G = reduce_outer(candidate, -g_P, g_y) / den if den > 0 else np.zeros_like(P)
+      # P_{k+1} = Pi_P[P_k - eta grad h_{y^k}(P_k)]
+      P = clip(opt.step(P, G, k), p_min, p_max)
+    else:
+      h = math.inf
+    # x^{k+1} = argmin_{x in {y - g/L, y - P g, x^k}} f(x)  (first minimum wins)
+    cands = [(x_L, _fval(f_L)), (x_P, _fval(f_P)), (x, _fval(fx))]
+    best_x, best_f = cands[0]
+    for cx, cf in cands[1:]:
+      if cf < best_f:
+        best_x, best_f = cx, cf
+    # v_k = max{ 1 / (2 max{-h, 1/(2L)}), L / (2 theta) }
+    v = max(1.0 / (2.0 * max(-h, 1.0 / (2.0 * L))), L / (2.0 * theta))
+    # z^{k+1} = z^k - (A_{k+1} - A_k) / v_k grad f(y^k)   (descent sign, Appendix D.2)
+    z = z - (a / v) * g_y
+    x, fx = best_x.copy(), best_f
+    A = A_next
+    record(x, z, A, P, fx, finite_y, finite_P)
+  return out
 
 
 # ---------------------------------------------------------------------------
@@ -361,92 +367,101 @@ def hdm_agd_reference(
 
 
 def hdm_best_reference(
-    f,
-    grad,
-    x0,
-    steps: int,
-    *,
-    lipschitz: float,
-    precond_lr: float,
-    momentum_lr: float,
-    horizon: int = 1000,
+  f,
+  grad,
+  x0,
+  steps: int,
+  *,
+  lipschitz: float,
+  precond_lr: float,
+  momentum_lr: float,
+  horizon: int = 1000,
 ) -> dict:
-    L = float(lipschitz)
-    x = np.array(x0, dtype=np.float64)
-    n = x.size
-    x_prev = x.copy()  # x^0 = x^1
-    fx, g, _ = _oracle(f, grad, x)
-    P = np.zeros(n)  # P_1 = 0 (diagonal)
-    beta = 0.95  # beta_1 = 0.95
-    U = np.zeros(n)  # AdaGrad diagonal U_1 = 0
-    v = 0.0  # AdaGrad momentum scalar v_1 = 0
-    eta_p0 = float(precond_lr)
-    decay = 1.0  # eta_p = eta_p0 * decay until L_hat exists, then 1/L_hat
-    eta_b = float(momentum_lr)
-    s = 1.0  # trial damping (safeguard after non-finite trials)
-    L_hat = None
-    ratios: list[float] = []
-    counter = 0
-    k = 0
-    estimating = True
-    threshold = max(min(horizon / 4, 200), 20)
-    out = dict(
-        xs=[], x_prevs=[], Ps=[], betas=[], values=[], accepted=[], finite=[],
-        L_hats=[], eta_ps=[], Us=[], vs=[],
-    )
-    for _ in range(steps):
-        d = x - x_prev
-        sg, sd = s * g, s * d
-        # x^{k+1/2} = x^k - P_k g + beta_k (x^k - x^{k-1})
-        x_t = x - P * sg + beta * sd
-        f_t, g_t, finite = _oracle(f, grad, x_t)
-        s = 1.0 if finite else 0.5 * s
-        k += 1
-        # until L_hat exists, eta_p decays at k = 50, 100, ... before the P update
-        if estimating and k % 50 == 0:
-            decay = max(0.8 * decay, 1e-3)
-        eta_p = eta_p0 * decay if L_hat is None else 1.0 / L_hat
-        # denominator ||g||^2 + tau/2 ||d||^2 with tau = L_hat^2 / 2 once L is estimated
-        if L_hat is None:
-            den = float(np.dot(g, g)) + 1e-12
-        else:
-            den = float(np.dot(g, g)) + (L_hat**2 / 4.0) * float(np.dot(d, d))
-        # hypergradients (omega-term dropped, Appendix A)
-        G_P = -(g_t * sg) / den
-        G_b = float(np.dot(g_t, sd)) / den
-        if finite:
-            # U_{k+1} = U_k + G_P o G_P ; v_{k+1} = v_k + G_b^2
-            U = U + G_P * G_P
-            v = v + G_b * G_b
-            L_cur = L if L_hat is None else L_hat
-            # P_{k+1} = Pi_{R^n_+}[P_k - eta_p U^{-1/2} G_P]  (upper bound 1e10 / L)
-            P = np.clip(P - eta_p * G_P / (np.sqrt(U) + 1e-12), 0.0, 1e10 / L_cur)
-            # beta_{k+1} = Pi_[0, 0.9995][beta_k - eta_b v^{-1/2} G_b]
-            beta = float(np.clip(beta - eta_b * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
-        # x^{k+1} = argmin_{x in {x^k, x^{k+1/2}}} f(x)
-        accepted = finite and f_t < fx
-        x_prev = x.copy()  # always, before x moves
-        if accepted:
-            step_len = float(np.linalg.norm(x_t - x))
-            if estimating and step_len > 1e-3:
-                ratios.append(float(np.linalg.norm(g_t - g)) / step_len)
-            x, fx, g = x_t, f_t, g_t
-            counter += 1
-        else:
-            counter = max(counter - 2, 0)
-        if estimating and counter > threshold and ratios:
-            L_hat = float(np.mean(ratios))  # from now on eta_p = 1 / L_hat
-            U = np.zeros(n)
-            estimating = False
-        out["xs"].append(x.copy())
-        out["x_prevs"].append(x_prev.copy())
-        out["Ps"].append(P.copy())
-        out["betas"].append(beta)
-        out["values"].append(fx)
-        out["accepted"].append(accepted)
-        out["finite"].append(finite)
-        out["L_hats"].append(L_hat)
-        out["eta_ps"].append(eta_p)
-        out["Us"].append(U.copy())
-        out["vs"].append(v)
-    return out
+  L = float(lipschitz)
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  x_prev = x.copy()  # x^0 = x^1
+  fx, g, _ = _oracle(f, grad, x)
+  P = np.zeros(n)  # P_1 = 0 (diagonal)
+  beta = 0.95  # beta_1 = 0.95
+  U = np.zeros(n)  # AdaGrad diagonal U_1 = 0
+  v = 0.0  # AdaGrad momentum scalar v_1 = 0
+  eta_p0 = float(precond_lr)
+  decay = 1.0  # eta_p = eta_p0 * decay until L_hat exists, then 1/L_hat
+  eta_b = float(momentum_lr)
+  s = 1.0  # trial damping (safeguard after non-finite trials)
+  L_hat = None
+  ratios: list[float] = []
+  counter = 0
+  k = 0
+  estimating = True
+  threshold = max(min(horizon / 4, 200), 20)
+  out = dict(
+    xs=[],
+    x_prevs=[],
+    Ps=[],
+    betas=[],
+    values=[],
+    accepted=[],
+    finite=[],
+    L_hats=[],
+    eta_ps=[],
+    Us=[],
+    vs=[],
+  )
+  for _ in range(steps):
+    d = x - x_prev
+    sg, sd = s * g, s * d
+    # x^{k+1/2} = x^k - P_k g + beta_k (x^k - x^{k-1})
+    x_t = x - P * sg + beta * sd
+    f_t, g_t, finite = _oracle(f, grad, x_t)
+    s = 1.0 if finite else 0.5 * s
+    k += 1
+    # until L_hat exists, eta_p decays at k = 50, 100, ... before the P update
+    if estimating and k % 50 == 0:
+      decay = max(0.8 * decay, 1e-3)
+    eta_p = eta_p0 * decay if L_hat is None else 1.0 / L_hat
+    # denominator ||g||^2 + tau/2 ||d||^2 with tau = L_hat^2 / 2 once L is estimated
+    if L_hat is None:
+      den = float(np.dot(g, g)) + 1e-12
+    else:
+      den = float(np.dot(g, g)) + (L_hat**2 / 4.0) * float(np.dot(d, d))
+    # hypergradients (omega-term dropped, Appendix A)
+    G_P = -(g_t * sg) / den
+    G_b = float(np.dot(g_t, sd)) / den
+    if finite:
+      # U_{k+1} = U_k + G_P o G_P ; v_{k+1} = v_k + G_b^2
+      U = U + G_P * G_P
+      v = v + G_b * G_b
+      L_cur = L if L_hat is None else L_hat
+      # P_{k+1} = Pi_{R^n_+}[P_k - eta_p U^{-1/2} G_P]  (upper bound 1e10 / L)
+      P = np.clip(P - eta_p * G_P / (np.sqrt(U) + 1e-12), 0.0, 1e10 / L_cur)
+      # beta_{k+1} = Pi_[0, 0.9995][beta_k - eta_b v^{-1/2} G_b]
+      beta = float(np.clip(beta - eta_b * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
+    # x^{k+1} = argmin_{x in {x^k, x^{k+1/2}}} f(x)
+    accepted = finite and f_t < fx
+    x_prev = x.copy()  # always, before x moves
+    if accepted:
+      step_len = float(np.linalg.norm(x_t - x))
+      if estimating and step_len > 1e-3:
+        ratios.append(float(np.linalg.norm(g_t - g)) / step_len)
+      x, fx, g = x_t, f_t, g_t
+      counter += 1
+    else:
+      counter = max(counter - 2, 0)
+    if estimating and counter > threshold and ratios:
+      L_hat = float(np.mean(ratios))  # from now on eta_p = 1 / L_hat
+      U = np.zeros(n)
+      estimating = False
+    out["xs"].append(x.copy())
+    out["x_prevs"].append(x_prev.copy())
+    out["Ps"].append(P.copy())
+    out["betas"].append(beta)
+    out["values"].append(fx)
+    out["accepted"].append(accepted)
+    out["finite"].append(finite)
+    out["L_hats"].append(L_hat)
+    out["eta_ps"].append(eta_p)
+    out["Us"].append(U.copy())
+    out["vs"].append(v)
+  return out

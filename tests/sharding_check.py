@@ -5,8 +5,9 @@ wide model (params sharded), against the single-device answer."""
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8")
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 
 import jax  # noqa: E402
 
@@ -40,8 +41,9 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
   lip = float(np.linalg.norm(a, 2) ** 2 / 4)
   opt = hdm_optax.hdm_best(lipschitz=lip, precond_lr=10.0 / lip)
   x0 = jnp.zeros(n)
-  ref = hdm_optax.solve(opt, logistic, x0, max_steps=steps, tol=0.0,
-                        fun_args=(jnp.asarray(a), jnp.asarray(y)))
+  ref = hdm_optax.solve(
+    opt, logistic, x0, max_steps=steps, tol=0.0, fun_args=(jnp.asarray(a), jnp.asarray(y))
+  )
 
   x_sh = NamedSharding(mesh, x_spec)
   a_s = jax.device_put(a, NamedSharding(mesh, a_spec))
@@ -50,14 +52,20 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
   assert len(a_s.sharding.device_set) == 8
 
   # solve, unchanged, inside a user's jax.jit.
-  run = jax.jit(lambda x, a, y: hdm_optax.solve(
-      opt, logistic, x, max_steps=steps, tol=0.0, fun_args=(a, y)))
+  run = jax.jit(
+    lambda x, a, y: hdm_optax.solve(opt, logistic, x, max_steps=steps, tol=0.0, fun_args=(a, y))
+  )
   res = run(x_s, a_s, y_s)
   err = rel_err(res.params, ref.params)
   assert err < 1e-6, (name, err)
   assert int(res.num_steps) == int(ref.num_steps)
-  for leaf in (res.params, res.state.precond, res.state.prev_params, res.state.grad,
-               res.state.precond_accum.sum_sq):
+  for leaf in (
+    res.params,
+    res.state.precond,
+    res.state.prev_params,
+    res.state.grad,
+    res.state.precond_accum.sum_sq,
+  ):
     assert same_sharding(leaf, x_sh), (name, leaf.sharding, x_sh)
 
   # A hand-written jitted update loop; init inherits the params' sharding.
@@ -78,8 +86,10 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
   err_loop = rel_err(x, ref.params)
   assert err_loop < 1e-6, (name, err_loop)
   assert same_sharding(x, x_sh) and same_sharding(state.precond, x_sh)
-  print(f"{name}: solve rel err {err:.1e}, loop rel err {err_loop:.1e}, "
-        f"precond sharding {state.precond.sharding.spec}")
+  print(
+    f"{name}: solve rel err {err:.1e}, loop rel err {err_loop:.1e}, "
+    f"precond sharding {state.precond.sharding.spec}"
+  )
 
 
 def main():

@@ -9,59 +9,64 @@ from experiments import problems
 
 
 def _problem(kind, m=100, d=5, seed=0):
-    """Noisy labels: not separable, so both problems have a finite minimiser."""
-    rng = np.random.default_rng(seed)
-    X = rng.standard_normal((m, d))
-    y = np.where(X @ rng.standard_normal(d) + 3.0 * rng.standard_normal(m) > 0, 1.0, -1.0)
-    return problems.make_problem(X, y, kind, name=f"toy-{kind}")
+  """Noisy labels: not separable, so both problems have a finite minimiser."""
+  rng = np.random.default_rng(seed)
+  X = rng.standard_normal((m, d))
+  y = np.where(X @ rng.standard_normal(d) + 3.0 * rng.standard_normal(m) > 0, 1.0, -1.0)
+  return problems.make_problem(X, y, kind, name=f"toy-{kind}")
 
 
 def test_scipy_options():
-    assert bs.scipy_options("BFGS", 1e-4) == ("BFGS", {"gtol": 1e-4, "maxiter": 999, "norm": np.inf})
-    method, opts = bs.scipy_options("L-BFGS-M10", 1e-4)
-    assert method == "L-BFGS-B"
-    assert opts == {"maxcor": 10, "ftol": 1e-25, "gtol": 1e-4, "maxiter": 999}
-    with pytest.raises(ValueError):
-        bs.scipy_options("Newton")
+  assert bs.scipy_options("BFGS", 1e-4) == ("BFGS", {"gtol": 1e-4, "maxiter": 999, "norm": np.inf})
+  method, opts = bs.scipy_options("L-BFGS-M10", 1e-4)
+  assert method == "L-BFGS-B"
+  assert opts == {"maxcor": 10, "ftol": 1e-25, "gtol": 1e-4, "maxiter": 999}
+  with pytest.raises(ValueError):
+    bs.scipy_options("Newton")
 
 
 @pytest.mark.parametrize("kind", ["svm", "logistic"])
 def test_all_baselines_solve_toy(kind):
-    p = _problem(kind)
-    results = bs.run_all_baselines(p.fun_np, p.x0, tol=1e-4)
-    assert [r.algorithm for r in results] == list(bs.ALGORITHMS)
-    f_star = bs.reference_optimum(p.fun_np, p.x0, tol=1e-8)
-    for r in results:
-        assert r.solved and r.success, (r.algorithm, r.message)
-        assert r.value_calls == r.grad_calls == len(r.trace_values) == len(r.trace_grad_inf)
-        np.testing.assert_array_equal(r.trace_grad_calls, np.arange(1, r.grad_calls + 1))
-        assert 0 < r.grad_calls < 999 and r.iterations > 0 and r.seconds >= 0
-        assert r.final_grad_inf <= 1e-4
-        assert r.trace_grad_inf.min() <= 1e-4
-        assert r.final_value == pytest.approx(p.fun_np(r.x)[0])
-        assert r.final_value == pytest.approx(f_star, rel=1e-6, abs=1e-8)
-        # The first call is at x0.
-        assert r.trace_values[0] == pytest.approx(p.fun_np(p.x0)[0])
+  p = _problem(kind)
+  results = bs.run_all_baselines(p.fun_np, p.x0, tol=1e-4)
+  assert [r.algorithm for r in results] == list(bs.ALGORITHMS)
+  f_star = bs.reference_optimum(p.fun_np, p.x0, tol=1e-8)
+  for r in results:
+    assert r.solved and r.success, (r.algorithm, r.message)
+    assert r.value_calls == r.grad_calls == len(r.trace_values) == len(r.trace_grad_inf)
+    np.testing.assert_array_equal(r.trace_grad_calls, np.arange(1, r.grad_calls + 1))
+    assert 0 < r.grad_calls < 999 and r.iterations > 0 and r.seconds >= 0
+    assert r.final_grad_inf <= 1e-4
+    assert r.trace_grad_inf.min() <= 1e-4
+    assert r.final_value == pytest.approx(p.fun_np(r.x)[0])
+    assert r.final_value == pytest.approx(f_star, rel=1e-6, abs=1e-8)
+    # The first call is at x0.
+    assert r.trace_values[0] == pytest.approx(p.fun_np(p.x0)[0])
 
 
 def test_trace_matches_direct_scipy_call():
-    p = _problem("logistic")
-    r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M3")
-    res = minimize(p.fun_np, p.x0, jac=True, method="L-BFGS-B",
-                   options={"maxcor": 3, "ftol": 1e-25, "gtol": 1e-4, "maxiter": 999})
-    assert r.grad_calls == res.nfev and r.iterations == res.nit
-    np.testing.assert_allclose(r.x, res.x)
+  p = _problem("logistic")
+  r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M3")
+  res = minimize(
+    p.fun_np,
+    p.x0,
+    jac=True,
+    method="L-BFGS-B",
+    options={"maxcor": 3, "ftol": 1e-25, "gtol": 1e-4, "maxiter": 999},
+  )
+  assert r.grad_calls == res.nfev and r.iterations == res.nit
+  np.testing.assert_allclose(r.x, res.x)
 
 
 def test_unsolved_when_tolerance_unreachable():
-    p = _problem("svm")
-    r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M1", tol=1e-30)
-    assert not r.solved
+  p = _problem("svm")
+  r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M1", tol=1e-30)
+  assert not r.solved
 
 
 def test_is_solved():
-    assert bs.is_solved(True, 1e-4, 998, 1e-4)
-    assert bs.is_solved(True, 1.09e-4, 10, 1e-4)
-    assert not bs.is_solved(True, 1e-4, 999, 1e-4)  # "fewer than 999 gradient calls"
-    assert not bs.is_solved(True, 1.2e-4, 10, 1e-4)
-    assert not bs.is_solved(False, 1e-5, 10, 1e-4)
+  assert bs.is_solved(True, 1e-4, 998, 1e-4)
+  assert bs.is_solved(True, 1.09e-4, 10, 1e-4)
+  assert not bs.is_solved(True, 1e-4, 999, 1e-4)  # "fewer than 999 gradient calls"
+  assert not bs.is_solved(True, 1.2e-4, 10, 1e-4)
+  assert not bs.is_solved(False, 1e-5, 10, 1e-4)

@@ -81,13 +81,12 @@ def _assert_nonincreasing(values, what):
 
 # name -> make(L) -> optimizer.
 MONOTONE = {
-    "hdm_scalar": lambda L: hdm_optax.hdm(candidate="scalar", hypergrad_lr=1.0),
-    "hdm_diagonal": lambda L: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=1.0),
-    "hdm_full_ogd": lambda L: hdm_optax.hdm(
-        candidate="full", learner="ogd", hypergrad_lr=1.0 / L),
-    "hdm_hb_omega0": lambda L: hdm_optax.hdm_hb(hypergrad_lr=1.0, momentum_lr=1.0),
-    "hdm_agd": lambda L: hdm_optax.hdm_agd(lipschitz=L, hypergrad_lr=1.0),
-    "hdm_best": lambda L: hdm_optax.hdm_best(lipschitz=L),
+  "hdm_scalar": lambda L: hdm_optax.hdm(candidate="scalar", hypergrad_lr=1.0),
+  "hdm_diagonal": lambda L: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=1.0),
+  "hdm_full_ogd": lambda L: hdm_optax.hdm(candidate="full", learner="ogd", hypergrad_lr=1.0 / L),
+  "hdm_hb_omega0": lambda L: hdm_optax.hdm_hb(hypergrad_lr=1.0, momentum_lr=1.0),
+  "hdm_agd": lambda L: hdm_optax.hdm_agd(lipschitz=L, hypergrad_lr=1.0),
+  "hdm_best": lambda L: hdm_optax.hdm_best(lipschitz=L),
 }
 
 
@@ -97,8 +96,9 @@ def test_null_step_makes_f_nonincreasing(name):
   steps = 150
 
   def run(data, lips, x0s):
-    return jax.vmap(lambda d, L, x0: hdm_optax.solve(
-        make(L), objective, x0, max_steps=steps, tol=0.0, fun_args=d))(data, lips, x0s)
+    return jax.vmap(
+      lambda d, L, x0: hdm_optax.solve(make(L), objective, x0, max_steps=steps, tol=0.0, fun_args=d)
+    )(data, lips, x0s)
 
   res = run_jit(run, DATA, LIPS, X0S)
   values = np.asarray(res.trace.value)
@@ -162,9 +162,11 @@ def test_diagonal_precond_converges_to_inverse_hessian():
   A = np.diag(a)
   x0 = rng.standard_normal(N) * 1e100
   opt = hdm_optax.hdm(candidate="diagonal", learner="ogd", hypergrad_lr=0.1)
-  res = run_jit(lambda x0, A: hdm_optax.solve(
-      opt, quadratic, x0, max_steps=400, tol=0.0, fun_args=(A,)),
-      jnp.asarray(x0), jnp.asarray(A))
+  res = run_jit(
+    lambda x0, A: hdm_optax.solve(opt, quadratic, x0, max_steps=400, tol=0.0, fun_args=(A,)),
+    jnp.asarray(x0),
+    jnp.asarray(A),
+  )
   err = np.linalg.norm(np.asarray(res.state.precond) - 1 / a) / np.linalg.norm(1 / a)
   assert err < 1e-3, err  # starts at 1 (P_1 = 0)
 
@@ -192,8 +194,9 @@ def test_full_precond_converges_to_inverse_hessian():
     state0 = opt.init(starts[0])
 
     def restart(state, x0):
-      res = hdm_optax.solve(opt, quadratic, x0, max_steps=10, tol=0.0,
-                            init_state=state, fun_args=(A,))
+      res = hdm_optax.solve(
+        opt, quadratic, x0, max_steps=10, tol=0.0, init_state=state, fun_args=(A,)
+      )
       return res.state, res.state.precond
 
     _, precs = jax.lax.scan(restart, state0, starts)
@@ -232,12 +235,19 @@ def test_superlinear_convergence_and_gd_is_only_linear():
   f1 = float(quadratic(x0, A))
   floor = 1e-20 * f1
   steps = 600
+
   def run(x0, A):
     hdm = hdm_optax.solve(
-        hdm_optax.hdm(candidate="diagonal", learner="ogd", hypergrad_lr=0.1),
-        quadratic, x0, max_steps=steps, tol=0.0, fun_args=(A,))
-    gd = hdm_optax.solve(optax.sgd(1.0 / a.max()), quadratic, x0, max_steps=steps,
-                         tol=0.0, fun_args=(A,))
+      hdm_optax.hdm(candidate="diagonal", learner="ogd", hypergrad_lr=0.1),
+      quadratic,
+      x0,
+      max_steps=steps,
+      tol=0.0,
+      fun_args=(A,),
+    )
+    gd = hdm_optax.solve(
+      optax.sgd(1.0 / a.max()), quadratic, x0, max_steps=steps, tol=0.0, fun_args=(A,)
+    )
     return hdm, gd
 
   hdm, gd = run_jit(run, x0, A)
@@ -264,10 +274,17 @@ def test_vanilla_hdm_blows_up_then_converges_and_null_step_prevents_it():
   f1 = toy.toy_value(x0, A)
 
   def run(x0, A):
-    return [hdm_optax.solve(hdm_optax.hdm(null_step=null_step, **toy.VANILLA_HDM),
-                            toy.toy_objective, x0, max_steps=toy.TOY_MAX_STEPS,
-                            tol=0.0, fun_args=(A,))
-            for null_step in (False, True)]
+    return [
+      hdm_optax.solve(
+        hdm_optax.hdm(null_step=null_step, **toy.VANILLA_HDM),
+        toy.toy_objective,
+        x0,
+        max_steps=toy.TOY_MAX_STEPS,
+        tol=0.0,
+        fun_args=(A,),
+      )
+      for null_step in (False, True)
+    ]
 
   vanilla, guarded = run_jit(run, x0, A)
   v = np.asarray(vanilla.trace.value)

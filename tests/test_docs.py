@@ -20,8 +20,9 @@ def test_readme_python_blocks_run():
     exec(compile(block, "README.md", "exec"), namespace)  # pylint: disable=exec-used
 
 
-@pytest.mark.parametrize("module", [_hdm, _hdm_hb, _hdm_agd, _hdm_best, solver],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+  "module", [_hdm, _hdm_hb, _hdm_agd, _hdm_best, solver], ids=lambda m: m.__name__
+)
 def test_docstring_examples(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
   assert result.attempted > 0

@@ -17,8 +17,15 @@ def _fake_results(folder):
     traces[f"{name}/grad_calls"] = calls.astype(np.int32)
     traces[f"{name}/value"] = value
     traces[f"{name}/grad_inf"] = (value - 1.0).astype(np.float32)
-    rows.append(dict(algorithm=name, solved=int(i > 0), iterations=calls[-1] - 1,
-                     grad_calls=calls[-1], hyperparams=""))
+    rows.append(
+      dict(
+        algorithm=name,
+        solved=int(i > 0),
+        iterations=calls[-1] - 1,
+        grad_calls=calls[-1],
+        hyperparams="",
+      )
+    )
   np.savez_compressed(folder / "svm" / "tiny.npz", **traces)
   with open(folder / "svm" / "tiny.csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))

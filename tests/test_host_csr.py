@@ -23,108 +23,107 @@ LOWERINGS = ["ffi", "callback", "pure_callback"]
 
 @pytest.fixture(params=LOWERINGS)
 def lowering(request, monkeypatch):
-    """Compiles the product with one lowering (fresh jit caches each time)."""
-    if request.param == "ffi":
-        if not host_csr._load_kernel():
-            pytest.skip("no C++ compiler: the FFI kernel cannot be built here")
-        monkeypatch.setenv("HDM_HOST_CSR", "ffi")
-    else:
-        monkeypatch.setenv("HDM_HOST_CSR", "callback")
-    if request.param == "pure_callback":  # used when JAX's internal callback is missing
-        monkeypatch.setattr(host_csr, "_emit_python_callback", None)
-    jax.clear_caches()
-    yield request.param
-    jax.clear_caches()
+  """Compiles the product with one lowering (fresh jit caches each time)."""
+  if request.param == "ffi":
+    if not host_csr._load_kernel():
+      pytest.skip("no C++ compiler: the FFI kernel cannot be built here")
+    monkeypatch.setenv("HDM_HOST_CSR", "ffi")
+  else:
+    monkeypatch.setenv("HDM_HOST_CSR", "callback")
+  if request.param == "pure_callback":  # used when JAX's internal callback is missing
+    monkeypatch.setattr(host_csr, "_emit_python_callback", None)
+  jax.clear_caches()
+  yield request.param
+  jax.clear_caches()
 
 
 def _loss(w, matrix):
-    return jnp.sum(jnp.sin(host_csr.csr_matvec(w, matrix)))
+  return jnp.sum(jnp.sin(host_csr.csr_matvec(w, matrix)))
 
 
 def test_products_gradients_and_vmap_equal_scipy(lowering):
-    vg = jax.jit(jax.value_and_grad(_loss))
-    for w in W:
-        v, g = vg(jnp.asarray(w), MATRIX)
-        z = A @ w
-        assert float(v) == pytest.approx(np.sum(np.sin(z)), rel=1e-13)
-        np.testing.assert_allclose(np.asarray(g), A.T @ np.cos(z), rtol=1e-12, atol=1e-14)
-    matvec = jax.jit(host_csr.csr_matvec)
-    np.testing.assert_array_equal(np.asarray(matvec(jnp.asarray(W[0]), MATRIX)), A @ W[0])
-    batched = jax.jit(jax.vmap(host_csr.csr_matvec, in_axes=(0, None)))(jnp.asarray(W), MATRIX)
-    np.testing.assert_array_equal(np.asarray(batched), (A @ W.T).T)  # SciPy's csr_matvecs
-    nested = jax.jit(jax.vmap(jax.vmap(host_csr.csr_matvec, in_axes=(0, None)),
-                              in_axes=(0, None)))(jnp.asarray(W.reshape(2, 2, 9)), MATRIX)
-    np.testing.assert_array_equal(np.asarray(nested), (A @ W.T).T.reshape(2, 2, 37))
-    transposed = jax.jit(jax.grad(lambda w, m, v: jnp.vdot(host_csr.csr_matvec(w, m), v)))
-    np.testing.assert_array_equal(
-        np.asarray(transposed(jnp.asarray(W[0]), MATRIX, jnp.asarray(V[0]))),
-        A.T.tocsr() @ V[0])
-    vb, gb = jax.jit(jax.vmap(jax.value_and_grad(_loss), in_axes=(0, None)))(jnp.asarray(W),
-                                                                            MATRIX)
-    np.testing.assert_allclose(np.asarray(vb), np.sin(W @ A.T.toarray()).sum(1), rtol=1e-13)
-    np.testing.assert_allclose(np.asarray(gb), np.cos(W @ A.T.toarray()) @ A.toarray(),
-                               rtol=1e-12, atol=1e-14)
+  vg = jax.jit(jax.value_and_grad(_loss))
+  for w in W:
+    v, g = vg(jnp.asarray(w), MATRIX)
+    z = A @ w
+    assert float(v) == pytest.approx(np.sum(np.sin(z)), rel=1e-13)
+    np.testing.assert_allclose(np.asarray(g), A.T @ np.cos(z), rtol=1e-12, atol=1e-14)
+  matvec = jax.jit(host_csr.csr_matvec)
+  np.testing.assert_array_equal(np.asarray(matvec(jnp.asarray(W[0]), MATRIX)), A @ W[0])
+  batched = jax.jit(jax.vmap(host_csr.csr_matvec, in_axes=(0, None)))(jnp.asarray(W), MATRIX)
+  np.testing.assert_array_equal(np.asarray(batched), (A @ W.T).T)  # SciPy's csr_matvecs
+  nested = jax.jit(jax.vmap(jax.vmap(host_csr.csr_matvec, in_axes=(0, None)), in_axes=(0, None)))(
+    jnp.asarray(W.reshape(2, 2, 9)), MATRIX
+  )
+  np.testing.assert_array_equal(np.asarray(nested), (A @ W.T).T.reshape(2, 2, 37))
+  transposed = jax.jit(jax.grad(lambda w, m, v: jnp.vdot(host_csr.csr_matvec(w, m), v)))
+  np.testing.assert_array_equal(
+    np.asarray(transposed(jnp.asarray(W[0]), MATRIX, jnp.asarray(V[0]))), A.T.tocsr() @ V[0]
+  )
+  vb, gb = jax.jit(jax.vmap(jax.value_and_grad(_loss), in_axes=(0, None)))(jnp.asarray(W), MATRIX)
+  np.testing.assert_allclose(np.asarray(vb), np.sin(W @ A.T.toarray()).sum(1), rtol=1e-13)
+  np.testing.assert_allclose(
+    np.asarray(gb), np.cos(W @ A.T.toarray()) @ A.toarray(), rtol=1e-12, atol=1e-14
+  )
 
 
 def test_float32_stays_float32(lowering):
-    out = jax.jit(host_csr.csr_matvec)(jnp.asarray(W[0], jnp.float32), MATRIX)
-    assert out.dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(out),
-                                  (A @ W[0].astype(np.float32)).astype(np.float32))
+  out = jax.jit(host_csr.csr_matvec)(jnp.asarray(W[0], jnp.float32), MATRIX)
+  assert out.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(out), (A @ W[0].astype(np.float32)).astype(np.float32))
 
 
 def test_row_split_gives_the_same_numbers(lowering, monkeypatch):
-    monkeypatch.setattr(host_csr, "FFI_MIN_WORK", 1)  # FFI: split over the intra-op threads
-    monkeypatch.setattr(host_csr, "THREADS", 2)  # callback: split over a Python thread
-    monkeypatch.setattr(host_csr, "THREAD_MIN_WORK", 0)
-    big = sp.random(3000, 50, density=0.2, random_state=1, format="csr")
-    matrix = host_csr.register(big)
-    w = np.random.default_rng(2).standard_normal((20, 50))
-    np.testing.assert_array_equal(
-        np.asarray(jax.jit(host_csr.csr_matvec)(jnp.asarray(w[0]), matrix)), big @ w[0])
-    batched = jax.jit(jax.vmap(host_csr.csr_matvec, in_axes=(0, None)))(jnp.asarray(w), matrix)
-    np.testing.assert_array_equal(np.asarray(batched), (big @ w.T).T)
+  monkeypatch.setattr(host_csr, "FFI_MIN_WORK", 1)  # FFI: split over the intra-op threads
+  monkeypatch.setattr(host_csr, "THREADS", 2)  # callback: split over a Python thread
+  monkeypatch.setattr(host_csr, "THREAD_MIN_WORK", 0)
+  big = sp.random(3000, 50, density=0.2, random_state=1, format="csr")
+  matrix = host_csr.register(big)
+  w = np.random.default_rng(2).standard_normal((20, 50))
+  np.testing.assert_array_equal(
+    np.asarray(jax.jit(host_csr.csr_matvec)(jnp.asarray(w[0]), matrix)), big @ w[0]
+  )
+  batched = jax.jit(jax.vmap(host_csr.csr_matvec, in_axes=(0, None)))(jnp.asarray(w), matrix)
+  np.testing.assert_array_equal(np.asarray(batched), (big @ w.T).T)
 
 
 def test_eager_call_uses_scipy():
-    out = host_csr.csr_matvec(jnp.asarray(W[1]), MATRIX)
-    np.testing.assert_array_equal(np.asarray(out), A @ W[1])
-    np.testing.assert_allclose(host_csr.host_product(MATRIX.handle, V.T, transpose=True),
-                               A.T @ V.T)
-    np.testing.assert_allclose(
-        host_csr.host_product(MATRIX.handle, W.T[:, None, :])[:, 0], A @ W.T)
+  out = host_csr.csr_matvec(jnp.asarray(W[1]), MATRIX)
+  np.testing.assert_array_equal(np.asarray(out), A @ W[1])
+  np.testing.assert_allclose(host_csr.host_product(MATRIX.handle, V.T, transpose=True), A.T @ V.T)
+  np.testing.assert_allclose(host_csr.host_product(MATRIX.handle, W.T[:, None, :])[:, 0], A @ W.T)
 
 
 def test_bad_handle_and_shape_are_clear_errors():
-    with pytest.raises(KeyError, match="no host matrix is registered under handle 99999"):
-        host_csr.host_product(np.asarray([99999]), W[0])
-    with pytest.raises(ValueError, match="needs 9 entries, got 8"):
-        host_csr.host_product(MATRIX.handle, W[0, :8])
-    assert MATRIX.shape == (37, 9)
+  with pytest.raises(KeyError, match="no host matrix is registered under handle 99999"):
+    host_csr.host_product(np.asarray([99999]), W[0])
+  with pytest.raises(ValueError, match="needs 9 entries, got 8"):
+    host_csr.host_product(MATRIX.handle, W[0, :8])
+  assert MATRIX.shape == (37, 9)
 
 
 def test_missing_compiler_falls_back_with_a_warning(monkeypatch, tmp_path):
-    monkeypatch.setenv("CXX", "no-such-compiler")
-    monkeypatch.setenv("HDM_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.delenv("HDM_HOST_CSR", raising=False)
+  monkeypatch.setenv("CXX", "no-such-compiler")
+  monkeypatch.setenv("HDM_KERNEL_CACHE", str(tmp_path))
+  monkeypatch.delenv("HDM_HOST_CSR", raising=False)
+  host_csr._load_kernel.cache_clear()
+  try:
+    with pytest.warns(RuntimeWarning, match="CSR kernel could not be built"):
+      assert host_csr.lowering() == "callback"
+    jax.clear_caches()
+    out = jax.jit(host_csr.csr_matvec)(jnp.asarray(W[2]), MATRIX)
+    np.testing.assert_array_equal(np.asarray(out), A @ W[2])
+    assert not list(tmp_path.iterdir())  # nothing half-built is left behind
+  finally:
     host_csr._load_kernel.cache_clear()
-    try:
-        with pytest.warns(RuntimeWarning, match="CSR kernel could not be built"):
-            assert host_csr.lowering() == "callback"
-        jax.clear_caches()
-        out = jax.jit(host_csr.csr_matvec)(jnp.asarray(W[2]), MATRIX)
-        np.testing.assert_array_equal(np.asarray(out), A @ W[2])
-        assert not list(tmp_path.iterdir())  # nothing half-built is left behind
-    finally:
-        host_csr._load_kernel.cache_clear()
-        jax.clear_caches()
+    jax.clear_caches()
 
 
 def test_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
-    if not host_csr._load_kernel():
-        pytest.skip("no C++ compiler")
-    monkeypatch.setenv("HDM_KERNEL_CACHE", str(tmp_path))
-    library = host_csr._build_kernel()
-    assert list(tmp_path.iterdir()) == [library] and library.suffix == ".so"
-    mtime = library.stat().st_mtime_ns
-    assert host_csr._build_kernel() == library and library.stat().st_mtime_ns == mtime
+  if not host_csr._load_kernel():
+    pytest.skip("no C++ compiler")
+  monkeypatch.setenv("HDM_KERNEL_CACHE", str(tmp_path))
+  library = host_csr._build_kernel()
+  assert list(tmp_path.iterdir()) == [library] and library.suffix == ".so"
+  mtime = library.stat().st_mtime_ns
+  assert host_csr._build_kernel() == library and library.stat().st_mtime_ns == mtime

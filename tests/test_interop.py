@@ -63,16 +63,20 @@ def _manual_run(opt, fun, x0, steps):
 def test_value_and_grad_from_state_loop_matches_solve(name):
   # (precond_lr 10/L: the default 100/L, tuned on the LIBSVM problems, spends
   # the first ~25 steps shrinking P on this small well-conditioned problem.)
-  opt = (hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP) if name == "hdm_best"
-         else hdm_optax.hdm(hypergrad_lr=0.5))
+  opt = (
+    hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
+    if name == "hdm_best"
+    else hdm_optax.hdm(hypergrad_lr=0.5)
+  )
   steps = 25
   x, state, values = _manual_run(opt, vec_logistic, X0, steps)
   res = hdm_optax.solve(opt, logistic, X0, max_steps=steps, tol=0.0, fun_args=(X, Y))
   assert int(res.num_steps) == steps
   np.testing.assert_allclose(np.asarray(res.trace.value), values, rtol=1e-10)
   np.testing.assert_allclose(res.params, x, rtol=1e-9, atol=1e-12)
-  np.testing.assert_allclose(optax.tree.get(res.state, "precond"),
-                             optax.tree.get(state, "precond"), rtol=1e-9, atol=1e-12)
+  np.testing.assert_allclose(
+    optax.tree.get(res.state, "precond"), optax.tree.get(state, "precond"), rtol=1e-9, atol=1e-12
+  )
   # One oracle call per update: the loop above only calls value_and_grad once
   # (at the start, where the state's value is +inf).
   assert int(state.info.num_grad_evals) == steps
@@ -90,19 +94,21 @@ def _counting(fun):
   return counted, calls
 
 
-@pytest.mark.parametrize("name,per_step", [
-    ("hdm", 1), ("hdm_hb", 1), ("hdm_best", 1), ("hdm_agd", 3)])
+@pytest.mark.parametrize(
+  "name,per_step", [("hdm", 1), ("hdm_hb", 1), ("hdm_best", 1), ("hdm_agd", 3)]
+)
 def test_solve_oracle_counts(name, per_step):
   make = {
-      "hdm": lambda: hdm_optax.hdm(hypergrad_lr=0.5),
-      "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5),
-      "hdm_best": lambda: hdm_optax.hdm_best(),  # lipschitz probed: one extra update
-      "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, hypergrad_lr=0.5),
+    "hdm": lambda: hdm_optax.hdm(hypergrad_lr=0.5),
+    "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5),
+    "hdm_best": lambda: hdm_optax.hdm_best(),  # lipschitz probed: one extra update
+    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, hypergrad_lr=0.5),
   }[name]
   fun, calls = _counting(logistic)
   opt = make()
-  res = run_jit(lambda x0, X, y: hdm_optax.solve(
-      opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y)), X0, X, Y)
+  res = run_jit(
+    lambda x0, X, y: hdm_optax.solve(opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y)), X0, X, Y
+  )
   jax.effects_barrier()
   steps = int(res.num_steps)
   assert steps == 40
@@ -175,14 +181,15 @@ def test_inject_hyperparams_precond_lr_change_changes_run():
 
 def test_wrappers_chain_and_apply_if_finite():
   base = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
-  opts = [base,
-          optax.chain(base, optax.identity()),
-          optax.chain(base, optax.scale(1.0)),
-          optax.apply_if_finite(base, max_consecutive_errors=3)]
+  opts = [
+    base,
+    optax.chain(base, optax.identity()),
+    optax.chain(base, optax.scale(1.0)),
+    optax.apply_if_finite(base, max_consecutive_errors=3),
+  ]
 
   def run(x0, X, y):
-    return [hdm_optax.solve(o, logistic, x0, max_steps=60, tol=0.0, fun_args=(X, y))
-            for o in opts]
+    return [hdm_optax.solve(o, logistic, x0, max_steps=60, tol=0.0, fun_args=(X, y)) for o in opts]
 
   results = run_jit(run, X0, X, Y)
   ref = results[0]
@@ -198,11 +205,12 @@ def test_wrappers_chain_and_apply_if_finite():
 # ---------------------------------------------------------------------------
 
 _Z = jnp.asarray(_RNG.standard_normal((M, 2, 3)))
-TREE0 = {"w": jnp.asarray(_RNG.standard_normal(4)),
-         "b": jnp.asarray(_RNG.standard_normal((2, 3)))}
+TREE0 = {"w": jnp.asarray(_RNG.standard_normal(4)), "b": jnp.asarray(_RNG.standard_normal((2, 3)))}
 _XW = jnp.asarray(_RNG.standard_normal((M, 4)))
-LIP_TREE = float(0.25 * np.linalg.norm(
-    np.concatenate([np.asarray(_XW), np.asarray(_Z).reshape(M, -1)], 1), 2) ** 2 + 0.1)
+LIP_TREE = float(
+  0.25 * np.linalg.norm(np.concatenate([np.asarray(_XW), np.asarray(_Z).reshape(M, -1)], 1), 2) ** 2
+  + 0.1
+)
 
 
 def tree_logistic(p, Xw, Z, y):
@@ -212,12 +220,11 @@ def tree_logistic(p, Xw, Z, y):
 
 
 PYTREE_OPTS = {
-    "hdm_diagonal": lambda: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=0.5),
-    "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd",
-                                      hypergrad_lr=0.5 / LIP),
-    "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5, momentum_lr=0.5),
-    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP_TREE, hypergrad_lr=0.5),
-    "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP_TREE, precond_lr=10.0 / LIP_TREE),
+  "hdm_diagonal": lambda: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=0.5),
+  "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd", hypergrad_lr=0.5 / LIP),
+  "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5, momentum_lr=0.5),
+  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP_TREE, hypergrad_lr=0.5),
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP_TREE, precond_lr=10.0 / LIP_TREE),
 }
 # Also run on the flattened vector and compare (the others only run on the tree,
 # to save compile time; they share the same tree code paths).
@@ -236,12 +243,10 @@ def test_pytree_params(name):
 
   def run(tree0, flat0, Xw, Z, y):
     args = (Xw, Z, y)
-    tree = hdm_optax.solve(opt, tree_logistic, tree0, max_steps=steps, tol=0.0,
-                           fun_args=args)
+    tree = hdm_optax.solve(opt, tree_logistic, tree0, max_steps=steps, tol=0.0, fun_args=args)
     if name not in COMPARE_FLAT:
       return tree, None
-    return tree, hdm_optax.solve(opt, flat_fun, flat0, max_steps=steps, tol=0.0,
-                                 fun_args=args)
+    return tree, hdm_optax.solve(opt, flat_fun, flat0, max_steps=steps, tol=0.0, fun_args=args)
 
   tree_res, flat_res = run_jit(run, TREE0, flat0, _XW, _Z, Y)
   chex.assert_trees_all_equal_structs(tree_res.params, TREE0)
@@ -252,8 +257,9 @@ def test_pytree_params(name):
   assert int(tree_res.state.info.num_null_steps) < steps // 2
   if flat_res is not None:
     np.testing.assert_allclose(tree_res.trace.value, flat_res.trace.value, rtol=1e-8)
-    np.testing.assert_allclose(ravel_pytree(tree_res.params)[0], flat_res.params,
-                               rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(
+      ravel_pytree(tree_res.params)[0], flat_res.params, rtol=1e-7, atol=1e-10
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -261,18 +267,21 @@ def test_pytree_params(name):
 # ---------------------------------------------------------------------------
 
 DTYPE_OPTS = {
-    "hdm_scalar": lambda: hdm_optax.hdm(candidate="scalar"),
-    "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd_sqrt"),
-    "hdm_hb": lambda: hdm_optax.hdm_hb(momentum_candidate="diagonal"),
-    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=10.0),
-    "hdm_best": lambda: hdm_optax.hdm_best(),
-    "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=10.0, tau=1.0),
+  "hdm_scalar": lambda: hdm_optax.hdm(candidate="scalar"),
+  "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd_sqrt"),
+  "hdm_hb": lambda: hdm_optax.hdm_hb(momentum_candidate="diagonal"),
+  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=10.0),
+  "hdm_best": lambda: hdm_optax.hdm_best(),
+  "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=10.0, tau=1.0),
 }
 
 
 def _float_dtypes(tree):
-  return {jnp.dtype(leaf.dtype) for leaf in jax.tree.leaves(tree)
-          if jnp.issubdtype(leaf.dtype, jnp.floating)}
+  return {
+    jnp.dtype(leaf.dtype)
+    for leaf in jax.tree.leaves(tree)
+    if jnp.issubdtype(leaf.dtype, jnp.floating)
+  }
 
 
 def _check_dtypes(make, dtype):
@@ -309,10 +318,14 @@ def test_dtypes_preserved(name):
 def test_float32_solve_runs_in_float32():
   x0 = X0.astype(jnp.float32)
   # float32 resolution of f (~23 here) limits the reachable gradient to ~1e-2.
-  res = run_jit(lambda x0, X, y: hdm_optax.solve(
-      hdm_optax.hdm_best(precond_lr=0.5), logistic, x0, max_steps=300, tol=1e-2,
-      fun_args=(X, y)),
-      x0, X.astype(jnp.float32), Y.astype(jnp.float32))
+  res = run_jit(
+    lambda x0, X, y: hdm_optax.solve(
+      hdm_optax.hdm_best(precond_lr=0.5), logistic, x0, max_steps=300, tol=1e-2, fun_args=(X, y)
+    ),
+    x0,
+    X.astype(jnp.float32),
+    Y.astype(jnp.float32),
+  )
   assert res.params.dtype == jnp.float32 and res.value.dtype == jnp.float32
   assert _float_dtypes(res.state) == {jnp.dtype(jnp.float32)}
   assert bool(res.converged)
@@ -348,8 +361,7 @@ def test_solve_does_not_recompile_for_new_values():
   before = cache()
   r1 = hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y))
   after_first = cache()
-  r2 = hdm_optax.solve(opt, logistic, 2 * X0 + 1, max_steps=20, fun_args=(X, -Y),
-                       tol=1e-6)
+  r2 = hdm_optax.solve(opt, logistic, 2 * X0 + 1, max_steps=20, fun_args=(X, -Y), tol=1e-6)
   assert after_first == before + 1
   assert cache() == after_first
   assert not np.allclose(r1.params, r2.params)
@@ -369,16 +381,18 @@ def _make_best(precond_lr, momentum_lr):
 
 def test_sweep_equals_separate_solves():
   kw = dict(max_steps=150, tol=1e-5, fun_args=(X, Y))
-  out = hdm_optax.sweep(_make_best, {"precond_lr": PRECOND_LRS, "momentum_lr": MOMENTUM_LRS},
-                        logistic, X0, **kw)
+  out = hdm_optax.sweep(
+    _make_best, {"precond_lr": PRECOND_LRS, "momentum_lr": MOMENTUM_LRS}, logistic, X0, **kw
+  )
   assert len(out.points) == 20
   assert out.points[7] == {"precond_lr": PRECOND_LRS[1], "momentum_lr": MOMENTUM_LRS[2]}
 
   # 20 separate (unbatched) solves; the hyper-parameters are arguments, so
   # this compiles once.
   def single(p_lr, m_lr, x0, X, y):
-    return hdm_optax.solve(_make_best(p_lr, m_lr), logistic, x0, max_steps=150,
-                           tol=1e-5, fun_args=(X, y))
+    return hdm_optax.solve(
+      _make_best(p_lr, m_lr), logistic, x0, max_steps=150, tol=1e-5, fun_args=(X, y)
+    )
 
   single = jax.jit(single).lower(1.0, 1.0, X0, X, Y).compile(_FAST_COMPILE)
   steps, values, conv = [], [], []
@@ -402,9 +416,15 @@ def test_jit_vmap_solve_over_precond_lr():
   lrs = jnp.asarray(PRECOND_LRS)
 
   def run(lrs, x0, X, y):
-    return jax.vmap(lambda lr: hdm_optax.solve(
-        hdm_optax.hdm_best(lipschitz=LIP, precond_lr=lr), logistic, x0,
-        max_steps=150, fun_args=(X, y)))(lrs)
+    return jax.vmap(
+      lambda lr: hdm_optax.solve(
+        hdm_optax.hdm_best(lipschitz=LIP, precond_lr=lr),
+        logistic,
+        x0,
+        max_steps=150,
+        fun_args=(X, y),
+      )
+    )(lrs)
 
   res = run_jit(run, lrs, X0, X, Y)  # jax.jit(run)(lrs, X0, X, Y)
   assert res.params.shape == (4, N)
@@ -420,15 +440,13 @@ def test_jit_vmap_solve_over_precond_lr():
 
 def test_solve_with_adam_and_lbfgs():
   fun, calls = _counting(logistic)
-  adam = hdm_optax.solve(optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4,
-                         fun_args=(X, Y))
+  adam = hdm_optax.solve(optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4, fun_args=(X, Y))
   jax.effects_barrier()
   assert int(adam.num_grad_evals) == int(adam.num_steps) + 1 == len(calls)
   assert float(adam.value) < float(logistic(X0, X, Y))
 
   calls.clear()
-  lbfgs = hdm_optax.solve(optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8,
-                          fun_args=(X, Y))
+  lbfgs = hdm_optax.solve(optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8, fun_args=(X, Y))
   jax.effects_barrier()
   assert bool(lbfgs.converged)
   steps = int(lbfgs.num_steps)

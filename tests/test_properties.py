@@ -44,7 +44,7 @@ def problems(draw):
   hess = (q * eig) @ q.T
   hess = 0.5 * (hess + hess.T)
   b = rng.normal(size=N) * eig.max()
-  a = rng.normal(size=(M, N)) * 10.0 ** logit_scale
+  a = rng.normal(size=(M, N)) * 10.0**logit_scale
   y = np.where(rng.normal(size=M) > 0, 1.0, -1.0)
   w_quad = 0.0 if kind == "logistic" else 1.0
   w_log = 0.0 if kind == "quad" else 1.0
@@ -55,16 +55,17 @@ def problems(draw):
 
 
 def log_uniform(lo, hi):
-  return st.floats(np.log10(lo), np.log10(hi)).map(lambda e: 10.0 ** e)
+  return st.floats(np.log10(lo), np.log10(hi)).map(lambda e: 10.0**e)
 
 
 @functools.lru_cache(maxsize=None)
 def compiled_solve(make):
   """One compiled program per optimizer factory: hp and data are arguments."""
+
   @jax.jit
   def run(hp, x0, data):
-    return hdm_optax.solve(make(**hp), objective, x0, max_steps=STEPS, tol=0.0,
-                           fun_args=data)
+    return hdm_optax.solve(make(**hp), objective, x0, max_steps=STEPS, tol=0.0, fun_args=data)
+
   return run
 
 
@@ -95,9 +96,14 @@ def _hdm_scalar(**hp):
 
 
 @SETTINGS
-@given(prob=problems(), make=st.sampled_from([_hdm_diag, _hdm_scalar]),
-       lr=log_uniform(1e-3, 10.0), p_min=st.floats(0.0, 0.1, allow_subnormal=False),
-       p_span=log_uniform(1e-3, 10.0), init=st.floats(0.0, 1.0, allow_subnormal=False))
+@given(
+  prob=problems(),
+  make=st.sampled_from([_hdm_diag, _hdm_scalar]),
+  lr=log_uniform(1e-3, 10.0),
+  p_min=st.floats(0.0, 0.1, allow_subnormal=False),
+  p_span=log_uniform(1e-3, 10.0),
+  init=st.floats(0.0, 1.0, allow_subnormal=False),
+)
 def test_hdm_properties(prob, make, lr, p_min, p_span, init):
   data, x0, lip = prob
   p_max = (p_min + p_span) / lip
@@ -113,16 +119,30 @@ def _hdm_hb(**hp):
 
 
 @SETTINGS
-@given(prob=problems(), lr=log_uniform(1e-3, 10.0), mlr=log_uniform(1e-3, 10.0),
-       omega=st.floats(0.0, 10.0, allow_subnormal=False), tau=st.floats(0.0, 100.0, allow_subnormal=False),
-       b_lo=st.floats(-0.99, 0.5, allow_subnormal=False), b_span=st.floats(0.0, 0.49, allow_subnormal=False),
-       b_init=st.floats(0.0, 1.0, allow_subnormal=False))
+@given(
+  prob=problems(),
+  lr=log_uniform(1e-3, 10.0),
+  mlr=log_uniform(1e-3, 10.0),
+  omega=st.floats(0.0, 10.0, allow_subnormal=False),
+  tau=st.floats(0.0, 100.0, allow_subnormal=False),
+  b_lo=st.floats(-0.99, 0.5, allow_subnormal=False),
+  b_span=st.floats(0.0, 0.49, allow_subnormal=False),
+  b_init=st.floats(0.0, 1.0, allow_subnormal=False),
+)
 def test_hdm_hb_properties(prob, lr, mlr, omega, tau, b_lo, b_span, b_init):
   data, x0, lip = prob
   b_hi = b_lo + b_span
-  hp = dict(hypergrad_lr=lr / lip, momentum_lr=mlr, omega=omega * lip,
-            tau=tau * lip ** 2, momentum_min=b_lo, momentum_max=b_hi,
-            init_momentum=b_lo + b_init * b_span, p_min=0.0, p_max=10.0 / lip)
+  hp = dict(
+    hypergrad_lr=lr / lip,
+    momentum_lr=mlr,
+    omega=omega * lip,
+    tau=tau * lip**2,
+    momentum_min=b_lo,
+    momentum_max=b_hi,
+    init_momentum=b_lo + b_init * b_span,
+    p_min=0.0,
+    p_max=10.0 / lip,
+  )
   res = compiled_solve(_hdm_hb)(hp, x0, data)
   check_run(res, monotone=False)  # monotone in the potential psi, not in f
   assert_within(res.state.precond, 0.0, 10.0 / lip * (1 + 1e-12))
@@ -134,12 +154,17 @@ def _hdm_agd(**hp):
 
 
 @SETTINGS
-@given(prob=problems(), l_factor=log_uniform(0.5, 10.0), theta=st.floats(0.5, 5.0, allow_subnormal=False),
-       lr=log_uniform(1e-3, 10.0))
+@given(
+  prob=problems(),
+  l_factor=log_uniform(0.5, 10.0),
+  theta=st.floats(0.5, 5.0, allow_subnormal=False),
+  lr=log_uniform(1e-3, 10.0),
+)
 def test_hdm_agd_properties(prob, l_factor, theta, lr):
   data, x0, lip = prob
-  hp = dict(lipschitz=l_factor * lip, theta=theta, hypergrad_lr=lr / lip,
-            p_min=0.0, p_max=10.0 / lip)
+  hp = dict(
+    lipschitz=l_factor * lip, theta=theta, hypergrad_lr=lr / lip, p_min=0.0, p_max=10.0 / lip
+  )
   res = compiled_solve(_hdm_agd)(hp, x0, data)
   check_run(res, monotone=True)
   assert_within(res.state.precond, 0.0, 10.0 / lip * (1 + 1e-12))
@@ -150,14 +175,26 @@ def _hdm_best(**hp):
 
 
 @SETTINGS
-@given(prob=problems(), l_factor=log_uniform(0.1, 10.0), lr=log_uniform(0.1, 100.0),
-       mlr=log_uniform(0.01, 30.0), b_lo=st.floats(0.0, 0.5, allow_subnormal=False),
-       b_hi=st.floats(0.6, 0.9995, allow_subnormal=False), b_init=st.floats(0.0, 1.0, allow_subnormal=False))
+@given(
+  prob=problems(),
+  l_factor=log_uniform(0.1, 10.0),
+  lr=log_uniform(0.1, 100.0),
+  mlr=log_uniform(0.01, 30.0),
+  b_lo=st.floats(0.0, 0.5, allow_subnormal=False),
+  b_hi=st.floats(0.6, 0.9995, allow_subnormal=False),
+  b_init=st.floats(0.0, 1.0, allow_subnormal=False),
+)
 def test_hdm_best_properties(prob, l_factor, lr, mlr, b_lo, b_hi, b_init):
   data, x0, lip = prob
-  hp = dict(lipschitz=l_factor * lip, precond_lr=lr / lip, momentum_lr=mlr,
-            momentum_min=b_lo, momentum_max=b_hi, init_momentum=b_init,
-            horizon=STEPS)
+  hp = dict(
+    lipschitz=l_factor * lip,
+    precond_lr=lr / lip,
+    momentum_lr=mlr,
+    momentum_min=b_lo,
+    momentum_max=b_hi,
+    init_momentum=b_init,
+    horizon=STEPS,
+  )
   res = compiled_solve(_hdm_best)(hp, x0, data)
   check_run(res, monotone=True)
   st_ = res.state

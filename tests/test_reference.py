@@ -30,9 +30,9 @@ import pytest  # noqa: E402
 import hdm_optax  # noqa: E402
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
-    import reference as ref  # noqa: E402
+  import reference as ref  # noqa: E402
 except ImportError:  # pragma: no cover - tests/ turned into a package
-    from tests import reference as ref  # noqa: E402
+  from tests import reference as ref  # noqa: E402
 
 # These tiny programs run a few dozen steps each: XLA's backend optimisations
 # cost more compile time than they save (about 40% of each compilation).
@@ -50,62 +50,62 @@ M_SAMPLES = 40
 
 
 def make_problem(kind: str, seed: int, R2: float = math.inf, center=None):
-    """Returns (data dict of float64 arrays, smoothness constant L)."""
-    rng = np.random.default_rng(seed)
-    M = rng.standard_normal((M_SAMPLES, N))
-    y = np.where(rng.standard_normal(M_SAMPLES) > 0, 1.0, -1.0)
-    if kind == "quadratic":
-        Q, _ = np.linalg.qr(rng.standard_normal((N, N)))
-        eig = np.geomspace(1e-2, 1.0, N)  # mu = 0.01, L = 1
-        A = (Q * eig) @ Q.T
-        A = 0.5 * (A + A.T)
-        s = np.linalg.solve(A, rng.standard_normal(N))  # minimiser, f(s) = 0
-        c = 0.0
-        L = float(np.max(np.linalg.eigvalsh(A)))
-    elif kind == "logistic":
-        lam = 1e-4
-        M = M * np.geomspace(0.03, 1.0, N)  # badly scaled features
-        c = 4.0 * M_SAMPLES / np.linalg.norm(M, 2) ** 2  # so that L ~ 1
-        A = lam * np.eye(N)
-        s = np.zeros(N)
-        L = lam + c * np.linalg.norm(M, 2) ** 2 / (4 * M_SAMPLES)
-    else:
-        raise ValueError(kind)
-    center = np.zeros(N) if center is None else np.asarray(center, dtype=np.float64)
-    data = dict(A=A, s=s, M=M, y=y, c=np.float64(c), R2=np.float64(R2), center=center)
-    return data, float(L)
+  """Returns (data dict of float64 arrays, smoothness constant L)."""
+  rng = np.random.default_rng(seed)
+  M = rng.standard_normal((M_SAMPLES, N))
+  y = np.where(rng.standard_normal(M_SAMPLES) > 0, 1.0, -1.0)
+  if kind == "quadratic":
+    Q, _ = np.linalg.qr(rng.standard_normal((N, N)))
+    eig = np.geomspace(1e-2, 1.0, N)  # mu = 0.01, L = 1
+    A = (Q * eig) @ Q.T
+    A = 0.5 * (A + A.T)
+    s = np.linalg.solve(A, rng.standard_normal(N))  # minimiser, f(s) = 0
+    c = 0.0
+    L = float(np.max(np.linalg.eigvalsh(A)))
+  elif kind == "logistic":
+    lam = 1e-4
+    M = M * np.geomspace(0.03, 1.0, N)  # badly scaled features
+    c = 4.0 * M_SAMPLES / np.linalg.norm(M, 2) ** 2  # so that L ~ 1
+    A = lam * np.eye(N)
+    s = np.zeros(N)
+    L = lam + c * np.linalg.norm(M, 2) ** 2 / (4 * M_SAMPLES)
+  else:
+    raise ValueError(kind)
+  center = np.zeros(N) if center is None else np.asarray(center, dtype=np.float64)
+  data = dict(A=A, s=s, M=M, y=y, c=np.float64(c), R2=np.float64(R2), center=center)
+  return data, float(L)
 
 
 def np_oracle(data):
-    A, s, M, y, c, R2, ctr = (data[k] for k in ("A", "s", "M", "y", "c", "R2", "center"))
+  A, s, M, y, c, R2, ctr = (data[k] for k in ("A", "s", "M", "y", "c", "R2", "center"))
 
-    def f(x):
-        if (x - ctr) @ (x - ctr) > R2:
-            return math.inf
-        return float(0.5 * (x - s) @ A @ (x - s) + c * np.mean(np.logaddexp(0.0, -y * (M @ x))))
+  def f(x):
+    if (x - ctr) @ (x - ctr) > R2:
+      return math.inf
+    return float(0.5 * (x - s) @ A @ (x - s) + c * np.mean(np.logaddexp(0.0, -y * (M @ x))))
 
-    def grad(x):
-        z = -y * (M @ x)
-        sig = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid(z)
-        return A @ (x - s) + c * (M.T @ (-y * sig)) / len(y)
+  def grad(x):
+    z = -y * (M @ x)
+    sig = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid(z)
+    return A @ (x - s) + c * (M.T @ (-y * sig)) / len(y)
 
-    return f, grad
+  return f, grad
 
 
 def jax_objective(data):
-    def f(x):
-        r = x - data["s"]
-        val = 0.5 * r @ data["A"] @ r + data["c"] * jnp.mean(
-            jnp.logaddexp(0.0, -data["y"] * (data["M"] @ x))
-        )
-        e = x - data["center"]
-        return jnp.where(e @ e > data["R2"], jnp.inf, val)
+  def f(x):
+    r = x - data["s"]
+    val = 0.5 * r @ data["A"] @ r + data["c"] * jnp.mean(
+      jnp.logaddexp(0.0, -data["y"] * (data["M"] @ x))
+    )
+    e = x - data["center"]
+    return jnp.where(e @ e > data["R2"], jnp.inf, val)
 
-    return f
+  return f
 
 
 def x_start(seed: int = 1):
-    return np.random.default_rng(seed).standard_normal(N)
+  return np.random.default_rng(seed).standard_normal(N)
 
 
 # ---------------------------------------------------------------------------
@@ -114,37 +114,37 @@ def x_start(seed: int = 1):
 
 
 def make_stepper(opt):
-    """One jit compilation per optimizer; problem data are traced arguments.
+  """One jit compilation per optimizer; problem data are traced arguments.
 
-    The cached (value, grad) of the state is passed in from the host, exactly
-    as ``optax.value_and_grad_from_state`` would (recomputed only while the
-    cached value is not finite, i.e. before the first update); keeping that
-    ``lax.cond`` out of the compiled step makes each compilation cheaper.
-    """
+  The cached (value, grad) of the state is passed in from the host, exactly
+  as ``optax.value_and_grad_from_state`` would (recomputed only while the
+  cached value is not finite, i.e. before the first update); keeping that
+  ``lax.cond`` out of the compiled step makes each compilation cheaper.
+  """
 
-    def step(data, state, x, v, g):
-        f = jax_objective(data)
-        upd, state = opt.update(g, state, x, value=v, grad=g, value_fn=f)
-        return optax.apply_updates(x, upd), state
+  def step(data, state, x, v, g):
+    f = jax_objective(data)
+    upd, state = opt.update(g, state, x, value=v, grad=g, value_fn=f)
+    return optax.apply_updates(x, upd), state
 
-    return jax.jit(step, compiler_options=FAST_COMPILE)
+  return jax.jit(step, compiler_options=FAST_COMPILE)
 
 
 _COMPILED = {}
 
 
 def compiled(factory, **kwargs):
-    """(opt, jitted step) for ``factory(**kwargs)``, shared by tests that use the
-    same configuration, so that each configuration is compiled once."""
-    key = (factory.__name__, tuple(sorted(kwargs.items())))
-    if key not in _COMPILED:
-        opt = factory(**kwargs)
-        _COMPILED[key] = (opt, make_stepper(opt))
-    return _COMPILED[key]
+  """(opt, jitted step) for ``factory(**kwargs)``, shared by tests that use the
+  same configuration, so that each configuration is compiled once."""
+  key = (factory.__name__, tuple(sorted(kwargs.items())))
+  if key not in _COMPILED:
+    opt = factory(**kwargs)
+    _COMPILED[key] = (opt, make_stepper(opt))
+  return _COMPILED[key]
 
 
 def _value_and_grad(data, x):
-    return jax.value_and_grad(jax_objective(data))(x)
+  return jax.value_and_grad(jax_objective(data))(x)
 
 
 # same compiler options as the steps, so that f(x) here and f(x - 0 * g) inside
@@ -153,39 +153,39 @@ _value_and_grad = jax.jit(_value_and_grad, compiler_options=FAST_COMPILE)
 
 
 def run_package(opt, stepper, data, x0, steps, extract, replace=None):
-    """Runs ``steps`` updates from ``opt.init(x0)`` (optionally with some state
-    fields replaced, e.g. ``precond``) and returns the per-step records."""
-    x = jnp.asarray(x0)
-    state = opt.init(x)
-    if replace:
-        state = state._replace(**{k: jnp.asarray(v) for k, v in replace.items()})
-    recs = []
-    for _ in range(steps):
-        v, g = state.value, state.grad
-        if not np.isfinite(float(v)):
-            v, g = _value_and_grad(data, x)
-        x, state = stepper(data, state, x, v, g)
-        recs.append(extract(np.asarray(x), state))
-    return recs, state
+  """Runs ``steps`` updates from ``opt.init(x0)`` (optionally with some state
+  fields replaced, e.g. ``precond``) and returns the per-step records."""
+  x = jnp.asarray(x0)
+  state = opt.init(x)
+  if replace:
+    state = state._replace(**{k: jnp.asarray(v) for k, v in replace.items()})
+  recs = []
+  for _ in range(steps):
+    v, g = state.value, state.grad
+    if not np.isfinite(float(v)):
+      v, g = _value_and_grad(data, x)
+    x, state = stepper(data, state, x, v, g)
+    recs.append(extract(np.asarray(x), state))
+  return recs, state
 
 
 def assert_traj(name, got, want, rtol=RTOL, atol=ATOL):
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    assert got.shape == want.shape, (name, got.shape, want.shape)
-    for k in range(got.shape[0]):
-        np.testing.assert_allclose(
-            got[k], want[k], rtol=rtol, atol=atol, err_msg=f"{name} differs at step {k + 1}"
-        )
+  got = np.asarray(got, dtype=np.float64)
+  want = np.asarray(want, dtype=np.float64)
+  assert got.shape == want.shape, (name, got.shape, want.shape)
+  for k in range(got.shape[0]):
+    np.testing.assert_allclose(
+      got[k], want[k], rtol=rtol, atol=atol, err_msg=f"{name} differs at step {k + 1}"
+    )
 
 
 def assert_moves(name, traj, first, tol=1e-3):
-    traj = np.asarray(traj, dtype=np.float64)
-    assert np.max(np.abs(traj - np.asarray(first))) > tol, f"{name} never moved: test is vacuous"
+  traj = np.asarray(traj, dtype=np.float64)
+  assert np.max(np.abs(traj - np.asarray(first))) > tol, f"{name} never moved: test is vacuous"
 
 
 def _np(a):
-    return np.asarray(a, dtype=np.float64)
+  return np.asarray(a, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------
@@ -199,137 +199,150 @@ HDM_P1 = 2.5
 
 
 def _hdm_extract(x, state):
-    return dict(
-        x=x,
-        P=_np(state.precond),
-        value=float(state.value),
-        accepted=bool(state.info.accepted),
-    )
+  return dict(
+    x=x,
+    P=_np(state.precond),
+    value=float(state.value),
+    accepted=bool(state.info.accepted),
+  )
 
 
 def _check_hdm(opt, stepper, ref_kwargs, data, steps, candidate, P1, *, x0=None, replace=None):
-    f, grad = np_oracle(data)
-    x0 = x_start() if x0 is None else x0
-    want = ref.hdm_reference(f, grad, x0, steps, candidate=candidate, P1=P1, **ref_kwargs)
-    got, _ = run_package(opt, stepper, data, x0, steps, _hdm_extract, replace=replace)
-    assert_traj("P", [r["P"] for r in got], want["Ps"])
-    assert_traj("x", [r["x"] for r in got], want["xs"])
-    assert_traj("value", [r["value"] for r in got], want["values"])
-    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
-    assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
-    return want
+  f, grad = np_oracle(data)
+  x0 = x_start() if x0 is None else x0
+  want = ref.hdm_reference(f, grad, x0, steps, candidate=candidate, P1=P1, **ref_kwargs)
+  got, _ = run_package(opt, stepper, data, x0, steps, _hdm_extract, replace=replace)
+  assert_traj("P", [r["P"] for r in got], want["Ps"])
+  assert_traj("x", [r["x"] for r in got], want["xs"])
+  assert_traj("value", [r["value"] for r in got], want["values"])
+  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
+  return want
 
 
 @pytest.mark.parametrize("null_step", [True, False])
 @pytest.mark.parametrize("learner", ref.LEARNERS)
 @pytest.mark.parametrize("candidate", ref.CANDIDATES)
 def test_hdm_matches_reference(candidate, learner, null_step):
-    """Four runs per configuration (one compilation):
+  """Four runs per configuration (one compilation):
 
-    * quadratic from init_precond = 2.5 > 2/L;
-    * logistic regression from P_1 = 0 (set in the state): the first trial
-      equals x, a tie that the null step rejects;
-    * logistic regression from init_precond = 2.5: the first trial increases f
-      (rejected with the null step, taken without);
-    * 3 steps from the minimiser of the quadratic (grad f = 0 exactly).
+  * quadratic from init_precond = 2.5 > 2/L;
+  * logistic regression from P_1 = 0 (set in the state): the first trial
+    equals x, a tie that the null step rejects;
+  * logistic regression from init_precond = 2.5: the first trial increases f
+    (rejected with the null step, taken without);
+  * 3 steps from the minimiser of the quadratic (grad f = 0 exactly).
 
-    (With P_1 = 0 on the ill-conditioned quadratic, the scalar P grows well past
-    2/L and the trajectory amplifies rounding errors so much that two correct
-    float64 implementations disagree at the 1e-8 level; hence that pairing.)
-    """
-    opt, stepper, kw = _hdm_config(candidate, learner, null_step)
-    x0 = x_start()
+  (With P_1 = 0 on the ill-conditioned quadratic, the scalar P grows well past
+  2/L and the trajectory amplifies rounding errors so much that two correct
+  float64 implementations disagree at the 1e-8 level; hence that pairing.)
+  """
+  opt, stepper, kw = _hdm_config(candidate, learner, null_step)
+  x0 = x_start()
 
-    # quadratic, P_1 = 2.5
-    data, _ = make_problem("quadratic", 0)
-    _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
+  # quadratic, P_1 = 2.5
+  data, _ = make_problem("quadratic", 0)
+  _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
 
-    # logistic regression, P_1 = 0
-    data, _ = make_problem("logistic", 0)
-    P0 = ref.init_precond(candidate, N, 0.0)
-    want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, 0.0, replace=dict(precond=P0))
-    assert want["accepted"][0] is (not null_step)  # f(x - 0 g) == f(x)
+  # logistic regression, P_1 = 0
+  data, _ = make_problem("logistic", 0)
+  P0 = ref.init_precond(candidate, N, 0.0)
+  want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, 0.0, replace=dict(precond=P0))
+  assert want["accepted"][0] is (not null_step)  # f(x - 0 g) == f(x)
 
-    # logistic regression, P_1 = 2.5
-    f, _ = np_oracle(data)
-    want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
-    if null_step:
-        assert not want["accepted"][0]
-        assert all(v <= f(x0) for v in want["values"])
-    else:
-        assert all(want["accepted"])
-        assert want["values"][0] > f(x0)  # vanilla HDM really moved uphill
+  # logistic regression, P_1 = 2.5
+  f, _ = np_oracle(data)
+  want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
+  if null_step:
+    assert not want["accepted"][0]
+    assert all(v <= f(x0) for v in want["values"])
+  else:
+    assert all(want["accepted"])
+    assert want["values"][0] > f(x0)  # vanilla HDM really moved uphill
 
-    # started at the minimiser (grad f = 0 exactly): the hypergradient is 0/0,
-    # taken as 0, so nothing may move (and nothing may become NaN)
-    data, _ = make_problem("quadratic", 0)
-    f, grad = np_oracle(data)
-    assert not np.any(grad(data["s"]))
-    want = ref.hdm_reference(
-        f, grad, data["s"], 3, candidate=candidate, P1=HDM_P1, **kw
-    )
-    got, _ = run_package(opt, stepper, data, data["s"], 3, _hdm_extract)
-    for r in got:
-        np.testing.assert_array_equal(r["P"], ref.init_precond(candidate, N, HDM_P1))
-        np.testing.assert_array_equal(r["x"], data["s"])
-    assert [r["accepted"] for r in got] == want["accepted"] == [not null_step] * 3
+  # started at the minimiser (grad f = 0 exactly): the hypergradient is 0/0,
+  # taken as 0, so nothing may move (and nothing may become NaN)
+  data, _ = make_problem("quadratic", 0)
+  f, grad = np_oracle(data)
+  assert not np.any(grad(data["s"]))
+  want = ref.hdm_reference(f, grad, data["s"], 3, candidate=candidate, P1=HDM_P1, **kw)
+  got, _ = run_package(opt, stepper, data, data["s"], 3, _hdm_extract)
+  for r in got:
+    np.testing.assert_array_equal(r["P"], ref.init_precond(candidate, N, HDM_P1))
+    np.testing.assert_array_equal(r["x"], data["s"])
+  assert [r["accepted"] for r in got] == want["accepted"] == [not null_step] * 3
 
 
 @pytest.mark.parametrize("null_step", [True, False])
 @pytest.mark.parametrize("learner", ref.LEARNERS)
 @pytest.mark.parametrize("candidate", ref.CANDIDATES)
 def test_hdm_nonfinite_trials_match_reference(candidate, learner, null_step):
-    """Logistic regression with f = +inf outside a ball, from init_precond = 2.5:
-    later trials leave the ball.  A non-finite trial must be rejected and leave
-    x, P and the learner untouched, with or without the null step, and halve
-    the next trial step (s <- s/2; s <- 1 after a finite trial), so the run
-    alternates between rejected and (damped) finite trials instead of stalling.
-    (Same compilations as test_hdm_matches_reference.)"""
-    opt, stepper, kw = _hdm_config(candidate, learner, null_step)
-    x0 = x_start()
-    data, _ = make_problem("logistic", 0, R2=2.0 * float(x0 @ x0))
-    want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
-    assert not all(want["finite"]), "no non-finite trial: test is vacuous"
-    Ps = np.asarray(want["Ps"])
-    for k in range(1, HDM_STEPS):
-        if not want["finite"][k]:
-            assert not want["accepted"][k]
-            np.testing.assert_array_equal(Ps[k], Ps[k - 1])
-        elif not null_step:
-            assert want["accepted"][k]
+  """Logistic regression with f = +inf outside a ball, from init_precond = 2.5:
+  later trials leave the ball.  A non-finite trial must be rejected and leave
+  x, P and the learner untouched, with or without the null step, and halve
+  the next trial step (s <- s/2; s <- 1 after a finite trial), so the run
+  alternates between rejected and (damped) finite trials instead of stalling.
+  (Same compilations as test_hdm_matches_reference.)"""
+  opt, stepper, kw = _hdm_config(candidate, learner, null_step)
+  x0 = x_start()
+  data, _ = make_problem("logistic", 0, R2=2.0 * float(x0 @ x0))
+  want = _check_hdm(opt, stepper, kw, data, HDM_STEPS, candidate, HDM_P1)
+  assert not all(want["finite"]), "no non-finite trial: test is vacuous"
+  Ps = np.asarray(want["Ps"])
+  for k in range(1, HDM_STEPS):
+    if not want["finite"][k]:
+      assert not want["accepted"][k]
+      np.testing.assert_array_equal(Ps[k], Ps[k - 1])
+    elif not null_step:
+      assert want["accepted"][k]
 
 
 def _hdm_config(candidate, learner, null_step):
-    lr = HDM_LR[learner]
-    opt, stepper = compiled(
-        hdm_optax.hdm, candidate=candidate, learner=learner, hypergrad_lr=lr,
-        null_step=null_step, init_precond=HDM_P1,
-    )
-    return opt, stepper, dict(learner=learner, lr=lr, null_step=null_step)
+  lr = HDM_LR[learner]
+  opt, stepper = compiled(
+    hdm_optax.hdm,
+    candidate=candidate,
+    learner=learner,
+    hypergrad_lr=lr,
+    null_step=null_step,
+    init_precond=HDM_P1,
+  )
+  return opt, stepper, dict(learner=learner, lr=lr, null_step=null_step)
 
 
 @pytest.mark.parametrize(
-    "candidate,learner,p_min,p_max",
-    [
-        ("scalar", "ogd", 0.0, 1.5),
-        ("diagonal", "adagrad", 0.2, 3.0),
-        ("full", "ogd_sqrt", -0.3, 2.0),
-    ],
+  "candidate,learner,p_min,p_max",
+  [
+    ("scalar", "ogd", 0.0, 1.5),
+    ("diagonal", "adagrad", 0.2, 3.0),
+    ("full", "ogd_sqrt", -0.3, 2.0),
+  ],
 )
 def test_hdm_projection_matches_reference(candidate, learner, p_min, p_max):
-    lr = HDM_LR[learner]
-    opt, stepper = compiled(
-        hdm_optax.hdm, candidate=candidate, learner=learner, hypergrad_lr=lr, null_step=True,
-        init_precond=0.5, p_min=p_min, p_max=p_max,
-    )
-    data, _ = make_problem("quadratic", 3)
-    want = _check_hdm(
-        opt, stepper, dict(learner=learner, lr=lr, null_step=True, p_min=p_min, p_max=p_max),
-        data, 30, candidate, 0.5,
-    )
-    Ps = np.asarray(want["Ps"])
-    assert np.any(Ps == p_max), "upper bound never active: test is vacuous"
-    assert np.all(Ps >= p_min) and np.all(Ps <= p_max)
+  lr = HDM_LR[learner]
+  opt, stepper = compiled(
+    hdm_optax.hdm,
+    candidate=candidate,
+    learner=learner,
+    hypergrad_lr=lr,
+    null_step=True,
+    init_precond=0.5,
+    p_min=p_min,
+    p_max=p_max,
+  )
+  data, _ = make_problem("quadratic", 3)
+  want = _check_hdm(
+    opt,
+    stepper,
+    dict(learner=learner, lr=lr, null_step=True, p_min=p_min, p_max=p_max),
+    data,
+    30,
+    candidate,
+    0.5,
+  )
+  Ps = np.asarray(want["Ps"])
+  assert np.any(Ps == p_max), "upper bound never active: test is vacuous"
+  assert np.all(Ps >= p_min) and np.all(Ps <= p_max)
 
 
 # ---------------------------------------------------------------------------
@@ -340,86 +353,105 @@ HB_STEPS = 35
 
 
 def _hb_extract(x, state):
-    return dict(
-        x=x,
-        P=_np(state.precond),
-        B=_np(state.momentum),
-        x_prev=_np(state.prev_params),
-        value=float(state.value),
-        accepted=bool(state.info.accepted),
-    )
+  return dict(
+    x=x,
+    P=_np(state.precond),
+    B=_np(state.momentum),
+    x_prev=_np(state.prev_params),
+    value=float(state.value),
+    accepted=bool(state.info.accepted),
+  )
 
 
 def _check_hb(config, data, x0):
-    candidate, momentum_candidate, learner, omega, tau, P1 = config
-    lr = HDM_LR[learner]
-    mlr = {"ogd": 0.2, "ogd_sqrt": 0.3, "adagrad": 0.1}[learner]
-    B1 = 0.5
-    opt, stepper = compiled(
-        hdm_optax.hdm_hb,
-        candidate=candidate, momentum_candidate=momentum_candidate, learner=learner,
-        hypergrad_lr=lr, momentum_lr=mlr, omega=omega, tau=tau,
-        init_precond=P1, init_momentum=B1,
-    )
-    f, grad = np_oracle(data)
-    want = ref.hdm_hb_reference(
-        f, grad, x0, HB_STEPS, candidate=candidate, momentum_candidate=momentum_candidate,
-        learner=learner, lr=lr, momentum_lr=mlr, omega=omega, tau=tau, P1=P1, B1=B1,
-    )
-    assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
-    assert_moves("B", want["Bs"], ref.init_precond(momentum_candidate, N, B1))
-    got, _ = run_package(opt, stepper, data, x0, HB_STEPS, _hb_extract)
-    assert_traj("P", [r["P"] for r in got], want["Ps"])
-    assert_traj("B", [r["B"] for r in got], want["Bs"])
-    assert_traj("x", [r["x"] for r in got], want["xs"])
-    assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
-    assert_traj("value", [r["value"] for r in got], want["values"])
-    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
-    return want
+  candidate, momentum_candidate, learner, omega, tau, P1 = config
+  lr = HDM_LR[learner]
+  mlr = {"ogd": 0.2, "ogd_sqrt": 0.3, "adagrad": 0.1}[learner]
+  B1 = 0.5
+  opt, stepper = compiled(
+    hdm_optax.hdm_hb,
+    candidate=candidate,
+    momentum_candidate=momentum_candidate,
+    learner=learner,
+    hypergrad_lr=lr,
+    momentum_lr=mlr,
+    omega=omega,
+    tau=tau,
+    init_precond=P1,
+    init_momentum=B1,
+  )
+  f, grad = np_oracle(data)
+  want = ref.hdm_hb_reference(
+    f,
+    grad,
+    x0,
+    HB_STEPS,
+    candidate=candidate,
+    momentum_candidate=momentum_candidate,
+    learner=learner,
+    lr=lr,
+    momentum_lr=mlr,
+    omega=omega,
+    tau=tau,
+    P1=P1,
+    B1=B1,
+  )
+  assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
+  assert_moves("B", want["Bs"], ref.init_precond(momentum_candidate, N, B1))
+  got, _ = run_package(opt, stepper, data, x0, HB_STEPS, _hb_extract)
+  assert_traj("P", [r["P"] for r in got], want["Ps"])
+  assert_traj("B", [r["B"] for r in got], want["Bs"])
+  assert_traj("x", [r["x"] for r in got], want["xs"])
+  assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
+  assert_traj("value", [r["value"] for r in got], want["values"])
+  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  return want
 
 
 # (candidate, momentum_candidate, learner, omega, tau, P_1).  P_1 > 2/L so that
 # the first trials overshoot and the potential-based null step is exercised in
 # every configuration.
 HB_CONFIGS = [
-    ("scalar", "scalar", "adagrad", 0.0, 0.0, 2.5),
-    ("scalar", "diagonal", "adagrad", 0.5, 1.0, 2.5),
-    ("diagonal", "scalar", "adagrad", 0.5, 1.0, 2.5),
-    ("diagonal", "diagonal", "ogd", 0.0, 0.0, 2.5),
-    ("full", "scalar", "ogd_sqrt", 0.3, 2.0, 3.0),
-    ("full", "diagonal", "adagrad", 0.5, 1.0, 2.5),
+  ("scalar", "scalar", "adagrad", 0.0, 0.0, 2.5),
+  ("scalar", "diagonal", "adagrad", 0.5, 1.0, 2.5),
+  ("diagonal", "scalar", "adagrad", 0.5, 1.0, 2.5),
+  ("diagonal", "diagonal", "ogd", 0.0, 0.0, 2.5),
+  ("full", "scalar", "ogd_sqrt", 0.3, 2.0, 3.0),
+  ("full", "diagonal", "adagrad", 0.5, 1.0, 2.5),
 ]
 
 
 @pytest.mark.parametrize("config", HB_CONFIGS, ids=lambda c: "-".join(map(str, c)))
 def test_hdm_hb_matches_reference(config):
-    n_rejected = 0
-    x0 = x_start(2)
-    for kind in ("quadratic", "logistic"):
-        data, _ = make_problem(kind, 1)
-        want = _check_hb(config, data, x0)
-        assert sum(want["accepted"]) >= HB_STEPS // 3
-        n_rejected += sum(not a for a in want["accepted"])
-        assert want["values"][-1] < np_oracle(data)[0](x0)
-    assert n_rejected >= 1, "no null step in either problem: null-step path untested"
-
-
-@pytest.mark.parametrize("config", [HB_CONFIGS[0], HB_CONFIGS[3]], ids=lambda c: "-".join(map(str, c)))
-def test_hdm_hb_nonfinite_trials_match_reference(config):
-    """Logistic regression with f = +inf outside a ball: later trials leave it.
-    A non-finite trial leaves x, x^-, P, B and the learners untouched and halves
-    the next trial step, so the run does not stall on the same point.  (Same
-    compilations as test_hdm_hb_matches_reference.)"""
-    x0 = x_start(2)
-    data, _ = make_problem("logistic", 1, R2=1.1 * float(x0 @ x0))
+  n_rejected = 0
+  x0 = x_start(2)
+  for kind in ("quadratic", "logistic"):
+    data, _ = make_problem(kind, 1)
     want = _check_hb(config, data, x0)
-    assert not all(want["finite"]), "no non-finite trial: test is vacuous"
-    k0 = want["finite"].index(False)
-    assert k0 > 0 and any(want["finite"][k0:]), "the damping never recovered a finite trial"
-    for k in range(k0, len(want["finite"])):
-        if not want["finite"][k]:  # a rejected trial changes nothing
-            for key in ("Ps", "Bs", "xs", "x_prevs"):
-                np.testing.assert_array_equal(want[key][k], want[key][k - 1])
+    assert sum(want["accepted"]) >= HB_STEPS // 3
+    n_rejected += sum(not a for a in want["accepted"])
+    assert want["values"][-1] < np_oracle(data)[0](x0)
+  assert n_rejected >= 1, "no null step in either problem: null-step path untested"
+
+
+@pytest.mark.parametrize(
+  "config", [HB_CONFIGS[0], HB_CONFIGS[3]], ids=lambda c: "-".join(map(str, c))
+)
+def test_hdm_hb_nonfinite_trials_match_reference(config):
+  """Logistic regression with f = +inf outside a ball: later trials leave it.
+  A non-finite trial leaves x, x^-, P, B and the learners untouched and halves
+  the next trial step, so the run does not stall on the same point.  (Same
+  compilations as test_hdm_hb_matches_reference.)"""
+  x0 = x_start(2)
+  data, _ = make_problem("logistic", 1, R2=1.1 * float(x0 @ x0))
+  want = _check_hb(config, data, x0)
+  assert not all(want["finite"]), "no non-finite trial: test is vacuous"
+  k0 = want["finite"].index(False)
+  assert k0 > 0 and any(want["finite"][k0:]), "the damping never recovered a finite trial"
+  for k in range(k0, len(want["finite"])):
+    if not want["finite"][k]:  # a rejected trial changes nothing
+      for key in ("Ps", "Bs", "xs", "x_prevs"):
+        np.testing.assert_array_equal(want[key][k], want[key][k - 1])
 
 
 # ---------------------------------------------------------------------------
@@ -430,9 +462,9 @@ AGD_STEPS = 35
 
 
 def _agd_extract(x, state):
-    return dict(
-        x=x, P=_np(state.precond), z=_np(state.z), A=float(state.a_k), value=float(state.value)
-    )
+  return dict(
+    x=x, P=_np(state.precond), z=_np(state.z), A=float(state.a_k), value=float(state.value)
+  )
 
 
 # Configurations are chosen so that the reference trajectory itself is well
@@ -442,70 +474,85 @@ def _agd_extract(x, state):
 # correct float64 implementations legitimately disagree at the 1e-8 level; the
 # scalar case therefore uses a small learning rate and the bound p_max < 2/L.)
 @pytest.mark.parametrize(
-    "candidate,learner,lr,theta,p_max",
-    [
-        ("scalar", "ogd", 0.1, 0.5, 1.9),
-        ("diagonal", "adagrad", 0.3, 1.0, None),
-        ("diagonal", "ogd", 0.5, 0.6, None),
-        ("full", "ogd_sqrt", 0.5, 0.5, None),
-    ],
+  "candidate,learner,lr,theta,p_max",
+  [
+    ("scalar", "ogd", 0.1, 0.5, 1.9),
+    ("diagonal", "adagrad", 0.3, 1.0, None),
+    ("diagonal", "ogd", 0.5, 0.6, None),
+    ("full", "ogd_sqrt", 0.5, 0.5, None),
+  ],
 )
 def test_hdm_agd_matches_reference(candidate, learner, lr, theta, p_max):
-    x0 = x_start(3)
-    problems = [make_problem(kind, 2) for kind in ("quadratic", "logistic")]
-    # one valid (upper) smoothness constant for both problems -> a single compile
-    L = max(Lp for _, Lp in problems)
-    runs = [(kind, data, 0.0) for kind, (data, _) in zip(("quadratic", "logistic"), problems)]
-    _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs)
+  x0 = x_start(3)
+  problems = [make_problem(kind, 2) for kind in ("quadratic", "logistic")]
+  # one valid (upper) smoothness constant for both problems -> a single compile
+  L = max(Lp for _, Lp in problems)
+  runs = [(kind, data, 0.0) for kind, (data, _) in zip(("quadratic", "logistic"), problems)]
+  _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs)
 
 
 @pytest.mark.parametrize(
-    "learner,lr,theta",
-    [("adagrad", 0.3, 1.0), ("ogd_sqrt", 0.5, 0.6)],
+  "learner,lr,theta",
+  [("adagrad", 0.3, 1.0), ("ogd_sqrt", 0.5, 0.6)],
 )
 def test_hdm_agd_nonfinite_trials_match_reference(learner, lr, theta):
-    """The quadratic restricted to a ball around its minimiser (f = +inf outside),
-    from P_1 = 30 I (set in the state): the first trials y - P g leave the ball,
-    so P is not updated, h counts as +inf (v = max(L, L/(2 theta))) and x_P as
-    f = +inf in the argmin; then P learns again.  With ogd_sqrt the step is
-    eta / sqrt(k) with k the learner round (the skipped trials are not rounds)."""
-    x0 = x_start(3)
-    data, L = make_problem("quadratic", 2)
-    L = max(L, make_problem("logistic", 2)[1])  # same constant as above
-    centre = data["s"]  # minimiser of the quadratic
-    R2 = (1.05 * np.linalg.norm(x0 - centre)) ** 2
-    ball = make_problem("quadratic", 2, R2=R2, center=centre)[0]
-    wants = _check_agd("diagonal", learner, lr, theta, None, L, x0, [("ball", ball, 30.0)])
-    finite_P = wants[0]["finite_P"]
-    assert not all(finite_P[:2]), "no non-finite trial: test is vacuous"
-    assert all(finite_P[5:])
+  """The quadratic restricted to a ball around its minimiser (f = +inf outside),
+  from P_1 = 30 I (set in the state): the first trials y - P g leave the ball,
+  so P is not updated, h counts as +inf (v = max(L, L/(2 theta))) and x_P as
+  f = +inf in the argmin; then P learns again.  With ogd_sqrt the step is
+  eta / sqrt(k) with k the learner round (the skipped trials are not rounds)."""
+  x0 = x_start(3)
+  data, L = make_problem("quadratic", 2)
+  L = max(L, make_problem("logistic", 2)[1])  # same constant as above
+  centre = data["s"]  # minimiser of the quadratic
+  R2 = (1.05 * np.linalg.norm(x0 - centre)) ** 2
+  ball = make_problem("quadratic", 2, R2=R2, center=centre)[0]
+  wants = _check_agd("diagonal", learner, lr, theta, None, L, x0, [("ball", ball, 30.0)])
+  finite_P = wants[0]["finite_P"]
+  assert not all(finite_P[:2]), "no non-finite trial: test is vacuous"
+  assert all(finite_P[5:])
 
 
 def _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs):
-    opt, stepper = compiled(
-        hdm_optax.hdm_agd, lipschitz=L, theta=theta, candidate=candidate, learner=learner,
-        hypergrad_lr=lr, init_precond=0.0, p_max=p_max,
+  opt, stepper = compiled(
+    hdm_optax.hdm_agd,
+    lipschitz=L,
+    theta=theta,
+    candidate=candidate,
+    learner=learner,
+    hypergrad_lr=lr,
+    init_precond=0.0,
+    p_max=p_max,
+  )
+  wants = []
+  for kind, data, P1 in runs:
+    f, grad = np_oracle(data)
+    want = ref.hdm_agd_reference(
+      f,
+      grad,
+      x0,
+      AGD_STEPS,
+      lipschitz=L,
+      theta=theta,
+      candidate=candidate,
+      learner=learner,
+      lr=lr,
+      P1=P1,
+      p_max=p_max,
     )
-    wants = []
-    for kind, data, P1 in runs:
-        f, grad = np_oracle(data)
-        want = ref.hdm_agd_reference(
-            f, grad, x0, AGD_STEPS, lipschitz=L, theta=theta, candidate=candidate,
-            learner=learner, lr=lr, P1=P1, p_max=p_max,
-        )
-        assert all(want["finite_y"])  # the spec leaves a non-finite f(y) undefined
-        assert_moves(kind + ":P", want["Ps"], ref.init_precond(candidate, N, P1))
-        assert want["values"][-1] < f(x0)
-        replace = None if P1 == 0.0 else dict(precond=ref.init_precond(candidate, N, P1))
-        got, _ = run_package(opt, stepper, data, x0, AGD_STEPS, _agd_extract, replace=replace)
-        tag = f"{kind}:"
-        assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
-        assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
-        assert_traj(tag + "z", [r["z"] for r in got], want["zs"])
-        assert_traj(tag + "A", [r["A"] for r in got], want["As"])
-        assert_traj(tag + "value", [r["value"] for r in got], want["values"])
-        wants.append(want)
-    return wants
+    assert all(want["finite_y"])  # the spec leaves a non-finite f(y) undefined
+    assert_moves(kind + ":P", want["Ps"], ref.init_precond(candidate, N, P1))
+    assert want["values"][-1] < f(x0)
+    replace = None if P1 == 0.0 else dict(precond=ref.init_precond(candidate, N, P1))
+    got, _ = run_package(opt, stepper, data, x0, AGD_STEPS, _agd_extract, replace=replace)
+    tag = f"{kind}:"
+    assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
+    assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
+    assert_traj(tag + "z", [r["z"] for r in got], want["zs"])
+    assert_traj(tag + "A", [r["A"] for r in got], want["As"])
+    assert_traj(tag + "value", [r["value"] for r in got], want["values"])
+    wants.append(want)
+  return wants
 
 
 # ---------------------------------------------------------------------------
@@ -514,79 +561,81 @@ def _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs):
 
 
 def _best_extract(x, state):
-    return dict(
-        x=x,
-        P=_np(state.precond),
-        beta=float(state.momentum),
-        x_prev=_np(state.prev_params),
-        U=_np(state.precond_accum.sum_sq),  # AdaGrad state of P: U_k
-        v=float(state.momentum_accum.sum_sq),  # AdaGrad state of beta: v_k
-        eta_p=float(state.precond_lr),
-        L_hat=float(state.curvature),  # 0 until the estimate exists
-        value=float(state.value),
-        accepted=bool(state.info.accepted),
-    )
+  return dict(
+    x=x,
+    P=_np(state.precond),
+    beta=float(state.momentum),
+    x_prev=_np(state.prev_params),
+    U=_np(state.precond_accum.sum_sq),  # AdaGrad state of P: U_k
+    v=float(state.momentum_accum.sum_sq),  # AdaGrad state of beta: v_k
+    eta_p=float(state.precond_lr),
+    L_hat=float(state.curvature),  # 0 until the estimate exists
+    value=float(state.value),
+    accepted=bool(state.info.accepted),
+  )
 
 
 def _check_best(kind, seed, steps, horizon, R2=math.inf, vacuity=True):
-    data, L = make_problem(kind, seed)
-    data, _ = make_problem(kind, seed, R2=R2)
-    f, grad = np_oracle(data)
-    x0 = x_start(5)
-    kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0, horizon=horizon)
-    opt, stepper = compiled(hdm_optax.hdm_best, **kw)
-    want = ref.hdm_best_reference(f, grad, x0, steps, **kw)
-    # vacuity checks on the reference run first (they do not depend on the package)
-    if vacuity:
-        k_set = next((k for k, Lh in enumerate(want["L_hats"]) if Lh is not None), None)
-        assert k_set is not None and k_set < steps - 10, "L_hat never set: estimator untested"
-        assert not all(want["accepted"])
-    assert_moves("P", want["Ps"], np.zeros(N))
-    assert_moves("beta", want["betas"], 0.95)
-    assert want["values"][-1] < f(x0)
-    got, _ = run_package(opt, stepper, data, x0, steps, _best_extract)
-    assert_traj("P", [r["P"] for r in got], want["Ps"])
-    assert_traj("eta_p", [r["eta_p"] for r in got], want["eta_ps"])
-    assert_traj("x", [r["x"] for r in got], want["xs"])
-    assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
-    assert_traj("beta", [r["beta"] for r in got], want["betas"])
-    assert_traj("U", [r["U"] for r in got], want["Us"])
-    assert_traj("v", [r["v"] for r in got], want["vs"])
-    assert_traj("value", [r["value"] for r in got], want["values"])
-    assert_traj("L_hat", [r["L_hat"] for r in got], [0.0 if Lh is None else Lh for Lh in want["L_hats"]])
-    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
-    return want
+  data, L = make_problem(kind, seed)
+  data, _ = make_problem(kind, seed, R2=R2)
+  f, grad = np_oracle(data)
+  x0 = x_start(5)
+  kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0, horizon=horizon)
+  opt, stepper = compiled(hdm_optax.hdm_best, **kw)
+  want = ref.hdm_best_reference(f, grad, x0, steps, **kw)
+  # vacuity checks on the reference run first (they do not depend on the package)
+  if vacuity:
+    k_set = next((k for k, Lh in enumerate(want["L_hats"]) if Lh is not None), None)
+    assert k_set is not None and k_set < steps - 10, "L_hat never set: estimator untested"
+    assert not all(want["accepted"])
+  assert_moves("P", want["Ps"], np.zeros(N))
+  assert_moves("beta", want["betas"], 0.95)
+  assert want["values"][-1] < f(x0)
+  got, _ = run_package(opt, stepper, data, x0, steps, _best_extract)
+  assert_traj("P", [r["P"] for r in got], want["Ps"])
+  assert_traj("eta_p", [r["eta_p"] for r in got], want["eta_ps"])
+  assert_traj("x", [r["x"] for r in got], want["xs"])
+  assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
+  assert_traj("beta", [r["beta"] for r in got], want["betas"])
+  assert_traj("U", [r["U"] for r in got], want["Us"])
+  assert_traj("v", [r["v"] for r in got], want["vs"])
+  assert_traj("value", [r["value"] for r in got], want["values"])
+  assert_traj(
+    "L_hat", [r["L_hat"] for r in got], [0.0 if Lh is None else Lh for Lh in want["L_hats"]]
+  )
+  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  return want
 
 
 # horizon 40: threshold 20, L_hat is formed early (step ~22-34) and then used in
 # the denominator (tau = L_hat^2 / 2) and in the bound for the rest of the run.
 @pytest.mark.parametrize("kind,seed,steps", [("quadratic", 5, 60), ("logistic", 4, 70)])
 def test_hdm_best_matches_reference(kind, seed, steps):
-    _check_best(kind, seed, steps, horizon=40)
+  _check_best(kind, seed, steps, horizon=40)
 
 
 def test_hdm_best_nonfinite_trials_match_reference():
-    """Logistic regression with f = +inf outside a ball (same compilation as the
-    logistic case above).  On a non-finite trial P, beta, U, v stay, the counter
-    drops by 2, k still advances, x stays and x^- <- x, and the next trial step
-    is halved, so it is s (x - P g) without momentum."""
-    x0 = x_start(5)
-    R2 = 1.5 * float(x0 @ x0)
-    want = _check_best("logistic", 4, 40, horizon=40, R2=R2, vacuity=False)
-    finite = want["finite"]
-    assert not all(finite), "no non-finite trial: test is vacuous"
-    k0 = finite.index(False)
-    assert any(finite[k0:]), "no finite trial after a non-finite one"
-    for k in range(1, len(finite)):
-        if not finite[k]:
-            np.testing.assert_array_equal(want["Ps"][k], want["Ps"][k - 1])
-            np.testing.assert_array_equal(want["x_prevs"][k], want["xs"][k])
+  """Logistic regression with f = +inf outside a ball (same compilation as the
+  logistic case above).  On a non-finite trial P, beta, U, v stay, the counter
+  drops by 2, k still advances, x stays and x^- <- x, and the next trial step
+  is halved, so it is s (x - P g) without momentum."""
+  x0 = x_start(5)
+  R2 = 1.5 * float(x0 @ x0)
+  want = _check_best("logistic", 4, 40, horizon=40, R2=R2, vacuity=False)
+  finite = want["finite"]
+  assert not all(finite), "no non-finite trial: test is vacuous"
+  k0 = finite.index(False)
+  assert any(finite[k0:]), "no finite trial after a non-finite one"
+  for k in range(1, len(finite)):
+    if not finite[k]:
+      np.testing.assert_array_equal(want["Ps"][k], want["Ps"][k - 1])
+      np.testing.assert_array_equal(want["x_prevs"][k], want["xs"][k])
 
 
 def test_hdm_best_precond_lr_decay_matches_reference():
-    """horizon 240: threshold 60, so the run is still estimating at k = 50, where
-    eta_p = 0.8 eta_p0 is first used by the P update of iteration 50 itself (the
-    order that reproduces the published HDM-Best counts); L_hat is then formed
-    at step ~68."""
-    want = _check_best("logistic", 5, 80, horizon=240)
-    assert want["eta_ps"][49] < want["eta_ps"][48], "eta_p never decayed: decay untested"
+  """horizon 240: threshold 60, so the run is still estimating at k = 50, where
+  eta_p = 0.8 eta_p0 is first used by the P update of iteration 50 itself (the
+  order that reproduces the published HDM-Best counts); L_hat is then formed
+  at step ~68."""
+  want = _check_best("logistic", 5, 80, horizon=240)
+  assert want["eta_ps"][49] < want["eta_ps"][48], "eta_p never decayed: decay untested"

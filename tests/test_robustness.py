@@ -18,12 +18,15 @@ H = hdm_optax
 
 
 def quad(x):
-  return jnp.sum(jnp.arange(1.0, x.size + 1, dtype=x.dtype) * x ** 2)
+  return jnp.sum(jnp.arange(1.0, x.size + 1, dtype=x.dtype) * x**2)
 
 
 def all_leaves_finite(tree):
-  return all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(tree)
-             if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact))
+  return all(
+    bool(jnp.all(jnp.isfinite(leaf)))
+    for leaf in jax.tree.leaves(tree)
+    if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact)
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -31,40 +34,42 @@ def all_leaves_finite(tree):
 # ---------------------------------------------------------------------------
 
 BAD_HYPERPARAMS = [
-    (H.hdm, dict(hypergrad_lr=0.0), "hypergrad_lr", "0.0"),
-    (H.hdm, dict(hypergrad_lr=-0.1), "hypergrad_lr", "-0.1"),
-    (H.hdm, dict(hypergrad_lr=float("nan")), "hypergrad_lr", "nan"),
-    (H.hdm, dict(hypergrad_lr=float("inf")), "hypergrad_lr", "inf"),
-    (H.hdm, dict(hypergrad_lr=np.float32(-1.0)), "hypergrad_lr", "-1.0"),
-    (H.hdm, dict(p_min=2.0, p_max=1.0), "p_min", "2.0"),
-    (H.hdm, dict(p_min=float("nan"), p_max=1.0), "p_min", "nan"),
-    (H.hdm_hb, dict(hypergrad_lr=0.0), "hypergrad_lr", "0.0"),
-    (H.hdm_hb, dict(momentum_lr=-1.0), "momentum_lr", "-1.0"),
-    (H.hdm_hb, dict(p_min=1.0, p_max=0.5), "p_min", "1.0"),
-    (H.hdm_hb, dict(momentum_min=-1.5), "momentum_min", "-1.5"),
-    (H.hdm_hb, dict(momentum_max=1.0), "momentum_max", "1.0"),
-    (H.hdm_hb, dict(momentum_min=0.5, momentum_max=0.2), "momentum_min", "0.5"),
-    (H.hdm_hb, dict(tau=-1.0), "tau", "-1.0"),
-    (H.hdm_hb, dict(omega=-0.5), "omega", "-0.5"),
-    (H.hdm_agd, dict(lipschitz=0.0), "lipschitz", "0.0"),
-    (H.hdm_agd, dict(lipschitz=-2.0), "lipschitz", "-2.0"),
-    (H.hdm_agd, dict(lipschitz=1.0, theta=0.4), "theta", "0.4"),
-    (H.hdm_agd, dict(lipschitz=1.0, hypergrad_lr=0.0), "hypergrad_lr", "0.0"),
-    (H.hdm_agd, dict(lipschitz=1.0, p_min=3.0, p_max=1.0), "p_min", "3.0"),
-    (H.hdm_best, dict(lipschitz=0.0), "lipschitz", "0.0"),
-    (H.hdm_best, dict(lipschitz=float("inf")), "lipschitz", "inf"),
-    (H.hdm_best, dict(precond_lr=0.0), "precond_lr", "0.0"),
-    (H.hdm_best, dict(momentum_lr=-3.0), "momentum_lr", "-3.0"),
-    (H.hdm_best, dict(momentum_max=1.5), "momentum_max", "1.5"),
-    (H.hdm_best, dict(momentum_min=-2.0), "momentum_min", "-2.0"),
-    (H.hdm_best, dict(momentum_min=0.9, momentum_max=0.1), "momentum_min", "0.9"),
-    (H.hdm_best, dict(tau=-1.0), "tau", "-1.0"),
+  (H.hdm, dict(hypergrad_lr=0.0), "hypergrad_lr", "0.0"),
+  (H.hdm, dict(hypergrad_lr=-0.1), "hypergrad_lr", "-0.1"),
+  (H.hdm, dict(hypergrad_lr=float("nan")), "hypergrad_lr", "nan"),
+  (H.hdm, dict(hypergrad_lr=float("inf")), "hypergrad_lr", "inf"),
+  (H.hdm, dict(hypergrad_lr=np.float32(-1.0)), "hypergrad_lr", "-1.0"),
+  (H.hdm, dict(p_min=2.0, p_max=1.0), "p_min", "2.0"),
+  (H.hdm, dict(p_min=float("nan"), p_max=1.0), "p_min", "nan"),
+  (H.hdm_hb, dict(hypergrad_lr=0.0), "hypergrad_lr", "0.0"),
+  (H.hdm_hb, dict(momentum_lr=-1.0), "momentum_lr", "-1.0"),
+  (H.hdm_hb, dict(p_min=1.0, p_max=0.5), "p_min", "1.0"),
+  (H.hdm_hb, dict(momentum_min=-1.5), "momentum_min", "-1.5"),
+  (H.hdm_hb, dict(momentum_max=1.0), "momentum_max", "1.0"),
+  (H.hdm_hb, dict(momentum_min=0.5, momentum_max=0.2), "momentum_min", "0.5"),
+  (H.hdm_hb, dict(tau=-1.0), "tau", "-1.0"),
+  (H.hdm_hb, dict(omega=-0.5), "omega", "-0.5"),
+  (H.hdm_agd, dict(lipschitz=0.0), "lipschitz", "0.0"),
+  (H.hdm_agd, dict(lipschitz=-2.0), "lipschitz", "-2.0"),
+  (H.hdm_agd, dict(lipschitz=1.0, theta=0.4), "theta", "0.4"),
+  (H.hdm_agd, dict(lipschitz=1.0, hypergrad_lr=0.0), "hypergrad_lr", "0.0"),
+  (H.hdm_agd, dict(lipschitz=1.0, p_min=3.0, p_max=1.0), "p_min", "3.0"),
+  (H.hdm_best, dict(lipschitz=0.0), "lipschitz", "0.0"),
+  (H.hdm_best, dict(lipschitz=float("inf")), "lipschitz", "inf"),
+  (H.hdm_best, dict(precond_lr=0.0), "precond_lr", "0.0"),
+  (H.hdm_best, dict(momentum_lr=-3.0), "momentum_lr", "-3.0"),
+  (H.hdm_best, dict(momentum_max=1.5), "momentum_max", "1.5"),
+  (H.hdm_best, dict(momentum_min=-2.0), "momentum_min", "-2.0"),
+  (H.hdm_best, dict(momentum_min=0.9, momentum_max=0.1), "momentum_min", "0.9"),
+  (H.hdm_best, dict(tau=-1.0), "tau", "-1.0"),
 ]
 
 
 @pytest.mark.parametrize(
-    "make,kwargs,name,shown", BAD_HYPERPARAMS,
-    ids=[f"{m.__name__}-{n}={s}" for m, _, n, s in BAD_HYPERPARAMS])
+  "make,kwargs,name,shown",
+  BAD_HYPERPARAMS,
+  ids=[f"{m.__name__}-{n}={s}" for m, _, n, s in BAD_HYPERPARAMS],
+)
 def test_bad_hyperparameter_raises_value_error_naming_it(make, kwargs, name, shown):
   with pytest.raises(ValueError) as err:
     make(**kwargs)
@@ -80,7 +85,9 @@ def test_unknown_names_list_the_valid_ones(make):
 
 
 def test_momentum_candidate_full_is_rejected():
-  with pytest.raises(ValueError, match=r"unknown candidate set 'full'; valid: 'scalar', 'diagonal'"):
+  with pytest.raises(
+    ValueError, match=r"unknown candidate set 'full'; valid: 'scalar', 'diagonal'"
+  ):
     H.hdm_hb(momentum_candidate="full")
 
 
@@ -96,8 +103,8 @@ def test_traced_hyperparameters_skip_checks_under_vmap():
   def run(lr, tau, mmax):
     opt = H.hdm_hb(hypergrad_lr=lr, tau=tau, momentum_max=mmax)
     return H.solve(opt, quad, jnp.ones(3), max_steps=20).value
-  vals = jax.jit(jax.vmap(run))(jnp.array([0.1, 0.2]), jnp.array([0.0, 1.0]),
-                                jnp.array([0.5, 0.9]))
+
+  vals = jax.jit(jax.vmap(run))(jnp.array([0.1, 0.2]), jnp.array([0.0, 1.0]), jnp.array([0.5, 0.9]))
   assert vals.shape == (2,) and bool(jnp.all(jnp.isfinite(vals)))
 
 
@@ -106,10 +113,10 @@ def test_traced_hyperparameters_skip_checks_under_vmap():
 # ---------------------------------------------------------------------------
 
 OPTIMIZERS = {
-    "hdm": lambda: H.hdm(),
-    "hdm_hb": lambda: H.hdm_hb(),
-    "hdm_agd": lambda: H.hdm_agd(lipschitz=10.0),
-    "hdm_best": lambda: H.hdm_best(),
+  "hdm": lambda: H.hdm(),
+  "hdm_hb": lambda: H.hdm_hb(),
+  "hdm_agd": lambda: H.hdm_agd(lipschitz=10.0),
+  "hdm_best": lambda: H.hdm_best(),
 }
 
 
@@ -164,14 +171,15 @@ def test_non_scalar_objective(name):
   x = jnp.ones(3)
   state = opt.init(x)
   with pytest.raises(TypeError, match="must return a scalar"):
-    opt.update(x, state, x, value=quad(x), grad=x, value_fn=lambda p: p ** 2)
+    opt.update(x, state, x, value=quad(x), grad=x, value_fn=lambda p: p**2)
   with pytest.raises(TypeError, match="must return a scalar"):
-    H.solve(opt, lambda p: p ** 2, x, max_steps=3)
+    H.solve(opt, lambda p: p**2, x, max_steps=3)
 
 
 # ---------------------------------------------------------------------------
 # Non-finite trial points are null steps.
 # ---------------------------------------------------------------------------
+
 
 def nan_region(x):
   """(x - 2)^2 summed, NaN where x[0] > 1 (value and gradient)."""
@@ -186,20 +194,27 @@ def inf_region(x):
 
 def learned_parts(state):
   """Everything a rejected trial must leave unchanged: P, B/beta, learner state."""
-  keep = ("precond", "momentum", "learner_state", "precond_learner_state",
-          "momentum_learner_state", "precond_accum", "momentum_accum")
+  keep = (
+    "precond",
+    "momentum",
+    "learner_state",
+    "precond_learner_state",
+    "momentum_learner_state",
+    "precond_accum",
+    "momentum_accum",
+  )
   return {k: getattr(state, k) for k in keep if hasattr(state, k)}
 
 
 # init_precond=1 sends the first trial point to x = 4 (in the bad region).
 NULL_STEP_OPTS = {
-    "hdm-scalar-ogd": lambda: H.hdm(candidate="scalar", learner="ogd", init_precond=1.0),
-    "hdm-diag-adagrad": lambda: H.hdm(init_precond=1.0),
-    "hdm-full": lambda: H.hdm(candidate="full", init_precond=1.0),
-    "hdm-vanilla": lambda: H.hdm(init_precond=1.0, null_step=False),
-    "hdm_hb": lambda: H.hdm_hb(init_precond=1.0, init_momentum=0.5),
-    "hdm_agd": lambda: H.hdm_agd(lipschitz=0.1, init_precond=1.0),
-    "hdm_best": lambda: H.hdm_best(lipschitz=2.0, init_precond=1.0),
+  "hdm-scalar-ogd": lambda: H.hdm(candidate="scalar", learner="ogd", init_precond=1.0),
+  "hdm-diag-adagrad": lambda: H.hdm(init_precond=1.0),
+  "hdm-full": lambda: H.hdm(candidate="full", init_precond=1.0),
+  "hdm-vanilla": lambda: H.hdm(init_precond=1.0, null_step=False),
+  "hdm_hb": lambda: H.hdm_hb(init_precond=1.0, init_momentum=0.5),
+  "hdm_agd": lambda: H.hdm_agd(lipschitz=0.1, init_precond=1.0),
+  "hdm_best": lambda: H.hdm_best(lipschitz=2.0, init_precond=1.0),
 }
 
 
@@ -231,10 +246,10 @@ def nan_box(x):
 
 
 RUN_OPTS = {
-    "hdm": lambda: H.hdm(hypergrad_lr=0.05),
-    "hdm_hb": lambda: H.hdm_hb(hypergrad_lr=0.05),
-    "hdm_agd": lambda: H.hdm_agd(lipschitz=20.0, hypergrad_lr=0.05),
-    "hdm_best": lambda: H.hdm_best(lipschitz=20.0, precond_lr=0.01),
+  "hdm": lambda: H.hdm(hypergrad_lr=0.05),
+  "hdm_hb": lambda: H.hdm_hb(hypergrad_lr=0.05),
+  "hdm_agd": lambda: H.hdm_agd(lipschitz=20.0, hypergrad_lr=0.05),
+  "hdm_best": lambda: H.hdm_best(lipschitz=20.0, precond_lr=0.01),
 }
 
 
@@ -257,14 +272,16 @@ def test_runs_near_a_nan_region_stay_finite_and_monotone(name):
 # ---------------------------------------------------------------------------
 
 BAD_STARTS = {
-    "nan-value": lambda x: jnp.sum(x ** 2) + jnp.log(x[0] - 5.0),
-    "inf-grad": lambda x: jnp.sum(jnp.sqrt(jnp.abs(x))),
-    "nan-value-zero-grad": lambda x: jnp.sum(0.0 * x) + jnp.nan,
-    "inf-value": lambda x: jnp.sum(x ** 2) + jnp.inf,
+  "nan-value": lambda x: jnp.sum(x**2) + jnp.log(x[0] - 5.0),
+  "inf-grad": lambda x: jnp.sum(jnp.sqrt(jnp.abs(x))),
+  "nan-value-zero-grad": lambda x: jnp.sum(0.0 * x) + jnp.nan,
+  "inf-value": lambda x: jnp.sum(x**2) + jnp.inf,
 }
 
 
-@pytest.mark.parametrize("start,name", [(s, "hdm_best") for s in BAD_STARTS] + [("inf-grad", "hdm")])
+@pytest.mark.parametrize(
+  "start,name", [(s, "hdm_best") for s in BAD_STARTS] + [("inf-grad", "hdm")]
+)
 def test_solve_reports_non_finite_initial_point(name, start):
   opt = OPTIMIZERS[name]()
   res = H.solve(opt, BAD_STARTS[start], jnp.zeros(3), max_steps=1000)
@@ -283,6 +300,7 @@ def test_solve_works_with_plain_optax_and_bad_start():
 # ---------------------------------------------------------------------------
 # Overflow-prone objectives: logistic regression with huge logits.
 # ---------------------------------------------------------------------------
+
 
 def _logistic_data(dtype, scale):
   rng = np.random.default_rng(1)
@@ -304,8 +322,11 @@ def test_huge_logits_stay_finite(dtype):
   a, y = _logistic_data(dtype, scale=1e3 if dtype == jnp.float32 else 1e6)
   x0 = jnp.zeros(10, dtype)
   best_probe = H.hdm_best()
-  runs = [(stable_logistic, best_probe), (naive_logistic, best_probe),
-          (naive_logistic, H.hdm(hypergrad_lr=0.1))]
+  runs = [
+    (stable_logistic, best_probe),
+    (naive_logistic, best_probe),
+    (naive_logistic, H.hdm(hypergrad_lr=0.1)),
+  ]
   for fun, opt in runs:
     res = H.solve(opt, fun, x0, max_steps=100, tol=0.0, fun_args=(a, y))
     assert all_leaves_finite(res.state) and all_leaves_finite(res.params)
@@ -314,8 +335,9 @@ def test_huge_logits_stay_finite(dtype):
     assert res.params.dtype == dtype and res.state.precond.dtype == dtype
   assert vals[-1] <= vals[0]
   # A starting point with huge logits (the naive f is inf there) is reported.
-  res = H.solve(best_probe, naive_logistic, jnp.ones(10, dtype), max_steps=100, tol=0.0,
-                fun_args=(a, y))
+  res = H.solve(
+    best_probe, naive_logistic, jnp.ones(10, dtype), max_steps=100, tol=0.0, fun_args=(a, y)
+  )
   assert int(res.status) == solver.NON_FINITE and int(res.num_steps) == 0
 
 
@@ -323,9 +345,12 @@ def test_huge_logits_stay_finite(dtype):
 # State is data: checkpoint to disk and resume, bit for bit.
 # ---------------------------------------------------------------------------
 
+
 def _save(path, params, state):
   leaves = jax.tree.leaves(state)
-  np.savez(path, params=np.asarray(params), **{f"s{i}": np.asarray(l) for i, l in enumerate(leaves)})
+  np.savez(
+    path, params=np.asarray(params), **{f"s{i}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
+  )
 
 
 def _load(path, template_state):
@@ -336,9 +361,9 @@ def _load(path, template_state):
 
 
 CKPT_OPTS = {
-    "hdm_best": lambda: H.hdm_best(),  # probe + lr decay at k = 50 straddle the split
-    "hdm_hb": lambda: H.hdm_hb(hypergrad_lr=0.05),
-    "hdm-ogd_sqrt": lambda: H.hdm(learner="ogd_sqrt", hypergrad_lr=0.01),
+  "hdm_best": lambda: H.hdm_best(),  # probe + lr decay at k = 50 straddle the split
+  "hdm_hb": lambda: H.hdm_hb(hypergrad_lr=0.05),
+  "hdm-ogd_sqrt": lambda: H.hdm(learner="ogd_sqrt", hypergrad_lr=0.01),
 }
 
 

@@ -12,7 +12,12 @@ def test_sharded_logistic_matches_single_device():
   env = dict(os.environ)
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "tests", "sharding_check.py")],
-      capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    [sys.executable, os.path.join(ROOT, "tests", "sharding_check.py")],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=ROOT,
+    timeout=600,
+  )
   assert proc.returncode == 0, proc.stdout + proc.stderr
   assert proc.stdout.strip().endswith("OK"), proc.stdout

@@ -40,7 +40,7 @@ def test_instance_csv_has_every_algorithm(results, problem, dataset):
 def test_table_lists_the_paper_column(results):
   text = (results / "table1.md").read_text()
   for alg, (svm, logistic) in table1.PAPER.items():
-    line = next(l for l in text.splitlines() if l.startswith(f"| {alg} |"))
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"| {alg} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[-2:] == [str(svm), str(logistic)]
     assert cells[1].endswith("/2") and cells[2].endswith("/2")
