@@ -162,16 +162,40 @@ def check_like(name: str, what: str, tree, params):
     )
 
 
-def value_and_grad(value_fn: Callable[..., Any], params):
-  """One oracle call; checks that ``value_fn`` returns a scalar."""
+def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False):
+  """One oracle call, like ``jax.value_and_grad``; checks what ``value_fn`` returns.
 
-  def scalar_fn(p):
+  Args:
+    value_fn: ``value_fn(params) -> scalar``, or ``-> (scalar, aux)`` with ``has_aux``.
+    params: where to evaluate.
+    has_aux: ``value_fn`` returns a pair ``(value, aux)``; then the result is
+      ``((value, aux), grad)``, as with ``jax.value_and_grad(..., has_aux=True)``.
+
+  Returns:
+    ``(value, grad)``, or ``((value, aux), grad)`` with ``has_aux``.
+  """
+
+  def checked_fn(p):
     out = value_fn(p)
-    if jnp.ndim(out) != 0:
-      raise TypeError(f"value_fn must return a scalar, got an array of shape {jnp.shape(out)}.")
+    if has_aux:
+      if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise TypeError(
+          f"with has_aux=True, value_fn must return a pair (value, aux), got {type(out).__name__}."
+        )
+      value = out[0]
+    elif isinstance(out, (tuple, list)):
+      raise TypeError(
+        f"value_fn returned a {type(out).__name__} of length {len(out)}, not a scalar; "
+        "if it returns (value, aux), pass has_aux=True to hdm_optax.solve / sweep, or "
+        "give the transformation value_fn=lambda p: fun(p)[0]."
+      )
+    else:
+      value = out
+    if jnp.ndim(value) != 0:
+      raise TypeError(f"value_fn must return a scalar, got an array of shape {jnp.shape(value)}.")
     return out
 
-  return jax.value_and_grad(scalar_fn)(params)
+  return jax.value_and_grad(checked_fn, has_aux=has_aux)(params)
 
 
 # Construction-time checks. Traced values and arrays skip them (vmap sweeps).

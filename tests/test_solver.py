@@ -110,3 +110,12 @@ def test_compact_sweep_gives_the_same_results():
   )
   assert first.best == full.best
   assert np.all(np.asarray(first.results.num_steps) <= steps[full.best] + 1)
+
+
+def test_value_fn_returning_aux_gets_a_clear_error_in_update():
+  """A (loss, aux) value_fn: a TypeError naming has_aux, not JAX's conversion error."""
+  opt = hdm_optax.hdm_best(lipschitz=200.0)
+  x = jnp.ones(3)
+  fun = lambda p: (quadratic(p, A), p)
+  with np.testing.assert_raises_regex(TypeError, "has_aux=True"):
+    opt.update(2 * A * x, opt.init(x), x, value=quadratic(x, A), grad=2 * A * x, value_fn=fun)
