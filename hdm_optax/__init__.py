@@ -20,6 +20,8 @@ from hdm_optax._hdm_best import hdm_best
 from hdm_optax._hdm_hb import HDMHBState
 from hdm_optax._hdm_hb import hdm_hb
 from hdm_optax.learners import OnlineLearner
+from hdm_optax.minibatch import MinibatchStats
+from hdm_optax.minibatch import minibatch_step
 from hdm_optax.solver import SolveResult
 from hdm_optax.solver import SweepResult
 from hdm_optax.solver import Trace
@@ -37,6 +39,7 @@ __all__ = (
   "HDMHBState",
   "HDMInfo",
   "HDMState",
+  "MinibatchStats",
   "OnlineLearner",
   "SolveResult",
   "SweepResult",
@@ -47,6 +50,7 @@ __all__ = (
   "hdm_best",
   "hdm_hb",
   "learners",
+  "minibatch_step",
   "solve",
   "sweep",
 )

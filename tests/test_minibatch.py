@@ -1,0 +1,139 @@
+"""hdm_optax.minibatch_step: one compiled step, value, gradient and trial on the current batch."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+
+import hdm_optax  # noqa: E402
+
+_RNG = np.random.default_rng(1)
+M, N, B = 256, 8, 32
+X = _RNG.standard_normal((M, N))
+Y = np.where(X @ _RNG.standard_normal(N) + 0.3 * _RNG.standard_normal(M) > 0, 1.0, -1.0)
+
+
+def loss(w, batch):
+  x, y = batch
+  return jnp.mean(jax.nn.softplus(-y * (x @ w["w"] + w["b"]))) + 1e-3 * w["w"] @ w["w"]
+
+
+def batches(epochs, dtype=np.float64):
+  for e in range(epochs):
+    order = np.random.default_rng(e).permutation(M)
+    for i in range(0, M, B):
+      idx = order[i : i + B]
+      yield jnp.asarray(X[idx], dtype), jnp.asarray(Y[idx], dtype)
+
+
+def params0(dtype=np.float64):
+  return {"w": jnp.zeros(N, dtype), "b": jnp.zeros([], dtype)}
+
+
+def _counting(fun):
+  calls = []
+
+  def counted(*args):
+    jax.debug.callback(lambda: calls.append(1))
+    return fun(*args)
+
+  return counted, calls
+
+
+@pytest.mark.parametrize(
+  "make,per_step",
+  [(lambda: hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1), 2), (lambda: optax.adam(1e-2), 1)],
+  ids=["hdm_best", "adam"],
+)
+def test_compiles_once_and_counts_every_call(make, per_step):
+  opt = make()
+  counted, calls = _counting(loss)
+  step = hdm_optax.minibatch_step(opt, counted)
+  p, state = params0(), opt.init(params0())
+  total = 0
+  for batch in batches(2):
+    p_in = p
+    p, state, stats = step(p, state, batch)
+    total += int(stats.grad_evals)
+    # The reported loss is the current batch's loss at the params passed in.
+    np.testing.assert_allclose(float(stats.loss), float(loss(p_in, batch)), rtol=1e-12)
+  jax.effects_barrier()
+  assert step._cache_size() == 1  # pylint: disable=protected-access
+  assert total == len(calls)
+  assert total == per_step * 2 * M // B
+  assert float(loss(p, (X, Y))) < 0.9 * float(loss(params0(), (X, Y)))
+
+
+def test_trial_on_the_current_batch():
+  """One step equals ``update`` called with the batch's own value, gradient and value_fn."""
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  step = hdm_optax.minibatch_step(opt, loss)
+  p, state = params0(), opt.init(params0())
+  for batch in list(batches(1))[:3]:
+    value_fn = lambda q, b=batch: loss(q, b)
+    value, grad = jax.value_and_grad(value_fn)(p)
+    updates, want_state = opt.update(grad, state, p, value=value, grad=grad, value_fn=value_fn)
+    want = optax.apply_updates(p, updates)
+    p, state, _ = step(p, state, batch)
+    np.testing.assert_allclose(p["w"], want["w"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(state.precond["w"], want_state.precond["w"], rtol=1e-12, atol=1e-15)
+    assert bool(state.info.accepted) == bool(want_state.info.accepted)
+
+
+def test_fewer_null_steps_than_the_stale_cache_loop():
+  """Reusing the previous batch's cached value compares f on two batches."""
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  step = hdm_optax.minibatch_step(opt, loss)
+
+  @jax.jit
+  def stale_step(p, state, batch):
+    value_fn = lambda q: loss(q, batch)
+    value, grad = optax.value_and_grad_from_state(value_fn)(p, state=state)
+    updates, state = opt.update(grad, state, p, value=value, grad=grad, value_fn=value_fn)
+    return optax.apply_updates(p, updates), state
+
+  p, state = params0(), opt.init(params0())
+  q, stale = p, state
+  for batch in batches(4):
+    p, state, _ = step(p, state, batch)
+    q, stale = stale_step(q, stale, batch)
+  steps = 4 * M // B
+  assert int(state.info.num_null_steps) < steps // 4
+  assert int(stale.info.num_null_steps) > int(state.info.num_null_steps)
+
+
+def test_float32_stays_float32():
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  step = hdm_optax.minibatch_step(opt, loss)
+  p, state = params0(np.float32), opt.init(params0(np.float32))
+  for batch in batches(1, np.float32):
+    p, state, stats = step(p, state, batch)
+  assert p["w"].dtype == jnp.float32 and stats.loss.dtype == jnp.float32
+  assert state.precond["w"].dtype == jnp.float32
+
+
+def test_unjitted_step_inside_scan():
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  step = hdm_optax.minibatch_step(opt, loss, jit=False)
+  xs = jnp.asarray(X).reshape(M // B, B, N)
+  ys = jnp.asarray(Y).reshape(M // B, B)
+
+  def body(carry, batch):
+    p, state = carry
+    p, state, stats = step(p, state, batch)
+    return (p, state), stats
+
+  (p, _), stats = jax.jit(lambda c: jax.lax.scan(body, c, (xs, ys)))(
+    (params0(), opt.init(params0()))
+  )
+  assert stats.loss.shape == (M // B,) and int(stats.grad_evals.sum()) == 2 * M // B
+  assert float(loss(p, (X, Y))) < float(loss(params0(), (X, Y)))
+
+
+def test_loss_fn_must_be_callable():
+  with pytest.raises(TypeError, match="loss_fn must be callable"):
+    hdm_optax.minibatch_step(hdm_optax.hdm_best(), "loss")
