@@ -1,0 +1,195 @@
+"""hdm_optax transformations as optimistix minimisers (needs ``pip install optimistix``).
+
+``import hdm_optax`` does not import this module; it needs the optional
+dependency ``optimistix`` (the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+try:
+  import equinox as eqx
+  import equinox.internal as eqxi
+  import optimistix as optx
+except ImportError as err:
+  raise ImportError(
+    f"hdm_optax.optimistix_adapter needs optimistix ({err}); install it with "
+    "`pip install optimistix` or `pip install 'hdm_optax[bench]'`."
+  ) from err
+
+from hdm_optax import solver as solver_lib
+
+__all__ = ("HDMMinimiser", "HDMMinimiserState")
+
+
+class HDMMinimiserState(eqx.Module):
+  """State of :class:`HDMMinimiser` (``solution.state`` after a solve).
+
+  Attributes:
+    opt_state: the optax state of the wrapped transformation.
+    value: f(y) at the current iterate y.
+    grad: grad f(y).
+    grad_norm: ``norm(grad)``, with the minimiser's ``norm``.
+    tol: the stopping threshold, ``atol + rtol * norm(grad f(y0))``.
+    accepted: whether the last step moved y (False after a null step).
+    num_value_evals: objective evaluations so far, the one at y0 included.
+    num_grad_evals: gradient evaluations so far, the one at y0 included.
+  """
+
+  opt_state: Any
+  value: jax.Array
+  grad: Any
+  grad_norm: jax.Array
+  tol: jax.Array
+  accepted: jax.Array
+  num_value_evals: jax.Array
+  num_grad_evals: jax.Array
+
+
+class HDMMinimiser(optx.AbstractMinimiser):
+  r"""Runs an hdm_optax (or any optax) transformation under ``optimistix.minimise``.
+
+  Each step is one iteration of :func:`hdm_optax.solve`'s loop: ``update``
+  gets f and grad f at y, and the value and gradient that hdm_optax
+  transformations cache at their accepted point are reused, so an HDM
+  iteration costs one oracle call (``optimistix.OptaxMinimiser`` makes two:
+  it recomputes them at every step). Transformations without a cache (e.g.
+  ``optax.adam``) get one value-and-gradient call after each update.
+
+  The solve stops when
+
+  .. math::
+    \operatorname{norm}(\nabla f(y)) \le \mathrm{atol} + \mathrm{rtol}\,
+    \operatorname{norm}(\nabla f(y^0)),
+
+  checked at y0 and after every step (with ``rtol=0`` and the default max
+  norm this is ``solve``'s ``||grad f||_inf <= tol``, ``tol = atol``), or with
+  ``RESULTS.nonfinite`` when f or grad f is not finite at y. A null step
+  (y unchanged) does not stop it, unlike ``OptaxMinimiser``'s test on the
+  change of y and f. ``solution.stats`` holds ``num_steps`` (updates, as
+  ``solve``'s ``num_steps``), ``num_grad_evals`` and ``num_value_evals`` (every
+  call, the one at y0 and linesearch or probe calls included; an aux output
+  (``has_aux=True``) costs one more objective call at the solution), and
+  ``solution.state`` is an :class:`HDMMinimiserState`.
+
+  The analysis of the paper is for deterministic, smooth f.
+
+  Example:
+    >>> import jax.numpy as jnp, optimistix as optx, hdm_optax
+    >>> from hdm_optax.optimistix_adapter import HDMMinimiser
+    >>> fn = lambda x, a: jnp.sum(a * x ** 2)
+    >>> sol = optx.minimise(fn, HDMMinimiser(hdm_optax.hdm_best(lipschitz=200.0), atol=1e-4),
+    ...                     jnp.ones(3), jnp.array([1.0, 10.0, 100.0]), max_steps=500)
+    >>> bool(jnp.max(jnp.abs(sol.state.grad)) <= 1e-4)
+    True
+    >>> int(sol.stats["num_grad_evals"]) == int(sol.stats["num_steps"]) + 1
+    True
+
+  References:
+    Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
+    Adaptation with Hypergradient Descent*, arXiv:2502.11229 (2025).
+  """
+
+  optim: Any
+  rtol: float
+  atol: float
+  norm: Callable[[Any], jax.Array]
+
+  def __init__(
+    self,
+    optim: optax.GradientTransformation,
+    rtol: float = 0.0,
+    atol: float = 1e-4,
+    norm: Callable[[Any], jax.Array] = optx.max_norm,
+  ):
+    """Wraps ``optim``.
+
+    Args:
+      optim: an optax transformation (every hdm_optax transformation).
+      rtol: relative tolerance on the gradient norm (relative to the norm at
+        y0), >= 0.
+      atol: absolute tolerance on the gradient norm, >= 0.
+      norm: the norm of the gradient, ``pytree -> scalar``
+        (``optimistix.max_norm``, ``rms_norm`` or ``two_norm``).
+    """
+    for name, val in (("rtol", rtol), ("atol", atol)):
+      if isinstance(val, (int, float)) and not 0 <= val < np.inf:
+        raise ValueError(f"HDMMinimiser: {name} must be finite and >= 0, got {val}.")
+    if not callable(norm):
+      raise TypeError(f"HDMMinimiser: norm must be callable, got {type(norm).__name__}.")
+    # Optax transformations are closures; as pytrees, arrays they close over
+    # are traced rather than baked into the program (as OptaxMinimiser does).
+    self.optim = eqxi.closure_to_pytree(optim)
+    self.rtol = rtol
+    self.atol = atol
+    self.norm = norm
+
+  def _run(self, fn, args):
+    """``solve``'s loop pieces for ``fn(y, args) -> (f, aux)``."""
+    return solver_lib._run(  # pylint: disable=protected-access
+      self.optim,
+      lambda y: fn(y, args)[0],
+      0,
+      (),
+      0.0,
+      np.iinfo(np.int32).max,
+    )
+
+  def _state(self, carry, tol):
+    return HDMMinimiserState(
+      opt_state=carry["state"],
+      value=carry["value"],
+      grad=carry["grad"],
+      grad_norm=self.norm(carry["grad"]),
+      tol=tol,
+      accepted=carry["accepted"],
+      num_value_evals=carry["nv"],
+      num_grad_evals=carry["ng"],
+    )
+
+  def init(self, fn, y, args, options, f_struct, aux_struct, tags):
+    del options, f_struct, aux_struct, tags
+    carry = self._run(fn, args).start(y, None)
+    tol = jnp.asarray(self.atol + self.rtol * self.norm(carry["grad"]), carry["value"].dtype)
+    return self._state(carry, tol)
+
+  def step(self, fn, y, args, options, state, tags):
+    del options, tags
+    carry = dict(
+      params=y,
+      state=state.opt_state,
+      value=state.value,
+      grad=state.grad,
+      gnorm=state.grad_norm,
+      k=jnp.zeros([], jnp.int32),
+      nv=state.num_value_evals,
+      ng=state.num_grad_evals,
+      accepted=state.accepted,
+    )
+    carry = self._run(fn, args).step(carry)
+    # The aux of fn is not computed during the run (that would cost a call
+    # per step); postprocess evaluates it once at the solution.
+    aux_struct = jax.eval_shape(fn, y, args)[1]
+    aux = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_struct)
+    return carry["params"], self._state(carry, state.tol), aux
+
+  def terminate(self, fn, y, args, options, state, tags):
+    del fn, y, args, options, tags
+    finite = jnp.isfinite(state.value) & jnp.isfinite(state.grad_norm)
+    converged = state.grad_norm <= state.tol
+    result = optx.RESULTS.where(finite, optx.RESULTS.successful, optx.RESULTS.nonfinite)
+    return converged | ~finite, result
+
+  def postprocess(self, fn, y, aux, args, options, state, tags, result):
+    del options, tags, result
+    stats = dict(num_grad_evals=state.num_grad_evals, num_value_evals=state.num_value_evals)
+    if jax.tree.leaves(aux):
+      aux = fn(y, args)[1]
+      stats["num_value_evals"] = stats["num_value_evals"] + 1
+    return y, aux, stats

@@ -1,0 +1,157 @@
+"""hdm_optax.optimistix_adapter.HDMMinimiser: optimistix.minimise runs solve's iteration."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import pytest  # noqa: E402
+
+import hdm_optax  # noqa: E402
+
+optx = pytest.importorskip("optimistix")
+from hdm_optax.optimistix_adapter import HDMMinimiser  # noqa: E402
+
+_RNG = np.random.default_rng(3)
+M, N = 40, 6
+A = jnp.asarray(_RNG.standard_normal((M, N)))
+Y = jnp.asarray(np.where(_RNG.standard_normal(M) > 0, 1.0, -1.0))
+LIP = float(0.25 * np.linalg.norm(np.asarray(A), 2) ** 2 + 0.1)
+X0 = jnp.asarray(_RNG.standard_normal(N))
+
+
+def logistic(w, A, y):
+  return jnp.sum(jax.nn.softplus(-y * (A @ w))) + 0.05 * w @ w
+
+
+def _counting(fun):
+  calls = []
+
+  def counted(*args):
+    jax.debug.callback(lambda: calls.append(1))
+    return fun(*args)
+
+  return counted, calls
+
+
+OPTIMIZERS = {
+  "hdm_best": lambda: hdm_optax.hdm_best(),  # probes L, then null steps at first
+  "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP),
+  "hdm": lambda: hdm_optax.hdm(candidate="scalar", learner="ogd", hypergrad_lr=0.1 / LIP),
+  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, hypergrad_lr=0.5),
+  "adam": lambda: optax.adam(0.1),  # no cache: one call after each update
+  "lbfgs": lambda: optax.lbfgs(),  # linesearch calls counted
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_same_run_as_solve(name):
+  opt = OPTIMIZERS[name]()
+  tol = 1e-6
+  res = hdm_optax.solve(opt, logistic, X0, max_steps=1000, tol=tol, fun_args=(A, Y))
+  assert bool(res.converged)
+  counted, calls = _counting(lambda w, args: logistic(w, *args))
+  sol = optx.minimise(counted, HDMMinimiser(opt, atol=tol), X0, (A, Y), max_steps=1000)
+  jax.effects_barrier()
+  assert sol.result == optx.RESULTS.successful
+  assert int(sol.stats["num_steps"]) == int(res.num_steps)
+  assert int(sol.stats["num_grad_evals"]) == int(res.num_grad_evals) == len(calls)
+  assert int(sol.stats["num_value_evals"]) == int(res.num_value_evals)
+  np.testing.assert_allclose(sol.value, res.params, rtol=1e-10, atol=1e-13)
+  np.testing.assert_allclose(sol.state.value, res.value, rtol=1e-12)
+  np.testing.assert_allclose(sol.state.value, logistic(sol.value, A, Y), rtol=1e-12)
+  assert float(sol.state.grad_norm) <= tol
+  if name == "hdm_best":  # null steps do not stop it; one oracle call per iteration
+    assert not np.all(np.asarray(res.trace.accepted)[1 : int(res.num_steps) + 1])
+    assert len(calls) == int(sol.stats["num_steps"]) + 1
+
+
+def test_relative_tolerance():
+  opt = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
+  g0 = float(jnp.max(jnp.abs(jax.grad(logistic)(X0, A, Y))))
+  res = hdm_optax.solve(opt, logistic, X0, max_steps=1000, tol=1e-3 * g0, fun_args=(A, Y))
+  sol = optx.minimise(
+    lambda w, args: logistic(w, *args),
+    HDMMinimiser(opt, rtol=1e-3, atol=0.0),
+    X0,
+    (A, Y),
+    max_steps=1000,
+  )
+  assert int(sol.stats["num_steps"]) == int(res.num_steps)
+  np.testing.assert_allclose(float(sol.state.tol), 1e-3 * g0, rtol=1e-12)
+
+
+def test_two_norm_and_float32():
+  opt = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
+  x0 = X0.astype(jnp.float32)
+  args = (A.astype(jnp.float32), Y.astype(jnp.float32))
+  sol = optx.minimise(
+    lambda w, args: logistic(w, *args),
+    HDMMinimiser(opt, atol=1e-2, norm=optx.two_norm),
+    x0,
+    args,
+    max_steps=1000,
+  )
+  assert sol.value.dtype == jnp.float32 and sol.state.value.dtype == jnp.float32
+  assert float(jnp.linalg.norm(jax.grad(logistic)(sol.value, *args))) <= 1e-2
+
+
+def test_aux_is_at_the_solution():
+  def fn(w, args):
+    return logistic(w, *args), {"w_norm": jnp.linalg.norm(w)}
+
+  opt = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
+  sol = optx.minimise(fn, HDMMinimiser(opt, atol=1e-6), X0, (A, Y), has_aux=True, max_steps=1000)
+  np.testing.assert_allclose(sol.aux["w_norm"], jnp.linalg.norm(sol.value), rtol=1e-12)
+  assert int(sol.stats["num_value_evals"]) == int(sol.stats["num_grad_evals"]) + 1
+
+
+def test_max_steps_and_non_finite_results():
+  opt = hdm_optax.hdm_best(lipschitz=LIP)
+  fn = lambda w, args: logistic(w, *args)
+  sol = optx.minimise(fn, HDMMinimiser(opt, atol=0.0), X0, (A, Y), max_steps=5, throw=False)
+  assert sol.result == optx.RESULTS.nonlinear_max_steps_reached
+  assert int(sol.stats["num_steps"]) == 5
+  bad = lambda w, args: jnp.sum(w - jnp.log(w))
+  sol = optx.minimise(bad, HDMMinimiser(opt), -jnp.ones(3), None, max_steps=5, throw=False)
+  assert sol.result == optx.RESULTS.nonfinite
+  assert int(sol.stats["num_steps"]) == 0
+
+
+@pytest.mark.parametrize("kw", [dict(atol=-1.0), dict(rtol=float("nan"))])
+def test_bad_tolerances(kw):
+  with pytest.raises(ValueError, match="must be finite and >= 0"):
+    HDMMinimiser(hdm_optax.hdm_best(), **kw)
+
+
+def test_hdm_optax_imports_without_optimistix():
+  code = textwrap.dedent(
+    """
+    import sys
+    class Block:
+      def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("optimistix", "equinox"):
+          raise ImportError(f"blocked {name}")
+    sys.meta_path.insert(0, Block())
+    import jax.numpy as jnp, hdm_optax
+    res = hdm_optax.solve(hdm_optax.hdm_best(), lambda x: jnp.sum(x ** 2), jnp.ones(2), max_steps=50)
+    assert bool(res.converged)
+    try:
+      import hdm_optax.optimistix_adapter
+    except ImportError as err:
+      assert "optimistix" in str(err), err
+    else:
+      raise AssertionError("the adapter imported without optimistix")
+    """
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
+  )
+  assert out.returncode == 0, out.stderr
