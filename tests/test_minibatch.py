@@ -137,3 +137,19 @@ def test_unjitted_step_inside_scan():
 def test_loss_fn_must_be_callable():
   with pytest.raises(TypeError, match="loss_fn must be callable"):
     hdm_optax.minibatch_step(hdm_optax.hdm_best(), "loss")
+
+
+def test_docs_and_docstring_examples_run():
+  import doctest
+  import re
+  from pathlib import Path
+
+  from hdm_optax import minibatch
+
+  result = doctest.testmod(minibatch, optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0 and result.failed == 0
+  page = (Path(__file__).parents[1] / "docs" / "minibatch.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+  assert blocks
+  for block in blocks:
+    exec(compile(block, "docs/minibatch.md", "exec"), {})  # pylint: disable=exec-used

@@ -155,3 +155,18 @@ def test_hdm_optax_imports_without_optimistix():
     [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
   )
   assert out.returncode == 0, out.stderr
+
+
+def test_docs_and_docstring_examples_run():
+  import doctest
+  import re
+
+  from hdm_optax import optimistix_adapter
+
+  result = doctest.testmod(optimistix_adapter, optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0 and result.failed == 0
+  page = (Path(__file__).parents[1] / "docs" / "optimistix.md").read_text()
+  blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+  assert blocks
+  for block in blocks:
+    exec(compile(block, "docs/optimistix.md", "exec"), {})  # pylint: disable=exec-used

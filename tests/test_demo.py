@@ -1,0 +1,16 @@
+"""experiments.demo (the README's first command) on a small dataset."""
+
+import pytest
+
+from experiments import data as data_lib
+from experiments import demo
+
+
+def test_demo_prints_both_methods_and_says_what_seconds_measure(capsys):
+  data_dir = data_lib.default_data_dir()
+  if data_dir is None or "heart_scale" not in data_lib.list_datasets(data_dir):
+    pytest.skip("the shared LIBSVM datasets are not available")
+  demo.main(["--dataset", "heart_scale", "--max-grad-calls", "200"])
+  out = capsys.readouterr().out
+  assert "HDM-Best" in out and "optax.lbfgs" in out
+  assert "compilation excluded" in out
