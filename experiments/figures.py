@@ -29,7 +29,7 @@ mu = 1, condition number 100, f* = 0), ``x^1 = (1, ..., 1)``, f(x^1) = 72.9.
   x+ = x - alpha g + beta (x - x_prev) with (alpha, beta) grid-searched.
 - figure3b: HDM-AGD (``hdm_agd(lipschitz=L)``, diagonal P, AdaGrad, eta = 0.1,
   theta = 1) against AGD-CVX and AGD-SCVX (step 1/L) of
-  :mod:`experiments.baselines_jax`. HDM-AGD makes 3 gradient calls per iteration.
+  :mod:`experiments.baselines.first_order`. HDM-AGD makes 3 gradient calls per iteration.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from PIL import Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import hdm_optax  # noqa: E402
-from experiments import baselines_jax  # noqa: E402
+from experiments.baselines import first_order  # noqa: E402
 from experiments import toy  # noqa: E402
 
 TOL = 1e-4
@@ -222,7 +222,7 @@ def _toy_traces(x0, A, steps):
       (1 / L, scvx, 1, 0),
     ]
   )
-  fo = grid(baselines_jax.first_order_family, *family.T)
+  fo = grid(first_order.first_order_family, *family.T)
 
   def hdm(**kw):  # HDM with null step, the settings of figure 1 unless overridden
     return hdm_optax.hdm(null_step=True, **{**toy.VANILLA_HDM, **kw})

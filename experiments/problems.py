@@ -6,14 +6,16 @@ For a dataset (X, y) with y in {-1, +1}:
 * Logistic regression: ``A = [X, 1]`` and ``f(w) = sum_i log(1 + exp(-y_i (A w)_i))``.
 
 Both are sums (not means) without regularisation. ``L = sigma_max(A)^2`` and the
-starting point is ``np.random.seed(20250128); x0 = randn(n); x0 /= ||x0||``
-with ``n`` the number of columns of ``A``.
+starting point is ``protocol.initial_point(n)`` (``np.random.seed(20250128);
+x0 = randn(n); x0 /= ||x0||``) with ``n`` the number of columns of ``A``.
 
 The JAX objectives take the data as arguments, ``fun(w, *fun_args)``, so that
-XLA does not constant-fold them. ``A`` is either a dense float64 ``jnp`` array
-or a row-sorted ``jax.experimental.sparse.BCOO`` matrix (see
-``choose_representation``). ``fun_np(w) -> (value, grad)`` is the NumPy/SciPy
-version used by the SciPy baselines.
+XLA does not constant-fold them. ``A`` is in one of three representations (see
+``objective`` and ``choose_representation``): ``"dense"`` (a float64 ``jnp``
+array), ``"sparse"`` (a row-sorted ``jax.experimental.sparse.BCOO`` matrix) or
+``"host"`` (a ``sparse.host_csr.CSRMatrix``: CSR products by a CPU kernel).
+``fun_np(w) -> (value, grad)`` is the NumPy/SciPy version used by the SciPy
+baselines.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ import scipy.sparse.linalg as spla
 from jax.experimental import sparse as jsparse
 from scipy.special import expit
 
-from experiments import host_csr
 from experiments.data import load_dataset
+from experiments.protocol import initial_point
+from experiments.sparse import host_csr
 
 jax.config.update("jax_enable_x64", True)
 
-SEED = 20250128
 KINDS = ("svm", "logistic")
 # Representation rule (see choose_representation).
 VERY_SPARSE_DENSITY = 0.05
@@ -95,17 +97,6 @@ def lipschitz_constant(A) -> float:
   v0 = np.ones(min(A.shape)) / np.sqrt(min(A.shape))
   s = spla.svds(A, k=1, v0=v0, return_singular_vectors=False)
   return float(s[0] ** 2)
-
-
-def initial_point(n: int) -> np.ndarray:
-  """Returns the paper's starting point (reseeds NumPy's global RNG).
-
-  Exactly ``np.random.seed(20250128); x0 = np.random.randn(n); x0 /= ||x0||``.
-  """
-  np.random.seed(SEED)
-  x0 = np.random.randn(n)
-  x0 /= np.linalg.norm(x0)
-  return x0
 
 
 # ----------------------------------------------------------------------------
@@ -233,10 +224,13 @@ class Problem:
       L: ``sigma_max(A)^2``.
       x0: Starting point, float64 NumPy array of shape (n,).
       fun: Pure JAX objective ``fun(w, *fun_args) -> scalar``.
-      fun_args: Data arguments of ``fun``: ``(A,)`` for SVM, ``(A, y)`` for
-        logistic, with ``A`` a dense ``jnp`` array or a BCOO matrix.
+      fun_args: Data arguments of ``fun``: ``(A, weight)`` for SVM,
+        ``(A, y, weight)`` for logistic, with ``A`` padded with zero rows in
+        ``representation`` and ``weight`` 1 on the data's rows, 0 on the
+        padding (see ``objective``).
       fun_np: NumPy/SciPy ``fun_np(w) -> (value, grad)``.
-      representation: ``"dense"`` or ``"sparse"``.
+      representation: ``"dense"``, ``"sparse"`` (BCOO) or ``"host"`` (CSR
+        kernel), see ``choose_representation``.
   """
 
   name: str
@@ -273,7 +267,7 @@ def choose_representation(A: sp.spmatrix) -> str:
   """Picks the representation of ``A`` for CPU runs.
 
   Returns:
-      ``"host"`` (CSR products, ``experiments.host_csr``) if ``A`` is sparse
+      ``"host"`` (CSR products, ``experiments.sparse.host_csr``) if ``A`` is sparse
       and big enough for a CSR kernel's ~1-2 ns per nonzero to beat the
       dense BLAS pair: density below 5% and at least 20,000 nonzeros, or
       density below 15% and at least 2.5e6 entries (m * n; a dense float64
@@ -282,7 +276,7 @@ def choose_representation(A: sp.spmatrix) -> str:
       a8a and a9a CSR. The thresholds were set when the products went
       through Python host callbacks (~25 us per call), with the measurements
       (one value and gradient in a compiled loop / the two SciPy products,
-      ``python -m experiments.speed``): a9a 0.9-1.3 host vs 3.6-3.9 dense;
+      ``python -m experiments.perf.speed``): a9a 0.9-1.3 host vs 3.6-3.9 dense;
       a7a (2.0e6 entries) 1.2-1.7 host vs 1.1-1.2 dense; w1a 1.6-2.4 host vs
       2.6-3.9 dense. The FFI kernel has no per-call cost, so they are
       conservative; they are kept so that Table 1's numbers stay comparable.
@@ -325,7 +319,8 @@ def objective(
     A_arg = to_bcoo(A)
   else:
     raise ValueError(
-      f"representation must be 'dense', 'sparse', 'host' or 'auto', got {representation!r}"
+      f"representation must be 'dense', 'sparse' or 'host', got {representation!r} "
+      "(make_problem also takes 'auto')"
     )
   if kind == "svm":
     return OBJECTIVES[kind], (A_arg, jnp.asarray(weight))
@@ -343,7 +338,7 @@ def make_problem(
       kind: ``"svm"`` or ``"logistic"``.
       name: Instance name.
       representation: ``"dense"``, ``"sparse"`` (BCOO), ``"host"`` (CSR
-        products, ``experiments.host_csr``) or ``"auto"``
+        products, ``experiments.sparse.host_csr``) or ``"auto"``
         (``choose_representation``).
   """
   A = design_matrix(X, y, kind)

@@ -22,9 +22,10 @@ import scipy.sparse as sp
 
 import hdm_optax
 
-from experiments import baselines_jax
-from experiments import baselines_scipy
+from experiments.baselines import first_order
+from experiments.baselines import quasi_newton
 from experiments import problems as problems_lib
+from experiments import protocol
 
 jax.config.update("jax_enable_x64", True)
 
@@ -72,7 +73,7 @@ def prepare(problem: problems_lib.Problem, pad: bool = True) -> Instance:
 
 
 def make_first_order(lr, momentum, nesterov, lambda_schedule):
-  return baselines_jax.first_order_family(lr, momentum, nesterov, lambda_schedule)
+  return first_order.first_order_family(lr, momentum, nesterov, lambda_schedule)
 
 
 def make_adam(lr):
@@ -121,58 +122,20 @@ def make_hdm_agd(eta, lip):
 LBFGS = optax.lbfgs()
 
 
-@dataclasses.dataclass
-class Row:
-  """One algorithm's best run on one instance (a line of the CSV)."""
-
-  algorithm: str
-  solved: bool
-  iterations: int
-  value_calls: int
-  grad_calls: int
-  hyperparams: str
-  final_value: float
-  final_grad_inf: float
-  seconds: float
-  trace_grad_calls: np.ndarray = dataclasses.field(repr=False)
-  trace_values: np.ndarray = dataclasses.field(repr=False)
-  trace_grad_inf: np.ndarray = dataclasses.field(repr=False)
-
-
 def _fmt(point):
   return " ".join(f"{k}={v:.6g}" for k, v in point.items())
 
 
 def _rows_from_sweep(out, labels, names, budget, seconds, describe):
-  """The best point per algorithm name (fewest iterations among solved)."""
+  """The best point per algorithm name (``protocol.best_point``)."""
   res = jax.tree.map(np.asarray, out.results)
-  solved = res.converged & (res.num_grad_evals < budget - 1)
+  solved = protocol.is_solved(res.converged, res.num_grad_evals, budget)
   rows = []
   for name in dict.fromkeys(names):
-    idx = [i for i, nm in enumerate(names) if nm == name]
-    key = lambda i: (
-      not solved[i],
-      res.num_steps[i] if solved[i] else 0,
-      np.nan_to_num(res.value[i], nan=np.inf),
-    )
-    i = min(idx, key=key)
-    k = int(res.num_steps[i])
-    rows.append(
-      Row(
-        algorithm=name,
-        solved=bool(solved[i]),
-        iterations=k,
-        value_calls=int(res.num_value_evals[i]),
-        grad_calls=int(res.num_grad_evals[i]),
-        hyperparams=describe(labels[i]),
-        final_value=float(res.value[i]),
-        final_grad_inf=float(res.grad_norm[i]),
-        seconds=seconds,
-        trace_grad_calls=res.trace.grad_evals[i, : k + 1],
-        trace_values=res.trace.value[i, : k + 1],
-        trace_grad_inf=res.trace.grad_norm[i, : k + 1],
-      )
-    )
+    idx = np.asarray([i for i, nm in enumerate(names) if nm == name])
+    i = idx[protocol.best_point(jax.tree.map(lambda a: a[idx], res), solved[idx])]
+    point = jax.tree.map(lambda a: a[i], res)
+    rows.append(protocol.Row.from_solve(name, point, solved[i], describe(labels[i]), seconds))
   return rows
 
 
@@ -195,7 +158,7 @@ def _sweep(inst, make, points, max_steps, budget, tol, stop_at_first):
 
 def jax_algorithms(lip):
   """(group, factory, points, names, labels, calls per step) for each sweep."""
-  fo = baselines_jax.first_order_grid(lip)
+  fo = first_order.first_order_grid(lip)
   lrs = [1.0 / lip if v == "1/L" else v for v in LR_GRID]
   lr_labels = [{"lr": v} for v in LR_GRID]
   best = [dict(pm=pm, mb=mb, lip=lip) for pm in HDM_BEST_PM for mb in HDM_BEST_MB]
@@ -249,8 +212,8 @@ def _describe(label):
 def run_instance(
   problem,
   *,
-  max_grad_calls=1000,
-  tol=1e-4,
+  max_grad_calls=protocol.BUDGET,
+  tol=protocol.TOL,
   pad=True,
   progress: Optional[Callable[[str], None]] = None,
 ):
@@ -286,62 +249,29 @@ def run_instance(
     max_grad_evals=max_grad_calls,
   )
   res = jax.tree.map(np.asarray, res)
-  k = int(res.num_steps)
+  solved = protocol.is_solved(res.converged, res.num_grad_evals, max_grad_calls)
+  seconds = time.perf_counter() - start
   rows.append(
-    Row(
-      algorithm="optax-L-BFGS",
-      solved=bool(res.converged and res.num_grad_evals < max_grad_calls - 1),
-      iterations=k,
-      value_calls=int(res.num_value_evals),
-      grad_calls=int(res.num_grad_evals),
-      hyperparams="optax.lbfgs() defaults",
-      final_value=float(res.value),
-      final_grad_inf=float(res.grad_norm),
-      seconds=time.perf_counter() - start,
-      trace_grad_calls=res.trace.grad_evals[: k + 1],
-      trace_values=res.trace.value[: k + 1],
-      trace_grad_inf=res.trace.grad_norm[: k + 1],
-    )
+    protocol.Row.from_solve("optax-L-BFGS", res, solved, "optax.lbfgs() defaults", seconds)
   )
-  for name in baselines_scipy.ALGORITHMS:
+  for name in quasi_newton.ALGORITHMS:
     if progress:
       progress(name)
-    b = baselines_scipy.run_baseline(problem.fun_np, problem.x0, name, tol=tol)
-    rows.append(
-      Row(
-        algorithm=name,
-        solved=bool(b.solved),
-        iterations=int(b.iterations),
-        value_calls=int(b.value_calls),
-        grad_calls=int(b.grad_calls),
-        hyperparams=_scipy_hyper(name, tol),
-        final_value=float(b.final_value),
-        final_grad_inf=float(b.final_grad_inf),
-        seconds=float(b.seconds),
-        trace_grad_calls=np.asarray(b.trace_grad_calls),
-        trace_values=np.asarray(b.trace_values),
-        trace_grad_inf=np.asarray(b.trace_grad_inf),
-      )
-    )
+    rows.append(quasi_newton.run_baseline(problem.fun_np, problem.x0, name, tol=tol))
   return rows, grid
-
-
-def _scipy_hyper(name, tol):
-  method, options = baselines_scipy.scipy_options(name, tol)
-  return method + " " + " ".join(f"{k}={v}" for k, v in options.items())
 
 
 def _grid_table(out, points, budget):
   res = jax.tree.map(np.asarray, out.results)
   table = []
   for i, p in enumerate(points):
-    solved = bool(res.converged[i] and res.num_grad_evals[i] < budget - 1)
+    solved = bool(protocol.is_solved(res.converged[i], res.num_grad_evals[i], budget))
     table.append(
       dict(
         eta_p_times_L=p["pm"],
         eta_b=p["mb"],
         solved=int(solved),
-        grad_calls=int(res.num_grad_evals[i]) if solved else budget + 1,
+        grad_calls=int(res.num_grad_evals[i]) if solved else protocol.unsolved_calls(budget),
         iterations=int(res.num_steps[i]),
       )
     )

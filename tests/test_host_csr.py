@@ -1,4 +1,4 @@
-"""Tests of experiments/host_csr.py: CSR products inside compiled JAX code.
+"""Tests of experiments/sparse/host_csr.py: CSR products inside compiled JAX code.
 
 Both lowerings (the FFI kernel and SciPy through a host callback) must give
 SciPy's numbers bit for bit, in every batch layout and with the row split.
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from experiments import host_csr
+from experiments.sparse import host_csr
 
 jax.config.update("jax_enable_x64", True)
 

@@ -27,13 +27,6 @@ def test_design_matrix_matches_paper():
   np.testing.assert_array_equal(A_log, np.hstack([Xd, np.ones((40, 1))]))
 
 
-def test_initial_point_is_the_protocol():
-  np.random.seed(20250128)
-  expected = np.random.randn(7)
-  expected /= np.linalg.norm(expected)
-  np.testing.assert_array_equal(problems.initial_point(7), expected)
-
-
 def test_lipschitz_constant_is_sigma_max_squared():
   X, y = _toy()
   A = problems.design_matrix(X, y, "svm")

@@ -1,6 +1,6 @@
 """HDM-Best on a logistic regression sharded over all devices (JAX SPMD).
 
-    python -m experiments.sharded_logistic [--rows 65536] [--cols 512] [--steps 200]
+    python -m experiments.perf.sharded_logistic [--rows 65536] [--cols 512] [--steps 200]
                                            [--layout rows|cols] [--cpu-devices 8]
 
 The data matrix is sharded with ``jax.sharding.NamedSharding`` over a 1-d mesh

@@ -1,73 +1,41 @@
 """SciPy quasi-Newton baselines of the paper: BFGS and L-BFGS-Mk (k = 1, 3, 5, 10).
 
-Protocol (Section 5): default SciPy parameters, stopping when
-``||grad f||_inf <= tol`` (tol = 1e-4), at most 1000 gradient oracles. Every
-call of the objective returns value and gradient, so one call is counted as
-one gradient call. A run is *solved* iff SciPy reports success, the best
-recorded ``||g||_inf`` is at most ``1.1 * tol`` and fewer than 999 gradient
-calls were made.
+Protocol (Section 5, ``experiments.protocol``): default SciPy parameters,
+stopping when ``||grad f||_inf <= tol`` (tol = 1e-4), at most 1000 gradient
+oracles. Every call of the objective returns value and gradient, so one call
+is counted as one gradient call. A run is *solved* iff SciPy reports success,
+the best recorded ``||g||_inf`` is at most ``1.1 * tol`` and
+``protocol.is_solved`` holds (fewer than 999 gradient calls). Each run is
+reported as a ``protocol.Row``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 from scipy.optimize import minimize
 from threadpoolctl import threadpool_limits
 
+from experiments import protocol
+
 ALGORITHMS = ("BFGS", "L-BFGS-M1", "L-BFGS-M3", "L-BFGS-M5", "L-BFGS-M10")
-MAX_GRAD_CALLS = 999
+MAX_ITER = protocol.BUDGET - 1
 TOL_SLACK = 1.1
 
 FunNp = Callable[[np.ndarray], tuple[float, np.ndarray]]
 
 
-@dataclass
-class BaselineResult:
-  """Outcome of one SciPy run.
-
-  Attributes:
-      algorithm: ``"BFGS"`` or ``"L-BFGS-M<k>"``.
-      solved: See the module docstring.
-      iterations: ``OptimizeResult.nit``.
-      value_calls: Number of objective evaluations.
-      grad_calls: Number of gradient evaluations (equal to ``value_calls``).
-      final_value: Objective at the returned point.
-      final_grad_inf: ``||grad f||_inf`` at the returned point.
-      seconds: Wall-clock time of ``scipy.optimize.minimize``.
-      trace_grad_calls: Cumulative gradient calls, 1..grad_calls.
-      trace_values: Objective value of each call, in call order.
-      trace_grad_inf: ``||g||_inf`` of each call, in call order.
-      success: SciPy's ``success`` flag.
-      message: SciPy's message.
-      x: The returned point.
-  """
-
-  algorithm: str
-  solved: bool
-  iterations: int
-  value_calls: int
-  grad_calls: int
-  final_value: float
-  final_grad_inf: float
-  seconds: float
-  trace_grad_calls: np.ndarray
-  trace_values: np.ndarray
-  trace_grad_inf: np.ndarray
-  success: bool = False
-  message: str = ""
-  x: np.ndarray = field(default=None, repr=False)
-
-
-def is_solved(success: bool, best_grad_inf: float, grad_calls: int, tol: float) -> bool:
+def is_solved(
+  success: bool, best_grad_inf: float, grad_calls: int, tol: float, budget: int = protocol.BUDGET
+) -> bool:
   """The paper's success criterion for a SciPy run (see the module docstring)."""
-  return bool(success) and best_grad_inf <= TOL_SLACK * tol and grad_calls < MAX_GRAD_CALLS
+  met = bool(success) and best_grad_inf <= TOL_SLACK * tol
+  return bool(protocol.is_solved(met, grad_calls, budget))
 
 
-def scipy_options(algorithm: str, tol: float = 1e-4) -> tuple[str, dict]:
+def scipy_options(algorithm: str, tol: float = protocol.TOL) -> tuple[str, dict]:
   """Returns ``(method, options)`` for ``scipy.optimize.minimize``.
 
   Args:
@@ -75,16 +43,20 @@ def scipy_options(algorithm: str, tol: float = 1e-4) -> tuple[str, dict]:
       tol: Gradient tolerance (inf-norm).
   """
   if algorithm == "BFGS":
-    return "BFGS", {"gtol": tol, "maxiter": 999, "norm": np.inf}
+    return "BFGS", {"gtol": tol, "maxiter": MAX_ITER, "norm": np.inf}
   if algorithm.startswith("L-BFGS-M"):
     memory = int(algorithm[len("L-BFGS-M") :])
-    return "L-BFGS-B", {"maxcor": memory, "ftol": 1e-25, "gtol": tol, "maxiter": 999}
+    return "L-BFGS-B", {"maxcor": memory, "ftol": 1e-25, "gtol": tol, "maxiter": MAX_ITER}
   raise ValueError(f"unknown algorithm {algorithm!r}; expected one of {ALGORITHMS}")
 
 
 def run_baseline(
-  fun_np: FunNp, x0: np.ndarray, algorithm: str, tol: float = 1e-4, blas_threads: int | None = 1
-) -> BaselineResult:
+  fun_np: FunNp,
+  x0: np.ndarray,
+  algorithm: str,
+  tol: float = protocol.TOL,
+  blas_threads: int | None = 1,
+) -> protocol.Row:
   """Runs one SciPy baseline from ``x0`` and records the call trace.
 
   Args:
@@ -115,19 +87,19 @@ def run_baseline(
   calls = len(values)
   best = min(grad_infs) if grad_infs else np.inf
   solved = is_solved(res.success, best, calls, tol)
-  return BaselineResult(
+  return protocol.Row(
     algorithm=algorithm,
     solved=solved,
     iterations=int(res.nit),
     value_calls=calls,
     grad_calls=calls,
+    hyperparams=method + " " + " ".join(f"{k}={v}" for k, v in options.items()),
     final_value=float(final_value),
     final_grad_inf=float(np.max(np.abs(final_grad))),
     seconds=seconds,
     trace_grad_calls=np.arange(1, calls + 1),
     trace_values=np.asarray(values),
     trace_grad_inf=np.asarray(grad_infs),
-    success=bool(res.success),
     message=str(res.message),
     x=np.asarray(res.x),
   )
@@ -136,10 +108,10 @@ def run_baseline(
 def run_all_baselines(
   fun_np: FunNp,
   x0: np.ndarray,
-  tol: float = 1e-4,
+  tol: float = protocol.TOL,
   algorithms: tuple[str, ...] = ALGORITHMS,
   blas_threads: int | None = 1,
-) -> list[BaselineResult]:
+) -> list[protocol.Row]:
   """Runs each algorithm of ``algorithms`` from ``x0`` (see ``run_baseline``)."""
   return [run_baseline(fun_np, x0, a, tol, blas_threads) for a in algorithms]
 

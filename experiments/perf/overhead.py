@@ -1,6 +1,6 @@
 """Per-iteration overhead of HDM-Best over one gradient evaluation, and its memory.
 
-    python -m experiments.overhead [--sizes 1e3,1e4,1e5,1e6] [--dtype float32]
+    python -m experiments.perf.overhead [--sizes 1e3,1e4,1e5,1e6] [--dtype float32]
 
 Ridge logistic regression ``f(w) = sum_i log(1 + exp(-y_i <a_i, w>)) + 1e-2/2 ||w||^2``
 (the ridge keeps ``grad f != 0``, so no run stops early) with n parameters on
@@ -30,10 +30,11 @@ after a warm-up compile (best of ``--repeats`` runs):
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import numpy as np
+
+from experiments.perf import timing
 
 
 def _parse():
@@ -89,18 +90,6 @@ def make_problem(n: int, dtype, rng):
   return fun, data, w0, lip, kind
 
 
-def _best_times(fns, args, repeats):
-  """Best wall time of each ``fn(*args)``, interleaved (robust to a busy machine)."""
-  outs = [jax.block_until_ready(fn(*args)) for fn in fns]  # warm-up (compile)
-  best = [np.inf] * len(fns)
-  for _ in range(repeats):
-    for i, fn in enumerate(fns):
-      t = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      best[i] = min(best[i], time.perf_counter() - t)
-  return best, outs
-
-
 def measure(n: int, dtype, steps: int, repeats: int, rng):
   import optax
   import hdm_optax
@@ -137,9 +126,10 @@ def measure(n: int, dtype, steps: int, repeats: int, rng):
   def solve_run(w, data):
     return hdm_optax.solve(opt, fun, w, max_steps=steps, tol=0.0, fun_args=data)
 
-  (t_vg, t_up, t_solve), (_, (_, state), res) = _best_times(
-    [vg_loop, update_loop, solve_run], (w0, data), repeats
-  )
+  fns = {"vg": vg_loop, "update": update_loop, "solve": solve_run}
+  seconds, outs = timing.best_times({k: lambda f=f: f(w0, data) for k, f in fns.items()}, repeats)
+  t_vg, t_up, t_solve = seconds["vg"], seconds["update"], seconds["solve"]
+  (_, state), res = outs["update"], outs["solve"]
   if int(res.num_steps) != steps or int(res.num_grad_evals) != steps + 1:
     raise RuntimeError(f"solve stopped early: {res.num_steps} steps, status {res.status}")
   assert int(state.info.num_grad_evals) == steps

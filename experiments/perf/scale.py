@@ -1,6 +1,6 @@
 """HDM-Best at scale: sparse logistic regression with 10^7 float32 parameters.
 
-    python -m experiments.scale [--n 10000000] [--m 1000000] [--nnz-per-row 10]
+    python -m experiments.perf.scale [--n 10000000] [--m 1000000] [--nnz-per-row 10]
                                 [--iters 20]
 
 The data matrix is a ``jax.experimental.sparse.BCOO`` with ``m`` rows and
@@ -27,6 +27,7 @@ import optax
 from jax.experimental import sparse as jsparse
 
 import hdm_optax
+from experiments.perf import timing
 
 
 def make_problem(n, m, nnz_per_row, seed=0):
@@ -45,15 +46,6 @@ def make_problem(n, m, nnz_per_row, seed=0):
 
 def logistic(w, a, y):
   return jnp.sum(jax.nn.softplus(-y * (a @ w)))
-
-
-def timeit(fn, reps):
-  jax.block_until_ready(fn())  # warm up / compile
-  t0 = time.perf_counter()
-  for _ in range(reps):
-    out = fn()
-  jax.block_until_ready(out)
-  return (time.perf_counter() - t0) / reps
 
 
 def main(argv=None):
@@ -93,7 +85,7 @@ def main(argv=None):
   step_jit = jax.jit(step, donate_argnums=(0, 1))
   compiled = step_jit.lower(x, state, a, y).compile()
 
-  t_oracle = timeit(lambda: value_and_grad(x, a, y), reps=5)
+  t_oracle = timing.best_time(lambda: value_and_grad(x, a, y), repeats=5)
 
   # First call computes f(x^1) (the state cache is empty), then 1 call/iter.
   f0 = float(logistic(x, a, y))

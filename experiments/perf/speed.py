@@ -1,13 +1,13 @@
 """The speed targets of the experiments, measured in one process per dataset.
 
-    python -m experiments.speed [--datasets all | a9a w8a ...] [--problems ...]
+    python -m experiments.perf.speed [--datasets all | a9a w8a ...] [--problems ...]
 
 For every dataset and problem it prints
 
 (a) the time of one value-and-gradient call of the objective inside a
     compiled loop (as ``solve`` and ``sweep`` make them: no per-call dispatch)
     in the representation used by Table 1 (dense, or CSR with the kernel of
-    ``experiments.host_csr``), and in the other representations (dense, BCOO,
+    ``experiments.sparse.host_csr``), and in the other representations (dense, BCOO,
     host CSR), each
     divided by the time of the same two products (A w and A^T r) done with
     ``scipy.sparse`` CSR from Python (target: <= 1.5);
@@ -23,14 +23,13 @@ For every dataset and problem it prints
     the baselines); ``steps`` is the winner's steps / the longest run's.
 
 Every timing is the best of several runs after a warm-up (compilation excluded);
-those of (a) are interleaved with the SciPy reference (``interleaved_minimum``).
+those of (a) are interleaved with the SciPy reference (``perf.timing.best_times``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 
 import jax
 import jax.numpy as jnp
@@ -39,38 +38,33 @@ import numpy as np
 import hdm_optax
 from experiments import data as data_lib
 from experiments import problems as problems_lib
+from experiments import protocol
 from experiments import runner
+from experiments.perf import timing
 
 jax.config.update("jax_enable_x64", True)
 
-
-def best_time(fn, repeats=5):
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
+PAIRS = 20  # product pairs per call of scipy_products' function
+CALLS = 100  # value-and-gradient calls per call of value_and_grad_loop's function
 
 
 def scipy_products(problem):
-  """A timer of the two SciPy CSR products A w and A^T r, per pair."""
+  """The two SciPy CSR products A w and A^T r, 20 pairs per call."""
   A = problem.A.tocsr()
   AT = A.T.tocsr()
   w = np.asarray(problem.x0)
   r = np.ones(A.shape[0])
 
   def run():
-    for _ in range(20):
+    for _ in range(PAIRS):
       A @ w
       AT @ r
 
-  return lambda: best_time(run) / 20
+  return run
 
 
-def value_and_grad_time(problem, calls=100):
-  """A timer of one value-and-gradient call inside a compiled loop (as a solve makes them)."""
+def value_and_grad_loop(problem, calls=CALLS):
+  """``calls`` value-and-gradient calls inside a compiled loop (as a solve makes them)."""
   vg = jax.value_and_grad(problem.fun)
 
   @jax.jit
@@ -82,23 +76,10 @@ def value_and_grad_time(problem, calls=100):
     return jax.lax.fori_loop(0, calls, body, w)
 
   w = jnp.asarray(problem.x0)
-  return lambda: best_time(lambda: jax.block_until_ready(run(w, *problem.fun_args))) / calls
+  return lambda: run(w, *problem.fun_args)
 
 
-def interleaved_minimum(timers, rounds=3):
-  """The fastest of ``rounds`` interleaved runs of each timer.
-
-  Timings on this (shared) machine drift by 20-40% over seconds; interleaving
-  the reference and the JAX timings exposes both to the same drift.
-  """
-  best = {k: float("inf") for k in timers}
-  for _ in range(rounds):
-    for k, timer in timers.items():
-      best[k] = min(best[k], timer())
-  return best
-
-
-def sweep_ratio(problem, budget=1000, tol=1e-4):
+def sweep_ratio(problem, budget=protocol.BUDGET, tol=protocol.TOL):
   """Times of the 20-point HDM-Best sweep (lockstep, compacted, stop-at-first) and the winner's solve."""
   inst = runner.prepare(problem, pad=False)
   lip = float(problem.L)
@@ -131,10 +112,10 @@ def sweep_ratio(problem, budget=1000, tol=1e-4):
 
   steps = np.asarray(out.results.num_steps)
   return dict(
-    sweep=best_time(sweep, repeats=2),
-    compact=best_time(lambda: sweep(compact=True), repeats=2),
-    first=best_time(lambda: sweep(True), repeats=2),
-    single=best_time(single, repeats=3),
+    sweep=timing.best_time(sweep, repeats=2),
+    compact=timing.best_time(lambda: sweep(compact=True), repeats=2),
+    first=timing.best_time(lambda: sweep(True), repeats=2),
+    single=timing.best_time(single, repeats=3),
     best_steps=int(steps[out.best]),
     max_steps=int(steps.max()),
   )
@@ -163,10 +144,10 @@ def main(argv=None):
         print(f"skipping {name}: {e}")
         break
       variants = {rep: _rebuild(used, rep) for rep in ("dense", "sparse", "host")}
-      timers = {rep: value_and_grad_time(p) for rep, p in variants.items()}
-      times = interleaved_minimum({"scipy": scipy_products(used), **timers})
-      t_ref = times.pop("scipy")
-      ratios = {rep: t / t_ref for rep, t in times.items()}
+      loops = {rep: value_and_grad_loop(p) for rep, p in variants.items()}
+      times, _ = timing.best_times({"scipy": scipy_products(used), **loops}, repeats=15)
+      t_ref = times.pop("scipy") / PAIRS
+      ratios = {rep: t / CALLS / t_ref for rep, t in times.items()}
       line = (
         f"{name:>20} {kind:>8} {used.m:>6}x{used.n:<5} {used.representation[:6]:>6} "
         f"{t_ref * 1e3:>9.3f} ms {ratios[used.representation]:>9.2f} "

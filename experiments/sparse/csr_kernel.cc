@@ -7,7 +7,7 @@
 // into blocks of about equal nonzero count over XLA's intra-op thread pool
 // when the work (nonzeros x batch) is at least `min_work`.
 //
-// Built by experiments/host_csr.py (g++ -O3 -shared); nothing else uses it.
+// Built by experiments/sparse/host_csr.py (g++ -O3 -shared); nothing else uses it.
 
 #include <algorithm>
 #include <atomic>

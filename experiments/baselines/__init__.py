@@ -1,0 +1,1 @@
+"""The paper's baselines: first-order methods as optax transformations, SciPy quasi-Newton."""

@@ -1,0 +1,1 @@
+"""Speed, overhead, scale and multi-device measurements (scripts that print numbers)."""
