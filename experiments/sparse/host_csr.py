@@ -17,11 +17,14 @@ Two lowerings compute the same numbers (SciPy's summation order):
   the system C++ compiler on first use (cached in ``$HDM_KERNEL_CACHE`` or
   ``~/.cache/hdm_optax``; ~5 s). No Python on the call path; big products
   are split over XLA's intra-op threads.
-* ``"callback"``: SciPy on the host, called with JAX's internal
-  ``emit_python_callback`` (NumPy views of the operands, ~25 us per call),
-  or ``jax.pure_callback`` (~130 us: it copies every operand) if that
-  internal function is missing or changed. Used when the kernel cannot be
-  built (a warning says why) or with ``HDM_HOST_CSR=callback``.
+* ``"callback"``: SciPy on the host through ``jax.pure_callback``, which
+  receives the CSR arrays with ``w``. Used when the kernel cannot be built (a
+  warning says why) or with ``HDM_HOST_CSR=callback``.
+
+A :class:`CSRMatrix` is nothing but its arrays: no copy of the matrix is kept
+anywhere else, so it is freed when they are. Nothing runs at import: the
+kernel is built on the first compiled product, the callback path's thread
+pool is started by its first product that is big enough to split.
 
 Both run on the CPU only: use dense arrays or BCOO on accelerators or with
 sharding.
@@ -33,7 +36,6 @@ import concurrent.futures
 import ctypes
 import functools
 import hashlib
-import itertools
 import os
 import pathlib
 import subprocess
@@ -47,11 +49,6 @@ import numpy as np
 import scipy.sparse as sp
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
-
-try:  # JAX internals (see the module docstring); optional.
-  from jax._src.callback import emit_python_callback as _emit_python_callback
-except ImportError:  # pragma: no cover - depends on the JAX version
-  _emit_python_callback = None
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("csr_kernel.cc")
 # -ffp-contract=off: no fused multiply-adds, so the sums round as SciPy's do.
@@ -68,21 +65,22 @@ FFI_MIN_WORK = 200_000
 # vector, 13 -> 7.5 ms for a batch of 20.
 THREADS = min(2, os.cpu_count() or 1)
 THREAD_MIN_WORK = 500_000
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(THREADS - 1, 1))
-_REGISTRY: dict[int, tuple[list[sp.csr_matrix], list[sp.csr_matrix]]] = {}
-_NEXT = itertools.count()
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+  """The callback path's worker threads, started by the first split product."""
+  return concurrent.futures.ThreadPoolExecutor(max_workers=max(THREADS - 1, 1))
 
 
 class CSRMatrix(NamedTuple):
   """A float64 (rows x cols) matrix as arguments of a compiled program.
 
   Attributes:
-      handle: (1,) int32, the key of the SciPy copies used by the callback path.
       indptr, indices, data: CSR arrays of ``A`` (int32, int32, float64).
       t_indptr, t_indices, t_data: CSR arrays of ``A^T``.
   """
 
-  handle: jax.Array
   indptr: jax.Array
   indices: jax.Array
   data: jax.Array
@@ -95,15 +93,6 @@ class CSRMatrix(NamedTuple):
     return self.indptr.shape[0] - 1, self.t_indptr.shape[0] - 1
 
 
-def _row_blocks(M: sp.csr_matrix) -> list[sp.csr_matrix]:
-  """``[M]`` followed by ``M`` split into ``THREADS`` row blocks of about equal nonzero count."""
-  if THREADS == 1:
-    return [M]
-  targets = M.nnz * np.arange(1, THREADS) / THREADS
-  cuts = [0, *np.searchsorted(M.indptr, targets).tolist(), M.shape[0]]
-  return [M] + [M[a:b] for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-
-
 def register(A) -> CSRMatrix:
   """``A`` (any SciPy/NumPy matrix) as a :class:`CSRMatrix` (float64, sorted indices)."""
   A = sp.csr_matrix(A, dtype=np.float64)
@@ -113,39 +102,46 @@ def register(A) -> CSRMatrix:
     raise ValueError(f"the CSR kernel indexes with int32: {A.nnz} nonzeros are too many")
   AT = A.T.tocsr()  # CSR of A^T: ~20% faster than the CSC view A.T @ v
   AT.sort_indices()
-  handle = next(_NEXT)
-  _REGISTRY[handle] = (_row_blocks(A), _row_blocks(AT))
   arrays = lambda M: (
     jnp.asarray(M.indptr, jnp.int32),
     jnp.asarray(M.indices, jnp.int32),
     jnp.asarray(M.data, jnp.float64),
   )
-  return CSRMatrix(jnp.asarray([handle], jnp.int32), *arrays(A), *arrays(AT))
+  return CSRMatrix(*arrays(A), *arrays(AT))
 
 
-def host_product(handle, w, transpose: bool = False) -> np.ndarray:
-  """``A @ w`` (or ``A^T @ w``) with SciPy, for ``w`` of shape (cols, ...), in ``w``'s dtype.
+def _row_blocks(indptr, indices, data, cols: int) -> list[sp.csr_matrix]:
+  """The matrix split into ``THREADS`` row blocks of about equal nonzero count (views)."""
+  nnz, rows = int(indptr[-1]), len(indptr) - 1
+  cuts = [0, *np.searchsorted(indptr, nnz * np.arange(1, THREADS) / THREADS).tolist(), rows]
+  blocks = []
+  for a, b in zip(cuts[:-1], cuts[1:]):
+    if b > a:
+      lo, hi = int(indptr[a]), int(indptr[b])
+      csr = (data[lo:hi], indices[lo:hi], indptr[a : b + 1] - lo)
+      blocks.append(sp.csr_matrix(csr, shape=(b - a, cols), copy=False))
+  return blocks
+
+
+def host_product(indptr, indices, data, w) -> np.ndarray:
+  """``M @ w`` with SciPy for the CSR arrays of ``M`` and ``w`` of shape (cols, ...).
 
   The product runs along the FIRST axis of ``w``: the trailing axes are
   batch axes (``vmap``), so a C-ordered batch is the (cols, batch) matrix
   SciPy multiplies and its (rows, batch) result needs no transposed copy.
+  The result has ``w``'s dtype; the arrays are used in place (no copy).
   """
-  key = int(np.asarray(handle).reshape(-1)[0])
-  if key not in _REGISTRY:
-    raise KeyError(f"no host matrix is registered under handle {key}")
-  blocks = _REGISTRY[key][1 if transpose else 0]
-  w = np.asarray(w)
-  cols = blocks[0].shape[1]
-  if w.shape[0] != cols:
-    raise ValueError(f"the product needs {cols} entries, got {w.shape[0]}")
+  indptr, indices, data, w = (np.asarray(a) for a in (indptr, indices, data, w))
+  cols = w.shape[0]
   x = w if w.ndim == 1 else w.reshape(cols, -1)
-  whole, parts = blocks[0], blocks[1:]
-  if len(parts) < 2 or whole.nnz * (x.size // cols) < THREAD_MIN_WORK:
-    out = whole @ x
+  rows = len(indptr) - 1
+  if THREADS == 1 or len(data) * (x.size // max(cols, 1)) < THREAD_MIN_WORK:
+    out = sp.csr_matrix((data, indices, indptr), shape=(rows, cols), copy=False) @ x
   else:
-    rest = [_POOL.submit(b.__matmul__, x) for b in parts[1:]]
-    out = np.concatenate([parts[0] @ x] + [f.result() for f in rest])
-  return np.asarray(out, dtype=w.dtype).reshape((out.shape[0],) + w.shape[1:])
+    first, *rest = _row_blocks(indptr, indices, data, cols)
+    futures = [_pool().submit(b.__matmul__, x) for b in rest]
+    out = np.concatenate([first @ x] + [f.result() for f in futures])
+  return np.asarray(out, dtype=w.dtype).reshape((rows,) + w.shape[1:])
 
 
 # ----------------------------------------------------------------------------
@@ -216,75 +212,47 @@ def _load_kernel() -> bool:
 
 
 # ----------------------------------------------------------------------------
-# The product as a primitive: operands (handle, indptr, indices, data, w)
+# The product as a primitive: operands (indptr, indices, data, w)
 # ----------------------------------------------------------------------------
 
 _product_p = jex_core.Primitive("csr_product")
 
 
-def _abstract_eval(handle, indptr, indices, data, w, *, transpose):
-  del handle, indices, data, transpose
+def _abstract_eval(indptr, indices, data, w):
+  del indices, data
   return jax.core.ShapedArray((indptr.shape[0] - 1,) + w.shape[1:], w.dtype)
 
 
-def _impl(handle, indptr, indices, data, w, *, transpose):
-  del indptr, indices, data
-  return jnp.asarray(host_product(handle, w, transpose))
+def _impl(indptr, indices, data, w):
+  return jnp.asarray(host_product(indptr, indices, data, w))
 
 
-def _batch(args, dims, *, transpose):
-  if any(d is not None for d in dims[:4]):
+def _batch(args, dims):
+  if any(d is not None for d in dims[:3]):
     raise NotImplementedError("vmap over the matrix of csr_matvec is not supported")
-  w = jnp.moveaxis(args[4], dims[4], 1)  # the product runs along axis 0
-  return _product_p.bind(*args[:4], w, transpose=transpose), 1
+  w = jnp.moveaxis(args[3], dims[3], 1)  # the product runs along axis 0
+  return _product_p.bind(*args[:3], w), 1
 
 
-def _lower(ctx, *args, transpose):
+def _lower(ctx, *args):
   if lowering() == "ffi":
-    return _lower_ffi(ctx, *args, transpose=transpose)
-  return _lower_callback(ctx, *args, transpose=transpose)
+    return _lower_ffi(ctx, *args)
+  return _lower_callback(ctx, *args)
 
 
-def _lower_ffi(ctx, handle, indptr, indices, data, w, *, transpose):
-  del handle, transpose
-  target, _ = _FFI_TARGETS[np.dtype(ctx.avals_in[4].dtype)]
-  ctx = ctx.replace(avals_in=ctx.avals_in[1:])
+def _lower_ffi(ctx, indptr, indices, data, w):
+  target, _ = _FFI_TARGETS[np.dtype(ctx.avals_in[3].dtype)]
   return jax.ffi.ffi_lowering(target)(
     ctx, indptr, indices, data, w, min_work=np.int64(FFI_MIN_WORK)
   )
 
 
-def _lower_callback(ctx, handle, indptr, indices, data, w, *, transpose):
-  if _emit_python_callback is None:  # pragma: no cover - depends on the JAX version
-    return _lower_pure_callback(ctx, handle, indptr, indices, data, w, transpose=transpose)
-
-  def callback(h, x):
-    return (host_product(h, x, transpose),)
-
-  try:
-    avals = [ctx.avals_in[0], ctx.avals_in[4]]
-    result, _, _ = _emit_python_callback(
-      ctx.replace(avals_in=avals),
-      callback,
-      None,
-      [handle, w],
-      avals,
-      ctx.avals_out,
-      has_side_effect=False,
-      returns_token=False,
-    )
-  except TypeError:  # pragma: no cover - the internal signature changed
-    return _lower_pure_callback(ctx, handle, indptr, indices, data, w, transpose=transpose)
-  return result
-
-
-def _lower_pure_callback(ctx, handle, indptr, indices, data, w, *, transpose):
-  def fn(h, indptr, indices, data, x):
-    del indices, data
+def _lower_callback(ctx, indptr, indices, data, w):
+  def fn(indptr, indices, data, x):
     shape = jax.ShapeDtypeStruct((indptr.shape[0] - 1,) + x.shape[1:], x.dtype)
-    return jax.pure_callback(functools.partial(host_product, transpose=transpose), shape, h, x)
+    return jax.pure_callback(host_product, shape, indptr, indices, data, x)
 
-  return mlir.lower_fun(fn, multiple_results=False)(ctx, handle, indptr, indices, data, w)
+  return mlir.lower_fun(fn, multiple_results=False)(ctx, indptr, indices, data, w)
 
 
 _product_p.def_impl(_impl)
@@ -299,8 +267,14 @@ mlir.register_lowering(_product_p, _lower, platform="cpu")
 
 
 def _bind(w, matrix: CSRMatrix, transpose: bool):
-  arrays = matrix[4:7] if transpose else matrix[1:4]
-  return _product_p.bind(matrix.handle, *arrays, w, transpose=transpose)
+  rows, cols = matrix.shape[::-1] if transpose else matrix.shape
+  if jnp.shape(w) != (cols,):
+    raise ValueError(
+      f"csr_matvec: w must have shape ({cols},) for a matrix of shape {(rows, cols)}, "
+      f"got {jnp.shape(w)}"
+    )
+  arrays = matrix[3:6] if transpose else matrix[0:3]
+  return _product_p.bind(*arrays, w)
 
 
 @jax.custom_vjp
