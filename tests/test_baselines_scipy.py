@@ -5,15 +5,6 @@ import pytest
 from scipy.optimize import minimize
 
 from experiments.baselines import quasi_newton as bs
-from experiments import problems
-
-
-def _problem(kind, m=100, d=5, seed=0):
-  """Noisy labels: not separable, so both problems have a finite minimiser."""
-  rng = np.random.default_rng(seed)
-  X = rng.standard_normal((m, d))
-  y = np.where(X @ rng.standard_normal(d) + 3.0 * rng.standard_normal(m) > 0, 1.0, -1.0)
-  return problems.make_problem(X, y, kind, name=f"toy-{kind}")
 
 
 def test_scipy_options():
@@ -26,8 +17,8 @@ def test_scipy_options():
 
 
 @pytest.mark.parametrize("kind", ["svm", "logistic"])
-def test_all_baselines_solve_toy(kind):
-  p = _problem(kind)
+def test_all_baselines_solve_toy(kind, classification_problem):
+  p = classification_problem(kind)
   results = bs.run_all_baselines(p.fun_np, p.x0, tol=1e-4)
   assert [r.algorithm for r in results] == list(bs.ALGORITHMS)
   f_star = bs.reference_optimum(p.fun_np, p.x0, tol=1e-8)
@@ -44,8 +35,8 @@ def test_all_baselines_solve_toy(kind):
     assert r.trace_values[0] == pytest.approx(p.fun_np(p.x0)[0])
 
 
-def test_trace_matches_direct_scipy_call():
-  p = _problem("logistic")
+def test_trace_matches_direct_scipy_call(classification_problem):
+  p = classification_problem("logistic")
   r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M3")
   res = minimize(
     p.fun_np,
@@ -58,8 +49,8 @@ def test_trace_matches_direct_scipy_call():
   np.testing.assert_allclose(r.x, res.x)
 
 
-def test_unsolved_when_tolerance_unreachable():
-  p = _problem("svm")
+def test_unsolved_when_tolerance_unreachable(classification_problem):
+  p = classification_problem("svm")
   r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M1", tol=1e-30)
   assert not r.solved
 

@@ -17,8 +17,6 @@ import scipy.sparse as sp
 
 from experiments.sparse import host_csr
 
-jax.config.update("jax_enable_x64", True)
-
 
 A = sp.random(37, 9, density=0.3, random_state=0, format="csr")
 MATRIX = host_csr.register(A)

@@ -3,7 +3,6 @@ dtypes, compilation caching, sweeps and other optimizers in ``solve``."""
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
 
 import chex  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

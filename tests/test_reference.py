@@ -18,7 +18,6 @@ HDM-AGD uses h = (f(x_P) - f(y)) / ||g||^2, whose rounding error grows like
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
 
 import math  # noqa: E402
 

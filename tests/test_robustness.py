@@ -4,7 +4,6 @@ run, overflow-prone objectives stay finite, and the state is plain data
 
 import jax
 
-jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

@@ -1,6 +1,5 @@
 """solve and sweep: budgets, status codes and the early-stopping sweep."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -8,7 +7,6 @@ import optax
 import hdm_optax
 from hdm_optax import solver
 
-jax.config.update("jax_enable_x64", True)
 
 A = jnp.array([1.0, 10.0, 100.0])
 

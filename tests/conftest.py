@@ -1,0 +1,30 @@
+"""Shared test setup.
+
+float64 is enabled once for the whole suite (the NumPy reference loops of
+``tests/reference.py`` run in float64; float32 tests ask for it explicitly).
+``classification_problem`` builds the paper's SVM / logistic objectives on a
+small synthetic dataset.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
+def classification_problem():
+  """``make(kind, m=100, d=5, seed=0)``: an ``experiments.problems.Problem`` with noisy labels.
+
+  The labels are not separable, so both problems have a finite minimiser.
+  """
+  from experiments import problems
+
+  def make(kind, m=100, d=5, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((m, d))
+    y = np.where(X @ rng.standard_normal(d) + 3.0 * rng.standard_normal(m) > 0, 1.0, -1.0)
+    return problems.make_problem(X, y, kind, name=f"toy-{kind}")
+
+  return make
