@@ -1,4 +1,4 @@
-"""The README's code blocks and the docstring examples run as written."""
+"""The code blocks of README.md and docs/*.md and the docstring examples run as written."""
 
 import doctest
 import re
@@ -12,12 +12,29 @@ from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, solver
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_readme_python_blocks_run():
-  blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-  assert len(blocks) >= 4
+# docs/minibatch.md and docs/optimistix.md run in their own modules' tests.
+PAGES = ["README.md", "docs/guide.md"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_python_blocks_run(page):
+  """Each page's python blocks run in order, in one namespace."""
+  blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
   namespace = {}
   for block in blocks:
-    exec(compile(block, "README.md", "exec"), namespace)  # pylint: disable=exec-used
+    exec(compile(block, page, "exec"), namespace)  # pylint: disable=exec-used
+
+
+def test_readme_and_guide_have_examples():
+  count = lambda page: len(re.findall(r"```python\n", (ROOT / page).read_text()))
+  assert count("README.md") >= 1 and count("docs/guide.md") >= 4
+
+
+def test_every_docs_page_is_in_the_index():
+  index = (ROOT / "docs" / "index.md").read_text()
+  for page in (ROOT / "docs").glob("*.md"):
+    if page.name != "index.md":
+      assert f"\n{page.stem}\n" in index, page.name
 
 
 @pytest.mark.parametrize(
