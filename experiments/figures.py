@@ -184,8 +184,8 @@ def _save(fig, png: Path, pdf: bool):
 TOY_L, TOY_MU = 100.0, 1.0
 OGD_LRS = (1e-3, 3e-3, 1e-2)  # figure 2, online gradient descent (1e-3: VANILLA_HDM)
 ADAGRAD_LRS = (1e-2, 1e-1, 1.0)  # figure 2, AdaGrad
-HDM_HB = dict(momentum_candidate="scalar", learner="adagrad", hypergrad_lr=0.1, momentum_lr=0.1)
-HDM_AGD = dict(candidate="diagonal", learner="adagrad", hypergrad_lr=0.1, theta=1.0)
+HDM_HB = dict(momentum_candidate="scalar", learner="adagrad", precond_lr=0.1, momentum_lr=0.1)
+HDM_AGD = dict(candidate="diagonal", learner="adagrad", precond_lr=0.1, theta=1.0)
 HB_ALPHAS = tuple(np.round(np.logspace(np.log10(0.5), np.log10(5.0), 15) / TOY_L, 6))
 HB_BETAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 FIG_STEPS = dict(figure1a=500, figure1b=300, figure2=250, figure3a=200, figure3b=500)
@@ -233,8 +233,8 @@ def _toy_traces(x0, A, steps):
     "AGD-CVX": jax.tree.map(lambda a: a[n_hb + 1], fo),
     "AGD-SCVX": jax.tree.map(lambda a: a[n_hb + 2], fo),
     "vanilla HDM": run(hdm_optax.hdm(null_step=False, **toy.VANILLA_HDM)),
-    "HDM OGD": grid(lambda lr: hdm(learner="ogd", hypergrad_lr=lr), OGD_LRS),
-    "HDM AdaGrad": grid(lambda lr: hdm(learner="adagrad", hypergrad_lr=lr), ADAGRAD_LRS),
+    "HDM OGD": grid(lambda lr: hdm(learner="ogd", precond_lr=lr), OGD_LRS),
+    "HDM AdaGrad": grid(lambda lr: hdm(learner="adagrad", precond_lr=lr), ADAGRAD_LRS),
     "HDM-Best": run(hdm_optax.hdm_best(lipschitz=L)),
     "HDM-HB full": run(hdm_optax.hdm_hb(candidate="full", **HDM_HB)),
     "HDM-HB diagonal": run(hdm_optax.hdm_hb(candidate="diagonal", **HDM_HB)),

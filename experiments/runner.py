@@ -90,7 +90,7 @@ def make_hdm_best(pm, mb, lip):
 
 def make_hdm(eta, lip):
   return hdm_optax.hdm(
-    candidate="diagonal", learner="adagrad", hypergrad_lr=eta / lip, null_step=True, p_min=0.0
+    candidate="diagonal", learner="adagrad", precond_lr=eta / lip, null_step=True, precond_min=0.0
   )
 
 
@@ -99,12 +99,12 @@ def make_hdm_hb(eta, mb, lip):
     candidate="diagonal",
     momentum_candidate="scalar",
     learner="adagrad",
-    hypergrad_lr=eta / lip,
+    precond_lr=eta / lip,
     momentum_lr=mb,
     omega=0.0,
     tau=lip**2 / 2,
     init_momentum=0.95,
-    p_min=0.0,
+    precond_min=0.0,
   )
 
 
@@ -114,8 +114,8 @@ def make_hdm_agd(eta, lip):
     theta=1.0,
     candidate="diagonal",
     learner="adagrad",
-    hypergrad_lr=eta / lip,
-    p_min=0.0,
+    precond_lr=eta / lip,
+    precond_min=0.0,
   )
 
 

@@ -4,7 +4,7 @@
 so L = 100, mu = 1, f* = 0) and ``x^1 = (1, ..., 1)``.
 
 Vanilla HDM with a diagonal P, online gradient descent with the constant step
-``hypergrad_lr = 1e-3`` and ``P_1 = 0.1 I`` (ten times 1/L: the trial step
+``precond_lr = 1e-3`` and ``P_1 = 0.1 I`` (ten times 1/L: the trial step
 overshoots on the stiff coordinates) runs through a warm-up phase where f(x^k)
 climbs to about 1e27 f(x^1) while online gradient descent slowly drives
 P toward A^{-1}, then converges superlinearly (f reaches 0 in float64 after
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 # The HDM settings that show the two-phase behaviour on toy_quadratic().
-VANILLA_HDM = dict(candidate="diagonal", learner="ogd", hypergrad_lr=1e-3, init_precond=0.1)
+VANILLA_HDM = dict(candidate="diagonal", learner="ogd", precond_lr=1e-3, init_precond=0.1)
 TOY_MAX_STEPS = 2000
 
 

@@ -2,11 +2,19 @@
 
 Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
 with Hypergradient Descent*: vanilla HDM (Algorithm 1), HDM-HB (Algorithm 2),
-HDM-AGD (Algorithm 3) and HDM-Best (Algorithm 4), plus a compiled solver.
+HDM-AGD (Algorithm 3) and HDM-Best (Algorithm 4), plus a compiled solver
+(arXiv:2502.11229, 2025). The variants are composed of the pieces in
+``candidates``, ``learners``, ``trial``, ``hypergradient``, ``acceptance``,
+``curvature`` and ``schedules``.
 """
 
+from hdm_optax import acceptance
 from hdm_optax import candidates
+from hdm_optax import curvature
+from hdm_optax import hypergradient
 from hdm_optax import learners
+from hdm_optax import schedules
+from hdm_optax import trial
 from hdm_optax._common import HDMInfo
 from hdm_optax.candidates import CandidateSet
 from hdm_optax._hdm import HDMState
@@ -44,13 +52,18 @@ __all__ = (
   "SolveResult",
   "SweepResult",
   "Trace",
+  "acceptance",
   "candidates",
+  "curvature",
   "hdm",
   "hdm_agd",
   "hdm_best",
   "hdm_hb",
+  "hypergradient",
   "learners",
   "minibatch_step",
+  "schedules",
   "solve",
   "sweep",
+  "trial",
 )

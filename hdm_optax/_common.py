@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -87,15 +89,6 @@ def safe_div(num, den):
   """``num / den`` with 0 where ``den == 0`` (the gradient is exactly zero)."""
   ok = den > 0
   return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
-
-
-def next_trial_scale(scale, finite):
-  """The trial-step damping s: halved after a non-finite trial, 1 after a finite one.
-
-  A non-finite trial leaves P, B/beta and the learner untouched; without the
-  damping the next trial would be the same point and the run would stall.
-  """
-  return jnp.where(finite, 1, 0.5 * scale).astype(scale.dtype)
 
 
 def copy_tree(tree):
@@ -241,3 +234,55 @@ def check_momentum_bounds(lo, hi):
     if _is_number(val) and not -1 <= val < 1:
       raise ValueError(f"{name} must lie in [-1, 1), got {val}")
   check_bounds("momentum_min", lo, "momentum_max", hi)
+
+
+def renamed_keywords(**renames: str):
+  """Keeps deprecated keyword names working for one release.
+
+  ``@renamed_keywords(old="new")`` maps ``old=`` to ``new=`` with a
+  ``DeprecationWarning``; passing both is a ``TypeError``.
+  """
+
+  def wrap(fn):
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+      for old, new in renames.items():
+        if old not in kwargs:
+          continue
+        if new in kwargs:
+          raise TypeError(f"{fn.__name__}: pass {new}= only ({old}= is its deprecated name).")
+        warnings.warn(
+          f"{fn.__name__}({old}=...) is deprecated and will be removed in the next release; "
+          f"use {new}= instead.",
+          DeprecationWarning,
+          stacklevel=2,
+        )
+        kwargs[new] = kwargs.pop(old)
+      return fn(*args, **kwargs)
+
+    return inner
+
+  return wrap
+
+
+def deprecated_field(cls, old: str, new: str):
+  """Adds a read-only ``cls.old`` that warns and returns ``cls.new`` (a renamed state field)."""
+
+  def get(self):
+    warnings.warn(
+      f"{cls.__name__}.{old} is deprecated and will be removed in the next release; "
+      f"use .{new} instead.",
+      DeprecationWarning,
+      stacklevel=2,
+    )
+    return getattr(self, new)
+
+  setattr(cls, old, property(get))
+
+
+def lookup(kind: str, name, registry: dict, allowed=None):
+  """``registry[name]``, or a ``ValueError`` listing the valid names."""
+  allowed = tuple(registry) if allowed is None else allowed
+  if name not in allowed:
+    raise ValueError(f"unknown {kind} {name!r}; valid: " + ", ".join(repr(n) for n in allowed))
+  return registry[name]

@@ -9,8 +9,11 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax import acceptance as acceptance_lib
 from hdm_optax import candidates as candidates_lib
+from hdm_optax import hypergradient as hypergradient_lib
 from hdm_optax import learners as learners_lib
+from hdm_optax import trial as trial_lib
 
 
 class HDMState(NamedTuple):
@@ -19,7 +22,7 @@ class HDMState(NamedTuple):
   Attributes:
     count: number of updates k - 1 taken so far.
     precond: P_k, the stepsize (its shape depends on the candidate set).
-    learner_state: the online learner's accumulators (AdaGrad: U_k).
+    precond_learner_state: the online learner's state for P (AdaGrad: U_k).
     value: f(x^k) at the current iterate (+inf before the first update).
     grad: grad f(x^k) at the current iterate.
     trial_scale: s, the damping of the trial step (1 unless the last trial was
@@ -29,23 +32,28 @@ class HDMState(NamedTuple):
 
   count: jax.Array
   precond: Any
-  learner_state: Any
+  precond_learner_state: Any
   value: jax.Array
   grad: Any
   trial_scale: jax.Array
   info: _common.HDMInfo
 
 
+_common.deprecated_field(HDMState, "learner_state", "precond_learner_state")
+
+
+@_common.renamed_keywords(hypergrad_lr="precond_lr", p_min="precond_min", p_max="precond_max")
 def hdm(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
   learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
-  hypergrad_lr: Any = 0.1,
+  precond_lr: Any = 0.1,
   null_step: bool = True,
   init_precond: Any = 0.0,
-  p_min: Optional[Any] = None,
-  p_max: Optional[Any] = None,
+  precond_min: Optional[Any] = None,
+  precond_max: Optional[Any] = None,
   adagrad_eps: float = 1e-12,
+  acceptance: Optional[acceptance_lib.AcceptanceRule] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Hypergradient descent method (Algorithm 1 of Chu et al.).
 
@@ -79,13 +87,17 @@ def hdm(
       over the flattened params; for small n), see :mod:`hdm_optax.candidates`.
     learner: ``"ogd"`` (constant step), ``"ogd_sqrt"`` (step eta/sqrt(k)) or
       ``"adagrad"``, see :mod:`hdm_optax.learners`.
-    hypergrad_lr: eta, the online learner's step size.
+    precond_lr: eta, the online learner's step size (formerly ``hypergrad_lr``).
     null_step: take the argmin of Algorithm 1, line 3 (``True``) or always
       move (``False``, vanilla HDM).
     init_precond: P_1 = init_precond * I.
-    p_min: lower bound of every entry of P (``None``: unbounded).
-    p_max: upper bound of every entry of P (``None``: unbounded).
+    precond_min: lower bound of every entry of P (``None``: unbounded;
+      formerly ``p_min``).
+    precond_max: upper bound of every entry of P (``None``: unbounded;
+      formerly ``p_max``).
     adagrad_eps: added to sqrt(U) in AdaGrad.
+    acceptance: the rule of the null step (:mod:`hdm_optax.acceptance`;
+      ``None``: :func:`~hdm_optax.acceptance.strict_decrease`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs the
@@ -95,7 +107,7 @@ def hdm(
   Examples:
     >>> import jax.numpy as jnp, optax, hdm_optax
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
-    >>> opt = hdm_optax.hdm(hypergrad_lr=0.05)
+    >>> opt = hdm_optax.hdm(precond_lr=0.05)
     >>> x = jnp.array([1.0, 1.0])
     >>> state = opt.init(x)
     >>> value_and_grad = optax.value_and_grad_from_state(fun)
@@ -109,21 +121,24 @@ def hdm(
 
   References:
     Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
-    Adaptation with Hypergradient Descent*, Algorithm 1 and Section 3.2.
+    Adaptation with Hypergradient Descent*, arXiv:2502.11229, 2025:
+    Algorithm 1 and Section 3.2.
   """
   cand = candidates_lib.get(candidate)
   learn = learners_lib.get(learner, eps=adagrad_eps)
-  _common.check_positive("hypergrad_lr", hypergrad_lr)
+  _common.check_positive("precond_lr", precond_lr)
   _common.check_positive("adagrad_eps", adagrad_eps)
-  _common.check_bounds("p_min", p_min, "p_max", p_max)
+  _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
+  if acceptance is None:
+    acceptance = acceptance_lib.strict_decrease()
 
   def init_fn(params):
     dtype = _common.params_dtype(params)
-    precond = cand.project(cand.init(params, init_precond), p_min, p_max)
+    precond = cand.project(cand.init(params, init_precond), precond_min, precond_max)
     return HDMState(
       count=jnp.zeros([], jnp.int32),
       precond=precond,
-      learner_state=learn.init(precond),
+      precond_learner_state=learn.init(precond),
       value=jnp.asarray(jnp.inf, dtype),
       grad=optax.tree.zeros_like(params),
       trial_scale=jnp.ones([], dtype),
@@ -138,32 +153,42 @@ def hdm(
     dtype = state.value.dtype
     # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k).
     direction = optax.tree.scale(state.trial_scale, updates)  # s grad f(x^k)
-    step = optax.tree.scale(-1.0, cand.apply(state.precond, direction))
+    step = trial_lib.trial_step(cand, state.precond, direction)
     trial = optax.tree.add(params, step)
     trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
     finite = _common.all_finite(trial_value, trial_grad)
     # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2.
     den = optax.tree.vdot(grad, grad)
-    hypergrad = jax.tree.map(lambda t: _common.safe_div(-t, den), cand.outer(trial_grad, direction))
-    lr = _common.cast(hypergrad_lr, dtype)
+    hypergrad = hypergradient_lib.hypergradient(cand, trial_grad, direction, den=den)
+    lr = _common.cast(precond_lr, dtype)
     new_precond, new_learner = learners_lib.learn(
-      cand, learn, state.precond, hypergrad, state.learner_state, lr, p_min, p_max
+      cand,
+      learn,
+      state.precond,
+      hypergrad,
+      state.precond_learner_state,
+      lr,
+      precond_min,
+      precond_max,
     )
     precond, learner_state = _common.keep_if(
-      finite, (new_precond, new_learner), (state.precond, state.learner_state)
+      finite, (new_precond, new_learner), (state.precond, state.precond_learner_state)
     )
     # Line 3: the null step keeps x^k unless f decreases.
-    accepted = finite & (trial_value < value) if null_step else finite
+    if null_step:
+      accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad)
+    else:
+      accepted = finite
     new_value = jnp.where(accepted, trial_value, value).astype(dtype)
     new_grad = _common.keep_if(accepted, trial_grad, grad)
     out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
     new_state = HDMState(
       count=state.count + 1,
       precond=precond,
-      learner_state=learner_state,
+      precond_learner_state=learner_state,
       value=new_value,
       grad=new_grad,
-      trial_scale=_common.next_trial_scale(state.trial_scale, finite),
+      trial_scale=trial_lib.next_trial_scale(state.trial_scale, finite),
       info=_common.next_info(
         state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=1
       ),

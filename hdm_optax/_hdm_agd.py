@@ -9,8 +9,11 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax import acceptance as acceptance_lib
 from hdm_optax import candidates as candidates_lib
+from hdm_optax import hypergradient as hypergradient_lib
 from hdm_optax import learners as learners_lib
+from hdm_optax import trial as trial_lib
 
 
 class HDMAGDState(NamedTuple):
@@ -19,9 +22,10 @@ class HDMAGDState(NamedTuple):
   Attributes:
     count: number of updates taken so far.
     precond: P_k, the learned stepsize.
-    learner_state: the online learner's accumulators.
+    precond_learner_state: the online learner's state for P.
     z: z^k, the aggregated (dual) sequence, z^1 = x^1.
-    a_k: A_k of the recursion A_{k+1} = (A_{k+1} - A_k)^2, A_1 = 1 (A_0 = 0).
+    weight_sum: A_k, the sum of the weights a_i = A_{i+1} - A_i, defined by
+      A_{k+1} = (A_{k+1} - A_k)^2 with A_1 = 1 (A_0 = 0).
     value: f(x^k) (+inf before the first update).
     grad: grad f(x^k).
     info: :class:`hdm_optax.HDMInfo` diagnostics (three value-and-gradient
@@ -30,25 +34,31 @@ class HDMAGDState(NamedTuple):
 
   count: jax.Array
   precond: Any
-  learner_state: Any
+  precond_learner_state: Any
   z: Any
-  a_k: jax.Array
+  weight_sum: jax.Array
   value: jax.Array
   grad: Any
   info: _common.HDMInfo
 
 
+_common.deprecated_field(HDMAGDState, "learner_state", "precond_learner_state")
+_common.deprecated_field(HDMAGDState, "a_k", "weight_sum")
+
+
+@_common.renamed_keywords(hypergrad_lr="precond_lr", p_min="precond_min", p_max="precond_max")
 def hdm_agd(
   *,
   lipschitz: Any,
   theta: Any = 1.0,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
   learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
-  hypergrad_lr: Any = 0.1,
+  precond_lr: Any = 0.1,
   init_precond: Any = 0.0,
-  p_min: Optional[Any] = None,
-  p_max: Optional[Any] = None,
+  precond_min: Optional[Any] = None,
+  precond_max: Optional[Any] = None,
   adagrad_eps: float = 1e-12,
+  acceptance: Optional[acceptance_lib.AcceptanceRule] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM with Nesterov momentum (Algorithm 3 of Chu et al.).
 
@@ -81,11 +91,17 @@ def hdm_agd(
       recovers AGD's rate, larger values trust the learned P more.
     candidate: ``"scalar"``, ``"diagonal"`` or ``"full"``.
     learner: ``"ogd"``, ``"ogd_sqrt"`` or ``"adagrad"``.
-    hypergrad_lr: eta, the learner's step.
+    precond_lr: eta, the learner's step (formerly ``hypergrad_lr``).
     init_precond: P_1 = init_precond * I.
-    p_min: lower bound of the entries of P (``None``: unbounded).
-    p_max: upper bound of the entries of P (``None``: unbounded).
+    precond_min: lower bound of the entries of P (``None``: unbounded;
+      formerly ``p_min``).
+    precond_max: upper bound of the entries of P (``None``: unbounded;
+      formerly ``p_max``).
     adagrad_eps: added to sqrt(U) in AdaGrad.
+    acceptance: whether the better trial point replaces x^k
+      (:mod:`hdm_optax.acceptance`; ``None``:
+      :func:`~hdm_optax.acceptance.no_increase`, the argmin of line 4 with
+      ties going to the trial point).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``
@@ -94,33 +110,37 @@ def hdm_agd(
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
-    >>> opt = hdm_optax.hdm_agd(lipschitz=20.0, hypergrad_lr=0.05)
+    >>> opt = hdm_optax.hdm_agd(lipschitz=20.0, precond_lr=0.05)
     >>> result = hdm_optax.solve(opt, fun, jnp.array([1.0, 1.0]), max_steps=200)
     >>> bool(result.converged)
     True
 
   References:
-    Chu, Gao, Ye, Udell, Algorithm 3, Section 4.2 and Appendix D.2.
+    Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
+    Adaptation with Hypergradient Descent*, arXiv:2502.11229, 2025:
+    Algorithm 3, Section 4.2 and Appendix D.2.
   """
   cand = candidates_lib.get(candidate)
   learn = learners_lib.get(learner, eps=adagrad_eps)
   if lipschitz is None:
     raise TypeError("hdm_agd needs lipschitz=L, the smoothness constant (a number > 0).")
   _common.check_positive("lipschitz", lipschitz)
-  _common.check_positive("hypergrad_lr", hypergrad_lr)
+  _common.check_positive("precond_lr", precond_lr)
   _common.check_positive("adagrad_eps", adagrad_eps)
   _common.check_at_least("theta", theta, 0.5)
-  _common.check_bounds("p_min", p_min, "p_max", p_max)
+  _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
+  if acceptance is None:
+    acceptance = acceptance_lib.no_increase()
 
   def init_fn(params):
     dtype = _common.params_dtype(params)
-    precond = cand.project(cand.init(params, init_precond), p_min, p_max)
+    precond = cand.project(cand.init(params, init_precond), precond_min, precond_max)
     return HDMAGDState(
       count=jnp.zeros([], jnp.int32),
       precond=precond,
-      learner_state=learn.init(precond),
+      precond_learner_state=learn.init(precond),
       z=_common.copy_tree(params),
-      a_k=jnp.ones([], dtype),
+      weight_sum=jnp.ones([], dtype),
       value=jnp.asarray(jnp.inf, dtype),
       grad=optax.tree.zeros_like(params),
       info=_common.init_info(dtype),
@@ -133,47 +153,49 @@ def hdm_agd(
     )
     dtype = state.value.dtype
     lip = _common.cast(lipschitz, dtype)
-    # Algorithm 3, line 2: A_{k+1} = (A_{k+1} - A_k)^2 gives a_k = A_{k+1} - A_k.
-    a_k = state.a_k
-    a = 0.5 * (1 + jnp.sqrt(1 + 4 * a_k))
-    a_next = a_k + a
+    # Algorithm 3, line 2: A_{k+1} = (A_{k+1} - A_k)^2 gives a_k = A_{k+1} - A_k
+    # = (1 + sqrt(1 + 4 A_k)) / 2.
+    big_a = state.weight_sum  # A_k
+    a = 0.5 * (1 + jnp.sqrt(1 + 4 * big_a))  # a_k
+    big_a_next = big_a + a  # A_{k+1}
     # Line 3: y^k = x^k + (1 - A_k/A_{k+1}) (z^k - x^k).
-    y = optax.tree.add_scale(params, 1 - a_k / a_next, optax.tree.sub(state.z, params))
+    y = optax.tree.add_scale(params, 1 - big_a / big_a_next, optax.tree.sub(state.z, params))
     y_value, y_grad = _common.value_and_grad(value_fn, y)
     y_ok = _common.all_finite(y_value, y_grad)
     # Line 4: the three candidates.
     x_lip = optax.tree.add_scale(y, -1 / lip, y_grad)
     lip_value, lip_grad = _common.value_and_grad(value_fn, x_lip)
-    x_pre = optax.tree.sub(y, cand.apply(state.precond, y_grad))
+    x_pre = optax.tree.add(y, trial_lib.trial_step(cand, state.precond, y_grad))
     pre_value, pre_grad = _common.value_and_grad(value_fn, x_pre)
     pre_ok = y_ok & _common.all_finite(pre_value, pre_grad)
     # Line 5: P_{k+1} from grad h_{y^k}(P_k) = -grad f(x_P) grad f(y)^T / ||grad f(y)||^2.
     den = optax.tree.vdot(y_grad, y_grad)
-    hypergrad = jax.tree.map(lambda t: _common.safe_div(-t, den), cand.outer(pre_grad, y_grad))
+    hypergrad = hypergradient_lib.hypergradient(cand, pre_grad, y_grad, den=den)
     new_p, new_l = learners_lib.learn(
       cand,
       learn,
       state.precond,
       hypergrad,
-      state.learner_state,
-      _common.cast(hypergrad_lr, dtype),
-      p_min,
-      p_max,
+      state.precond_learner_state,
+      _common.cast(precond_lr, dtype),
+      precond_min,
+      precond_max,
     )
     precond, learner_state = _common.keep_if(
-      pre_ok, (new_p, new_l), (state.precond, state.learner_state)
+      pre_ok, (new_p, new_l), (state.precond, state.precond_learner_state)
     )
-    # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf).
+    # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf):
+    # the better trial point (ties go to the first), then the acceptance rule
+    # against x^k.
     inf = jnp.asarray(jnp.inf, dtype)
     lip_v = jnp.where(y_ok & _common.all_finite(lip_value, lip_grad), lip_value, inf)
     pre_v = jnp.where(pre_ok, pre_value, inf)
-    values = jnp.stack([lip_v, pre_v, jnp.asarray(value, dtype)])
-    best = jnp.argmin(values)
-    pick = lambda a, b, c: jax.tree.map(
-      lambda u, v, w: jnp.select([best == 0, best == 1], [u, v], w), a, b, c
-    )
-    new_params = pick(x_lip, x_pre, params)
-    new_grad = pick(lip_grad, pre_grad, grad)
+    use_pre = pre_v < lip_v
+    best_value = jnp.where(use_pre, pre_v, lip_v)
+    best_grad = _common.keep_if(use_pre, pre_grad, lip_grad)
+    accepted = y_ok & acceptance.accept(best_value, jnp.asarray(value, dtype), best_grad, grad)
+    new_params = _common.keep_if(accepted, _common.keep_if(use_pre, x_pre, x_lip), params)
+    new_grad = _common.keep_if(accepted, best_grad, grad)
     # Line 6: v_k from h_{y^k}(P_k) = (f(x_P) - f(y)) / ||grad f(y)||^2.
     h = jnp.where(pre_ok, _common.safe_div(pre_value - y_value, den), inf)
     v = jnp.maximum(
@@ -181,15 +203,14 @@ def hdm_agd(
     )
     # Line 7, with the descent sign of Appendix D.2.
     z = optax.tree.add_scale(state.z, -a / v, y_grad)
-    accepted = y_ok & (best != 2)
     keep = lambda new, old: _common.keep_if(y_ok, new, old)
     new_state = HDMAGDState(
       count=state.count + 1,
       precond=precond,
-      learner_state=learner_state,
+      precond_learner_state=learner_state,
       z=keep(z, params),
-      a_k=keep(a_next, jnp.ones_like(a_k)).astype(dtype),
-      value=values[best].astype(dtype),
+      weight_sum=keep(big_a_next, jnp.ones_like(big_a)).astype(dtype),
+      value=jnp.where(accepted, best_value, value).astype(dtype),
       grad=new_grad,
       info=_common.next_info(
         state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=3

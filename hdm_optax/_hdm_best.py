@@ -1,4 +1,4 @@
-"""HDM-Best (Algorithm 4, Appendix A) as an optax transformation."""
+"""HDM-Best (Algorithm 4, Appendix A) as an optax transformation, composed of pieces."""
 
 from __future__ import annotations
 
@@ -9,14 +9,18 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax import acceptance as acceptance_lib
 from hdm_optax import candidates as candidates_lib
+from hdm_optax import curvature as curvature_lib
+from hdm_optax import hypergradient as hypergradient_lib
 from hdm_optax import learners as learners_lib
+from hdm_optax import schedules as schedules_lib
+from hdm_optax import trial as trial_lib
 
-# The one default configuration: eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and
-# eta_b = DEFAULT_MOMENTUM_LR, the point of the paper's grid (eta_p L in
-# {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}) that solves the most of the
-# 54 LIBSVM instances (40 of 54, also when each dataset's point is chosen on the
-# others): ``python -m experiments.fidelity`` (README, "Choosing the defaults").
+# The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR:
+# of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}),
+# this point solves the most of the 54 LIBSVM instances of Table 1 (40 of 54, also
+# when each dataset's point is chosen on the others; results/fidelity.txt).
 DEFAULT_PRECOND_LR_TIMES_L = 100.0
 DEFAULT_MOMENTUM_LR = 1.0
 
@@ -28,23 +32,21 @@ class HDMBestState(NamedTuple):
     count: k - 1, the number of iterations taken (the probe excluded).
     precond: P_k, the diagonal preconditioner, shaped like the params.
     momentum: beta_k, the scalar momentum.
-    precond_accum: AdaGrad state of P; ``sum_sq`` is U_k.
-    momentum_accum: AdaGrad state of beta; ``sum_sq`` is v_k.
-    prev_params: x^{k-1} (x^0 = x^1).
+    precond_learner_state: AdaGrad state of P; ``sum_sq`` is U_k.
+    momentum_learner_state: AdaGrad state of beta; ``sum_sq`` is v_k.
+    curvature: the curvature estimate (:class:`hdm_optax.curvature.CurvatureState`;
+      ``curvature.l_hat`` is L_hat, 0 until it exists).
+    schedule: the eta_p schedule (:class:`hdm_optax.schedules.DecayState`;
+      ``schedule.factor`` multiplies eta_p0 until L_hat exists).
     value: f(x^k) (+inf before the first update).
     grad: grad f(x^k).
-    precond_lr: eta_p used by the last update (eta_p0 times the decay
+    prev_params: x^{k-1} (x^0 = x^1).
+    lipschitz: L, the caller's ``lipschitz`` (or the probe's; 0 until the
+      probe ran when ``lipschitz=None``).
+    precond_lr: eta_p used by the last update (eta_p0 times the schedule's
       factor, or 1/L_hat once L_hat exists); eta_p0 itself is the
       ``precond_lr`` hyper-parameter (or its default), read at every update
       so ``optax.inject_hyperparams`` can change it.
-    precond_lr_decay: the decay factor of eta_p0 (1, 0.8, 0.64, ... >= the floor).
-    smoothness: L, the caller's ``lipschitz`` (or the probe's; 0 until the
-      probe ran when ``lipschitz=None``).
-    curvature: L_hat, the curvature estimate (0 until it exists).
-    curvature_sum: sum of the recorded ratios ||grad f(x+) - grad f(x)|| / ||x+ - x||.
-    curvature_count: number of recorded ratios.
-    curvature_counter: +1 per accepted step, -2 (floor 0) per null step.
-    estimating: whether the curvature estimate is still being formed.
     trial_scale: s, the damping of the trial step (see :func:`hdm_best`).
     info: :class:`hdm_optax.HDMInfo` diagnostics.
   """
@@ -52,23 +54,25 @@ class HDMBestState(NamedTuple):
   count: jax.Array
   precond: Any
   momentum: jax.Array
-  precond_accum: learners_lib.AdagradState
-  momentum_accum: learners_lib.AdagradState
-  prev_params: Any
+  precond_learner_state: learners_lib.AdagradState
+  momentum_learner_state: learners_lib.AdagradState
+  curvature: curvature_lib.CurvatureState
+  schedule: schedules_lib.DecayState
   value: jax.Array
   grad: Any
+  prev_params: Any
+  lipschitz: jax.Array
   precond_lr: jax.Array
-  precond_lr_decay: jax.Array
-  smoothness: jax.Array
-  curvature: jax.Array
-  curvature_sum: jax.Array
-  curvature_count: jax.Array
-  curvature_counter: jax.Array
-  estimating: jax.Array
   trial_scale: jax.Array
   info: _common.HDMInfo
 
 
+_common.deprecated_field(HDMBestState, "precond_accum", "precond_learner_state")
+_common.deprecated_field(HDMBestState, "momentum_accum", "momentum_learner_state")
+_common.deprecated_field(HDMBestState, "smoothness", "lipschitz")
+
+
+@_common.renamed_keywords(max_precond_times_l="precond_max_times_lipschitz")
 def hdm_best(
   *,
   lipschitz: Optional[Any] = None,
@@ -88,8 +92,12 @@ def hdm_best(
   decay_floor: Any = 1e-3,
   estimate_curvature: bool = True,
   curvature_min_step: Any = 1e-3,
-  max_precond_times_l: Optional[Any] = 1e10,
+  precond_max_times_lipschitz: Optional[Any] = 1e10,
   probe_size: Any = 1e-4,
+  acceptance: Optional[acceptance_lib.AcceptanceRule] = None,
+  denominator: Optional[hypergradient_lib.Denominator] = None,
+  schedule: Optional[schedules_lib.Schedule] = None,
+  curvature_estimate: Optional[curvature_lib.CurvatureEstimate] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM-Best: diagonal HDM with heavy-ball momentum and AdaGrad (Algorithm 4).
 
@@ -123,7 +131,8 @@ def hdm_best(
     counter goes up by 1 per accepted step and down by 2 (floor 0) per null
     step; once it exceeds max(min(K/4, 200), 20), K = ``horizon``, L_hat is the
     mean of the records, eta_p <- 1/L_hat, U <- 0, and
-    estimation and decay stop; P is clipped to [0, ``max_precond_times_l``/L]
+    estimation and decay stop; P is clipped to
+    [0, ``precond_max_times_lipschitz``/L]
     (L_hat once it exists; ``None``: [0, inf)). x^{k-1} <- x^k after every
     iteration, accepted or not, so after a null step the momentum term is 0.
   - Null step on f (Appendix A), not on the heavy-ball potential. A non-finite
@@ -157,8 +166,21 @@ def hdm_best(
     decay_floor: eta_p never decays below ``decay_floor`` * eta_p0.
     estimate_curvature: form L_hat as described above.
     curvature_min_step: shortest step recorded by the curvature estimate.
-    max_precond_times_l: P <= max_precond_times_l / L (``None``: no bound).
+    precond_max_times_lipschitz: the L-relative bound of P:
+      P <= precond_max_times_lipschitz / L (L_hat once it exists; ``None``: no
+      bound). Formerly ``max_precond_times_l``.
     probe_size: relative probe length when ``lipschitz`` is ``None``.
+    acceptance: the null-step rule (:mod:`hdm_optax.acceptance`; ``None``:
+      :func:`~hdm_optax.acceptance.strict_decrease`).
+    denominator: the feedback's denominator (:mod:`hdm_optax.hypergradient`;
+      ``None``: ``fixed_tau(tau)`` if ``tau`` is given, else
+      ``curvature_tau(denominator_eps)``).
+    schedule: the schedule of eta_p until L_hat exists
+      (:mod:`hdm_optax.schedules`; ``None``: ``step_decay(decay_every,
+      decay_rate, decay_floor)`` if ``lr_decay``, else ``constant()``).
+    curvature_estimate: the L_hat estimator (:mod:`hdm_optax.curvature`;
+      ``None``: ``running_mean(horizon, curvature_min_step,
+      estimate_curvature)``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -172,8 +194,16 @@ def hdm_best(
     >>> bool(result.converged)
     True
 
+  Each departure above is one of the pieces this function is composed of
+  (trial step, hypergradient, acceptance rule, denominator, eta_p schedule,
+  curvature estimate, L probe); a variant passes other pieces
+  (``acceptance=``, ``denominator=``, ``schedule=``, ``curvature_estimate=``)
+  without changing this function.
+
   References:
-    Chu, Gao, Ye, Udell, Algorithm 4 and Appendix A; Section 5.1.
+    Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
+    Adaptation with Hypergradient Descent*, arXiv:2502.11229, 2025:
+    Algorithm 4, Appendix A and Section 5.1.
   """
   diag = candidates_lib.diagonal()
   scal = candidates_lib.scalar()
@@ -187,7 +217,7 @@ def hdm_best(
     ("decay_every", decay_every),
     ("decay_rate", decay_rate),
     ("probe_size", probe_size),
-    ("max_precond_times_l", max_precond_times_l),
+    ("precond_max_times_lipschitz", precond_max_times_lipschitz),
   ):
     if val is not None:
       _common.check_positive(name, val)
@@ -202,6 +232,24 @@ def hdm_best(
       _common.check_nonnegative(name, val)
   _common.check_momentum_bounds(momentum_min, momentum_max)
   momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
+  if acceptance is None:
+    acceptance = acceptance_lib.strict_decrease()
+  if denominator is None:
+    denominator = (
+      hypergradient_lib.curvature_tau(denominator_eps)
+      if tau is None
+      else hypergradient_lib.fixed_tau(tau)
+    )
+  if schedule is None:
+    schedule = (
+      schedules_lib.step_decay(decay_every, decay_rate, decay_floor)
+      if lr_decay
+      else schedules_lib.constant()
+    )
+  if curvature_estimate is None:
+    curvature_estimate = curvature_lib.running_mean(
+      horizon, curvature_min_step, enabled=estimate_curvature
+    )
 
   def base_precond_lr(lip):
     """eta_p0: ``precond_lr``, or the default multiple of 1/L."""
@@ -213,25 +261,20 @@ def hdm_best(
     dtype = _common.params_dtype(params)
     lip = jnp.zeros([], dtype) if lipschitz is None else _common.cast(lipschitz, dtype)
     precond = diag.init(params, init_precond)
-    momentum = jnp.clip(_common.cast(init_momentum, dtype), momentum_min, momentum_max)
-    zero = jnp.zeros([], dtype)
+    momentum = scal.project(scal.init(params, init_momentum), momentum_min, momentum_max)
     return HDMBestState(
       count=jnp.zeros([], jnp.int32),
       precond=precond,
-      momentum=momentum.astype(dtype),
-      precond_accum=adagrad.init(precond),
-      momentum_accum=adagrad.init(momentum),
-      prev_params=_common.copy_tree(params),
+      momentum=momentum,
+      precond_learner_state=adagrad.init(precond),
+      momentum_learner_state=adagrad.init(momentum),
+      curvature=curvature_estimate.init(dtype),
+      schedule=schedule.init(dtype),
       value=jnp.asarray(jnp.inf, dtype),
       grad=optax.tree.zeros_like(params),
+      prev_params=_common.copy_tree(params),
+      lipschitz=lip,
       precond_lr=base_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype),
-      precond_lr_decay=jnp.ones([], dtype),
-      smoothness=lip,
-      curvature=zero,
-      curvature_sum=jnp.zeros([], dtype),
-      curvature_count=jnp.zeros([], jnp.int32),
-      curvature_counter=jnp.zeros([], jnp.int32),
-      estimating=jnp.asarray(estimate_curvature),
       trial_scale=jnp.ones([], dtype),
       info=_common.init_info(dtype),
     )
@@ -247,15 +290,12 @@ def hdm_best(
     s = state.trial_scale
     direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     # Algorithm 4, line 2: x^{k+1/2} = x^k - P_k grad f(x^k) + beta_k (x^k - x^{k-1}).
-    step = optax.tree.add_scale(
-      optax.tree.scale(-1.0, diag.apply(state.precond, direction)), state.momentum, s_diff
-    )
+    step = trial_lib.trial_step(diag, state.precond, direction, scal, state.momentum, s_diff)
     trial = optax.tree.add(params, step)
     grad_sq = optax.tree.vdot(grad, grad)
-    if lipschitz is None:  # the probe step, see the docstring
-      probing = state.smoothness == 0
-      delta = c(probe_size) * jnp.maximum(1, optax.tree.norm(params))
-      probe = optax.tree.add_scale(params, -_common.safe_div(delta, jnp.sqrt(grad_sq)), grad)
+    if lipschitz is None:  # the first update probes L instead (see the docstring)
+      probing = state.lipschitz == 0
+      probe, delta = curvature_lib.probe_point(params, grad, grad_sq, probe_size)
       point = _common.keep_if(probing, probe, trial)
     else:
       probing = jnp.asarray(False)
@@ -263,108 +303,84 @@ def hdm_best(
     trial_value, trial_grad = _common.value_and_grad(value_fn, point)
     grad_change = optax.tree.norm(optax.tree.sub(trial_grad, grad))
     if lipschitz is None:
-      probed = grad_change / delta
-      probed = jnp.where(jnp.isfinite(probed) & (probed > 0), probed, 1).astype(dtype)
-      smoothness = jnp.where(probing, probed, state.smoothness)
+      probed = curvature_lib.probe_lipschitz(grad_change, delta)
+      lip = jnp.where(probing, probed, state.lipschitz)
     else:
-      smoothness = c(lipschitz)
+      lip = c(lipschitz)
     # A non-finite g_t makes ||g_t - g|| non-finite: no pass over n needed.
     finite = jnp.isfinite(trial_value) & jnp.isfinite(grad_change) & ~probing
-    # Lines 3-4 with the denominator refinement.
-    has_curv = state.curvature > 0
-    diff_sq = optax.tree.vdot(diff, diff)
-    if tau is not None:
-      den = grad_sq + 0.5 * c(tau) * diff_sq
-    else:
-      den = jnp.where(
-        has_curv, grad_sq + 0.25 * state.curvature**2 * diff_sq, grad_sq + c(denominator_eps)
-      )
-    # 1/den, zeroed on a rejected trial: then G = 0 and AdaGrad leaves P, beta,
-    # U and v exactly as they are.
-    inv_den = jnp.where(finite & (den > 0), 1 / jnp.where(den > 0, den, 1), 0)
-    grad_p = jax.tree.map(
-      lambda t, u: jnp.where(finite, -t * u * inv_den, 0), trial_grad, direction
+    # Lines 3-4: the hypergradients; 1/den is 0 on a rejected trial, so G = 0
+    # and AdaGrad leaves P, beta, U and v exactly as they are.
+    l_hat = state.curvature.l_hat
+    den = denominator(grad_sq, optax.tree.vdot(diff, diff), l_hat)
+    inv_den = hypergradient_lib.reciprocal(den, finite)
+    grad_p = hypergradient_lib.hypergradient(diag, trial_grad, direction, inv_den=inv_den)
+    grad_b = hypergradient_lib.hypergradient(
+      scal, trial_grad, s_diff, inv_den=inv_den, negate=False
     )
-    grad_b = jnp.where(finite, optax.tree.vdot(trial_grad, s_diff) * inv_den, 0)
-    # eta_p: 1/L_hat once L_hat exists; before, eta_p0 times the decay factor,
-    # which shrinks at iterations k = 50, 100, ... (before that iteration's
-    # update of P).
+    grad_p, grad_b = jax.tree.map(lambda t: jnp.where(finite, t, 0), (grad_p, grad_b))
+    # eta_p: eta_p0 times the schedule's factor (updated before this
+    # iteration's P update) until L_hat exists, then 1/L_hat.
     count = state.count + (~probing).astype(jnp.int32)
-    lr_decay_factor = state.precond_lr_decay
-    if lr_decay:
-      decay = state.estimating & ~probing & (count % decay_every == 0)
-      lr_decay_factor = jnp.where(
-        decay, jnp.maximum(c(decay_rate) * lr_decay_factor, c(decay_floor)), lr_decay_factor
-      )
+    lr_schedule = schedule.update(state.schedule, count, state.curvature.active & ~probing)
+    has_l_hat = l_hat > 0
     eta_p = jnp.where(
-      has_curv, _common.safe_div(1, state.curvature), base_precond_lr(smoothness) * lr_decay_factor
+      has_l_hat, _common.safe_div(1, l_hat), base_precond_lr(lip) * lr_schedule.factor
     )
     # Lines 5-8: AdaGrad on P and beta, then the projections. G is finite by
     # construction and |G| / sqrt(U) <= 1, so no finiteness check is needed.
-    lip_now = jnp.where(has_curv, state.curvature, smoothness)
-    p_max = None if max_precond_times_l is None else c(max_precond_times_l) / lip_now
-    precond, precond_accum = learners_lib.learn(
+    lip_now = jnp.where(has_l_hat, l_hat, lip)
+    p_max = (
+      None if precond_max_times_lipschitz is None else c(precond_max_times_lipschitz) / lip_now
+    )
+    precond, precond_learner_state = learners_lib.learn(
       diag,
       adagrad,
       state.precond,
       grad_p,
-      state.precond_accum,
+      state.precond_learner_state,
       eta_p,
       0.0,
       p_max,
       check_finite=False,
     )
-    momentum, momentum_accum = learners_lib.learn(
+    momentum, momentum_learner_state = learners_lib.learn(
       scal,
       adagrad,
       state.momentum,
       grad_b,
-      state.momentum_accum,
+      state.momentum_learner_state,
       c(momentum_lr),
       momentum_min,
       momentum_max,
       check_finite=False,
     )
     # Line 9: the null step on f.
-    accepted = finite & (trial_value < value)
-    # Curvature estimate.
-    step_norm = optax.tree.norm(step)
-    record = accepted & state.estimating & (step_norm > c(curvature_min_step))
-    curv_sum = state.curvature_sum + jnp.where(
-      record, _common.safe_div(grad_change, step_norm), 0
-    ).astype(dtype)
-    curv_count = state.curvature_count + record.astype(jnp.int32)
-    counter = jnp.where(
-      accepted, state.curvature_counter + 1, jnp.maximum(state.curvature_counter - 2, 0)
+    accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad)
+    # The curvature estimate; U restarts from 0 when L_hat is formed.
+    curv = curvature_estimate.record(
+      state.curvature,
+      accepted=accepted,
+      step_norm=optax.tree.norm(step),
+      grad_change=grad_change,
+      frozen=probing,
     )
-    counter = jnp.where(probing, state.curvature_counter, counter)
-    estimating = state.estimating
-    curvature = state.curvature
-    if estimate_curvature:
-      k_budget = jnp.asarray(horizon, dtype)
-      threshold = jnp.maximum(jnp.minimum(k_budget / 4, 200), 20)
-      fire = estimating & (counter > threshold) & (curv_count > 0)
-      curvature = jnp.where(fire, _common.safe_div(curv_sum, curv_count), curvature)
-      precond_accum = _common.keep_if(fire, adagrad.init(precond), precond_accum)
-      estimating = estimating & ~fire
+    curv, fired = curvature_estimate.fire(curv)
+    precond_learner_state = _common.keep_if(fired, adagrad.init(precond), precond_learner_state)
     new_state = HDMBestState(
       count=count,
       precond=precond,
       momentum=momentum,
-      precond_accum=precond_accum,
-      momentum_accum=momentum_accum,
-      prev_params=params,
+      precond_learner_state=precond_learner_state,
+      momentum_learner_state=momentum_learner_state,
+      curvature=curv,
+      schedule=lr_schedule,
       value=jnp.where(accepted, trial_value, value).astype(dtype),
       grad=_common.keep_if(accepted, trial_grad, grad),
+      prev_params=params,
+      lipschitz=lip.astype(dtype),
       precond_lr=jnp.asarray(eta_p, dtype),
-      precond_lr_decay=lr_decay_factor.astype(dtype),
-      smoothness=smoothness.astype(dtype),
-      curvature=curvature.astype(dtype),
-      curvature_sum=curv_sum,
-      curvature_count=curv_count,
-      curvature_counter=counter,
-      estimating=estimating,
-      trial_scale=jnp.where(probing, s, _common.next_trial_scale(s, finite)),
+      trial_scale=jnp.where(probing, s, trial_lib.next_trial_scale(s, finite)),
       info=_common.next_info(
         state.info,
         accepted=accepted,

@@ -9,8 +9,11 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax import acceptance as acceptance_lib
 from hdm_optax import candidates as candidates_lib
+from hdm_optax import hypergradient as hypergradient_lib
 from hdm_optax import learners as learners_lib
+from hdm_optax import trial as trial_lib
 
 
 class HDMHBState(NamedTuple):
@@ -41,22 +44,24 @@ class HDMHBState(NamedTuple):
   info: _common.HDMInfo
 
 
+@_common.renamed_keywords(hypergrad_lr="precond_lr", p_min="precond_min", p_max="precond_max")
 def hdm_hb(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
   momentum_candidate: Union[str, candidates_lib.CandidateSet] = "scalar",
   learner: Union[str, learners_lib.OnlineLearner] = "adagrad",
-  hypergrad_lr: Any = 0.1,
+  precond_lr: Any = 0.1,
   momentum_lr: Any = 1.0,
   omega: Any = 0.0,
   tau: Any = 0.0,
   init_precond: Any = 0.0,
   init_momentum: Any = 0.0,
-  p_min: Optional[Any] = None,
-  p_max: Optional[Any] = None,
+  precond_min: Optional[Any] = None,
+  precond_max: Optional[Any] = None,
   momentum_min: Any = 0.0,
   momentum_max: Any = 0.9995,
   adagrad_eps: float = 1e-12,
+  acceptance: Optional[acceptance_lib.AcceptanceRule] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM with heavy-ball momentum (Algorithm 2 of Chu et al.).
 
@@ -83,17 +88,22 @@ def hdm_hb(
     momentum_candidate: candidate set of B: ``"scalar"`` or ``"diagonal"``.
     learner: ``"ogd"``, ``"ogd_sqrt"`` or ``"adagrad"`` (same kind for P and B,
       separate accumulators).
-    hypergrad_lr: eta_p, the learner's step for P.
+    precond_lr: eta_p, the learner's step for P (formerly ``hypergrad_lr``).
     momentum_lr: eta_b, the learner's step for B.
     omega: omega >= 0 of the potential psi (the theory takes 3L).
     tau: tau >= 0 of the denominator (the theory takes 16 L^2).
     init_precond: P_1 = init_precond * I.
     init_momentum: B_1 = init_momentum * I.
-    p_min: lower bound of the entries of P (``None``: unbounded).
-    p_max: upper bound of the entries of P (``None``: unbounded).
+    precond_min: lower bound of the entries of P (``None``: unbounded;
+      formerly ``p_min``).
+    precond_max: upper bound of the entries of P (``None``: unbounded;
+      formerly ``p_max``).
     momentum_min: lower bound of the entries of B, in [-1, 1).
     momentum_max: upper bound of the entries of B, in [-1, 1).
     adagrad_eps: added to sqrt(U) in AdaGrad.
+    acceptance: the rule of the null step, applied to the potential psi
+      (:mod:`hdm_optax.acceptance`; ``None``:
+      :func:`~hdm_optax.acceptance.strict_decrease`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -102,31 +112,36 @@ def hdm_hb(
   Examples:
     >>> import jax.numpy as jnp, optax, hdm_optax
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
-    >>> opt = hdm_optax.hdm_hb(hypergrad_lr=0.05, momentum_lr=0.1)
+    >>> opt = hdm_optax.hdm_hb(precond_lr=0.05, momentum_lr=0.1)
     >>> result = hdm_optax.solve(opt, fun, jnp.array([1.0, 1.0]), max_steps=200)
     >>> bool(result.converged)
     True
 
   References:
-    Chu, Gao, Ye, Udell, Algorithm 2, Section 4.1 and Appendix D.1.
+    Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
+    Adaptation with Hypergradient Descent*, arXiv:2502.11229, 2025:
+    Algorithm 2, Section 4.1 and Appendix D.1.
   """
   cand_p = candidates_lib.get(candidate)
   cand_b = candidates_lib.get(momentum_candidate, allowed=("scalar", "diagonal"))
   learn = learners_lib.get(learner, eps=adagrad_eps)
   for name, val in (
-    ("hypergrad_lr", hypergrad_lr),
+    ("precond_lr", precond_lr),
     ("momentum_lr", momentum_lr),
     ("adagrad_eps", adagrad_eps),
   ):
     _common.check_positive(name, val)
   _common.check_nonnegative("omega", omega)
   _common.check_nonnegative("tau", tau)
-  _common.check_bounds("p_min", p_min, "p_max", p_max)
+  _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   _common.check_momentum_bounds(momentum_min, momentum_max)
+  if acceptance is None:
+    acceptance = acceptance_lib.strict_decrease()
+  denominator = hypergradient_lib.fixed_tau(tau)
 
   def init_fn(params):
     dtype = _common.params_dtype(params)
-    precond = cand_p.project(cand_p.init(params, init_precond), p_min, p_max)
+    precond = cand_p.project(cand_p.init(params, init_precond), precond_min, precond_max)
     momentum = cand_b.project(cand_b.init(params, init_momentum), momentum_min, momentum_max)
     return HDMHBState(
       count=jnp.zeros([], jnp.int32),
@@ -147,33 +162,30 @@ def hdm_hb(
       "hdm_hb", value, grad, value_fn, updates, params=params, state_grad=state.grad
     )
     dtype = state.value.dtype
-    om, ta = _common.cast(omega, dtype), _common.cast(tau, dtype)
+    om = _common.cast(omega, dtype)
     diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
     s = state.trial_scale
     direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k grad f(x^k) + B_k (x^k - x^{k-1}).
-    step = optax.tree.add(
-      optax.tree.scale(-1.0, cand_p.apply(state.precond, direction)),
-      cand_b.apply(state.momentum, s_diff),
-    )
+    step = trial_lib.trial_step(cand_p, state.precond, direction, cand_b, state.momentum, s_diff)
     trial = optax.tree.add(params, step)
     trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
     finite = _common.all_finite(trial_value, trial_grad)
     # Lines 4-5, with the gradients of Appendix D.1.
     diff_sq = optax.tree.vdot(diff, diff)
-    den = optax.tree.vdot(grad, grad) + 0.5 * ta * diff_sq
+    den = denominator(optax.tree.vdot(grad, grad), diff_sq, None)
     resid = optax.tree.add_scale(trial_grad, om, step)  # grad f(x^+) + omega (x^+ - x)
-    grad_p = jax.tree.map(lambda t: _common.safe_div(-t, den), cand_p.outer(resid, direction))
-    grad_b = jax.tree.map(lambda t: _common.safe_div(t, den), cand_b.outer(resid, s_diff))
+    grad_p = hypergradient_lib.hypergradient(cand_p, resid, direction, den=den)
+    grad_b = hypergradient_lib.hypergradient(cand_b, resid, s_diff, den=den, negate=False)
     new_p, new_lp = learners_lib.learn(
       cand_p,
       learn,
       state.precond,
       grad_p,
       state.precond_learner_state,
-      _common.cast(hypergrad_lr, dtype),
-      p_min,
-      p_max,
+      _common.cast(precond_lr, dtype),
+      precond_min,
+      precond_max,
     )
     new_b, new_lb = learners_lib.learn(
       cand_b,
@@ -193,7 +205,7 @@ def hdm_hb(
     # Line 6: the null step on the potential psi.
     psi_new = trial_value + 0.5 * om * optax.tree.vdot(step, step)
     psi_old = value + 0.5 * om * diff_sq
-    accepted = finite & (psi_new < psi_old)
+    accepted = finite & acceptance.accept(psi_new, psi_old, trial_grad, grad)
     new_state = HDMHBState(
       count=state.count + 1,
       precond=precond,
@@ -203,7 +215,7 @@ def hdm_hb(
       prev_params=_common.keep_if(accepted, params, state.prev_params),
       value=jnp.where(accepted, trial_value, value).astype(dtype),
       grad=_common.keep_if(accepted, trial_grad, grad),
-      trial_scale=_common.next_trial_scale(s, finite),
+      trial_scale=trial_lib.next_trial_scale(s, finite),
       info=_common.next_info(
         state.info,
         accepted=accepted,

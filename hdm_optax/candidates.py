@@ -4,15 +4,19 @@ A candidate set fixes the shape of P, how P acts on a vector, how the matrix
 hypergradient ``u w^T`` of the paper is reduced to that shape, and the
 projection Pi_P onto the bounded set (Section 2: the sets S, D and R^{n x n}).
 
-- ``scalar``:   P = alpha I, stored as a 0-d array; ``u w^T`` reduces to <u, w>.
-- ``diagonal``: P = diag(d), stored as a pytree shaped like the params;
+- :func:`scalar`:   P = alpha I, stored as a 0-d array; ``u w^T`` reduces to <u, w>.
+- :func:`diagonal`: P = diag(d), stored as a pytree shaped like the params;
   ``u w^T`` reduces to u * w (its diagonal).
-- ``full``:     P is an n x n matrix acting on the flattened params
+- :func:`full`:     P is an n x n matrix acting on the flattened params
   (``jax.flatten_util.ravel_pytree``); ``u w^T`` is the outer product. For small n.
 
 The projection clips every stored entry to ``[lower, upper]`` (``None`` means
 unbounded). For ``full`` this clips all n^2 entries, which is the exact
 Frobenius projection onto the box {P : lower <= P_ij <= upper}.
+
+References:
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
+  with Hypergradient Descent*, arXiv:2502.11229, 2025: Section 2.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import optax
 
+from hdm_optax import _common
+
+__all__ = ("CANDIDATE_SETS", "CandidateSet", "diagonal", "full", "get", "scalar")
+
 
 class CandidateSet(NamedTuple):
   """A candidate set P of stepsizes.
 
   Attributes:
-    name: ``"scalar"``, ``"diagonal"`` or ``"full"``.
     init: ``init(params, value) -> P``, the element ``value * I``.
     apply: ``apply(P, v) -> P v`` for a pytree ``v`` shaped like the params.
     outer: ``outer(u, w) -> G``, the matrix ``u w^T`` reduced to P's shape
@@ -37,7 +44,6 @@ class CandidateSet(NamedTuple):
     project: ``project(P, lower, upper) -> Pi_P[P]``.
   """
 
-  name: str
   init: Callable[[Any, Any], Any]
   apply: Callable[[Any, Any], Any]
   outer: Callable[[Any, Any], Any]
@@ -55,9 +61,27 @@ def _dtype(params):
 
 
 def scalar() -> CandidateSet:
-  """P = alpha I, a 0-d array."""
+  r"""P = alpha I, a 0-d array of the params' dtype.
+
+  ``outer(u, w)`` is :math:`\langle u, w\rangle`, the gradient of
+  :math:`\langle u, \alpha w\rangle` in alpha.
+
+  Returns:
+    A :class:`CandidateSet`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates
+    >>> cand = candidates.scalar()
+    >>> p = cand.init(jnp.zeros(2), 0.5)
+    >>> [float(v) for v in cand.apply(p, jnp.array([2.0, 4.0]))]
+    [1.0, 2.0]
+    >>> float(cand.outer(jnp.array([1.0, 2.0]), jnp.array([3.0, 1.0])))
+    5.0
+    >>> float(cand.project(p, 0.0, 0.25))
+    0.25
+  """
   return CandidateSet(
-    name="scalar",
     init=lambda params, value: jnp.asarray(value).astype(_dtype(params)),
     apply=lambda p, v: jax.tree.map(lambda x: p * x, v),
     outer=lambda u, w: optax.tree.vdot(u, w),
@@ -66,9 +90,24 @@ def scalar() -> CandidateSet:
 
 
 def diagonal() -> CandidateSet:
-  """P = diag(d), d stored like the params."""
+  """P = diag(d), d stored as a pytree shaped like the params.
+
+  ``outer(u, w)`` is ``u * w``, the diagonal of ``u w^T``.
+
+  Returns:
+    A :class:`CandidateSet`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates
+    >>> cand = candidates.diagonal()
+    >>> p = cand.init(jnp.zeros(2), 0.5)
+    >>> [float(v) for v in cand.apply(p, jnp.array([2.0, 4.0]))]
+    [1.0, 2.0]
+    >>> [float(v) for v in cand.outer(jnp.array([1.0, 2.0]), jnp.array([3.0, 1.0]))]
+    [3.0, 2.0]
+  """
   return CandidateSet(
-    name="diagonal",
     init=lambda params, value: optax.tree.full_like(params, value),
     apply=lambda p, v: jax.tree.map(jnp.multiply, p, v),
     outer=lambda u, w: jax.tree.map(jnp.multiply, u, w),
@@ -77,7 +116,23 @@ def diagonal() -> CandidateSet:
 
 
 def full() -> CandidateSet:
-  """P an n x n matrix over the flattened params (for small n)."""
+  """P an n x n matrix over the flattened params (for small n).
+
+  ``outer(u, w)`` is the outer product of the flattened u and w.
+
+  Returns:
+    A :class:`CandidateSet`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates
+    >>> cand = candidates.full()
+    >>> p = cand.init(jnp.zeros(2), 0.5)
+    >>> p.shape
+    (2, 2)
+    >>> cand.outer(jnp.array([1.0, 2.0]), jnp.array([3.0, 1.0])).tolist()
+    [[3.0, 1.0], [6.0, 2.0]]
+  """
 
   def init(params, value):
     flat, _ = ravel_pytree(params)
@@ -90,18 +145,30 @@ def full() -> CandidateSet:
   def outer(u, w):
     return jnp.outer(ravel_pytree(u)[0], ravel_pytree(w)[0])
 
-  return CandidateSet(name="full", init=init, apply=apply, outer=outer, project=_clip)
+  return CandidateSet(init=init, apply=apply, outer=outer, project=_clip)
 
 
-CANDIDATE_SETS = {"scalar": scalar, "diagonal": diagonal, "full": full}
+CANDIDATE_SETS: dict[str, Callable[[], CandidateSet]] = {
+  "scalar": scalar,
+  "diagonal": diagonal,
+  "full": full,
+}
 
 
 def get(candidate, *, allowed=tuple(CANDIDATE_SETS)) -> CandidateSet:
-  """Resolves a name (or passes a ``CandidateSet`` through)."""
+  """Resolves a name in :data:`CANDIDATE_SETS` (or passes a ``CandidateSet`` through).
+
+  Args:
+    candidate: a name or a :class:`CandidateSet`.
+    allowed: the names accepted here.
+
+  Returns:
+    A :class:`CandidateSet`.
+
+  Examples:
+    >>> from hdm_optax import candidates
+    >>> cand = candidates.get("diagonal")
+  """
   if isinstance(candidate, CandidateSet):
     return candidate
-  if candidate not in allowed:
-    raise ValueError(
-      f"unknown candidate set {candidate!r}; valid: " + ", ".join(repr(c) for c in allowed)
-    )
-  return CANDIDATE_SETS[candidate]()
+  return _common.lookup("candidate set", candidate, CANDIDATE_SETS, allowed)()

@@ -10,7 +10,14 @@ fed with the gradient G of the hypergradient feedback h (Section 2.2):
 - ``adagrad``:  diagonal AdaGrad (Section 3.2, Algorithm 4),
   U <- U + G * G,  P <- P - eta G / (sqrt(U) + eps).
 
-A learner only proposes the step; the caller adds it to P and projects.
+A learner only proposes the step; :func:`learn` adds it to P and projects.
+
+References:
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
+  with Hypergradient Descent*, arXiv:2502.11229, 2025: Section 2.2, Section
+  3.2 and Algorithm 4. Duchi, Hazan, Singer, *Adaptive Subgradient Methods for
+  Online Learning and Stochastic Optimization*, JMLR 12, 2011 (AdaGrad);
+  McMahan, Streeter, arXiv:1002.4908, 2010.
 """
 
 from __future__ import annotations
@@ -23,18 +30,28 @@ import optax
 
 from hdm_optax import _common
 
+__all__ = (
+  "LEARNERS",
+  "AdagradState",
+  "OGDSqrtState",
+  "OnlineLearner",
+  "adagrad",
+  "get",
+  "learn",
+  "ogd",
+  "ogd_sqrt",
+)
+
 
 class OnlineLearner(NamedTuple):
   """An online learner.
 
   Attributes:
-    name: the learner's name.
     init: ``init(P) -> state``.
     step: ``step(G, state, lr) -> (delta, state)``; the new decision is
       ``project(P + delta)``.
   """
 
-  name: str
   init: Callable[[Any], Any]
   step: Callable[[Any, Any, Any], tuple[Any, Any]]
 
@@ -57,16 +74,41 @@ def _scaled(g, lr):
 
 
 def ogd() -> OnlineLearner:
-  """Online gradient descent with a constant step: delta = -lr G."""
+  """Online gradient descent with a constant step: delta = -lr G (eq. (2)).
+
+  Returns:
+    An :class:`OnlineLearner` with an empty state.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import learners
+    >>> learner = learners.ogd()
+    >>> delta, state = learner.step(jnp.array([1.0, -2.0]), learner.init(None), 0.5)
+    >>> [float(v) for v in delta]
+    [-0.5, 1.0]
+  """
   return OnlineLearner(
-    name="ogd",
     init=lambda p: optax.EmptyState(),
     step=lambda g, state, lr: (_scaled(g, lr), state),
   )
 
 
 def ogd_sqrt() -> OnlineLearner:
-  """Online gradient descent with step lr / sqrt(k), k = 1, 2, ..."""
+  """Online gradient descent with step lr / sqrt(k), k = 1, 2, ...
+
+  Returns:
+    An :class:`OnlineLearner` whose state counts the steps.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import learners
+    >>> learner = learners.ogd_sqrt()
+    >>> state = learner.init(None)
+    >>> _, state = learner.step(jnp.array([1.0]), state, 1.0)
+    >>> delta, state = learner.step(jnp.array([1.0]), state, 1.0)  # k = 2
+    >>> round(float(delta[0]), 4), int(state.count)
+    (-0.7071, 2)
+  """
 
   def step(g, state, lr):
     count = state.count + 1
@@ -74,14 +116,29 @@ def ogd_sqrt() -> OnlineLearner:
     return _scaled(g, lr_k), OGDSqrtState(count=count)
 
   return OnlineLearner(
-    name="ogd_sqrt",
     init=lambda p: OGDSqrtState(count=jnp.zeros([], jnp.int32)),
     step=step,
   )
 
 
 def adagrad(eps: float = 1e-12) -> OnlineLearner:
-  """Diagonal AdaGrad: U += G*G; delta = -lr G / (sqrt(U) + eps)."""
+  """Diagonal AdaGrad: U += G*G; delta = -lr G / (sqrt(U) + eps).
+
+  Args:
+    eps: added to sqrt(U).
+
+  Returns:
+    An :class:`OnlineLearner` whose state is U (:class:`AdagradState`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import learners
+    >>> learner = learners.adagrad(eps=0.0)
+    >>> state = learner.init(jnp.zeros(2))
+    >>> delta, state = learner.step(jnp.array([3.0, -4.0]), state, 0.1)
+    >>> [round(float(v), 6) for v in delta], [float(u) for u in state.sum_sq]
+    ([-0.1, 0.1], [9.0, 16.0])
+  """
 
   def step(g, state, lr):
     sum_sq = jax.tree.map(lambda u, x: u + x * x, state.sum_sq, g)
@@ -95,26 +152,35 @@ def adagrad(eps: float = 1e-12) -> OnlineLearner:
     return delta, AdagradState(sum_sq=sum_sq)
 
   return OnlineLearner(
-    name="adagrad",
     init=lambda p: AdagradState(sum_sq=optax.tree.zeros_like(p)),
     step=step,
   )
 
 
-LEARNERS = ("ogd", "ogd_sqrt", "adagrad")
+LEARNERS: dict[str, Callable[..., OnlineLearner]] = {
+  "ogd": lambda eps: ogd(),
+  "ogd_sqrt": lambda eps: ogd_sqrt(),
+  "adagrad": adagrad,
+}
 
 
 def get(learner, *, eps: float = 1e-12) -> OnlineLearner:
-  """Resolves a learner name (or passes an ``OnlineLearner`` through)."""
+  """Resolves a name in :data:`LEARNERS` (or passes an ``OnlineLearner`` through).
+
+  Args:
+    learner: a name or an :class:`OnlineLearner`.
+    eps: AdaGrad's eps (the other learners ignore it).
+
+  Returns:
+    An :class:`OnlineLearner`.
+
+  Examples:
+    >>> from hdm_optax import learners
+    >>> learner = learners.get("adagrad", eps=1e-8)
+  """
   if isinstance(learner, OnlineLearner):
     return learner
-  if learner == "ogd":
-    return ogd()
-  if learner == "ogd_sqrt":
-    return ogd_sqrt()
-  if learner == "adagrad":
-    return adagrad(eps)
-  raise ValueError(f"unknown learner {learner!r}; valid: " + ", ".join(repr(n) for n in LEARNERS))
+  return _common.lookup("learner", learner, LEARNERS)(eps)
 
 
 def learn(
@@ -126,6 +192,29 @@ def learn(
   overflowed), P and the learner state are left unchanged. Callers that
   guarantee a finite round pass ``check_finite=False`` to save two passes
   over P.
+
+  Args:
+    candidate: the :class:`~hdm_optax.candidates.CandidateSet` of P (its
+      ``project``).
+    learner: the :class:`OnlineLearner`.
+    p: P.
+    g: G, the hypergradient, shaped like P.
+    state: the learner's state.
+    lr: the learner's step size.
+    lower: lower bound of P's entries (``None``: unbounded).
+    upper: upper bound of P's entries (``None``: unbounded).
+    check_finite: keep P and the state on a non-finite round.
+
+  Returns:
+    ``(P, state)`` after the round.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates, learners
+    >>> p, state = learners.learn(candidates.scalar(), learners.ogd(), jnp.asarray(0.5),
+    ...                           jnp.asarray(-1.0), None, 1.0, 0.0, 1.0)
+    >>> float(p)
+    1.0
   """
   delta, new_state = learner.step(g, state, lr)
   new_p = candidate.project(optax.tree.add(p, delta), lower, upper)

@@ -151,8 +151,8 @@ def hdm_reference(
   lr: float,
   null_step: bool = True,
   P1=0.0,
-  p_min=None,
-  p_max=None,
+  precond_min=None,
+  precond_max=None,
   eps: float = 1e-12,
 ) -> dict:
   x = np.array(x0, dtype=np.float64)
@@ -176,7 +176,7 @@ def hdm_reference(
       else:
         G = np.zeros_like(P)
       # Algorithm 1, line 4: P_{k+1} = Pi_P[P_k - eta_k grad h_{x^k}(P_k)]
-      P = clip(opt.step(P, G, k), p_min, p_max)
+      P = clip(opt.step(P, G, k), precond_min, precond_max)
     # Algorithm 1, line 3: x^{k+1} = argmin_{x in {x^k, x^k - P_k g}} f(x)
     # (vanilla HDM, null_step=False, always moves unless the trial is non-finite)
     accepted = finite and ((f_t < fx) if null_step else True)
@@ -220,8 +220,8 @@ def hdm_hb_reference(
   tau: float = 0.0,
   P1=0.0,
   B1=0.0,
-  p_min=None,
-  p_max=None,
+  precond_min=None,
+  precond_max=None,
   momentum_min=0.0,
   momentum_max=0.9995,
   eps: float = 1e-12,
@@ -258,7 +258,7 @@ def hdm_hb_reference(
         G_P = np.zeros_like(P)
         G_B = np.zeros_like(B)
       # Algorithm 2, line 4: P_{k+1} = Pi_P[P_k - eta_p grad_P h]
-      P = clip(opt_p.step(P, G_P, k), p_min, p_max)
+      P = clip(opt_p.step(P, G_P, k), precond_min, precond_max)
       # Algorithm 2, line 5: B_{k+1} = Pi_B[B_k - eta_b grad_B h]
       B = clip(opt_b.step(B, G_B, k), momentum_min, momentum_max)
     # Algorithm 2, line 6: null step w.r.t. the potential psi(x, x^-) = f(x) + w/2 ||x - x^-||^2
@@ -295,8 +295,8 @@ def hdm_agd_reference(
   learner: str = "adagrad",
   lr: float,
   P1=0.0,
-  p_min=None,
-  p_max=None,
+  precond_min=None,
+  precond_max=None,
   eps: float = 1e-12,
 ) -> dict:
   L = float(lipschitz)
@@ -342,7 +342,7 @@ def hdm_agd_reference(
       h = (f_P - f_y) / den  # h_{y^k}(P_k)
       G = reduce_outer(candidate, -g_P, g_y) / den if den > 0 else np.zeros_like(P)
       # P_{k+1} = Pi_P[P_k - eta grad h_{y^k}(P_k)]
-      P = clip(opt.step(P, G, k), p_min, p_max)
+      P = clip(opt.step(P, G, k), precond_min, precond_max)
     else:
       h = math.inf
     # x^{k+1} = argmin_{x in {y - g/L, y - P g, x^k}} f(x)  (first minimum wins)

@@ -64,13 +64,13 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
     res.state.precond,
     res.state.prev_params,
     res.state.grad,
-    res.state.precond_accum.sum_sq,
+    res.state.precond_learner_state.sum_sq,
   ):
     assert same_sharding(leaf, x_sh), (name, leaf.sharding, x_sh)
 
   # A hand-written jitted update loop; init inherits the params' sharding.
   state = opt.init(x_s)
-  for leaf in (state.precond, state.prev_params, state.grad, state.precond_accum.sum_sq):
+  for leaf in (state.precond, state.prev_params, state.grad, state.precond_learner_state.sum_sq):
     assert same_sharding(leaf, x_sh), (name, leaf.sharding, x_sh)
 
   @jax.jit

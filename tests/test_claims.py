@@ -80,11 +80,11 @@ def _assert_nonincreasing(values, what):
 
 # name -> make(L) -> optimizer.
 MONOTONE = {
-  "hdm_scalar": lambda L: hdm_optax.hdm(candidate="scalar", hypergrad_lr=1.0),
-  "hdm_diagonal": lambda L: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=1.0),
-  "hdm_full_ogd": lambda L: hdm_optax.hdm(candidate="full", learner="ogd", hypergrad_lr=1.0 / L),
-  "hdm_hb_omega0": lambda L: hdm_optax.hdm_hb(hypergrad_lr=1.0, momentum_lr=1.0),
-  "hdm_agd": lambda L: hdm_optax.hdm_agd(lipschitz=L, hypergrad_lr=1.0),
+  "hdm_scalar": lambda L: hdm_optax.hdm(candidate="scalar", precond_lr=1.0),
+  "hdm_diagonal": lambda L: hdm_optax.hdm(candidate="diagonal", precond_lr=1.0),
+  "hdm_full_ogd": lambda L: hdm_optax.hdm(candidate="full", learner="ogd", precond_lr=1.0 / L),
+  "hdm_hb_omega0": lambda L: hdm_optax.hdm_hb(precond_lr=1.0, momentum_lr=1.0),
+  "hdm_agd": lambda L: hdm_optax.hdm_agd(lipschitz=L, precond_lr=1.0),
   "hdm_best": lambda L: hdm_optax.hdm_best(lipschitz=L),
 }
 
@@ -116,7 +116,7 @@ def test_hdm_hb_potential_nonincreasing():
   def run(data, x0s):
     def one(d, x0):
       vf = lambda x: objective(x, *d)
-      opt = hdm_optax.hdm_hb(hypergrad_lr=1.0, momentum_lr=1.0, omega=omega, tau=1.0)
+      opt = hdm_optax.hdm_hb(precond_lr=1.0, momentum_lr=1.0, omega=omega, tau=1.0)
       vg = optax.value_and_grad_from_state(vf)
       state = opt.init(x0)
 
@@ -160,7 +160,7 @@ def test_diagonal_precond_converges_to_inverse_hessian():
   a = rng.uniform(1.0, 10.0, N)
   A = np.diag(a)
   x0 = rng.standard_normal(N) * 1e100
-  opt = hdm_optax.hdm(candidate="diagonal", learner="ogd", hypergrad_lr=0.1)
+  opt = hdm_optax.hdm(candidate="diagonal", learner="ogd", precond_lr=0.1)
   res = run_jit(
     lambda x0, A: hdm_optax.solve(opt, quadratic, x0, max_steps=400, tol=0.0, fun_args=(A,)),
     jnp.asarray(x0),
@@ -187,7 +187,7 @@ def test_full_precond_converges_to_inverse_hessian():
   A = Q @ np.diag(rng.uniform(1.0, 4.0, n)) @ Q.T
   Ainv = np.linalg.inv(A)
   starts = jnp.asarray(rng.standard_normal((40, n)))
-  opt = hdm_optax.hdm(candidate="full", learner="ogd", hypergrad_lr=0.2)
+  opt = hdm_optax.hdm(candidate="full", learner="ogd", precond_lr=0.2)
 
   def run(A, starts):
     state0 = opt.init(starts[0])
@@ -237,7 +237,7 @@ def test_superlinear_convergence_and_gd_is_only_linear():
 
   def run(x0, A):
     hdm = hdm_optax.solve(
-      hdm_optax.hdm(candidate="diagonal", learner="ogd", hypergrad_lr=0.1),
+      hdm_optax.hdm(candidate="diagonal", learner="ogd", precond_lr=0.1),
       quadratic,
       x0,
       max_steps=steps,

@@ -1,6 +1,7 @@
 """The code blocks of README.md and docs/*.md and the docstring examples run as written."""
 
 import doctest
+import inspect
 import re
 from pathlib import Path
 
@@ -8,6 +9,9 @@ import pytest
 
 import hdm_optax
 from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, solver
+from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, schedules, trial
+
+PIECES = [acceptance, candidates, curvature, hypergradient, learners, schedules, trial]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +42,7 @@ def test_every_docs_page_is_in_the_index():
 
 
 @pytest.mark.parametrize(
-  "module", [_hdm, _hdm_hb, _hdm_agd, _hdm_best, solver], ids=lambda m: m.__name__
+  "module", [_hdm, _hdm_hb, _hdm_agd, _hdm_best, solver, *PIECES], ids=lambda m: m.__name__
 )
 def test_docstring_examples(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
@@ -49,3 +53,14 @@ def test_docstring_examples(module):
 def test_all_names_exist():
   for name in hdm_optax.__all__:
     assert hasattr(hdm_optax, name), name
+
+
+@pytest.mark.parametrize("module", PIECES, ids=lambda m: m.__name__)
+def test_public_pieces_have_full_docstrings(module):
+  """Every public function of a piece module has a runnable example; the module cites
+  the paper's arXiv id."""
+  assert "arXiv:2502.11229" in module.__doc__
+  for name in module.__all__:
+    obj = getattr(module, name)
+    if inspect.isfunction(obj):
+      assert obj.__doc__ and "Examples:" in obj.__doc__, f"{module.__name__}.{name}"

@@ -98,7 +98,7 @@ def _assert_nontrivial(Gs):
 
 @pytest.mark.parametrize("candidate", ref.CANDIDATES)
 def test_hdm_hypergradient_matches_finite_difference(candidate):
-  opt = hdm_optax.hdm(candidate=candidate, learner="ogd", hypergrad_lr=ETA, null_step=True)
+  opt = hdm_optax.hdm(candidate=candidate, learner="ogd", precond_lr=ETA, null_step=True)
   seen = []
   for seed in range(N_PROBLEMS):
     rng, A, b, x = random_problem(seed)
@@ -126,7 +126,7 @@ def test_hdm_hypergradient_matches_finite_difference(candidate):
 def test_hdm_agd_hypergradient_matches_finite_difference(candidate):
   """First HDM-AGD step: z_1 = x_1 so y_1 = x_1, and P moves along -grad h_{y_1}(P_1)."""
   L = 5.0  # upper bound of the spectrum of every random_problem
-  opt = hdm_optax.hdm_agd(lipschitz=L, candidate=candidate, learner="ogd", hypergrad_lr=ETA)
+  opt = hdm_optax.hdm_agd(lipschitz=L, candidate=candidate, learner="ogd", precond_lr=ETA)
   seen = []
   for seed in range(N_PROBLEMS):
     rng, A, b, x = random_problem(seed)
@@ -152,7 +152,7 @@ def test_hdm_hb_hypergradients_match_finite_difference(candidate, momentum_candi
     candidate=candidate,
     momentum_candidate=momentum_candidate,
     learner="ogd",
-    hypergrad_lr=ETA,
+    precond_lr=ETA,
     momentum_lr=ETA,
     omega=omega,
     tau=tau,

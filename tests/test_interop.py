@@ -65,7 +65,7 @@ def test_value_and_grad_from_state_loop_matches_solve(name):
   opt = (
     hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
     if name == "hdm_best"
-    else hdm_optax.hdm(hypergrad_lr=0.5)
+    else hdm_optax.hdm(precond_lr=0.5)
   )
   steps = 25
   x, state, values = _manual_run(opt, vec_logistic, X0, steps)
@@ -98,10 +98,10 @@ def _counting(fun):
 )
 def test_solve_oracle_counts(name, per_step):
   make = {
-    "hdm": lambda: hdm_optax.hdm(hypergrad_lr=0.5),
-    "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5),
+    "hdm": lambda: hdm_optax.hdm(precond_lr=0.5),
+    "hdm_hb": lambda: hdm_optax.hdm_hb(precond_lr=0.5),
     "hdm_best": lambda: hdm_optax.hdm_best(),  # lipschitz probed: one extra update
-    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, hypergrad_lr=0.5),
+    "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, precond_lr=0.5),
   }[name]
   fun, calls = _counting(logistic)
   opt = make()
@@ -219,10 +219,10 @@ def tree_logistic(p, Xw, Z, y):
 
 
 PYTREE_OPTS = {
-  "hdm_diagonal": lambda: hdm_optax.hdm(candidate="diagonal", hypergrad_lr=0.5),
-  "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd", hypergrad_lr=0.5 / LIP),
-  "hdm_hb": lambda: hdm_optax.hdm_hb(hypergrad_lr=0.5, momentum_lr=0.5),
-  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP_TREE, hypergrad_lr=0.5),
+  "hdm_diagonal": lambda: hdm_optax.hdm(candidate="diagonal", precond_lr=0.5),
+  "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd", precond_lr=0.5 / LIP),
+  "hdm_hb": lambda: hdm_optax.hdm_hb(precond_lr=0.5, momentum_lr=0.5),
+  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP_TREE, precond_lr=0.5),
   "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP_TREE, precond_lr=10.0 / LIP_TREE),
 }
 # Also run on the flattened vector and compare (the others only run on the tree,
@@ -336,7 +336,7 @@ def test_float32_solve_runs_in_float32():
 
 
 def test_jitted_update_compiles_once():
-  opt = hdm_optax.hdm(hypergrad_lr=0.5)
+  opt = hdm_optax.hdm(precond_lr=0.5)
   traces = []
 
   @jax.jit
@@ -355,7 +355,7 @@ def test_jitted_update_compiles_once():
 
 
 def test_solve_does_not_recompile_for_new_values():
-  opt = hdm_optax.hdm(hypergrad_lr=0.5)
+  opt = hdm_optax.hdm(precond_lr=0.5)
   cache = solver_lib._solve_jit._cache_size  # pylint: disable=protected-access
   before = cache()
   r1 = hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y))

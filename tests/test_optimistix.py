@@ -44,8 +44,8 @@ def _counting(fun):
 OPTIMIZERS = {
   "hdm_best": lambda: hdm_optax.hdm_best(),  # probes L, then null steps at first
   "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP),
-  "hdm": lambda: hdm_optax.hdm(candidate="scalar", learner="ogd", hypergrad_lr=0.1 / LIP),
-  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, hypergrad_lr=0.5),
+  "hdm": lambda: hdm_optax.hdm(candidate="scalar", learner="ogd", precond_lr=0.1 / LIP),
+  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, precond_lr=0.5),
   "adam": lambda: optax.adam(0.1),  # no cache: one call after each update
   "lbfgs": lambda: optax.lbfgs(),  # linesearch calls counted
 }

@@ -99,18 +99,20 @@ def _hdm_scalar(**hp):
   prob=problems(),
   make=st.sampled_from([_hdm_diag, _hdm_scalar]),
   lr=log_uniform(1e-3, 10.0),
-  p_min=st.floats(0.0, 0.1, allow_subnormal=False),
+  precond_min=st.floats(0.0, 0.1, allow_subnormal=False),
   p_span=log_uniform(1e-3, 10.0),
   init=st.floats(0.0, 1.0, allow_subnormal=False),
 )
-def test_hdm_properties(prob, make, lr, p_min, p_span, init):
+def test_hdm_properties(prob, make, lr, precond_min, p_span, init):
   data, x0, lip = prob
-  p_max = (p_min + p_span) / lip
-  p_min = p_min / lip
-  hp = dict(hypergrad_lr=lr / lip, p_min=p_min, p_max=p_max, init_precond=init / lip)
+  precond_max = (precond_min + p_span) / lip
+  precond_min = precond_min / lip
+  hp = dict(
+    precond_lr=lr / lip, precond_min=precond_min, precond_max=precond_max, init_precond=init / lip
+  )
   res = compiled_solve(make)(hp, x0, data)
   check_run(res, monotone=True)
-  assert_within(res.state.precond, p_min * (1 - 1e-12), p_max * (1 + 1e-12))
+  assert_within(res.state.precond, precond_min * (1 - 1e-12), precond_max * (1 + 1e-12))
 
 
 def _hdm_hb(**hp):
@@ -132,15 +134,15 @@ def test_hdm_hb_properties(prob, lr, mlr, omega, tau, b_lo, b_span, b_init):
   data, x0, lip = prob
   b_hi = b_lo + b_span
   hp = dict(
-    hypergrad_lr=lr / lip,
+    precond_lr=lr / lip,
     momentum_lr=mlr,
     omega=omega * lip,
     tau=tau * lip**2,
     momentum_min=b_lo,
     momentum_max=b_hi,
     init_momentum=b_lo + b_init * b_span,
-    p_min=0.0,
-    p_max=10.0 / lip,
+    precond_min=0.0,
+    precond_max=10.0 / lip,
   )
   res = compiled_solve(_hdm_hb)(hp, x0, data)
   check_run(res, monotone=False)  # monotone in the potential psi, not in f
@@ -162,7 +164,11 @@ def _hdm_agd(**hp):
 def test_hdm_agd_properties(prob, l_factor, theta, lr):
   data, x0, lip = prob
   hp = dict(
-    lipschitz=l_factor * lip, theta=theta, hypergrad_lr=lr / lip, p_min=0.0, p_max=10.0 / lip
+    lipschitz=l_factor * lip,
+    theta=theta,
+    precond_lr=lr / lip,
+    precond_min=0.0,
+    precond_max=10.0 / lip,
   )
   res = compiled_solve(_hdm_agd)(hp, x0, data)
   check_run(res, monotone=True)
@@ -197,7 +203,7 @@ def test_hdm_best_properties(prob, l_factor, lr, mlr, b_lo, b_hi, b_init):
   res = compiled_solve(_hdm_best)(hp, x0, data)
   check_run(res, monotone=True)
   st_ = res.state
-  l_now = jnp.where(st_.curvature > 0, st_.curvature, st_.smoothness)
+  l_now = jnp.where(st_.curvature.l_hat > 0, st_.curvature.l_hat, st_.lipschitz)
   assert_within(st_.precond, 0.0, None)
   assert float(jnp.max(st_.precond)) <= float(1e10 / l_now) * (1 + 1e-12)
   assert_within(st_.momentum, b_lo, b_hi)

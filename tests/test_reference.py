@@ -302,7 +302,7 @@ def _hdm_config(candidate, learner, null_step):
     hdm_optax.hdm,
     candidate=candidate,
     learner=learner,
-    hypergrad_lr=lr,
+    precond_lr=lr,
     null_step=null_step,
     init_precond=HDM_P1,
   )
@@ -310,38 +310,38 @@ def _hdm_config(candidate, learner, null_step):
 
 
 @pytest.mark.parametrize(
-  "candidate,learner,p_min,p_max",
+  "candidate,learner,precond_min,precond_max",
   [
     ("scalar", "ogd", 0.0, 1.5),
     ("diagonal", "adagrad", 0.2, 3.0),
     ("full", "ogd_sqrt", -0.3, 2.0),
   ],
 )
-def test_hdm_projection_matches_reference(candidate, learner, p_min, p_max):
+def test_hdm_projection_matches_reference(candidate, learner, precond_min, precond_max):
   lr = HDM_LR[learner]
   opt, stepper = compiled(
     hdm_optax.hdm,
     candidate=candidate,
     learner=learner,
-    hypergrad_lr=lr,
+    precond_lr=lr,
     null_step=True,
     init_precond=0.5,
-    p_min=p_min,
-    p_max=p_max,
+    precond_min=precond_min,
+    precond_max=precond_max,
   )
   data, _ = make_problem("quadratic", 3)
   want = _check_hdm(
     opt,
     stepper,
-    dict(learner=learner, lr=lr, null_step=True, p_min=p_min, p_max=p_max),
+    dict(learner=learner, lr=lr, null_step=True, precond_min=precond_min, precond_max=precond_max),
     data,
     30,
     candidate,
     0.5,
   )
   Ps = np.asarray(want["Ps"])
-  assert np.any(Ps == p_max), "upper bound never active: test is vacuous"
-  assert np.all(Ps >= p_min) and np.all(Ps <= p_max)
+  assert np.any(Ps == precond_max), "upper bound never active: test is vacuous"
+  assert np.all(Ps >= precond_min) and np.all(Ps <= precond_max)
 
 
 # ---------------------------------------------------------------------------
@@ -372,7 +372,7 @@ def _check_hb(config, data, x0):
     candidate=candidate,
     momentum_candidate=momentum_candidate,
     learner=learner,
-    hypergrad_lr=lr,
+    precond_lr=lr,
     momentum_lr=mlr,
     omega=omega,
     tau=tau,
@@ -462,7 +462,7 @@ AGD_STEPS = 35
 
 def _agd_extract(x, state):
   return dict(
-    x=x, P=_np(state.precond), z=_np(state.z), A=float(state.a_k), value=float(state.value)
+    x=x, P=_np(state.precond), z=_np(state.z), A=float(state.weight_sum), value=float(state.value)
   )
 
 
@@ -471,9 +471,9 @@ def _agd_extract(x, state):
 # reference trajectory by < 1e-11.  (A scalar P well above 2/L makes HDM-AGD
 # amplify rounding errors by ~5x per step along the stiff direction, so two
 # correct float64 implementations legitimately disagree at the 1e-8 level; the
-# scalar case therefore uses a small learning rate and the bound p_max < 2/L.)
+# scalar case therefore uses a small learning rate and the bound precond_max < 2/L.)
 @pytest.mark.parametrize(
-  "candidate,learner,lr,theta,p_max",
+  "candidate,learner,lr,theta,precond_max",
   [
     ("scalar", "ogd", 0.1, 0.5, 1.9),
     ("diagonal", "adagrad", 0.3, 1.0, None),
@@ -481,13 +481,13 @@ def _agd_extract(x, state):
     ("full", "ogd_sqrt", 0.5, 0.5, None),
   ],
 )
-def test_hdm_agd_matches_reference(candidate, learner, lr, theta, p_max):
+def test_hdm_agd_matches_reference(candidate, learner, lr, theta, precond_max):
   x0 = x_start(3)
   problems = [make_problem(kind, 2) for kind in ("quadratic", "logistic")]
   # one valid (upper) smoothness constant for both problems -> a single compile
   L = max(Lp for _, Lp in problems)
   runs = [(kind, data, 0.0) for kind, (data, _) in zip(("quadratic", "logistic"), problems)]
-  _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs)
+  _check_agd(candidate, learner, lr, theta, precond_max, L, x0, runs)
 
 
 @pytest.mark.parametrize(
@@ -512,16 +512,16 @@ def test_hdm_agd_nonfinite_trials_match_reference(learner, lr, theta):
   assert all(finite_P[5:])
 
 
-def _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs):
+def _check_agd(candidate, learner, lr, theta, precond_max, L, x0, runs):
   opt, stepper = compiled(
     hdm_optax.hdm_agd,
     lipschitz=L,
     theta=theta,
     candidate=candidate,
     learner=learner,
-    hypergrad_lr=lr,
+    precond_lr=lr,
     init_precond=0.0,
-    p_max=p_max,
+    precond_max=precond_max,
   )
   wants = []
   for kind, data, P1 in runs:
@@ -537,7 +537,7 @@ def _check_agd(candidate, learner, lr, theta, p_max, L, x0, runs):
       learner=learner,
       lr=lr,
       P1=P1,
-      p_max=p_max,
+      precond_max=precond_max,
     )
     assert all(want["finite_y"])  # the spec leaves a non-finite f(y) undefined
     assert_moves(kind + ":P", want["Ps"], ref.init_precond(candidate, N, P1))
@@ -565,10 +565,10 @@ def _best_extract(x, state):
     P=_np(state.precond),
     beta=float(state.momentum),
     x_prev=_np(state.prev_params),
-    U=_np(state.precond_accum.sum_sq),  # AdaGrad state of P: U_k
-    v=float(state.momentum_accum.sum_sq),  # AdaGrad state of beta: v_k
+    U=_np(state.precond_learner_state.sum_sq),  # AdaGrad state of P: U_k
+    v=float(state.momentum_learner_state.sum_sq),  # AdaGrad state of beta: v_k
     eta_p=float(state.precond_lr),
-    L_hat=float(state.curvature),  # 0 until the estimate exists
+    L_hat=float(state.curvature.l_hat),  # 0 until the estimate exists
     value=float(state.value),
     accepted=bool(state.info.accepted),
   )
