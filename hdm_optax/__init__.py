@@ -31,10 +31,13 @@ from hdm_optax.learners import OnlineLearner
 from hdm_optax.minibatch import MinibatchStats
 from hdm_optax.minibatch import minibatch_step
 from hdm_optax.solver import SolveResult
+from hdm_optax.solver import Status
 from hdm_optax.solver import SweepResult
 from hdm_optax.solver import Trace
 from hdm_optax.solver import solve
+from hdm_optax.solver import status_message
 from hdm_optax.solver import sweep
+from hdm_optax.solver import value_and_grad_from_state
 
 __version__ = "0.1.0"
 
@@ -50,6 +53,7 @@ __all__ = (
   "MinibatchStats",
   "OnlineLearner",
   "SolveResult",
+  "Status",
   "SweepResult",
   "Trace",
   "acceptance",
@@ -64,6 +68,8 @@ __all__ = (
   "minibatch_step",
   "schedules",
   "solve",
+  "status_message",
   "sweep",
   "trial",
+  "value_and_grad_from_state",
 )

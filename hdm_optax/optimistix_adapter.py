@@ -132,52 +132,47 @@ class HDMMinimiser(optx.AbstractMinimiser):
 
   def _run(self, fn, args):
     """``solve``'s loop pieces for ``fn(y, args) -> (f, aux)``."""
-    return solver_lib._run(  # pylint: disable=protected-access
-      self.optim,
-      lambda y: fn(y, args)[0],
-      0,
-      (),
-      0.0,
-      np.iinfo(np.int32).max,
-    )
+    return solver_lib._Run(self.optim, lambda y: fn(y, args)[0])  # pylint: disable=protected-access
 
   def _state(self, carry, tol):
     return HDMMinimiserState(
-      opt_state=carry["state"],
-      value=carry["value"],
-      grad=carry["grad"],
-      grad_norm=self.norm(carry["grad"]),
+      opt_state=carry.state,
+      value=carry.value,
+      grad=carry.grad,
+      grad_norm=self.norm(carry.grad),
       tol=tol,
-      accepted=carry["accepted"],
-      num_value_evals=carry["nv"],
-      num_grad_evals=carry["ng"],
+      accepted=carry.accepted,
+      num_value_evals=carry.num_value_evals,
+      num_grad_evals=carry.num_grad_evals,
     )
 
   def init(self, fn, y, args, options, f_struct, aux_struct, tags):
     del options, f_struct, aux_struct, tags
     carry = self._run(fn, args).start(y, None)
-    tol = jnp.asarray(self.atol + self.rtol * self.norm(carry["grad"]), carry["value"].dtype)
+    tol = jnp.asarray(self.atol + self.rtol * self.norm(carry.grad), carry.value.dtype)
     return self._state(carry, tol)
 
   def step(self, fn, y, args, options, state, tags):
     del options, tags
-    carry = dict(
+    zero = jnp.zeros([], jnp.int32)
+    carry = solver_lib._Carry(  # pylint: disable=protected-access
       params=y,
       state=state.opt_state,
       value=state.value,
       grad=state.grad,
-      gnorm=state.grad_norm,
-      k=jnp.zeros([], jnp.int32),
-      nv=state.num_value_evals,
-      ng=state.num_grad_evals,
+      grad_norm=state.grad_norm,
+      num_steps=zero,
+      num_value_evals=state.num_value_evals,
+      num_grad_evals=state.num_grad_evals,
       accepted=state.accepted,
+      null_run=zero,
     )
     carry = self._run(fn, args).step(carry)
     # The aux of fn is not computed during the run (that would cost a call
     # per step); postprocess evaluates it once at the solution.
     aux_struct = jax.eval_shape(fn, y, args)[1]
     aux = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_struct)
-    return carry["params"], self._state(carry, state.tol), aux
+    return carry.params, self._state(carry, state.tol), aux
 
   def terminate(self, fn, y, args, options, state, tags):
     del fn, y, args, options, tags

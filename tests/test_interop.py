@@ -179,24 +179,32 @@ def test_inject_hyperparams_precond_lr_change_changes_run():
 
 
 def test_wrappers_chain_and_apply_if_finite():
+  """Wrappers that leave the update alone give the same run.
+
+  HDM-Best's cached f and grad f are at the new params only when HDM-Best is
+  the last transformation (or wrapped by apply_if_finite); after another
+  transformation ``solve`` evaluates them again: same run, one more call a step.
+  """
   base = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
-  opts = [
+  cached = [
     base,
-    optax.chain(base, optax.identity()),
-    optax.chain(base, optax.scale(1.0)),
+    optax.chain(optax.identity(), base),
     optax.apply_if_finite(base, max_consecutive_errors=3),
   ]
+  evaluated = [optax.chain(base, optax.identity()), optax.chain(base, optax.scale(1.0))]
 
   def run(x0, X, y):
+    opts = cached + evaluated
     return [hdm_optax.solve(o, logistic, x0, max_steps=60, tol=0.0, fun_args=(X, y)) for o in opts]
 
-  results = run_jit(run, X0, X, Y)
+  with pytest.warns(UserWarning, match="last in the chain"):
+    results = run_jit(run, X0, X, Y)
   ref = results[0]
   assert float(ref.value) < 0.5 * float(logistic(X0, X, Y))
-  for res in results[1:]:
+  for i, res in enumerate(results[1:], 1):
     np.testing.assert_allclose(res.trace.value, ref.trace.value, rtol=1e-12)
     np.testing.assert_allclose(res.params, ref.params, rtol=1e-12, atol=1e-14)
-    assert int(res.num_grad_evals) == int(ref.num_grad_evals) == 61
+    assert int(res.num_grad_evals) == (61 if i < len(cached) else 121)
 
 
 # ---------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """solve and sweep: budgets, status codes and the early-stopping sweep."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import hdm_optax
+from hdm_optax import _staging
 from hdm_optax import solver
 
 
@@ -86,7 +89,7 @@ def test_trace_is_frozen_after_the_last_step():
 
 def test_compact_sweep_gives_the_same_results():
   """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
-  assert solver._stages(6, True) == (6, 2, 1) and solver._stages(6, False) == (6,)
+  assert _staging.stage_sizes(6, True) == (6, 2, 1) and _staging.stage_sizes(6, False) == (6,)
   kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
   full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)
@@ -117,3 +120,283 @@ def test_value_fn_returning_aux_gets_a_clear_error_in_update():
   fun = lambda p: (quadratic(p, A), p)
   with np.testing.assert_raises_regex(TypeError, "has_aux=True"):
     opt.update(2 * A * x, opt.init(x), x, value=quadratic(x, A), grad=2 * A * x, value_fn=fun)
+
+
+# ---------------------------------------------------------------------------
+# The reported value and gradient are at the reported params (issue 10.1)
+# ---------------------------------------------------------------------------
+
+
+def _counting(fun):
+  """fun, and the list that gets one entry per oracle call made by the compiled run."""
+  calls = []
+
+  def counted(*args):
+    jax.debug.callback(lambda: calls.append(1))
+    return fun(*args)
+
+  return counted, calls
+
+
+def _check_at_params(res, tol):
+  value, grad = jax.value_and_grad(quadratic)(res.params, A)
+  np.testing.assert_allclose(float(res.value), float(value), rtol=1e-12)
+  np.testing.assert_allclose(float(res.grad_norm), float(jnp.max(jnp.abs(grad))), rtol=1e-12)
+  assert bool(res.converged) == (float(jnp.max(jnp.abs(grad))) <= tol)
+  k = int(res.num_steps)
+  np.testing.assert_allclose(float(res.trace.value[k]), float(value), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: optax.chain(hdm_optax.hdm_best(lipschitz=200.0), optax.scale(0.5)),
+    lambda: optax.chain(hdm_optax.hdm_best(), optax.clip_by_global_norm(0.1)),
+    lambda: optax.chain(optax.lbfgs(), optax.scale(0.5)),
+  ],
+  ids=["hdm_best-scale", "hdm_best-clip", "lbfgs-scale"],
+)
+def test_chain_after_a_caching_transformation_reports_f_at_params(make):
+  """Both cases of the issue: the value was 8.3e-2 for f = 26.4, and 80.09 for 132.14."""
+  fun, calls = _counting(quadratic)
+  x0 = jnp.ones(3)
+  assert float(quadratic(x0, A)) == 111.0
+  for max_steps, tol in ((1, 0.0), (3, 0.0), (400, 1e-6)):
+    calls.clear()
+    with pytest.warns(UserWarning, match="last in the chain"):
+      res = hdm_optax.solve(make(), fun, x0, max_steps=max_steps, tol=tol, fun_args=(A,))
+    jax.effects_barrier()
+    _check_at_params(res, tol)
+    assert len(calls) == int(res.num_grad_evals)  # the re-evaluations are counted
+  assert bool(res.converged)
+
+
+@pytest.mark.parametrize(
+  "make,per_step",
+  [(lambda: hdm_optax.hdm_best(lipschitz=200.0), 1), (lambda: optax.lbfgs(), None)],
+  ids=["hdm_best", "lbfgs"],
+)
+def test_a_bare_caching_transformation_costs_no_extra_call(make, per_step):
+  fun, calls = _counting(quadratic)
+  res = hdm_optax.solve(make(), fun, jnp.ones(3) * 5, max_steps=30, tol=1e-8, fun_args=(A,))
+  jax.effects_barrier()
+  _check_at_params(res, 1e-8)
+  assert len(calls) == int(res.num_grad_evals)
+  k = int(res.num_steps)
+  if per_step is not None:
+    assert int(res.num_grad_evals) == per_step * k + 1
+  else:  # L-BFGS: the linesearch's calls only, never one more per iteration
+    searched = int(res.state[-1].info.num_linesearch_steps)
+    assert int(res.num_grad_evals) < 3 * k + 1 and searched >= 1
+
+
+def test_cache_at_params_reads_the_structure():
+  best = hdm_optax.hdm_best(lipschitz=200.0)
+  x = jnp.ones(3)
+  cached = [best, optax.chain(optax.scale(2.0), best), optax.lbfgs()]
+  cached += [optax.apply_if_finite(best, 3), optax.inject_hyperparams(optax.sgd)(0.1)]
+  for opt in cached[:4]:
+    assert solver.cache_at_params(opt.init(x)) is not None
+  for opt in (optax.chain(best, optax.scale(0.5)), optax.adam(0.1), optax.named_chain(("b", best))):
+    assert solver.cache_at_params(opt.init(x)) is None
+  assert solver.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
+
+
+def test_value_and_grad_from_state_never_returns_a_stale_cache():
+  opt = optax.chain(hdm_optax.hdm_best(lipschitz=200.0), optax.scale(0.5))
+  x = jnp.ones(3)
+  fun = lambda p: quadratic(p, A)
+  state = opt.init(x)
+  ours = hdm_optax.value_and_grad_from_state(fun)
+  theirs = optax.value_and_grad_from_state(fun)
+  stale = 0
+  for _ in range(20):
+    value, grad = ours(x, state=state)
+    np.testing.assert_allclose(float(value), float(fun(x)), rtol=1e-12)
+    np.testing.assert_allclose(grad, jax.grad(fun)(x), rtol=1e-12)
+    stale += not np.isclose(float(theirs(x, state=state)[0]), float(fun(x)), rtol=1e-12)
+    updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+    x = optax.apply_updates(x, updates)
+  assert stale > 0  # optax's function would have reused the cache of another point
+  # A bare transformation: the cache is reused (no evaluation after the first).
+  best = hdm_optax.hdm_best(lipschitz=200.0)
+  state = best.init(x)
+  value, grad = ours(x, state=state)
+  _, state = best.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+  cached_value, _ = ours(jnp.full(3, 7.0), state=state)  # any params: the cache is trusted
+  assert float(cached_value) == float(state.value)
+
+
+# ---------------------------------------------------------------------------
+# Bad input (issue 10.4)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tol", [float("nan"), -1.0, jnp.asarray(-1e-3), "1e-6"])
+def test_bad_tol_is_refused(tol):
+  error = TypeError if isinstance(tol, str) else ValueError
+  with pytest.raises(error, match="tol"):
+    hdm_optax.solve(optax.sgd(0.01), quadratic, jnp.ones(3), max_steps=5, tol=tol, fun_args=(A,))
+  with pytest.raises(error, match="tol"):
+    hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), max_steps=5, tol=tol, fun_args=(A,))
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [dict(max_null_steps=0), dict(max_null_steps=2.5), dict(min_value=float("nan"))],
+)
+def test_bad_limits_are_refused(kw):
+  with pytest.raises(ValueError, match=next(iter(kw))):
+    hdm_optax.solve(optax.sgd(0.01), quadratic, jnp.ones(3), max_steps=5, fun_args=(A,), **kw)
+
+
+@pytest.mark.parametrize(
+  "params_dtype,data_dtype",
+  [(jnp.float32, jnp.float64), (jnp.bfloat16, jnp.float32), (jnp.float16, jnp.float32)],
+)
+def test_data_of_another_dtype_than_the_params_is_a_type_error(params_dtype, data_dtype):
+  x = jnp.ones(3, params_dtype)
+  with pytest.raises(
+    TypeError, match=f"{jnp.dtype(data_dtype).name}.*{jnp.dtype(params_dtype).name}"
+  ):
+    hdm_optax.solve(
+      hdm_optax.hdm_best(), quadratic, x, max_steps=5, fun_args=(A.astype(data_dtype),)
+    )
+
+
+def test_bfloat16_params_with_bfloat16_data_run_in_bfloat16():
+  x = jnp.ones(3, jnp.bfloat16)
+  res = hdm_optax.solve(
+    hdm_optax.hdm_best(), quadratic, x, max_steps=100, tol=1e-2, fun_args=(A.astype(jnp.bfloat16),)
+  )
+  assert res.params.dtype == jnp.bfloat16 and res.value.dtype == jnp.bfloat16
+  assert float(res.value) < 1.0
+
+
+def test_has_aux_returns_aux_at_the_final_params():
+  def fun(x, a):
+    return quadratic(x, a), {"x": x, "twice": 2 * quadratic(x, a)}
+
+  fun_counted, calls = _counting(fun)
+  res = hdm_optax.solve(
+    hdm_optax.hdm_best(lipschitz=200.0),
+    fun_counted,
+    jnp.ones(3),
+    max_steps=50,
+    tol=0.0,
+    fun_args=(A,),
+    has_aux=True,
+  )
+  jax.effects_barrier()
+  np.testing.assert_array_equal(res.aux["x"], res.params)
+  np.testing.assert_allclose(float(res.aux["twice"]), 2 * float(res.value), rtol=1e-12)
+  assert int(res.num_grad_evals) == 51 and int(res.num_value_evals) == 52 == len(calls)
+  with pytest.raises(TypeError, match="has_aux=True"):
+    hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.ones(3), max_steps=5, fun_args=(A,))
+  out = hdm_optax.sweep(
+    make_best, GRID, fun, jnp.ones(3), max_steps=30, fun_args=(A,), has_aux=True
+  )
+  np.testing.assert_array_equal(out.results.aux["x"], out.results.params)
+
+
+# ---------------------------------------------------------------------------
+# Statuses (issue 10.5)
+# ---------------------------------------------------------------------------
+
+
+def test_status_enum_documents_every_value_and_has_a_message():
+  for status in solver.Status:
+    assert f"{status.name}:" in solver.Status.__doc__
+    assert status.message == solver.status_message(int(status)) == solver.STATUS_MESSAGES[status]
+  assert len({s.message for s in solver.Status}) == len(solver.Status)
+
+
+def test_a_run_of_null_steps_stalls():
+  # With L = 1e30 the steps are far below float64 resolution: every trial is x itself.
+  opt = hdm_optax.hdm_best(lipschitz=1e30)
+  res = hdm_optax.solve(
+    opt, quadratic, jnp.ones(3), max_steps=500, fun_args=(A,), max_null_steps=40
+  )
+  assert int(res.status) == solver.STALLED and "stalled" in res.message
+  assert int(res.num_steps) == int(res.null_run) == 40
+  assert not np.any(np.asarray(res.trace.accepted)[1:])
+  # By default a run is never cut short, but the message says what happened.
+  never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
+  assert int(never.status) == solver.MAX_STEPS and int(never.null_run) == 300
+  assert "the last 300 updates were null steps" in never.message
+  # A run whose null steps are interrupted by moves does not stall.
+  moving = hdm_optax.solve(
+    make_best(1e-2, 3.0), quadratic, jnp.ones(3), max_steps=300, fun_args=(A,), max_null_steps=5
+  )
+  assert int(moving.status) == solver.CONVERGED
+
+
+def test_unbounded_objective_is_reported():
+  res = hdm_optax.solve(optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=100)
+  assert int(res.status) == solver.UNBOUNDED and not bool(res.converged)
+  assert float(res.value) < -1e20 and int(res.num_steps) == 4
+  res = hdm_optax.solve(
+    optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=10, min_value=None
+  )
+  assert int(res.status) == solver.MAX_STEPS
+  assert solver.status_message(np.array([0, 5])) == [
+    solver.CONVERGED.message,
+    solver.UNBOUNDED.message,
+  ]
+
+
+# ---------------------------------------------------------------------------
+# Sweep: grid dtypes, compilation, tracing
+# ---------------------------------------------------------------------------
+
+
+def test_integer_and_boolean_grid_values_keep_their_dtype():
+  seen = {}
+
+  def make(precond_lr, decay_every, lr_decay_on):
+    seen.update(p=precond_lr.dtype, every=decay_every.dtype, on=lr_decay_on.dtype)
+    lr = jnp.where(lr_decay_on, precond_lr, 0.5 * precond_lr)
+    return hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr, decay_every=decay_every)
+
+  grid = {"precond_lr": [1e-3, 1e-2], "decay_every": [5, 50], "lr_decay_on": [True, False]}
+  x = jnp.ones(3, jnp.float32)
+  out = hdm_optax.sweep(make, grid, quadratic, x, max_steps=60, fun_args=(A.astype(jnp.float32),))
+  assert seen["p"] == jnp.float32 and seen["on"] == jnp.bool_
+  assert jnp.issubdtype(seen["every"], jnp.integer)
+  assert out.results.value.dtype == jnp.float32
+  # Each point is the run of its own optimizer, integers and booleans included.
+  for i, point in enumerate(out.points):
+    lr = point["precond_lr"] * (1.0 if point["lr_decay_on"] else 0.5)
+    opt = hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr, decay_every=point["decay_every"])
+    res = hdm_optax.solve(opt, quadratic, x, max_steps=60, fun_args=(A.astype(jnp.float32),))
+    assert int(res.num_steps) == int(out.results.num_steps[i])
+    np.testing.assert_allclose(out.results.params[i], res.params, rtol=1e-5, atol=1e-6)
+
+
+def test_no_recompilation_on_a_second_call():
+  kw = dict(max_steps=30, fun_args=(A,))
+  before = solver._sweep_jit._cache_size()  # pylint: disable=protected-access
+  hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
+  first = solver._sweep_jit._cache_size()  # pylint: disable=protected-access
+  hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
+  assert first == before + 1 and solver._sweep_jit._cache_size() == first  # pylint: disable=protected-access
+  opt = hdm_optax.hdm_best(lipschitz=200.0)
+  before = solver._solve_jit._cache_size()  # pylint: disable=protected-access
+  for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
+    hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
+  assert solver._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+
+
+def test_solve_inside_jit_vmap_and_grad_without_private_jax():
+  source = open(solver.__file__).read() + open(_staging.__file__).read()
+  assert "jax._src" not in source
+
+  def final_value(lr):
+    opt = hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr)
+    return hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=40, fun_args=(A,)).value
+
+  lrs = jnp.array([1e-3, 1e-2])
+  batched = jax.jit(jax.vmap(final_value))(lrs)
+  singles = [float(final_value(lr)) for lr in lrs]
+  np.testing.assert_allclose(batched, singles, rtol=1e-10)
+  np.testing.assert_allclose(jax.vmap(final_value)(lrs), singles, rtol=1e-10)
