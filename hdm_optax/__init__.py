@@ -5,7 +5,8 @@ with Hypergradient Descent*: vanilla HDM (Algorithm 1), HDM-HB (Algorithm 2),
 HDM-AGD (Algorithm 3) and HDM-Best (Algorithm 4), plus a compiled solver
 (arXiv:2502.11229, 2025). The variants are composed of the pieces in
 ``candidates``, ``learners``, ``trial``, ``hypergradient``, ``acceptance``,
-``curvature`` and ``schedules``.
+``curvature``, ``schedules`` and ``lookahead``; OSGM-Best (Part II,
+arXiv:2509.11007) is composed of the same pieces.
 """
 
 from hdm_optax import acceptance
@@ -13,6 +14,7 @@ from hdm_optax import candidates
 from hdm_optax import curvature
 from hdm_optax import hypergradient
 from hdm_optax import learners
+from hdm_optax import lookahead
 from hdm_optax import schedules
 from hdm_optax import trial
 from hdm_optax._common import HDMInfo
@@ -27,6 +29,8 @@ from hdm_optax._hdm_best import HDMBestState
 from hdm_optax._hdm_best import hdm_best
 from hdm_optax._hdm_hb import HDMHBState
 from hdm_optax._hdm_hb import hdm_hb
+from hdm_optax._osgm_best import OSGMBestState
+from hdm_optax._osgm_best import osgm_best
 from hdm_optax.learners import OnlineLearner
 from hdm_optax.minibatch import MinibatchStats
 from hdm_optax.minibatch import minibatch_step
@@ -51,6 +55,7 @@ __all__ = (
   "HDMInfo",
   "HDMState",
   "MinibatchStats",
+  "OSGMBestState",
   "OnlineLearner",
   "SolveResult",
   "Status",
@@ -65,7 +70,9 @@ __all__ = (
   "hdm_hb",
   "hypergradient",
   "learners",
+  "lookahead",
   "minibatch_step",
+  "osgm_best",
   "schedules",
   "solve",
   "status_message",

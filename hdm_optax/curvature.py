@@ -33,6 +33,8 @@ __all__ = (
   "CurvatureState",
   "probe_lipschitz",
   "probe_point",
+  "random_directions",
+  "random_probe",
   "running_mean",
 )
 
@@ -175,3 +177,80 @@ def probe_lipschitz(grad_change: jax.Array, delta: jax.Array) -> jax.Array:
   """
   probed = grad_change / delta
   return jnp.where(jnp.isfinite(probed) & (probed > 0), probed, 1).astype(grad_change.dtype)
+
+
+def random_directions(key: jax.Array, params: Any, num: int = 3) -> list[Any]:
+  """``num`` directions shaped like ``params``, standard normal, each of unit norm.
+
+  Args:
+    key: a ``jax.random`` key.
+    params: a pytree of floating arrays (their shapes and dtype).
+    num: how many directions.
+
+  Returns:
+    A list of ``num`` pytrees like ``params``, each of Euclidean norm 1.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> d = curvature.random_directions(jax.random.key(0), jnp.zeros(4), num=2)
+    >>> [round(float(jnp.linalg.norm(v)), 6) for v in d]
+    [1.0, 1.0]
+  """
+  leaves, treedef = jax.tree.flatten(params)
+  out = []
+  for k in jax.random.split(key, num):
+    keys = jax.random.split(k, len(leaves))
+    d = treedef.unflatten(
+      [jax.random.normal(kk, jnp.shape(x), jnp.result_type(x)) for kk, x in zip(keys, leaves)]
+    )
+    out.append(optax.tree.scale(1 / optax.tree.norm(d), d))
+  return out
+
+
+def random_probe(
+  value_and_grad_fn: Callable[[Any], tuple[jax.Array, Any]],
+  params: Any,
+  grad: Any,
+  directions: list[Any],
+  probe_size: Any = 1e-4,
+  fallback: Any = 1e-5,
+) -> jax.Array:
+  r"""L as the largest gradient change along unit directions (one call each).
+
+  .. math::
+    L = \max_i \|\nabla f(x + \delta d_i) - \nabla f(x)\| / \delta,
+
+  ``fallback`` if that is not finite or not positive. OSGM-Best's estimate of L
+  at the start point (three random directions, delta = 1e-4).
+
+  Args:
+    value_and_grad_fn: ``params -> (f, grad f)``.
+    params: x.
+    grad: grad f(x).
+    directions: unit directions d_i shaped like ``params`` (:func:`random_directions`).
+    probe_size: delta.
+    fallback: L when the ratios give none.
+
+  Returns:
+    L, a scalar of the params' dtype.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> fun = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * x ** 2)
+    >>> x = jnp.array([1.0, 1.0])
+    >>> d = [jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0])]
+    >>> vg = jax.value_and_grad(fun)
+    >>> float(curvature.random_probe(vg, x, jax.grad(fun)(x), d, probe_size=0.5))
+    4.0
+  """
+  dtype = _common.params_dtype(params)
+  delta = _common.cast(probe_size, dtype)
+  ratios = []
+  for d in directions:
+    _, g_d = value_and_grad_fn(optax.tree.add_scale(params, delta, d))
+    ratios.append(optax.tree.norm(optax.tree.sub(g_d, grad)) / delta)
+  lip = jnp.max(jnp.stack(ratios))
+  ok = jnp.isfinite(lip) & (lip > 0)
+  return jnp.where(ok, lip, _common.cast(fallback, dtype)).astype(dtype)

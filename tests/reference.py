@@ -465,3 +465,108 @@ def hdm_best_reference(
     out["Us"].append(U.copy())
     out["vs"].append(v)
   return out
+
+
+# ---------------------------------------------------------------------------
+# OSGM-Best (Part II, arXiv:2509.11007), as the authors' implementation runs
+# ---------------------------------------------------------------------------
+
+
+def osgm_best_reference(
+  f, grad, x0, steps: int, *, directions, horizon: int = 1000, probe_size: float = 1e-4
+) -> dict:
+  """``steps`` updates of OSGM-Best; the first one is the probe (x stays).
+
+  The probe costs one gradient call per direction (unit vectors); every
+  later update is one iteration: one call at the trial point, plus one per
+  point tried by the lookahead.
+  """
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  fx, g, _ = _oracle(f, grad, x)
+  ratios0 = []
+  for d in directions:
+    _, g_d, _ = _oracle(f, grad, x + probe_size * np.asarray(d, dtype=np.float64))
+    ratios0.append(float(np.linalg.norm(g_d - g)) / probe_size)
+  L = max(ratios0)
+  if not (math.isfinite(L) and L > 0):
+    L = 1e-5
+  calls = len(directions)
+  x_prev = x.copy()
+  P = np.zeros(n)  # P_1 = 0 (diagonal)
+  beta = 0.95
+  U = np.zeros(n)
+  v = 0.0
+  decay = 1.0  # lr_P = decay / L while L is being estimated, then 1 / L_hat
+  s = 1.0  # trial damping (safeguard after non-finite trials)
+  ratios: list[float] = []
+  counter, k = 0, 0
+  estimating = True
+  threshold = max(min(horizon / 4, 200), 20)
+  out = dict(xs=[], Ps=[], betas=[], values=[], accepted=[], calls=[], Ls=[], looked=[], finite=[])
+
+  def record(accepted, looked, finite=True):
+    out["finite"].append(finite)
+    for key, val in (
+      ("xs", x.copy()),
+      ("Ps", P.copy()),
+      ("betas", beta),
+      ("values", fx),
+      ("accepted", accepted),
+      ("calls", calls),
+      ("Ls", L),
+      ("looked", looked),
+    ):
+      out[key].append(val)
+
+  record(False, False)
+  for _ in range(steps - 1):
+    d = x - x_prev
+    sg, sd = s * g, s * d
+    x_t = x - P * sg + beta * sd
+    f_t, g_t, finite = _oracle(f, grad, x_t)
+    calls += 1
+    s = 1.0 if finite else 0.5 * s
+    k += 1
+    if estimating and k % 50 == 0:
+      decay = max(0.8 * decay, 1e-3)  # lr_P <- max(0.8 lr_P, 1e-3 / L)
+    lr_p = decay / L if estimating else 1.0 / L
+    lr_b = min(1.0, L)
+    gg = float(np.dot(g, g))
+    den = gg + 1e-12 if estimating else gg + (L**2 / 4.0) * float(np.dot(d, d))
+    looked = False
+    if finite:
+      G_P = -(g_t * sg) / den
+      G_b = float(np.dot(g_t, sd)) / den
+      U = U + G_P * G_P
+      v = v + G_b * G_b
+      P = np.clip(P - lr_p * G_P / (np.sqrt(U) + 1e-12), 0.0, 1e5 / L)
+      beta = float(np.clip(beta - lr_b * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
+      if not estimating and np.linalg.norm(g_t) > 2 * math.sqrt(gg):
+        # lookahead: Armijo backtracking from x_t along -P g_t
+        p = P * g_t
+        slope = float(np.dot(g_t, p))
+        eta = 1.0
+        while eta >= 1e-6:
+          f_e, g_e, _ = _oracle(f, grad, x_t - eta * p)
+          calls += 1
+          if f_e <= f_t - 0.5 * eta * slope:
+            x_t, f_t, g_t, looked = x_t - eta * p, f_e, g_e, True
+            break
+          eta *= 0.8
+    accepted = finite and f_t <= fx
+    x_prev = x.copy()
+    if accepted:
+      step_len = float(np.linalg.norm(x_t - x))
+      if estimating and step_len > 1e-3:
+        ratios.append(float(np.linalg.norm(g_t - g)) / step_len)
+      x, fx, g = x_t, f_t, g_t
+      counter += 1
+    else:
+      counter = max(counter - 2, 0)
+    if estimating and counter > threshold and ratios:
+      L = float(np.mean(ratios))
+      U = np.zeros(n)
+      estimating = False
+    record(accepted, looked, finite)
+  return out
