@@ -53,6 +53,29 @@ class OSGMBestState(NamedTuple):
   info: _common.HDMInfo
 
 
+def probe_update(state, params, value, grad, value_fn, seed, num_probes, probe_size, **replace):
+  """The first update of OSGM-Best and :func:`hdm_optax.hdm_auto`: L_0 from random probes.
+
+  Sets ``state.lipschitz`` to :func:`hdm_optax.curvature.random_probe`'s L_0
+  (``num_probes`` gradient calls, counted), caches f and grad f, leaves x in
+  place (the update is 0) and sets the fields ``replace(lipschitz)`` returns.
+  """
+  vg = lambda p: _common.value_and_grad(value_fn, p)
+  directions = curvature_lib.random_directions(jax.random.key(seed), params, num_probes)
+  lip = curvature_lib.random_probe(vg, params, grad, directions, probe_size)
+  new_state = state._replace(
+    value=jnp.asarray(value, state.value.dtype),
+    grad=grad,
+    prev_params=params,
+    lipschitz=lip,
+    info=_common.next_info(
+      state.info, accepted=jnp.asarray(False), hypergrad_norm=jnp.zeros([]), calls=num_probes
+    ),
+    **{name: fn(lip) for name, fn in replace.items()},
+  )
+  return optax.tree.zeros_like(params), new_state
+
+
 def osgm_best(
   *,
   seed: int = 0,
@@ -163,22 +186,6 @@ def osgm_best(
       info=_common.init_info(dtype),
     )
 
-  def probe(state, params, value, grad, value_fn):
-    """The first update: L_0 from the random directions; x stays."""
-    vg = lambda p: _common.value_and_grad(value_fn, p)
-    directions = curvature_lib.random_directions(jax.random.key(seed), params, num_probes)
-    lip = curvature_lib.random_probe(vg, params, grad, directions, probe_size)
-    new_state = state._replace(
-      value=jnp.asarray(value, state.value.dtype),
-      grad=grad,
-      prev_params=params,
-      lipschitz=lip,
-      info=_common.next_info(
-        state.info, accepted=jnp.asarray(False), hypergrad_norm=jnp.zeros([]), calls=num_probes
-      ),
-    )
-    return optax.tree.zeros_like(params), new_state
-
   def iterate(state, params, value, grad, value_fn):
     dtype = state.value.dtype
     vg = lambda p: _common.value_and_grad(value_fn, p)
@@ -275,7 +282,7 @@ def osgm_best(
     )
     return jax.lax.cond(
       state.lipschitz == 0,
-      lambda: probe(state, params, value, grad, value_fn),
+      lambda: probe_update(state, params, value, grad, value_fn, seed, num_probes, probe_size),
       lambda: iterate(state, params, value, grad, value_fn),
     )
 

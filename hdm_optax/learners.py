@@ -36,8 +36,10 @@ __all__ = (
   "OGDSqrtState",
   "OnlineLearner",
   "adagrad",
+  "decayed_adagrad",
   "get",
   "learn",
+  "learn_log",
   "ogd",
   "ogd_sqrt",
 )
@@ -157,6 +159,49 @@ def adagrad(eps: float = 1e-12) -> OnlineLearner:
   )
 
 
+def decayed_adagrad(decay: Any = 0.9, eps: float = 1e-12) -> OnlineLearner:
+  """AdaGrad whose sum forgets: U <- decay U + G*G; delta = -lr G / (sqrt(U) + eps).
+
+  With ``decay`` = 1 this is :func:`adagrad`. With ``decay`` < 1 the step does
+  not shrink like 1/sqrt(k) under feedback of constant size; it settles at
+  about lr sqrt(1 - decay), so the decision can keep following a feedback
+  whose sign changes late in a run (a departure from the paper's AdaGrad).
+
+  Args:
+    decay: the factor of U per round, in (0, 1].
+    eps: added to sqrt(U).
+
+  Returns:
+    An :class:`OnlineLearner` whose state is U (:class:`AdagradState`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import learners
+    >>> learner = learners.decayed_adagrad(decay=0.5, eps=0.0)
+    >>> state = learner.init(jnp.zeros(1))
+    >>> _, state = learner.step(jnp.array([2.0]), state, 1.0)
+    >>> delta, state = learner.step(jnp.array([2.0]), state, 1.0)  # U = 0.5 * 4 + 4
+    >>> round(float(delta[0]), 6), float(state.sum_sq[0])
+    (-0.816497, 6.0)
+  """
+  _common.check_positive("decay", decay)
+
+  def step(g, state, lr):
+    sum_sq = jax.tree.map(
+      lambda u, x: jnp.asarray(decay).astype(u.dtype) * u + x * x, state.sum_sq, g
+    )
+    delta = jax.tree.map(
+      lambda x, u: (
+        -jnp.asarray(lr).astype(x.dtype) * x / (jnp.sqrt(u) + jnp.asarray(eps).astype(x.dtype))
+      ),
+      g,
+      sum_sq,
+    )
+    return delta, AdagradState(sum_sq=sum_sq)
+
+  return OnlineLearner(init=adagrad(eps).init, step=step)
+
+
 LEARNERS: dict[str, Callable[..., OnlineLearner]] = {
   "ogd": lambda eps: ogd(),
   "ogd_sqrt": lambda eps: ogd_sqrt(),
@@ -222,3 +267,45 @@ def learn(
     return new_p, new_state
   ok = _common.all_finite(new_p, new_state)
   return _common.keep_if(ok, (new_p, new_state), (p, state))
+
+
+def learn_log(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper):
+  r"""One online-learning round on log P: P <- Pi_P[P exp(learner step(P G))].
+
+  The learner runs on :math:`\theta = \log P` (entrywise), whose feedback
+  gradient is :math:`P \circ G` by the chain rule. With :func:`adagrad` each
+  entry of P then moves by a factor of at most :math:`e^{lr}` per round,
+  whatever its scale: P too long by a factor of 100 comes back in a few
+  rounds, where an additive step of :math:`\eta_p` per round takes
+  :math:`P / \eta_p` rounds. Entries of P must be positive (a zero entry stays
+  zero). A departure from the paper, whose learners act on P itself.
+
+  Args:
+    candidate: the :class:`~hdm_optax.candidates.CandidateSet` of P (its ``project``;
+      ``scalar`` or ``diagonal``).
+    learner: the :class:`OnlineLearner` of log P.
+    p: P, positive.
+    g: G, the hypergradient with respect to P, shaped like P.
+    state: the learner's state.
+    lr: the learner's step size (of log P).
+    lower: lower bound of P's entries (``None``: unbounded).
+    upper: upper bound of P's entries (``None``: unbounded).
+
+  Returns:
+    ``(P, state)`` after the round.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates, learners
+    >>> learner = learners.adagrad(eps=0.0)
+    >>> p = jnp.array([1.0, 1e-3])
+    >>> g = jnp.array([2.0, -500.0])  # dh/dP; dh/dlogP = P G = [2, -0.5]
+    >>> p, state = learners.learn_log(candidates.diagonal(), learner, p, g,
+    ...                               learner.init(p), 0.5, 0.0, None)
+    >>> [round(float(v), 6) for v in p]
+    [0.606531, 0.001649]
+  """
+  log_grad = optax.tree.mul(p, g)
+  delta, new_state = learner.step(log_grad, state, lr)
+  new_p = jax.tree.map(lambda x, d: x * jnp.exp(d), p, delta)
+  return candidate.project(new_p, lower, upper), new_state

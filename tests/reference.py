@@ -570,3 +570,99 @@ def osgm_best_reference(
       estimating = False
     record(accepted, looked, finite)
   return out
+
+
+# ---------------------------------------------------------------------------
+# hdm_auto: Algorithm 4 with P in log space, null-step shrink, random probes
+# ---------------------------------------------------------------------------
+
+
+def hdm_auto_reference(
+  f,
+  grad,
+  x0,
+  steps: int,
+  *,
+  directions,
+  horizon: int = 1000,
+  probe_size: float = 1e-4,
+  precond_lr: float = 0.5,
+  precond_decay: float = 0.9,
+  momentum_lr: float = 1.0,
+  null_shrink: float = 0.5,
+) -> dict:
+  """``steps`` updates of hdm_auto; the first one is the probe (x stays, P_1 = 1/L_0)."""
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  fx, g, _ = _oracle(f, grad, x)
+  ratios0 = []
+  for d in directions:
+    _, g_d, _ = _oracle(f, grad, x + probe_size * np.asarray(d, dtype=np.float64))
+    ratios0.append(float(np.linalg.norm(g_d - g)) / probe_size)
+  L = max(ratios0)
+  if not (math.isfinite(L) and L > 0):
+    L = 1e-5
+  tiny = 1e-30
+  calls = len(directions)
+  x_prev = x.copy()
+  P = np.full(n, 1.0 / L)  # P_1 = 1 / L_0
+  beta = 0.95
+  U = np.zeros(n)  # accumulator of (P o G_P)^2, forgetting factor precond_decay
+  v = 0.0
+  s = 1.0
+  ratios: list[float] = []
+  counter = 0
+  estimating = True
+  threshold = max(min(horizon / 4, 200), 20)
+  out = dict(xs=[], Ps=[], betas=[], values=[], accepted=[], calls=[], Ls=[], finite=[], Us=[])
+
+  def record(accepted, finite=True):
+    for key, val in (
+      ("xs", x.copy()),
+      ("Ps", P.copy()),
+      ("betas", beta),
+      ("values", fx),
+      ("accepted", accepted),
+      ("calls", calls),
+      ("Ls", L),
+      ("finite", finite),
+      ("Us", U.copy()),
+    ):
+      out[key].append(val)
+
+  record(False)
+  for _ in range(steps - 1):
+    d = x - x_prev
+    sg, sd = s * g, s * d
+    x_t = x - P * sg + beta * sd
+    f_t, g_t, finite = _oracle(f, grad, x_t)
+    calls += 1
+    s = 1.0 if finite else 0.5 * s
+    gg = float(np.dot(g, g))
+    den = gg + 1e-12 if estimating else gg + (L**2 / 4.0) * float(np.dot(d, d))
+    if finite:
+      G_P = -(g_t * sg) / den
+      G_b = float(np.dot(g_t, sd)) / den
+      H = P * G_P  # gradient with respect to log P
+      U = precond_decay * U + H * H
+      P = np.clip(P * np.exp(-precond_lr * H / (np.sqrt(U) + tiny)), tiny, 1e10 / L)
+      v = v + G_b * G_b
+      beta = float(np.clip(beta - momentum_lr * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
+    accepted = finite and f_t <= fx
+    if not accepted:
+      P = np.maximum(null_shrink * P, tiny)  # a null step says P is too long
+    x_prev = x.copy()
+    if accepted:
+      step_len = float(np.linalg.norm(x_t - x))
+      if estimating and step_len > 1e-3:
+        ratios.append(float(np.linalg.norm(g_t - g)) / step_len)
+      x, fx, g = x_t, f_t, g_t
+      counter += 1
+    else:
+      counter = max(counter - 2, 0)
+    if estimating and counter > threshold and ratios:
+      L = float(np.mean(ratios))
+      U = np.zeros(n)
+      estimating = False
+    record(accepted, finite)
+  return out

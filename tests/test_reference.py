@@ -722,3 +722,65 @@ def test_osgm_best_nonfinite_trials_match_reference():
   for k in range(1, len(finite)):
     if not finite[k]:
       np.testing.assert_array_equal(want["Ps"][k], want["Ps"][k - 1])
+
+
+# ---------------------------------------------------------------------------
+# hdm_auto: same problems and probe directions
+# ---------------------------------------------------------------------------
+
+
+def _check_auto(kind, seed, steps, horizon, R2=math.inf):
+  data, _ = make_problem(kind, seed, R2=R2)
+  f, grad = np_oracle(data)
+  x0 = x_start(5)
+  opt, stepper = compiled(hdm_optax.hdm_auto, horizon=horizon, seed=3, probe_size=0.1)
+  directions = hdm_optax.curvature.random_directions(jax.random.key(3), jnp.asarray(x0), 3)
+  want = ref.hdm_auto_reference(
+    f,
+    grad,
+    x0,
+    steps,
+    directions=[np.asarray(d) for d in directions],
+    horizon=horizon,
+    probe_size=0.1,
+  )
+  got, _ = run_package(opt, stepper, data, x0, steps, _auto_extract)
+  for name in ("x", "P", "beta", "value", "L", "U"):
+    assert_traj(name, [r[name] for r in got], want[name + "s"], rtol=1e-7, atol=1e-10)
+  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  assert [r["calls"] for r in got] == want["calls"], "oracle counts differ"
+  assert want["values"][-1] < f(x0)
+  return want
+
+
+def _auto_extract(x, state):
+  return dict(
+    x=x,
+    P=_np(state.precond),
+    beta=float(state.momentum),
+    value=float(state.value),
+    L=float(state.lipschitz),
+    U=_np(state.precond_learner_state.sum_sq),
+    accepted=bool(state.info.accepted),
+    calls=int(state.info.num_grad_evals),
+  )
+
+
+@pytest.mark.parametrize("kind,seed,steps", [("quadratic", 5, 80), ("logistic", 4, 80)])
+def test_hdm_auto_matches_reference(kind, seed, steps):
+  """horizon 40: L_hat forms early; the run has null steps (P shrinks)."""
+  want = _check_auto(kind, seed, steps, horizon=40)
+  assert len(set(want["Ls"][1:])) > 1, "L_hat never formed: estimator untested"
+  assert not all(want["accepted"][1:]), "no null step: the shrink is untested"
+  assert len({float(p[0]) for p in want["Ps"]}) > 10, "P hardly moved"
+
+
+def test_hdm_auto_nonfinite_trials_match_reference():
+  """f = +inf outside a ball: a non-finite trial leaves U and beta, shrinks P."""
+  x0 = x_start(5)
+  want = _check_auto("logistic", 4, 40, horizon=40, R2=1.5 * float(x0 @ x0))
+  finite = want["finite"]
+  assert not all(finite), "no non-finite trial: test is vacuous"
+  for k in range(1, len(finite)):
+    if not finite[k]:
+      np.testing.assert_array_equal(want["Us"][k], want["Us"][k - 1])
