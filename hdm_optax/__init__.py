@@ -22,9 +22,9 @@ from hdm_optax.candidates import CandidateSet
 from hdm_optax._hdm import HDMState
 from hdm_optax._hdm import hdm
 from hdm_optax._hdm_agd import HDMAGDState
+from hdm_optax._hdm_agd import hdm_agd
 from hdm_optax._hdm_auto import HDMAutoState
 from hdm_optax._hdm_auto import hdm_auto
-from hdm_optax._hdm_agd import hdm_agd
 from hdm_optax._hdm_best import DEFAULT_MOMENTUM_LR
 from hdm_optax._hdm_best import DEFAULT_PRECOND_LR_TIMES_L
 from hdm_optax._hdm_best import HDMBestState
