@@ -44,10 +44,23 @@ def _parse():
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--steps", type=int, default=0, help="K (0: 200 for n < 1e6, else 50)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument(
+    "--optimizer",
+    default="hdm_best",
+    choices=tuple(OPTIMIZERS),
+    help="hdm_best(lipschitz=L), or hdm_auto() (no argument; its 3-call probe runs before "
+    "the timed loop of update and inside solve's)",
+  )
   return p.parse_args()
 
 
 RIDGE = 1e-2
+
+# name -> (factory of (hdm_optax, L), probe calls made by the first update)
+OPTIMIZERS = {
+  "hdm_best": (lambda hdm_optax, lip: hdm_optax.hdm_best(lipschitz=lip), 0),
+  "hdm_auto": (lambda hdm_optax, lip: hdm_optax.hdm_auto(), 3),
+}
 
 
 def _labels(margin, rng):
@@ -90,12 +103,23 @@ def make_problem(n: int, dtype, rng):
   return fun, data, w0, lip, kind
 
 
-def measure(n: int, dtype, steps: int, repeats: int, rng):
+def measure(n: int, dtype, steps: int, repeats: int, rng, optimizer: str = "hdm_best"):
   import optax
   import hdm_optax
 
   fun, data, w0, lip, kind = make_problem(n, dtype, rng)
-  opt = hdm_optax.hdm_best(lipschitz=lip)
+  factory, probe_calls = OPTIMIZERS[optimizer]
+  opt = factory(hdm_optax, lip)
+
+  @jax.jit
+  def start_state(w, data):
+    """The state after ``init`` and the probe update, if the optimizer has one."""
+    value_fn = lambda x: fun(x, *data)
+    v, g = jax.value_and_grad(value_fn)(w)
+    state = opt.init(w)._replace(value=v, grad=g)
+    if probe_calls:
+      _, state = opt.update(g, state, w, value=v, grad=g, value_fn=value_fn)
+    return state
 
   @jax.jit
   def vg_loop(w, data):
@@ -109,8 +133,10 @@ def measure(n: int, dtype, steps: int, repeats: int, rng):
     v, g = vg(w, *data)  # K + 1 calls, as in solve
     return jax.lax.fori_loop(0, steps, body, (w - 1e-6 * g, v))
 
+  state0 = jax.block_until_ready(start_state(w0, data))
+
   @jax.jit
-  def update_loop(w, data):
+  def update_loop(w, data, state0):
     value_fn = lambda x: fun(x, *data)
 
     def body(_, c):
@@ -119,20 +145,25 @@ def measure(n: int, dtype, steps: int, repeats: int, rng):
       u, state = opt.update(g, state, w, value=v, grad=g, value_fn=value_fn)
       return optax.apply_updates(w, u), state
 
-    v, g = jax.value_and_grad(value_fn)(w)
-    state = opt.init(w)._replace(value=v, grad=g)
-    return jax.lax.fori_loop(0, steps, body, (w, state))
+    return jax.lax.fori_loop(0, steps, body, (w, state0))
 
   def solve_run(w, data):
-    return hdm_optax.solve(opt, fun, w, max_steps=steps, tol=0.0, fun_args=data)
+    # the probe is one of solve's steps: one more step gives K iterations
+    return hdm_optax.solve(opt, fun, w, max_steps=steps + (probe_calls > 0), tol=0.0, fun_args=data)
 
-  fns = {"vg": vg_loop, "update": update_loop, "solve": solve_run}
-  seconds, outs = timing.best_times({k: lambda f=f: f(w0, data) for k, f in fns.items()}, repeats)
+  fns = {
+    "vg": lambda: vg_loop(w0, data),
+    "update": lambda: update_loop(w0, data, state0),
+    "solve": lambda: solve_run(w0, data),
+  }
+  seconds, outs = timing.best_times(fns, repeats)
   t_vg, t_up, t_solve = seconds["vg"], seconds["update"], seconds["solve"]
   (_, state), res = outs["update"], outs["solve"]
-  if int(res.num_steps) != steps or int(res.num_grad_evals) != steps + 1:
-    raise RuntimeError(f"solve stopped early: {res.num_steps} steps, status {res.status}")
-  assert int(state.info.num_grad_evals) == steps
+  if int(res.num_grad_evals) != steps + 1 + probe_calls:
+    raise RuntimeError(
+      f"solve stopped early: {res.num_steps} steps, {res.num_grad_evals} calls, status {res.status}"
+    )
+  assert int(state.info.num_grad_evals) == steps + probe_calls
 
   leaves = jax.tree.leaves(state)
   state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
@@ -164,7 +195,7 @@ def main():
   rng = np.random.default_rng(args.seed)
   sizes = [int(float(s)) for s in args.sizes.split(",")]
   print(
-    f"jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
+    f"{args.optimizer}: jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
     f"best of {args.repeats} runs; times per iteration"
   )
   header = (
@@ -175,7 +206,7 @@ def main():
   print(header)
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
-    r = measure(n, dtype, steps, args.repeats, rng)
+    r = measure(n, dtype, steps, args.repeats, rng, args.optimizer)
     print(
       f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
       f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
