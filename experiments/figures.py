@@ -76,6 +76,8 @@ STYLES = {
   "HDM-HB": dict(color="#2ca02c", ls=_HDM),
   "HDM-AGD": dict(color="#98df8a", ls=_HDM),
   "HDM-Best-default": dict(color="#ff9896", ls=_HDM, lw=1.6),
+  "HDM-Auto": dict(color="#8c564b", ls=_HDM, lw=1.8),
+  "OSGM-Best": dict(color="#7f7f7f", ls=_HDM, lw=1.6),
   "HDM-Best": dict(color="#d62728", ls=_HDM, lw=2.8, zorder=10),
 }
 

@@ -119,6 +119,19 @@ def make_hdm_agd(eta, lip):
   )
 
 
+def make_osgm_best(seed):
+  return hdm_optax.osgm_best(seed=seed)
+
+
+def make_hdm_auto(seed):
+  return hdm_optax.hdm_auto(seed=seed)
+
+
+# Tuning-free rows: no grid, no L. They run on the unpadded problem: their
+# random probe directions would otherwise spread over the zero-gradient padded
+# coordinates and shorten the probe in the real ones.
+TUNING_FREE = (("OSGM-Best", make_osgm_best), ("HDM-Auto", make_hdm_auto))
+
 LBFGS = optax.lbfgs()
 
 
@@ -236,6 +249,12 @@ def run_instance(
     rows += _rows_from_sweep(out, labels, names, max_grad_calls, secs, _describe)
     if group == "HDM-Best":
       grid = _grid_table(out, points[:-1], max_grad_calls)
+  plain = prepare(problem, pad=False)
+  for name, make in TUNING_FREE:
+    if progress:
+      progress(name)
+    out, secs = _sweep(plain, make, [dict(seed=0)], max_grad_calls, max_grad_calls, tol, True)
+    rows += _rows_from_sweep(out, [{}], [name], max_grad_calls, secs, _describe)
   if progress:
     progress("optax-L-BFGS")
   start = time.perf_counter()

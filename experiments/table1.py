@@ -61,6 +61,8 @@ ORDER = [
   "BFGS",
   "HDM-Best",
   "HDM-Best-default",
+  "HDM-Auto",
+  "OSGM-Best",
   "optax-L-BFGS",
   "HDM",
   "HDM-HB",
