@@ -54,6 +54,11 @@ BAD_HYPERPARAMS = [
   (H.hdm_agd, dict(lipschitz=1.0, precond_lr=0.0), "precond_lr", "0.0"),
   (H.hdm_agd, dict(lipschitz=1.0, precond_min=3.0, precond_max=1.0), "precond_min", "3.0"),
   (H.hdm_best, dict(lipschitz=0.0), "lipschitz", "0.0"),
+  (H.hdm_auto, dict(null_shrink=1.5), "null_shrink", "1.5"),
+  (H.hdm_auto, dict(precond_decay=0.0), "precond_decay", "0.0"),
+  (H.hdm_auto, dict(precond_lr=-1.0), "precond_lr", "-1.0"),
+  (H.osgm_best, dict(horizon=0), "horizon", "0"),
+  (H.osgm_best, dict(probe_size=-1e-4), "probe_size", "-0.0001"),
   (H.hdm_best, dict(lipschitz=float("inf")), "lipschitz", "inf"),
   (H.hdm_best, dict(precond_lr=0.0), "precond_lr", "0.0"),
   (H.hdm_best, dict(momentum_lr=-3.0), "momentum_lr", "-3.0"),
@@ -116,6 +121,8 @@ OPTIMIZERS = {
   "hdm_hb": lambda: H.hdm_hb(),
   "hdm_agd": lambda: H.hdm_agd(lipschitz=10.0),
   "hdm_best": lambda: H.hdm_best(),
+  "hdm_auto": lambda: H.hdm_auto(),
+  "osgm_best": lambda: H.osgm_best(),
 }
 
 
@@ -241,6 +248,8 @@ RUN_OPTS = {
   "hdm_hb": lambda: H.hdm_hb(precond_lr=0.05),
   "hdm_agd": lambda: H.hdm_agd(lipschitz=20.0, precond_lr=0.05),
   "hdm_best": lambda: H.hdm_best(lipschitz=20.0, precond_lr=0.01),
+  "hdm_auto": lambda: H.hdm_auto(),
+  "osgm_best": lambda: H.osgm_best(),
 }
 
 
