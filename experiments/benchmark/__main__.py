@@ -1,0 +1,92 @@
+"""Runs the benchmark and writes its summary.
+
+    python -m experiments.benchmark --suite cutest libsvm libsvm32 user [--seeds 5]
+        [--solvers 'hdm_best()' 'hdm_best(lipschitz=L)' osgm_best ...] [--out results/benchmark]
+
+Rows go to ``<out>/results.csv`` (appended; a re-run resumes), the summary to
+``<out>/summary.md`` with profile PNGs beside it. ``--solvers`` takes registered names
+(``experiments/benchmark/solvers.py``: the default list) or optax expressions, where ``L`` is
+the problem's Lipschitz constant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from experiments.benchmark import runner
+from experiments.benchmark import solvers as solvers_lib
+from experiments.benchmark import suites as suites_lib
+from experiments.benchmark import summary as summary_lib
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--suite", nargs="+", default=list(suites_lib.SUITES))
+  p.add_argument("--solvers", nargs="+", default=list(solvers_lib.DEFAULT))
+  p.add_argument("--seeds", type=int, default=1, help="starting points of the LIBSVM suites")
+  p.add_argument(
+    "--scipy-seeds", type=int, default=None, help="SciPy rows only for the first seeds"
+  )
+  p.add_argument("--budget", type=int, default=runner.BUDGET)
+  p.add_argument("--tol", type=float, default=runner.TOL)
+  p.add_argument("--problems", nargs="+", default=None, help="only these (names or datasets)")
+  p.add_argument("--datasets", nargs="+", default=None, help="LIBSVM datasets (default: all)")
+  p.add_argument("--data-dir", default=None)
+  p.add_argument(
+    "--max-n", type=int, default=None, help="also run the cutest_scale suite: 1000 < n <= MAX_N"
+  )
+  p.add_argument("--out", default="results/benchmark")
+  p.add_argument("--csv", default=None, help="default: <out>/results.csv")
+  p.add_argument("--summary-only", action="store_true")
+  p.add_argument("--no-progress", action="store_true")
+  args = p.parse_args(argv)
+  for suite in args.suite:
+    if suite not in suites_lib.SUITES + ("cutest_scale",):
+      p.error(f"--suite: unknown suite {suite!r}; choose from {', '.join(suites_lib.SUITES)}")
+  if args.max_n is not None and "cutest_scale" not in args.suite:
+    args.suite.append("cutest_scale")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  out = Path(args.out)
+  csv_path = Path(args.csv) if args.csv else out / "results.csv"
+  solvers = [solvers_lib.get(name) for name in args.solvers]
+  if not args.summary_only:
+    for suite in args.suite:
+      tasks = suites_lib.tasks(
+        suite,
+        tol=args.tol,
+        num_seeds=args.seeds,
+        datasets=args.datasets,
+        data_dir=args.data_dir,
+        problems=args.problems,
+        max_n=args.max_n,
+      )
+      start = time.perf_counter()
+      written = runner.run_suite(
+        tasks,
+        solvers,
+        csv_path,
+        budget=args.budget,
+        scipy_seeds=args.scipy_seeds,
+        progress=not args.no_progress,
+        desc=suite,
+      )
+      seconds = time.perf_counter() - start
+      print(f"{suite}: {written} rows in {seconds:.1f} s", flush=True)
+      if written:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "timings.tsv", "a") as f:
+          when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+          f.write(f"{suite}\t{seconds:.1f}\t{written}\t{when}\n")
+  if csv_path.exists():
+    path = summary_lib.write_summary(csv_path, out, args.budget, args.tol)
+    print(f"summary: {path}")
+
+
+if __name__ == "__main__":
+  main()

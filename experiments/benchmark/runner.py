@@ -1,0 +1,334 @@
+"""Runs solvers on tasks under one protocol and appends one CSV row per (problem, solver, seed).
+
+Protocol: a budget of gradient calls (every call counts: the initial one, probes, line-search
+steps, each SciPy call) and ``||grad f||_inf <= tol``. A run is solved iff it ends at a point
+where f and grad f are finite, f >= -1e20 and ``||grad f||_inf <= tol``, within the budget.
+The seeds of a problem run as one vmapped, compiled program per optax solver; compiled
+programs are kept per (solver, objective, shapes), so problems that share an objective and
+padded shapes (the LIBSVM ones) share them. Rows are appended (and flushed) as they finish; a
+re-run skips the rows already in the file; a problem or solver that raises gives error rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import time
+import traceback
+from pathlib import Path
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm import tqdm
+
+import hdm_optax
+from experiments.benchmark import solvers as solvers_lib
+from experiments.benchmark import suites as suites_lib
+
+BUDGET = 1000
+TOL = 1e-4
+UNBOUNDED = -1e20
+FIELDS = (
+  "suite",
+  "problem",
+  "n",
+  "dtype",
+  "solver",
+  "seed",
+  "solved",
+  "grad_calls",
+  "value_calls",
+  "final_value",
+  "final_grad_inf",
+  "status",
+  "compile_seconds",
+  "run_seconds",
+)
+
+
+def outcome(value, grad_inf, grad_calls, tol, budget=BUDGET) -> tuple[bool, str]:
+  """(solved, status) of a run that ended at a point with ``value`` and ``grad_inf``."""
+  if not (math.isfinite(value) and math.isfinite(grad_inf)):
+    return False, "non_finite"
+  if value < UNBOUNDED:
+    return False, "unbounded"
+  if grad_calls > budget:
+    return False, "budget"
+  if grad_inf <= tol:
+    return True, "converged"
+  return False, ""
+
+
+def _status_name(code: int) -> str:
+  """A name for ``hdm_optax.solve``'s status code."""
+  names = {
+    getattr(hdm_optax.solver, attr, None): attr.lower()
+    for attr in ("CONVERGED", "MAX_STEPS", "NON_FINITE", "STOPPED", "STALLED", "UNBOUNDED")
+  }
+  name = names.get(int(code), f"status {int(code)}")
+  return "budget" if name == "max_steps" else name
+
+
+@dataclasses.dataclass
+class Row:
+  suite: str
+  problem: str
+  n: Optional[int]
+  dtype: str
+  solver: str
+  seed: Optional[int]
+  solved: bool = False
+  grad_calls: Optional[int] = None
+  value_calls: Optional[int] = None
+  final_value: Optional[float] = None
+  final_grad_inf: Optional[float] = None
+  status: str = ""
+  compile_seconds: float = 0.0
+  run_seconds: float = 0.0
+
+  def cells(self) -> list[str]:
+    def cell(v):
+      if v is None:
+        return ""
+      if isinstance(v, bool):
+        return str(int(v))
+      if isinstance(v, float):
+        return repr(v)
+      return str(v)
+
+    values = dataclasses.astuple(self)
+    return [f"{v:.4f}" if f.endswith("seconds") else cell(v) for f, v in zip(FIELDS, values)]
+
+
+# ----------------------------------------------------------------------------
+# optax solvers: the seeds of a problem as one vmapped program
+# ----------------------------------------------------------------------------
+
+
+def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol, budget):
+  def one(x, t):
+    res = hdm_optax.solve(
+      solver.make(lipschitz),
+      fun,
+      x,
+      max_steps=max_steps,
+      tol=t,
+      fun_args=fun_args,
+      max_grad_evals=budget,
+    )
+    return dict(
+      grad_calls=res.num_grad_evals,
+      value_calls=res.num_value_evals,
+      value=res.value,
+      grad_inf=res.grad_norm,
+      status=res.status,
+    )
+
+  if x0.shape[0] == 1:  # one start: the program a user's own solve() call compiles
+    return jax.tree.map(lambda a: a[None], one(x0[0], tol[0]))
+  return jax.vmap(one)(x0, tol)
+
+
+_batched_solve_jit = jax.jit(_batched_solve, static_argnums=(0, 1, 2))
+_COMPILED: dict = {}
+
+
+def _signature(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
+
+
+def run_optax(solver, inst: suites_lib.Instance, budget: int):
+  """Runs every seed of ``inst``; returns (outputs as NumPy, compile seconds, run seconds)."""
+  dtype = inst.x0.dtype
+  args = (
+    inst.x0,
+    inst.fun_args,
+    jnp.asarray(np.nan if inst.lipschitz is None else inst.lipschitz, dtype),
+    jnp.asarray(inst.tol, dtype),
+    jnp.asarray(budget, jnp.int32),
+  )
+  statics = (solver, inst.fun, budget - 1)
+  key = statics + (_signature(args),)
+  compile_seconds = 0.0
+  if key not in _COMPILED:
+    start = time.perf_counter()
+    _COMPILED[key] = _batched_solve_jit.lower(*statics, *args).compile()
+    compile_seconds = time.perf_counter() - start
+  start = time.perf_counter()
+  out = jax.block_until_ready(_COMPILED[key](*args))
+  return jax.tree.map(np.asarray, out), compile_seconds, time.perf_counter() - start
+
+
+def optax_rows(solver, task, inst, budget) -> list[Row]:
+  out, compile_s, run_s = run_optax(solver, inst, budget)
+  rows = []
+  k = len(task.seeds)
+  for i, seed in enumerate(task.seeds):
+    value, grad_inf = float(out["value"][i]), float(out["grad_inf"][i])
+    calls = int(out["grad_calls"][i])
+    solved, status = outcome(value, grad_inf, calls, float(inst.tol[i]), budget)
+    rows.append(
+      Row(
+        task.suite,
+        task.name,
+        inst.n,
+        inst.dtype,
+        solver.name,
+        seed,
+        solved,
+        calls,
+        int(out["value_calls"][i]),
+        value,
+        grad_inf,
+        status or _status_name(out["status"][i]),
+        compile_s / k,
+        run_s / k,
+      )
+    )
+  return rows
+
+
+def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
+  rows = []
+  for seed in seeds:
+    i = task.seeds.index(seed)
+    start = time.perf_counter()
+    run = solvers_lib.run_scipy(solver, inst.fun_np, inst.x0_np[i], float(inst.tol[i]), budget)
+    seconds = time.perf_counter() - start
+    solved, status = outcome(run.value, run.grad_inf, run.grad_calls, float(inst.tol[i]), budget)
+    if not status:
+      status = "budget" if run.message == "budget" else f"stopped: {run.message}"
+    rows.append(
+      Row(
+        task.suite,
+        task.name,
+        inst.n,
+        inst.dtype,
+        solver.name,
+        seed,
+        solved,
+        run.grad_calls,
+        run.grad_calls,
+        run.value,
+        run.grad_inf,
+        status,
+        0.0,
+        seconds,
+      )
+    )
+  return rows
+
+
+# ----------------------------------------------------------------------------
+# The run: CSV, resume, errors, progress
+# ----------------------------------------------------------------------------
+
+
+def _seed_cell(seed) -> str:
+  return "" if seed is None else str(seed)
+
+
+def done_keys(path: Path) -> set:
+  """(suite, problem, solver, seed) of the rows already in the CSV."""
+  if not path.exists():
+    return set()
+  with open(path, newline="") as f:
+    return {(r["suite"], r["problem"], r["solver"], r["seed"]) for r in csv.DictReader(f)}
+
+
+def _error(task, solver_name, seed, exc, n=None, dtype="") -> Row:
+  message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+  return Row(task.suite, task.name, n, dtype, solver_name, seed, status=f"error: {message}")
+
+
+class CsvLog:
+  """Appends rows to the CSV (header first if the file is new) and flushes each one."""
+
+  def __init__(self, path: Path):
+    self.path = Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    new = not self.path.exists() or self.path.stat().st_size == 0
+    self._file = open(self.path, "a", newline="")
+    self._writer = csv.writer(self._file)
+    if new:
+      self._writer.writerow(FIELDS)
+      self._file.flush()
+
+  def write(self, rows: Sequence[Row]):
+    for row in rows:
+      self._writer.writerow(row.cells())
+    self._file.flush()
+
+  def close(self):
+    self._file.close()
+
+
+def run_suite(
+  tasks: Sequence[suites_lib.Task],
+  solvers: Sequence[solvers_lib.Solver],
+  csv_path: Path,
+  *,
+  budget: int = BUDGET,
+  scipy_seeds: Optional[int] = None,
+  progress: bool = True,
+  desc: str = "",
+) -> int:
+  """Runs every solver on every task, appending rows to ``csv_path``; returns rows written.
+
+  ``scipy_seeds`` limits the SciPy rows to the first seeds of each problem (None: all).
+  """
+  done = done_keys(Path(csv_path))
+  log = CsvLog(csv_path)
+  written = 0
+  bar = tqdm(total=len(tasks) * len(solvers), desc=desc, disable=not progress, mininterval=5)
+  try:
+    for task in tasks:
+      todo = []
+      for solver in solvers:
+        seeds = task.seeds
+        if solver.is_scipy and scipy_seeds is not None and seeds != (None,):
+          seeds = seeds[:scipy_seeds]
+        missing = [
+          s for s in seeds if (task.suite, task.name, solver.name, _seed_cell(s)) not in done
+        ]
+        if missing:
+          todo.append((solver, missing))
+        else:
+          bar.update(1)
+      if not todo:
+        continue
+      bar.set_postfix_str(task.name)
+      try:
+        inst = task.build()
+      except Exception as exc:  # the run goes on: error rows
+        traceback.print_exc()
+        rows = [_error(task, s.name, seed, exc) for s, seeds in todo for seed in seeds]
+        log.write(rows)
+        written += len(rows)
+        bar.update(len(todo))
+        continue
+      for solver, missing in todo:
+        bar.set_postfix_str(f"{task.name} {solver.name}")
+        if solver.needs_lipschitz and inst.lipschitz is None:
+          bar.update(1)
+          continue
+        try:
+          if solver.is_scipy:
+            rows = scipy_rows(solver, task, inst, budget, missing)
+          else:
+            rows = optax_rows(solver, task, inst, budget)
+        except Exception as exc:
+          traceback.print_exc()
+          rows = [_error(task, solver.name, seed, exc, inst.n, inst.dtype) for seed in missing]
+        rows = [r for r in rows if r.seed in missing]
+        log.write(rows)
+        written += len(rows)
+        bar.update(1)
+  finally:
+    bar.close()
+    log.close()
+  return written

@@ -1,0 +1,390 @@
+"""The benchmark's problems: CUTEst (sif2jax), LIBSVM in float64 and float32, and user problems.
+
+A suite is a list of :class:`Task` (cheap: a name and how to build it); ``Task.build()`` returns
+an :class:`Instance`, the problem ready to run: ``fun(x, *fun_args)``, a batch of starting
+points (one row per seed, run as one vmapped program), the tolerance of each, L where it is
+known, and a float64 NumPy ``fun_np(x) -> (value, grad)`` for the SciPy rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import types
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import data as data_lib
+from experiments import problems as problems_lib
+from experiments import runner as table1_runner
+
+jax.config.update("jax_enable_x64", True)
+
+# ``$HDM_BENCHMARKS_DIR`` or ``<repo>/../shared/benchmarks``.
+BENCHMARKS_DIR = Path(
+  os.environ.get("HDM_BENCHMARKS_DIR") or data_lib.repo_root().parent / "shared" / "benchmarks"
+)
+CUTEST_DEV_LIST = BENCHMARKS_DIR / "cutest_dev.txt"
+SEED0 = problems_lib.SEED  # the paper's x0 seed; seed i is SEED0 + i
+# libsvm32: ||grad f||_inf <= max(TOL, FLOAT32_RELATIVE_TOL * ||grad f(x0)||_inf). The sums run
+# over up to 10^5 rows, so float32 rounding leaves gradients of about eps32 * ||grad f(x0)||_inf
+# (eps32 = 1.2e-7) x (a growing factor) at the minimiser; 1e-5 is about 100 eps32.
+FLOAT32_RELATIVE_TOL = 1e-5
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Instance:
+  """A problem ready to run.
+
+  Attributes:
+    n: number of variables (before any padding).
+    dtype: ``"float64"`` or ``"float32"``.
+    fun: ``fun(x, *fun_args) -> scalar``; the same object for every instance that can share
+      a compiled program (module-level LIBSVM objectives on padded shapes).
+    fun_args: data arguments of ``fun``.
+    x0: (len(seeds), n_run) starting points in ``dtype`` (``n_run >= n`` when padded with
+      coordinates whose gradient is zero).
+    tol: (len(seeds),) tolerance of each starting point on ``||grad f||_inf``.
+    lipschitz: L where it is known, else None.
+    fun_np: ``x -> (value, grad)`` in float64 NumPy, for SciPy (takes ``x0_np``'s shape).
+    x0_np: (len(seeds), m) float64 starting points for ``fun_np``.
+  """
+
+  n: int
+  dtype: str
+  fun: Callable[..., jax.Array]
+  fun_args: tuple
+  x0: jax.Array
+  tol: np.ndarray
+  lipschitz: Optional[float]
+  fun_np: Callable[[np.ndarray], tuple[float, np.ndarray]]
+  x0_np: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One problem of a suite: ``build()`` makes the :class:`Instance` (may be slow or raise)."""
+
+  suite: str
+  name: str
+  seeds: tuple  # (None,) where the starting point is fixed
+  build: Callable[[], Instance] = dataclasses.field(compare=False, repr=False)
+
+
+def jax_fun_np(fun, fun_args, dtype) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
+  """float64 NumPy ``x -> (value, grad)`` of a JAX objective evaluated in ``dtype``."""
+  value_and_grad = jax.jit(jax.value_and_grad(fun))
+
+  def fun_np(x):
+    value, grad = value_and_grad(jnp.asarray(x, dtype), *fun_args)
+    return float(value), np.asarray(grad, np.float64)
+
+  return fun_np
+
+
+def _instance(fun, fun_args, x0, tol, lipschitz=None, dtype="float64", n=None):
+  """An instance whose SciPy rows use the JAX objective itself."""
+  x0 = np.atleast_2d(np.asarray(x0, np.float64))
+  return Instance(
+    n=int(n or x0.shape[1]),
+    dtype=dtype,
+    fun=fun,
+    fun_args=tuple(fun_args),
+    x0=jnp.asarray(x0, dtype),
+    tol=np.broadcast_to(np.asarray(tol, np.float64), (x0.shape[0],)).copy(),
+    lipschitz=lipschitz,
+    fun_np=jax_fun_np(fun, fun_args, dtype),
+    x0_np=x0,
+  )
+
+
+# ----------------------------------------------------------------------------
+# CUTEst (sif2jax)
+# ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _sif2jax_unconstrained() -> tuple[Path, dict[str, str]]:
+  """Directory of sif2jax's unconstrained problems and class name -> module name.
+
+  ``import sif2jax`` builds every problem class of the package (1-3 minutes on 2 cores, one
+  constrained module alone 86 s); the benchmark needs only unconstrained ones, so their
+  parent packages are registered as bare namespaces and each problem's module is imported
+  alone (3 s for the 66 of the dev list).
+  """
+  spec = importlib.util.find_spec("sif2jax")
+  if spec is None or not spec.submodule_search_locations:
+    raise ImportError("the cutest suite needs sif2jax: pip install -e '.[bench]'")
+  root = Path(spec.submodule_search_locations[0])
+  folder = root / "cutest" / "_unconstrained_minimisation"
+  for name, path in (
+    ("sif2jax", root),
+    ("sif2jax.cutest", root / "cutest"),
+    ("sif2jax.cutest._unconstrained_minimisation", folder),
+  ):
+    if name not in sys.modules:
+      package = types.ModuleType(name)
+      package.__path__ = [str(path)]
+      sys.modules[name] = package
+  source = (folder / "__init__.py").read_text()
+  modules = {cls: mod for mod, cls in re.findall(r"^from \.(\w+) import (\w+) as", source, re.M)}
+  return folder, modules
+
+
+def cutest_problem(name: str):
+  """The sif2jax problem whose CUTEst name is ``name`` (e.g. ``"ROSENBR"``, ``"10FOLDTRLS"``)."""
+  folder, modules = _sif2jax_unconstrained()
+  candidates = [name] if name in modules else []
+  if not candidates:  # names that are not identifiers: the class returns it from ``name``
+    candidates = [
+      cls
+      for cls, mod in modules.items()
+      if f'"{name}"' in (folder / f"{mod}.py").read_text(errors="replace")
+    ]
+  for cls in candidates:
+    module = importlib.import_module(f"sif2jax.cutest._unconstrained_minimisation.{modules[cls]}")
+    problem = getattr(module, cls)()
+    if problem.name == name:
+      return problem
+  raise KeyError(f"sif2jax has no unconstrained problem named {name!r}")
+
+
+def cutest_names(path: Path = CUTEST_DEV_LIST) -> list[str]:
+  """The dev list (``../shared/benchmarks/cutest_dev.txt``), one name a line."""
+  return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def _cutest_instance(problem, tol):
+  fun = lambda y, args: problem.objective(y, args)
+  return _instance(fun, (problem.args,), problem.y0, tol)
+
+
+def cutest_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task]:
+  """The dev list (or ``names``), each from its own ``y0`` with its ``args``; float64."""
+  names = cutest_names() if names is None else list(names)
+  return [
+    Task("cutest", name, (None,), lambda name=name: _cutest_instance(cutest_problem(name), tol))
+    for name in names
+  ]
+
+
+def cutest_scale_tasks(tol: float, max_n: int) -> list[Task]:
+  """The package's other unconstrained problems with 1000 < n <= ``max_n`` (``--max-n``).
+
+  Not part of the dev list: run on explicit request only, never to tune on.
+  """
+  _sif2jax_unconstrained()
+  package = importlib.import_module("sif2jax.cutest._unconstrained_minimisation")
+  dev = set(cutest_names())
+  chosen = {}
+  for problem in package.unconstrained_minimisation_problems:
+    if problem.name not in dev and 1000 < np.size(problem.y0) <= max_n:
+      chosen.setdefault(problem.name, problem)
+  return [
+    Task("cutest_scale", name, (None,), lambda p=p: _cutest_instance(p, tol))
+    for name, p in sorted(chosen.items())
+  ]
+
+
+# ----------------------------------------------------------------------------
+# LIBSVM (Table 1's instances) with several starting points
+# ----------------------------------------------------------------------------
+
+
+def initial_points(n: int, seeds: Sequence[int]) -> np.ndarray:
+  """``x0 = randn(n) / ||randn(n)||`` with NumPy's legacy seed ``s``, one row per seed."""
+  rows = []
+  for seed in seeds:
+    x0 = np.random.RandomState(seed).randn(n)
+    rows.append(x0 / np.linalg.norm(x0))
+  return np.stack(rows)
+
+
+def _as_dtype(args, dtype):
+  """Float arrays of ``args`` in ``dtype`` (a host CSR matrix stays as it is)."""
+  return tuple(
+    a.astype(dtype) if isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.floating) else a
+    for a in args
+  )
+
+
+def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir):
+  problem = problems_lib.load_problem(dataset, kind, data_dir=data_dir)
+  padded = table1_runner.prepare(problem)  # dense problems padded to shared shapes
+  x0_np = initial_points(problem.n, seeds)
+  x0 = np.zeros((len(seeds), padded.x0.shape[0]))
+  x0[:, : problem.n] = x0_np
+  fun_args = _as_dtype(padded.fun_args, dtype)
+  tols = np.full(len(seeds), tol)
+  if dtype == "float32":
+    g0 = np.array([np.max(np.abs(problem.fun_np(x)[1])) for x in x0_np])
+    tols = np.maximum(tol, FLOAT32_RELATIVE_TOL * g0)
+    fun_np = jax_fun_np(padded.fun, fun_args, dtype)  # SciPy on the float32 objective
+    x0_np = x0
+  else:
+    fun_np = problem.fun_np
+  return Instance(
+    n=problem.n,
+    dtype=dtype,
+    fun=padded.fun,
+    fun_args=fun_args,
+    x0=jnp.asarray(x0, dtype),
+    tol=tols,
+    lipschitz=float(problem.L),
+    fun_np=fun_np,
+    x0_np=x0_np,
+  )
+
+
+def libsvm_tasks(
+  tol: float,
+  num_seeds: int,
+  dtype: str = "float64",
+  datasets: Optional[Sequence[str]] = None,
+  data_dir=None,
+) -> list[Task]:
+  """Both problems (SVM, logistic) of every dataset on disk, seeds SEED0, SEED0 + 1, ..."""
+  names = data_lib.list_datasets(data_dir) if datasets is None else list(datasets)
+  seeds = tuple(SEED0 + i for i in range(num_seeds))
+  suite = "libsvm" if dtype == "float64" else "libsvm32"
+  return [
+    Task(
+      suite,
+      f"{name}/{kind}",
+      seeds,
+      lambda name=name, kind=kind: _libsvm_instance(name, kind, seeds, tol, dtype, data_dir),
+    )
+    for name in names
+    for kind in problems_lib.KINDS
+  ]
+
+
+# ----------------------------------------------------------------------------
+# What a new user tries
+# ----------------------------------------------------------------------------
+
+
+def rosenbrock(x):
+  """The extended Rosenbrock function ``sum 100 (x_{i+1} - x_i^2)^2 + (1 - x_i)^2``."""
+  return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+def x_minus_log_x(x):
+  """``sum(x - log x)``: minimum n at x = 1, not finite outside x > 0."""
+  return jnp.sum(x - jnp.log(x))
+
+
+MLP_LAYERS = (64, 32, 32, 10)
+LOGISTIC_L2 = 1e-3
+
+
+def _mlp_shapes():
+  return [((a, b), (b,)) for a, b in zip(MLP_LAYERS[:-1], MLP_LAYERS[1:])]
+
+
+def mlp_loss(x, features, labels):
+  """Mean cross-entropy of a tanh MLP 64-32-32-10 whose weights and biases are the flat ``x``."""
+  h, start = features, 0
+  layers = _mlp_shapes()
+  for i, (w_shape, b_shape) in enumerate(layers):
+    w = x[start : start + w_shape[0] * w_shape[1]].reshape(w_shape)
+    start += w.size
+    b = x[start : start + b_shape[0]]
+    start += b.size
+    h = h @ w + b
+    if i < len(layers) - 1:
+      h = jnp.tanh(h)
+  logp = jax.nn.log_softmax(h)
+  return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
+
+
+def _mlp_instance(tol):
+  from sklearn.datasets import load_digits
+
+  digits = load_digits()
+  features = jnp.asarray(digits.data / 16.0, jnp.float32)
+  labels = jnp.asarray(digits.target, jnp.int32)
+  rng = np.random.RandomState(0)
+  parts = []
+  for w_shape, b_shape in _mlp_shapes():
+    parts += [rng.randn(*w_shape).ravel() / np.sqrt(w_shape[0]), np.zeros(b_shape)]
+  return _instance(mlp_loss, (features, labels), np.concatenate(parts), tol, dtype="float32")
+
+
+def l2_logistic(w, A, y, lam):
+  """``mean log(1 + exp(-y_i a_i^T w)) + lam/2 ||w||^2``."""
+  return jnp.mean(jnp.logaddexp(0.0, -y * (A @ w))) + 0.5 * lam * jnp.sum(w * w)
+
+
+def _logistic_instance(tol, dtype):
+  from sklearn.datasets import load_breast_cancer
+
+  X, y = load_breast_cancer(return_X_y=True)
+  X = (X - X.mean(0)) / X.std(0)
+  A = np.hstack([X, np.ones((X.shape[0], 1))])
+  lipschitz = np.linalg.eigvalsh(A.T @ A)[-1] / (4 * A.shape[0]) + LOGISTIC_L2
+  args = (jnp.asarray(A, dtype), jnp.asarray(2.0 * y - 1.0, dtype), jnp.asarray(LOGISTIC_L2, dtype))
+  return _instance(l2_logistic, args, np.zeros(A.shape[1]), tol, float(lipschitz), dtype)
+
+
+def user_tasks(tol: float) -> list[Task]:
+  """Rosenbrock (n = 2, 100), the digits MLP, breast-cancer logistic (f32, f64), x - log x."""
+
+  def rosen(n):
+    return lambda: _instance(rosenbrock, (), np.tile([-1.2, 1.0], n // 2), tol)
+
+  return [
+    Task("user", "rosenbrock-2", (None,), rosen(2)),
+    Task("user", "rosenbrock-100", (None,), rosen(100)),
+    Task("user", "mlp-digits-f32", (None,), lambda: _mlp_instance(tol)),
+    Task("user", "logreg-cancer-f32", (None,), lambda: _logistic_instance(tol, "float32")),
+    Task("user", "logreg-cancer-f64", (None,), lambda: _logistic_instance(tol, "float64")),
+    Task(
+      "user",
+      "x-minus-log-x-10",
+      (None,),
+      lambda: _instance(x_minus_log_x, (), np.full(10, 5.0), tol),
+    ),
+  ]
+
+
+SUITES = ("cutest", "libsvm", "libsvm32", "user")
+
+
+def tasks(
+  suite: str,
+  *,
+  tol: float,
+  num_seeds: int = 1,
+  datasets=None,
+  data_dir=None,
+  problems: Optional[Sequence[str]] = None,
+  max_n: Optional[int] = None,
+) -> list[Task]:
+  """The tasks of ``suite`` (one of ``SUITES`` or ``"cutest_scale"``), optionally only ``problems``."""
+  if suite == "cutest":
+    out = cutest_tasks(tol)
+  elif suite == "cutest_scale":
+    if max_n is None:
+      raise ValueError("the cutest_scale suite needs --max-n")
+    out = cutest_scale_tasks(tol, max_n)
+  elif suite in ("libsvm", "libsvm32"):
+    dtype = "float64" if suite == "libsvm" else "float32"
+    out = libsvm_tasks(tol, num_seeds, dtype, datasets, data_dir)
+  elif suite == "user":
+    out = user_tasks(tol)
+  else:
+    raise ValueError(f"suite must be one of {SUITES + ('cutest_scale',)}, got {suite!r}")
+  if problems:
+    wanted = set(problems)
+    out = [t for t in out if t.name in wanted or t.name.split("/")[0] in wanted]
+  return out

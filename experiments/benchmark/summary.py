@@ -1,0 +1,255 @@
+"""``summary.md`` from the benchmark's CSV: solved counts, profiles, times, reference check."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from experiments.benchmark import profiles
+from experiments.benchmark import solvers as solvers_lib
+from experiments.benchmark import suites as suites_lib
+
+REFERENCE_TSV = suites_lib.CUTEST_DEV_LIST.parent / "cutest_dev_reference.tsv"
+# Our solver names -> the reference file's.
+REFERENCE_NAMES = {
+  "optax.lbfgs()": "optax.lbfgs()",
+  "scipy-lbfgsb-m5": "scipy L-BFGS-B m=5",
+  "scipy-lbfgsb-m10": "scipy L-BFGS-B m=10",
+  "scipy-bfgs": "scipy BFGS",
+  "hdm_best()": "hdm_optax.hdm_best()",
+}
+DETERMINISTIC = ("optax.lbfgs()", "scipy-lbfgsb-m5", "scipy-lbfgsb-m10", "scipy-bfgs")
+
+
+def read_rows(path: Path) -> list[dict]:
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def _float(text, default=math.inf):
+  try:
+    return float(text)
+  except (TypeError, ValueError):
+    return default
+
+
+def _by_suite(rows):
+  suites = defaultdict(list)
+  for r in rows:
+    suites[r["suite"]].append(r)
+  return suites
+
+
+def _solvers(rows):
+  return list(dict.fromkeys(r["solver"] for r in rows))
+
+
+def cost_matrix(rows, solvers, field="grad_calls"):
+  """(problem-seed keys, costs (P, S)): ``field`` where solved, inf otherwise or if missing."""
+  keys = list(dict.fromkeys((r["problem"], r["seed"]) for r in rows))
+  index = {k: i for i, k in enumerate(keys)}
+  costs = np.full((len(keys), len(solvers)), np.inf)
+  column = {s: j for j, s in enumerate(solvers)}
+  for r in rows:
+    if r["solved"] == "1" and r["solver"] in column:
+      value = _float(r[field])
+      if field == "run_seconds":
+        value = max(value, 1e-6)
+      costs[index[(r["problem"], r["seed"])], column[r["solver"]]] = value
+  return keys, costs
+
+
+def solved_table(suites: dict) -> list[str]:
+  """Solvers x suites: solved / rows (LIBSVM suites: the mean over seeds)."""
+  names = list(suites)
+  all_solvers = list(dict.fromkeys(s for rows in suites.values() for s in _solvers(rows)))
+  lines = [
+    "| solver | " + " | ".join(names) + " |",
+    "|---|" + "---|" * len(names),
+  ]
+  for solver in all_solvers:
+    cells = []
+    for suite in names:
+      mine = [r for r in suites[suite] if r["solver"] == solver]
+      if not mine:
+        cells.append("n/a")
+        continue
+      seeds = sorted({r["seed"] for r in mine})
+      solved = sum(r["solved"] == "1" for r in mine)
+      if len(seeds) > 1:
+        per = len(mine) / len(seeds)
+        cells.append(f"{solved / len(seeds):.1f}/{per:g}")
+      else:
+        cells.append(f"{solved}/{len(mine)}")
+    lines.append(f"| `{solver}` | " + " | ".join(cells) + " |")
+  return lines
+
+
+def per_seed_table(rows) -> list[str]:
+  seeds = sorted({r["seed"] for r in rows})
+  lines = [
+    "| solver | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+    "|---|" + "---|" * (len(seeds) + 1),
+  ]
+  for solver in _solvers(rows):
+    counts = []
+    for s in seeds:
+      mine = [r for r in rows if r["solver"] == solver and r["seed"] == s]
+      counts.append((sum(r["solved"] == "1" for r in mine), len(mine)))
+    present = [c for c, n in counts if n]
+    mean = f"{np.mean(present):.1f}" if present else ""
+    cells = [f"{c}/{n}" if n else "-" for c, n in counts]
+    lines.append(f"| `{solver}` | " + " | ".join(cells) + f" | {mean} |")
+  return lines
+
+
+def times_table(rows) -> list[str]:
+  lines = ["| solver | compile s | run s | errors |", "|---|---|---|---|"]
+  for solver in _solvers(rows):
+    mine = [r for r in rows if r["solver"] == solver]
+    comp = sum(_float(r["compile_seconds"], 0.0) for r in mine)
+    run = sum(_float(r["run_seconds"], 0.0) for r in mine)
+    errors = sum(r["status"].startswith("error") for r in mine)
+    lines.append(f"| `{solver}` | {comp:.1f} | {run:.1f} | {errors} |")
+  return lines
+
+
+def reference_check(rows, path: Path = REFERENCE_TSV) -> list[str]:
+  """Our CUTEst rows against the reference counts: equal solved flag and gradient calls?"""
+  if not Path(path).exists():
+    return [f"(no reference file at {path})"]
+  with open(path, newline="") as f:
+    ref = {(r["problem"], r["solver"]): r for r in csv.DictReader(f, delimiter="\t")}
+  ours = {(r["problem"], r["solver"]): r for r in rows if r["suite"] == "cutest"}
+  lines = [
+    "| solver | problems compared | same solved flag | same gradient calls | differences |",
+    "|---|---|---|---|---|",
+  ]
+  for solver, ref_name in REFERENCE_NAMES.items():
+    same_flag = same_calls = compared = 0
+    diffs = []
+    for (problem, name), r in sorted(ref.items()):
+      if name != ref_name or (problem, solver) not in ours:
+        continue
+      o = ours[(problem, solver)]
+      compared += 1
+      flag = (o["solved"] == "1") == (r["solved"] == "1")
+      calls = o["grad_calls"] == r["grad_calls"] or (
+        o["solved"] != "1" and r["solved"] != "1"  # unsolved: only the flag matters
+      )
+      same_flag += flag
+      same_calls += calls
+      if not (flag and calls):
+        diffs.append(
+          f"{problem} {r['solved']}/{r['grad_calls']} vs {o['solved']}/{o['grad_calls']}"
+        )
+    if compared:
+      tag = "" if solver in DETERMINISTIC else " (not deterministic across code versions)"
+      lines.append(
+        f"| `{solver}`{tag} | {compared} | {same_flag} | {same_calls} | "
+        + ("; ".join(diffs) if diffs else "none")
+        + " |"
+      )
+  lines.append("")
+  lines.append(
+    "Differences are written `problem reference solved/calls vs ours`; an unsolved run "
+    "compares by its flag only (its count is the budget)."
+  )
+  return lines
+
+
+def _timings(path: Path) -> list[str]:
+  if not path.exists():
+    return []
+  lines = ["| suite | wall seconds | rows written | when (UTC) |", "|---|---|---|---|"]
+  for line in path.read_text().splitlines():
+    suite, seconds, rows, when = line.split("\t")
+    lines.append(f"| {suite} | {float(seconds):.0f} | {rows} | {when} |")
+  return lines
+
+
+def protocol_notes(budget, tol) -> list[str]:
+  return [
+    f"- Budget {budget} gradient calls, every call counted (the initial one, `hdm_best`'s probe, "
+    "line-search steps, each call SciPy makes: with `jac=True` a call is one value and one "
+    f"gradient); solved: finite f and gradient, f >= -1e20, `||grad f||_inf <= {tol:g}` within "
+    "the budget. `status` says why a run ended (`budget`, `non_finite`, `unbounded`, "
+    "`stopped: <SciPy's message>`, `error: ...`).",
+    "- `cutest`: the 66 problems of `../shared/benchmarks/cutest_dev.txt` (sif2jax 0.0.8), each "
+    "from its own `y0` with its `args`, float64. L is unknown there, so the rows that need L "
+    "do not run.",
+    "- `libsvm`: Table 1's 54 instances (paper's protocol), x0 = randn(n)/||randn(n)|| with NumPy "
+    f"seeds {suites_lib.SEED0}, {suites_lib.SEED0 + 1}, ... (the first is the paper's x0); the seeds "
+    "of an instance run as one vmapped program per optax solver. Dense problems are zero-padded "
+    "to shared shapes (padded coordinates have zero gradient) so compiled programs are shared.",
+    f"- `libsvm32`: the same in float32 with `||grad f||_inf <= max({tol:g}, "
+    f"{suites_lib.FLOAT32_RELATIVE_TOL:g} ||grad f(x0)||_inf)` (grad f(x0) in float64; about 100 "
+    "float32 epsilons of the gradient's scale: these are sums over up to 10^5 rows). The SciPy rows "
+    "minimise the float32 objective (x rounded to float32, the gradient returned in float64).",
+    "- `user`: Rosenbrock n = 2, 100 from (-1.2, 1, -1.2, 1, ...); a tanh MLP 64-32-32-10 on "
+    "scikit-learn's digits (features / 16, mean cross-entropy, float32, N(0, 1/fan_in) weights "
+    "with seed 0); logistic regression on standardised breast cancer with an intercept, mean "
+    f"loss + {suites_lib.LOGISTIC_L2:g}/2 ||w||^2, from 0, float32 and float64 (L = "
+    "sigma_max(A)^2/(4m) + lambda); sum(x - log x), n = 10, from x = 5.",
+    f"- `optax.adam` runs at lr = {solvers_lib.ADAM_LR:g}; SciPy L-BFGS-B with `ftol=0` "
+    "(stops on the gradient only), BFGS with `norm=inf`; a SciPy call past the budget stops the run.",
+    "- Seconds: `compile_seconds` is the time to compile a program the first time it is needed "
+    "(0 when a compiled program is reused); the seeds of a vmapped program share its compile "
+    "and run time equally. Wall-time profiles use `run_seconds`.",
+  ]
+
+
+def write_summary(
+  csv_path: Path, out: Path, budget: int, tol: float, extra: Optional[list[str]] = None
+) -> Path:
+  """Writes ``out/summary.md`` and the profile PNGs; returns the summary's path."""
+  out = Path(out)
+  rows = read_rows(csv_path)
+  suites = _by_suite(rows)
+  lines = [
+    "# Benchmark: what users get",
+    "",
+    "`python -m experiments.benchmark` (`experiments/benchmark/`); rows in "
+    f"`{Path(csv_path).name}`, one per (problem, solver, seed).",
+    "",
+    "## Solved (LIBSVM suites: mean over seeds / instances)",
+    "",
+    *solved_table(suites),
+    "",
+  ]
+  for suite, srows in suites.items():
+    solvers = _solvers(srows)
+    lines += [f"## {suite}", ""]
+    if len({r["seed"] for r in srows}) > 1:
+      lines += ["Solved per seed:", "", *per_seed_table(srows), ""]
+    for field, label, unit in (
+      ("grad_calls", "gradient calls", "calls"),
+      ("run_seconds", "wall time", "seconds"),
+    ):
+      _, costs = cost_matrix(srows, solvers, field)
+      name = f"profile_{suite}_{field}.png"
+      profiles.plot_profile(
+        costs,
+        solvers,
+        out / name,
+        f"{suite}: {costs.shape[0]} problem-starts, {label}",
+        f"log2(tau): within a factor tau of the fewest {unit}",
+      )
+      lines += [f"![{suite} {label}]({name})", ""]
+    lines += ["Time spent (seconds, all rows):", "", *times_table(srows), ""]
+  if "cutest" in suites:
+    lines += ["## Check against the reference counts", "", *reference_check(rows), ""]
+  timings = _timings(out / "timings.tsv")
+  if timings:
+    lines += ["## Wall time of the runs", "", *timings, ""]
+  lines += ["## Protocol", "", *protocol_notes(budget, tol), ""]
+  if extra:
+    lines += extra
+  path = out / "summary.md"
+  path.write_text("\n".join(lines) + "\n")
+  return path
