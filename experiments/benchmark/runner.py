@@ -332,6 +332,16 @@ def run_suite(
         if solver.needs_lipschitz and inst.lipschitz is None:
           bar.update(1)
           continue
+        if solver.max_n is not None and inst.n > solver.max_n:
+          reason = f"skipped: n = {inst.n} > {solver.max_n}"
+          rows = [
+            Row(task.suite, task.name, inst.n, inst.dtype, solver.name, seed, status=reason)
+            for seed in missing
+          ]
+          log.write(rows)
+          written += len(rows)
+          bar.update(1)
+          continue
         try:
           if solver.is_scipy:
             rows = scipy_rows(solver, task, inst, budget, missing)

@@ -36,6 +36,7 @@ class Solver:
     needs_lipschitz: whether ``make`` uses L.
     scipy_method: for a SciPy solver, the ``scipy.optimize.minimize`` method.
     scipy_options: for a SciPy solver, ``options(tol) -> dict``.
+    max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
   """
 
   name: str
@@ -43,6 +44,7 @@ class Solver:
   needs_lipschitz: bool = False
   scipy_method: Optional[str] = None
   scipy_options: Optional[Callable[[float], dict]] = None
+  max_n: Optional[int] = None
 
   @property
   def is_scipy(self) -> bool:
@@ -93,10 +95,13 @@ def bfgs_options(tol: float) -> dict:
   return {"gtol": tol, "norm": np.inf, "maxiter": 10**6}
 
 
+# SciPy's BFGS multiplies n x n matrices at every iteration (O(n^3)): at n = 3466 (the digits
+# MLP) its 1000 calls take hours, so it runs up to n = 1000 (the CUTEst dev list's largest).
+BFGS_MAX_N = 1000
 SCIPY = {
-  "scipy-lbfgsb-m5": ("L-BFGS-B", lbfgsb_options(5)),
-  "scipy-lbfgsb-m10": ("L-BFGS-B", lbfgsb_options(10)),
-  "scipy-bfgs": ("BFGS", bfgs_options),
+  "scipy-lbfgsb-m5": ("L-BFGS-B", lbfgsb_options(5), None),
+  "scipy-lbfgsb-m10": ("L-BFGS-B", lbfgsb_options(10), None),
+  "scipy-bfgs": ("BFGS", bfgs_options, BFGS_MAX_N),
 }
 JAX = (
   "hdm_best()",
@@ -115,8 +120,8 @@ DEFAULT = REGISTERED
 def get(name: str) -> Solver:
   """The solver called ``name`` (the same object for the same name)."""
   if name in SCIPY:
-    method, options = SCIPY[name]
-    return Solver(name=name, scipy_method=method, scipy_options=options)
+    method, options, max_n = SCIPY[name]
+    return Solver(name=name, scipy_method=method, scipy_options=options, max_n=max_n)
   if name.isidentifier() and name not in namespace():
     return from_expression(name, f"hdm_optax.{name}()")
   if name.isidentifier():
