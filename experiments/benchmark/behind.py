@@ -68,7 +68,7 @@ def diagnose(inst, budget=runner.BUDGET) -> str:
   rejected = ~np.asarray(res.trace.accepted)[1 : steps + 1]
   longest, start = _longest_run(rejected)
   st = res.state
-  smooth, curv = float(st.smoothness), float(st.curvature)
+  smooth, curv = float(st.lipschitz), float(st.curvature.l_hat)
   scale = curv if curv > 0 else smooth
   p = np.abs(np.asarray(st.precond)) * scale
   return (

@@ -1,8 +1,9 @@
 """Runs solvers on tasks under one protocol and appends one CSV row per (problem, solver, seed).
 
-Protocol: a budget of gradient calls (every call counts: the initial one, probes, line-search
-steps, each SciPy call) and ``||grad f||_inf <= tol``. A run is solved iff it ends at a point
-where f and grad f are finite, f >= -1e20 and ``||grad f||_inf <= tol``, within the budget.
+Protocol (``experiments.protocol``): a budget of gradient calls (every call counts: the initial
+one, probes, line-search steps, each SciPy call) and ``||grad f||_inf <= tol``. A run is solved
+iff it ends at a point where f and grad f are finite, f >= -1e20 and ``||grad f||_inf <= tol``,
+with fewer than ``budget - 1`` calls (``protocol.is_solved``).
 The seeds of a problem run as one vmapped, compiled program per optax solver; compiled
 programs are kept per (solver, objective, shapes), so problems that share an objective and
 padded shapes (the LIBSVM ones) share them. Rows are appended (and flushed) as they finish; a
@@ -25,11 +26,12 @@ import numpy as np
 from tqdm import tqdm
 
 import hdm_optax
+from experiments import protocol
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
 
-BUDGET = 1000
-TOL = 1e-4
+BUDGET = protocol.BUDGET
+TOL = protocol.TOL
 UNBOUNDED = -1e20
 FIELDS = (
   "suite",
@@ -50,25 +52,28 @@ FIELDS = (
 
 
 def outcome(value, grad_inf, grad_calls, tol, budget=BUDGET) -> tuple[bool, str]:
-  """(solved, status) of a run that ended at a point with ``value`` and ``grad_inf``."""
+  """(solved, status) of a run that ended at a point with ``value`` and ``grad_inf``.
+
+  The status is empty where the caller knows better why the run ended.
+  """
   if not (math.isfinite(value) and math.isfinite(grad_inf)):
     return False, "non_finite"
   if value < UNBOUNDED:
     return False, "unbounded"
-  if grad_calls > budget:
-    return False, "budget"
   if grad_inf <= tol:
-    return True, "converged"
+    solved = bool(protocol.is_solved(True, grad_calls, budget))
+    return solved, "converged" if solved else "budget"
+  if grad_calls >= budget:
+    return False, "budget"
   return False, ""
 
 
 def _status_name(code: int) -> str:
-  """A name for ``hdm_optax.solve``'s status code."""
-  names = {
-    getattr(hdm_optax.solver, attr, None): attr.lower()
-    for attr in ("CONVERGED", "MAX_STEPS", "NON_FINITE", "STOPPED", "STALLED", "UNBOUNDED")
-  }
-  name = names.get(int(code), f"status {int(code)}")
+  """A name for ``hdm_optax.solve``'s status code (``max_steps`` is the budget here)."""
+  try:
+    name = hdm_optax.solver.Status(int(code)).name.lower()
+  except (AttributeError, ValueError):
+    return f"status {int(code)}"
   return "budget" if name == "max_steps" else name
 
 
@@ -108,7 +113,7 @@ class Row:
 # ----------------------------------------------------------------------------
 
 
-def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol, budget):
+def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol):
   def one(x, t):
     res = hdm_optax.solve(
       solver.make(lipschitz),
@@ -117,7 +122,7 @@ def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol, budget)
       max_steps=max_steps,
       tol=t,
       fun_args=fun_args,
-      max_grad_evals=budget,
+      max_grad_evals=max_steps + 1,
     )
     return dict(
       grad_calls=res.num_grad_evals,
@@ -164,16 +169,15 @@ def run_optax(solver, inst: suites_lib.Instance, budget: int):
     inst.fun_args,
     jnp.asarray(np.nan if inst.lipschitz is None else inst.lipschitz, dtype),
   )
-  budget_arg = jnp.asarray(budget, jnp.int32)
   tol = jnp.asarray(inst.tol, dtype)
   batches = [(inst.x0, tol)]
   try:
-    program, compile_seconds = _compiled(statics, (inst.x0, *consts, tol, budget_arg))
+    program, compile_seconds = _compiled(statics, (inst.x0, *consts, tol))
   except NotImplementedError:
     batches = [(inst.x0[i : i + 1], tol[i : i + 1]) for i in range(inst.x0.shape[0])]
-    program, compile_seconds = _compiled(statics, (batches[0][0], *consts, tol[:1], budget_arg))
+    program, compile_seconds = _compiled(statics, (batches[0][0], *consts, tol[:1]))
   start = time.perf_counter()
-  outs = [jax.block_until_ready(program(x0, *consts, t, budget_arg)) for x0, t in batches]
+  outs = [jax.block_until_ready(program(x0, *consts, t)) for x0, t in batches]
   seconds = time.perf_counter() - start
   out = jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a]), *outs)
   return out, compile_seconds, seconds

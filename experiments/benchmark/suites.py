@@ -25,6 +25,7 @@ import numpy as np
 
 from experiments import data as data_lib
 from experiments import problems as problems_lib
+from experiments import protocol
 from experiments import runner as table1_runner
 
 jax.config.update("jax_enable_x64", True)
@@ -34,7 +35,7 @@ BENCHMARKS_DIR = Path(
   os.environ.get("HDM_BENCHMARKS_DIR") or data_lib.repo_root().parent / "shared" / "benchmarks"
 )
 CUTEST_DEV_LIST = BENCHMARKS_DIR / "cutest_dev.txt"
-SEED0 = problems_lib.SEED  # the paper's x0 seed; seed i is SEED0 + i
+SEED0 = protocol.SEED  # the paper's x0 seed; seed i is SEED0 + i
 # libsvm32: ||grad f||_inf <= max(TOL, FLOAT32_RELATIVE_TOL * ||grad f(x0)||_inf). The sums run
 # over up to 10^5 rows, so float32 rounding leaves gradients of about eps32 * ||grad f(x0)||_inf
 # (eps32 = 1.2e-7) x (a growing factor) at the minimiser; 1e-5 is about 100 eps32.
@@ -201,12 +202,8 @@ def cutest_scale_tasks(tol: float, max_n: int) -> list[Task]:
 
 
 def initial_points(n: int, seeds: Sequence[int]) -> np.ndarray:
-  """``x0 = randn(n) / ||randn(n)||`` with NumPy's legacy seed ``s``, one row per seed."""
-  rows = []
-  for seed in seeds:
-    x0 = np.random.RandomState(seed).randn(n)
-    rows.append(x0 / np.linalg.norm(x0))
-  return np.stack(rows)
+  """``protocol.initial_point(n, seed)`` for each seed, one row per seed."""
+  return np.stack([protocol.initial_point(n, seed) for seed in seeds])
 
 
 def _as_dtype(args, dtype):

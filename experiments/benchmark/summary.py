@@ -196,9 +196,10 @@ def protocol_notes(budget, tol) -> list[str]:
   return [
     f"- Budget {budget} gradient calls, every call counted (the initial one, `hdm_best`'s probe, "
     "line-search steps, each call SciPy makes: with `jac=True` a call is one value and one "
-    f"gradient); solved: finite f and gradient, f >= -1e20, `||grad f||_inf <= {tol:g}` within "
-    "the budget. `status` says why a run ended (`budget`, `non_finite`, `unbounded`, "
-    "`stopped: <SciPy's message>`, `error: ...`).",
+    f"gradient); solved: finite f and gradient, f >= -1e20, `||grad f||_inf <= {tol:g}` with "
+    f"fewer than {budget - 1} calls (`experiments.protocol.is_solved`). `status` says why a run "
+    "ended (`budget`, `non_finite`, `unbounded`, `stalled`, `stopped: <SciPy's message>`, "
+    "`skipped: ...`, `error: ...`).",
     "- `cutest`: the 66 problems of `../shared/benchmarks/cutest_dev.txt` (sif2jax 0.0.8), each "
     "from its own `y0` with its `args`, float64. L is unknown there, so the rows that need L "
     "do not run.",
