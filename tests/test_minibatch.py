@@ -1,15 +1,12 @@
 """hdm_optax.minibatch_step: one compiled step, value, gradient and trial on the current batch."""
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import pytest  # noqa: E402
-
-import hdm_optax  # noqa: E402
+import hdm_optax
 
 _RNG = np.random.default_rng(1)
 M, N, B = 256, 8, 32

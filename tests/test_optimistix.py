@@ -6,15 +6,12 @@ import textwrap
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import pytest  # noqa: E402
-
-import hdm_optax  # noqa: E402
+import hdm_optax
 
 optx = pytest.importorskip("optimistix")
 from hdm_optax.optimistix_adapter import HDMMinimiser  # noqa: E402
