@@ -14,3 +14,12 @@ def test_demo_prints_both_methods_and_says_what_seconds_measure(capsys):
   out = capsys.readouterr().out
   assert "HDM-Best" in out and "optax.lbfgs" in out
   assert "compilation excluded" in out
+
+
+def test_readme_links_the_pitfalls_near_the_top_and_states_the_suite_time():
+  from pathlib import Path
+
+  readme = (Path(__file__).parents[1] / "README.md").read_text()
+  top = readme.split("## ")[0]
+  assert "docs/pitfalls.md" in top
+  assert "CPU time" in top and "compilation excluded" in top
