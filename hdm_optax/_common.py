@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -22,6 +22,9 @@ class HDMInfo(NamedTuple):
     hypergrad_norm: Euclidean norm of the hypergradient used to update P
       (and B or beta when learned), at the last update (0 if it was not finite).
     num_null_steps: number of updates so far that kept the iterate.
+    null_run: number of consecutive null steps up to and including the last
+      update (0 after an accepted one); a run that only makes null steps has
+      stalled (``hdm_optax.solve`` reports it).
     num_value_evals: objective evaluations made by ``update`` so far.
     num_grad_evals: gradient evaluations made by ``update`` so far.
   """
@@ -29,6 +32,7 @@ class HDMInfo(NamedTuple):
   accepted: jax.Array
   hypergrad_norm: jax.Array
   num_null_steps: jax.Array
+  null_run: jax.Array
   num_value_evals: jax.Array
   num_grad_evals: jax.Array
 
@@ -39,6 +43,7 @@ def init_info(dtype) -> HDMInfo:
     accepted=jnp.asarray(True),
     hypergrad_norm=jnp.zeros([], dtype),
     num_null_steps=zero,
+    null_run=zero,
     num_value_evals=zero,
     num_grad_evals=zero,
   )
@@ -53,6 +58,7 @@ def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo
       info.hypergrad_norm.dtype
     ),
     num_null_steps=info.num_null_steps + (~accepted).astype(jnp.int32),
+    null_run=jnp.where(accepted, 0, info.null_run + 1).astype(jnp.int32),
     num_value_evals=info.num_value_evals + calls,
     num_grad_evals=info.num_grad_evals + calls,
   )
@@ -191,49 +197,98 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
   return jax.value_and_grad(checked_fn, has_aux=has_aux)(params)
 
 
-# Construction-time checks. Traced values and arrays skip them (vmap sweeps).
+# Construction-time checks. Python numbers and concrete arrays are checked;
+# traced values skip them (vmap sweeps build optimizers from tracers).
 
 
-def _is_number(value) -> bool:
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _concrete(value) -> Optional[np.ndarray]:
+  """``value`` as a float64 NumPy array, or ``None`` if it is traced or not numeric."""
+  if value is None:
+    return None
+  try:
+    arr = np.asarray(value)
+  except (TypeError, jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return None
+  if arr.dtype == object or not np.issubdtype(arr.dtype, np.number):
+    return None
+  if np.iscomplexobj(arr):
+    return None
+  return arr.astype(np.float64)
+
+
+def _show(arr: np.ndarray) -> str:
+  return repr(float(arr)) if arr.size == 1 else np.array2string(arr)
 
 
 def _check_type(name: str, value):
-  if isinstance(value, (str, bytes, bool)):
-    raise TypeError(f"{name} must be a number or an array, got {value!r}")
+  if isinstance(value, (str, bytes, bool, np.bool_)):
+    raise TypeError(f"{name} must be a number or an array, got {value!r}; pass a number.")
 
 
-def check_positive(name: str, value):
+def _require(name: str, value, ok, rule: str, fix: str):
+  """Raises ``ValueError`` unless ``ok(arr)`` holds for the concrete ``value``."""
   _check_type(name, value)
-  if _is_number(value) and not 0 < value < math.inf:
-    raise ValueError(f"{name} must be finite and > 0, got {value}")
+  arr = _concrete(value)
+  if arr is not None and not np.all(ok(arr)):
+    raise ValueError(f"{name} must be {rule}, got {_show(arr)}; {fix}.")
 
 
-def check_nonnegative(name: str, value):
-  _check_type(name, value)
-  if _is_number(value) and not 0 <= value < math.inf:
-    raise ValueError(f"{name} must be finite and >= 0, got {value}")
+def check_positive(name: str, value, fix: Optional[str] = None):
+  _require(
+    name, value, lambda a: (0 < a) & (a < math.inf), "finite and > 0", fix or "pass a number > 0"
+  )
+
+
+def check_nonnegative(name: str, value, fix: Optional[str] = None):
+  _require(
+    name, value, lambda a: (0 <= a) & (a < math.inf), "finite and >= 0", fix or "pass 0 or more"
+  )
+
+
+def check_finite(name: str, value, fix: Optional[str] = None):
+  _require(name, value, np.isfinite, "finite", fix or "pass a finite number")
+
+
+def check_interval(name: str, value, lo, hi, *, lo_open=False, hi_open=False):
+  """``value`` in the interval (lo or [lo, hi] or hi) or ``)``."""
+  above = (lambda a: a > lo) if lo_open else (lambda a: a >= lo)
+  below = (lambda a: a < hi) if hi_open else (lambda a: a <= hi)
+  text = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+  _require(name, value, lambda a: above(a) & below(a), f"in {text}", f"pass a value in {text}")
 
 
 def check_bounds(lo_name: str, lo, hi_name: str, hi):
   for n, v in ((lo_name, lo), (hi_name, hi)):
-    _check_type(n, v)
-    if _is_number(v) and math.isnan(v):
-      raise ValueError(f"{n} must be a number or None, got {v}")
-  if _is_number(lo) and _is_number(hi) and lo > hi:
-    raise ValueError(f"{lo_name} must be <= {hi_name}, got {lo} > {hi}")
+    _require(n, v, lambda a: ~np.isnan(a), "a number or None", "pass a number or None")
+  lo_arr, hi_arr = _concrete(lo), _concrete(hi)
+  if lo_arr is not None and hi_arr is not None and np.any(lo_arr > hi_arr):
+    raise ValueError(
+      f"{lo_name} must be <= {hi_name}, got {_show(lo_arr)} > {_show(hi_arr)}; "
+      f"pass {lo_name} <= {hi_name}."
+    )
 
 
 def check_at_least(name: str, value, lower):
-  if _is_number(value) and not value >= lower:
-    raise ValueError(f"{name} must be >= {lower}, got {value}")
+  _require(name, value, lambda a: a >= lower, f">= {lower}", f"pass a value >= {lower}")
 
 
 def check_momentum_bounds(lo, hi):
   for name, val in (("momentum_min", lo), ("momentum_max", hi)):
-    if _is_number(val) and not -1 <= val < 1:
-      raise ValueError(f"{name} must lie in [-1, 1), got {val}")
+    check_interval(name, val, -1, 1, hi_open=True)
   check_bounds("momentum_min", lo, "momentum_max", hi)
+
+
+def check_init_momentum(value, lo, hi):
+  """The initial momentum lies in [lo, hi] (it used to be clipped silently)."""
+  check_finite("init_momentum", value)
+  arr, lo_arr, hi_arr = _concrete(value), _concrete(lo), _concrete(hi)
+  if arr is None or lo_arr is None or hi_arr is None:
+    return
+  if np.any(arr < lo_arr) or np.any(arr > hi_arr):
+    raise ValueError(
+      f"init_momentum must lie in [momentum_min, momentum_max] = [{_show(lo_arr)}, "
+      f"{_show(hi_arr)}], got {_show(arr)}; pass a value in that interval or widen the bounds."
+    )
 
 
 def renamed_keywords(**renames: str):

@@ -74,9 +74,17 @@ def hdm(
   eqs. (1)-(2), which may blow up before it converges (Figure 1a). A trial
   point with a non-finite value or gradient is always rejected and leaves P
   and the learner untouched; the next trial step is then halved (s <- s/2,
-  x^+ = x - s P g, back to s = 1 after a finite trial) so that the run does
-  not stall on the same point (a safeguard that is not in the paper). When
-  ``grad f(x) = 0`` the hypergradient is 0.
+  x^+ = x - s P g) until a trial is finite. That trial was the one of sP: its
+  hypergradient is taken there and the learner continues from sP (s back
+  to 1), so the too-long trial does not return after every finite one (a
+  safeguard that is not in the paper; :func:`hdm_optax.trial.kept_scale`).
+  When ``grad f(x) = 0`` the hypergradient is 0.
+
+  The null step accepts a strict decrease of f or, by default, a tie at the
+  dtype's resolution with a smaller gradient
+  (:func:`hdm_optax.acceptance.tie_tolerant`; a departure that keeps float32
+  runs from stalling; ``acceptance=hdm_optax.acceptance.strict_decrease()``
+  is the printed rule).
 
   Each update costs one value-and-gradient call (at the trial point); f and
   grad f at the accepted point are kept in the state, so with
@@ -97,7 +105,10 @@ def hdm(
       formerly ``p_max``).
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: the rule of the null step (:mod:`hdm_optax.acceptance`;
-      ``None``: :func:`~hdm_optax.acceptance.strict_decrease`).
+      ``None``:
+      :func:`~hdm_optax.acceptance.tie_tolerant`, a strict decrease or a tie at
+      the dtype's resolution with a smaller gradient; pass
+      :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs the
@@ -128,9 +139,10 @@ def hdm(
   learn = learners_lib.get(learner, eps=adagrad_eps)
   _common.check_positive("precond_lr", precond_lr)
   _common.check_positive("adagrad_eps", adagrad_eps)
+  _common.check_finite("init_precond", init_precond)
   _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   if acceptance is None:
-    acceptance = acceptance_lib.strict_decrease()
+    acceptance = acceptance_lib.tie_tolerant()
 
   def init_fn(params):
     dtype = _common.params_dtype(params)
@@ -159,12 +171,15 @@ def hdm(
     finite = _common.all_finite(trial_value, trial_grad)
     # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2.
     den = optax.tree.vdot(grad, grad)
-    hypergrad = hypergradient_lib.hypergradient(cand, trial_grad, direction, den=den)
+    # The hypergradient at the damped P of this trial, sP, where the learner
+    # continues from (trial.kept_scale).
+    hypergrad = hypergradient_lib.hypergradient(cand, trial_grad, updates, den=den)
     lr = _common.cast(precond_lr, dtype)
+    kept = trial_lib.kept_scale(state.trial_scale, finite)
     new_precond, new_learner = learners_lib.learn(
       cand,
       learn,
-      state.precond,
+      optax.tree.scale(kept, state.precond),
       hypergrad,
       state.precond_learner_state,
       lr,

@@ -78,7 +78,9 @@ def hdm_agd(
   candidate in the order above; non-finite candidates count as +inf, and a
   non-finite value or gradient at y^k rejects the whole update and restarts
   the momentum (z^{k+1} = x^k, A_{k+1} = 1, so the next y is x^k; P and the
-  learner are untouched). The incoming ``updates`` are not used: every gradient
+  learner are untouched); a non-finite value or gradient at the trial
+  y - P g alone halves P (P <- Pi(P/2), the learner untouched), so the same
+  too-long trial does not return (both safeguards are not in the paper). The incoming ``updates`` are not used: every gradient
   is taken at y^k.
 
   Oracle cost: three value-and-gradient calls per update (at y^k and at the
@@ -100,8 +102,9 @@ def hdm_agd(
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: whether the better trial point replaces x^k
       (:mod:`hdm_optax.acceptance`; ``None``:
-      :func:`~hdm_optax.acceptance.no_increase`, the argmin of line 4 with
-      ties going to the trial point).
+      ``tie_tolerant(base=no_increase())``: the argmin of line 4 with ties
+      going to the trial point, and near-ties at the dtype's resolution
+      accepted where the gradient is smaller).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``
@@ -127,10 +130,11 @@ def hdm_agd(
   _common.check_positive("lipschitz", lipschitz)
   _common.check_positive("precond_lr", precond_lr)
   _common.check_positive("adagrad_eps", adagrad_eps)
+  _common.check_finite("init_precond", init_precond)
   _common.check_at_least("theta", theta, 0.5)
   _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   if acceptance is None:
-    acceptance = acceptance_lib.no_increase()
+    acceptance = acceptance_lib.tie_tolerant(base=acceptance_lib.no_increase())
 
   def init_fn(params):
     dtype = _common.params_dtype(params)
@@ -181,8 +185,13 @@ def hdm_agd(
       precond_min,
       precond_max,
     )
+    # A non-finite trial y - P g (y finite) halves P, so that the same
+    # too-long trial does not return (a safeguard, not in the paper).
+    halved = cand.project(optax.tree.scale(0.5, state.precond), precond_min, precond_max)
     precond, learner_state = _common.keep_if(
-      pre_ok, (new_p, new_l), (state.precond, state.precond_learner_state)
+      pre_ok,
+      (new_p, new_l),
+      (_common.keep_if(y_ok, halved, state.precond), state.precond_learner_state),
     )
     # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf):
     # the better trial point (ties go to the first), then the acceptance rule

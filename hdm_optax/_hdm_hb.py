@@ -80,8 +80,14 @@ def hdm_hb(
   keeps :math:`(x^k, x^{k-1})` unless the potential decreases. A non-finite
   trial value or gradient is rejected and leaves P, B and the learners
   untouched; the next trial step is then halved (x^+ = x + s(-P g + B d),
-  s <- s/2, back to 1 after a finite trial), a safeguard that is not in the
-  paper. One value-and-gradient call per update.
+  s <- s/2) until a trial is finite; that trial's hypergradient is taken at
+  (sP, sB) and the learners continue from there (s back to 1), so the
+  too-long trial does not return (a safeguard that is not in the paper;
+  :func:`hdm_optax.trial.kept_scale`). The null step accepts, by default, a
+  strict decrease of psi or a tie at the dtype's resolution with a smaller
+  gradient (:func:`hdm_optax.acceptance.tie_tolerant`, a departure;
+  ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed rule).
+  One value-and-gradient call per update.
 
   Args:
     candidate: candidate set of P: ``"scalar"``, ``"diagonal"`` or ``"full"``.
@@ -103,7 +109,9 @@ def hdm_hb(
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: the rule of the null step, applied to the potential psi
       (:mod:`hdm_optax.acceptance`; ``None``:
-      :func:`~hdm_optax.acceptance.strict_decrease`).
+      :func:`~hdm_optax.acceptance.tie_tolerant`, a strict decrease or a tie at
+      the dtype's resolution with a smaller gradient; pass
+      :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -135,8 +143,10 @@ def hdm_hb(
   _common.check_nonnegative("tau", tau)
   _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   _common.check_momentum_bounds(momentum_min, momentum_max)
+  _common.check_init_momentum(init_momentum, momentum_min, momentum_max)
+  _common.check_finite("init_precond", init_precond)
   if acceptance is None:
-    acceptance = acceptance_lib.strict_decrease()
+    acceptance = acceptance_lib.tie_tolerant()
   denominator = hypergradient_lib.fixed_tau(tau)
 
   def init_fn(params):
@@ -175,12 +185,15 @@ def hdm_hb(
     diff_sq = optax.tree.vdot(diff, diff)
     den = denominator(optax.tree.vdot(grad, grad), diff_sq, None)
     resid = optax.tree.add_scale(trial_grad, om, step)  # grad f(x^+) + omega (x^+ - x)
-    grad_p = hypergradient_lib.hypergradient(cand_p, resid, direction, den=den)
-    grad_b = hypergradient_lib.hypergradient(cand_b, resid, s_diff, den=den, negate=False)
+    # At the damped (sP, sB) of this trial, where the learners continue from
+    # (trial.kept_scale).
+    grad_p = hypergradient_lib.hypergradient(cand_p, resid, updates, den=den)
+    grad_b = hypergradient_lib.hypergradient(cand_b, resid, diff, den=den, negate=False)
+    kept = trial_lib.kept_scale(s, finite)
     new_p, new_lp = learners_lib.learn(
       cand_p,
       learn,
-      state.precond,
+      optax.tree.scale(kept, state.precond),
       grad_p,
       state.precond_learner_state,
       _common.cast(precond_lr, dtype),
@@ -190,7 +203,7 @@ def hdm_hb(
     new_b, new_lb = learners_lib.learn(
       cand_b,
       learn,
-      state.momentum,
+      optax.tree.scale(kept, state.momentum),
       grad_b,
       state.momentum_learner_state,
       _common.cast(momentum_lr, dtype),

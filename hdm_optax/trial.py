@@ -23,7 +23,7 @@ import optax
 
 from hdm_optax import candidates as candidates_lib
 
-__all__ = ("next_trial_scale", "trial_step")
+__all__ = ("kept_scale", "next_trial_scale", "trial_step")
 
 
 def trial_step(
@@ -67,7 +67,9 @@ def next_trial_scale(scale: jax.Array, finite: jax.Array) -> jax.Array:
 
   A non-finite trial leaves P, B and the learners untouched; without the
   damping the next trial would be the same point and the run would stall.
-  This safeguard is not in the paper.
+  Once a damped trial is finite, :func:`kept_scale` carries s into P and B,
+  so s returns to 1 without the too-long trial returning with it. This
+  safeguard is not in the paper.
 
   Args:
     scale: s of the trial just made.
@@ -83,3 +85,32 @@ def next_trial_scale(scale: jax.Array, finite: jax.Array) -> jax.Array:
     0.5
   """
   return jax.numpy.where(finite, 1, 0.5 * scale).astype(scale.dtype)
+
+
+def kept_scale(scale: jax.Array, finite: jax.Array) -> jax.Array:
+  """The factor that carries the damping into the learned P and B: s after a finite trial, else 1.
+
+  A finite trial made with damping s was the trial of sP and sB; the online
+  learners continue from there (and their hypergradient is taken at sP, sB),
+  so what comes after non-finite trials stays short until the learners
+  lengthen it again. After a non-finite trial the factor is 1 (P and B are
+  kept and the next trial is damped instead). Without this, P was left as it
+  was and the same too-long trial returned after every finite one. Not in the
+  paper; it changes nothing on runs without non-finite trials (s = 1).
+
+  Args:
+    scale: s of the trial just made.
+    finite: whether that trial's value and gradient were finite.
+
+  Returns:
+    The factor, of ``scale``'s dtype.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import trial
+    >>> float(trial.kept_scale(jnp.asarray(0.25), jnp.asarray(True)))
+    0.25
+    >>> float(trial.kept_scale(jnp.asarray(0.25), jnp.asarray(False)))
+    1.0
+  """
+  return jax.numpy.where(finite, scale, 1).astype(scale.dtype)

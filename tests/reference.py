@@ -27,9 +27,12 @@ Conventions shared by all algorithms
 * A trial point with a non-finite value or gradient is rejected and leaves the
   preconditioner, momentum and every accumulator unchanged; the next trial
   step is damped by s (s <- s/2 after a non-finite trial, s <- 1 after a
-  finite one; the step and the hypergradient use s g and s (x - x^-)).
-  HDM-AGD restarts instead (z <- x, A <- 1) when f or its gradient at y is
-  not finite.
+  finite one; the trial is x - P (s g) + B (s (x - x^-))). A finite trial
+  made with damping s is the trial of (sP, sB): its hypergradient is taken
+  there (with g and x - x^-) and the learners continue from sP, sB (HDM-Best:
+  also eta_p0's decay factor is multiplied by s). HDM-AGD restarts instead
+  (z <- x, A <- 1) when f or its gradient at y is not finite, and halves P
+  (then projects) when only the trial y - P g is not finite.
 """
 
 from __future__ import annotations
@@ -167,16 +170,16 @@ def hdm_reference(
     sg = s * g
     x_t = x - apply_precond(candidate, P, sg)
     f_t, g_t, finite = _oracle(f, grad, x_t)
-    s = 1.0 if finite else 0.5 * s
+    s_trial, s = s, (1.0 if finite else 0.5 * s)
     if finite:
       # eq. (hypergrad-feedback): grad h_{x^k}(P_k) = -grad f(x^{k+1/2}) grad f(x^k)^T / ||grad f(x^k)||^2
       den = float(np.dot(g, g))
       if den > 0:
-        G = reduce_outer(candidate, -g_t, sg) / den
+        G = reduce_outer(candidate, -g_t, g) / den
       else:
         G = np.zeros_like(P)
-      # Algorithm 1, line 4: P_{k+1} = Pi_P[P_k - eta_k grad h_{x^k}(P_k)]
-      P = clip(opt.step(P, G, k), precond_min, precond_max)
+      # Algorithm 1, line 4: P_{k+1} = Pi_P[P_k - eta_k grad h_{x^k}(P_k)], from s P_k
+      P = clip(opt.step(s_trial * P, G, k), precond_min, precond_max)
     # Algorithm 1, line 3: x^{k+1} = argmin_{x in {x^k, x^k - P_k g}} f(x)
     # (vanilla HDM, null_step=False, always moves unless the trial is non-finite)
     accepted = finite and ((f_t < fx) if null_step else True)
@@ -244,7 +247,7 @@ def hdm_hb_reference(
     # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k g + B_k (x^k - x^{k-1})
     x_t = x - apply_precond(candidate, P, sg) + apply_precond(momentum_candidate, B, sd)
     f_t, g_t, finite = _oracle(f, grad, x_t)
-    s = 1.0 if finite else 0.5 * s
+    s_trial, s = s, (1.0 if finite else 0.5 * s)
     if finite:
       # Appendix D.1: grad_P h = [-grad f(x+) + w P g - w B d] g^T / den
       #               grad_B h = [ grad f(x+) - w P g + w B d] d^T / den
@@ -252,15 +255,15 @@ def hdm_hb_reference(
       den = float(np.dot(g, g)) + 0.5 * tau * float(np.dot(d, d))
       r = g_t + omega * (x_t - x)
       if den > 0:
-        G_P = reduce_outer(candidate, -r, sg) / den
-        G_B = reduce_outer(momentum_candidate, r, sd) / den
+        G_P = reduce_outer(candidate, -r, g) / den
+        G_B = reduce_outer(momentum_candidate, r, d) / den
       else:
         G_P = np.zeros_like(P)
         G_B = np.zeros_like(B)
-      # Algorithm 2, line 4: P_{k+1} = Pi_P[P_k - eta_p grad_P h]
-      P = clip(opt_p.step(P, G_P, k), precond_min, precond_max)
-      # Algorithm 2, line 5: B_{k+1} = Pi_B[B_k - eta_b grad_B h]
-      B = clip(opt_b.step(B, G_B, k), momentum_min, momentum_max)
+      # Algorithm 2, line 4: P_{k+1} = Pi_P[P_k - eta_p grad_P h], from s P_k
+      P = clip(opt_p.step(s_trial * P, G_P, k), precond_min, precond_max)
+      # Algorithm 2, line 5: B_{k+1} = Pi_B[B_k - eta_b grad_B h], from s B_k
+      B = clip(opt_b.step(s_trial * B, G_B, k), momentum_min, momentum_max)
     # Algorithm 2, line 6: null step w.r.t. the potential psi(x, x^-) = f(x) + w/2 ||x - x^-||^2
     psi_new = f_t + 0.5 * omega * float(np.dot(x_t - x, x_t - x))
     psi_old = fx + 0.5 * omega * float(np.dot(d, d))
@@ -345,6 +348,7 @@ def hdm_agd_reference(
       P = clip(opt.step(P, G, k), precond_min, precond_max)
     else:
       h = math.inf
+      P = clip(0.5 * P, precond_min, precond_max)  # shorten the next trial y - P g
     # x^{k+1} = argmin_{x in {y - g/L, y - P g, x^k}} f(x)  (first minimum wins)
     cands = [(x_L, _fval(f_L)), (x_P, _fval(f_P)), (x, _fval(fx))]
     best_x, best_f = cands[0]
@@ -415,11 +419,13 @@ def hdm_best_reference(
     # x^{k+1/2} = x^k - P_k g + beta_k (x^k - x^{k-1})
     x_t = x - P * sg + beta * sd
     f_t, g_t, finite = _oracle(f, grad, x_t)
-    s = 1.0 if finite else 0.5 * s
+    s_trial, s = s, (1.0 if finite else 0.5 * s)
     k += 1
     # until L_hat exists, eta_p decays at k = 50, 100, ... before the P update
     if estimating and k % 50 == 0:
       decay = max(0.8 * decay, 1e-3)
+    if finite:
+      decay *= s_trial  # the damping carries into eta_p0's factor
     eta_p = eta_p0 * decay if L_hat is None else 1.0 / L_hat
     # denominator ||g||^2 + tau/2 ||d||^2 with tau = L_hat^2 / 2 once L is estimated
     if L_hat is None:
@@ -427,17 +433,17 @@ def hdm_best_reference(
     else:
       den = float(np.dot(g, g)) + (L_hat**2 / 4.0) * float(np.dot(d, d))
     # hypergradients (omega-term dropped, Appendix A)
-    G_P = -(g_t * sg) / den
-    G_b = float(np.dot(g_t, sd)) / den
+    G_P = -(g_t * g) / den
+    G_b = float(np.dot(g_t, d)) / den
     if finite:
       # U_{k+1} = U_k + G_P o G_P ; v_{k+1} = v_k + G_b^2
       U = U + G_P * G_P
       v = v + G_b * G_b
       L_cur = L if L_hat is None else L_hat
       # P_{k+1} = Pi_{R^n_+}[P_k - eta_p U^{-1/2} G_P]  (upper bound 1e10 / L)
-      P = np.clip(P - eta_p * G_P / (np.sqrt(U) + 1e-12), 0.0, 1e10 / L_cur)
+      P = np.clip(s_trial * P - eta_p * G_P / (np.sqrt(U) + 1e-12), 0.0, 1e10 / L_cur)
       # beta_{k+1} = Pi_[0, 0.9995][beta_k - eta_b v^{-1/2} G_b]
-      beta = float(np.clip(beta - eta_b * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
+      beta = float(np.clip(s_trial * beta - eta_b * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
     # x^{k+1} = argmin_{x in {x^k, x^{k+1/2}}} f(x)
     accepted = finite and f_t < fx
     x_prev = x.copy()  # always, before x moves
