@@ -44,7 +44,7 @@ def plot_profile(costs, solvers: Sequence[str], path: Path, title: str, xlabel: 
   top = max(1.0, float(np.log2(finite.max())) if finite.size else 1.0) * 1.05 + 0.1
   log_taus = np.linspace(0.0, top, 600)
   rho = performance_profile(costs, 2.0**log_taus)
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = plt.subplots(figsize=(9, 4.5))
   styles = ["-", "--", "-.", ":"]
   for s, name in enumerate(solvers):
     ax.step(log_taus, rho[:, s], where="post", label=name, ls=styles[(s // 10) % 4], lw=1.5)
@@ -54,7 +54,7 @@ def plot_profile(costs, solvers: Sequence[str], path: Path, title: str, xlabel: 
   ax.set_ylabel("fraction of problems")
   ax.set_title(title)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, loc="lower right")
+  ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
