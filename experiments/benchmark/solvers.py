@@ -104,6 +104,8 @@ SCIPY = {
   "scipy-bfgs": ("BFGS", bfgs_options, BFGS_MAX_N),
 }
 JAX = (
+  "hdm_auto()",
+  "osgm_best()",
   "hdm_best()",
   "hdm_best(lipschitz=L)",
   "hdm()",
