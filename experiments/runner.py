@@ -249,30 +249,28 @@ def run_instance(
     rows += _rows_from_sweep(out, labels, names, max_grad_calls, secs, _describe)
     if group == "HDM-Best":
       grid = _grid_table(out, points[:-1], max_grad_calls)
+  # One solve each (no vmap: the lookahead's and the probe's control flow would batch the
+  # host CSR product, which has no batching rule over its matrix).
   plain = prepare(problem, pad=False)
-  for name, make in TUNING_FREE:
+  singles = [(name, make(seed=0), plain, "defaults") for name, make in TUNING_FREE]
+  singles.append(("optax-L-BFGS", LBFGS, inst, "optax.lbfgs() defaults"))
+  for name, opt, where, describe in singles:
     if progress:
       progress(name)
-    out, secs = _sweep(plain, make, [dict(seed=0)], max_grad_calls, max_grad_calls, tol, True)
-    rows += _rows_from_sweep(out, [{}], [name], max_grad_calls, secs, _describe)
-  if progress:
-    progress("optax-L-BFGS")
-  start = time.perf_counter()
-  res = hdm_optax.solve(
-    LBFGS,
-    inst.fun,
-    inst.x0,
-    max_steps=max_grad_calls - 1,
-    tol=tol,
-    fun_args=inst.fun_args,
-    max_grad_evals=max_grad_calls,
-  )
-  res = jax.tree.map(np.asarray, res)
-  solved = protocol.is_solved(res.converged, res.num_grad_evals, max_grad_calls)
-  seconds = time.perf_counter() - start
-  rows.append(
-    protocol.Row.from_solve("optax-L-BFGS", res, solved, "optax.lbfgs() defaults", seconds)
-  )
+    start = time.perf_counter()
+    res = hdm_optax.solve(
+      opt,
+      where.fun,
+      where.x0,
+      max_steps=max_grad_calls - 1,
+      tol=tol,
+      fun_args=where.fun_args,
+      max_grad_evals=max_grad_calls,
+    )
+    res = jax.tree.map(np.asarray, res)
+    solved = protocol.is_solved(res.converged, res.num_grad_evals, max_grad_calls)
+    seconds = time.perf_counter() - start
+    rows.append(protocol.Row.from_solve(name, res, solved, describe, seconds))
   for name in quasi_newton.ALGORITHMS:
     if progress:
       progress(name)
