@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax import _osgm_best
 from hdm_optax import acceptance as acceptance_lib
 from hdm_optax import candidates as candidates_lib
 from hdm_optax import curvature as curvature_lib
@@ -25,7 +24,7 @@ class HDMAutoState(NamedTuple):
   """State of :func:`hdm_auto` (symbols of Algorithm 4).
 
   Attributes:
-    count: iterations taken (the probe excluded).
+    count: updates made (the probes included).
     precond: P, the diagonal preconditioner, shaped like the params.
     momentum: beta, the scalar momentum.
     precond_learner_state: the learner state of log P; ``sum_sq`` is U.
@@ -34,7 +33,8 @@ class HDMAutoState(NamedTuple):
     value: f(x) (+inf before the first update).
     grad: grad f(x).
     prev_params: x^-, the previous iterate.
-    lipschitz: L: 0 until the probe ran, then the probe's L_0, then L_hat.
+    lipschitz: L: the largest probe ratio so far while probing (0 before
+      the first probe), then the probe's L_0, then L_hat.
     trial_scale: s, the damping of the trial step after a non-finite trial.
     info: :class:`hdm_optax.HDMInfo` diagnostics.
   """
@@ -99,8 +99,11 @@ def hdm_auto(
   A non-finite trial leaves the learners untouched and the next trial step is
   halved (as in :func:`hdm_optax.hdm_best`). The state is 4 vectors of n (P,
   U, x^-, the cached gradient) plus scalars, as :func:`hdm_optax.hdm_best`;
-  each iteration is one value-and-gradient call, and the first update makes
-  the ``num_probes`` probe calls and leaves x in place.
+  every update is one value-and-gradient call: the first ``num_probes``
+  updates are the probes (each evaluates the oracle at :math:`x + \delta d_i`
+  and leaves x in place; the last sets P_1), every later one an iteration.
+  Probe and iteration share one traced body (no ``lax.cond`` over the state),
+  so an iteration costs what Algorithm 4's does.
 
   Args:
     precond_lr: eta, the step of log P.
@@ -168,29 +171,42 @@ def hdm_auto(
       info=_common.init_info(dtype),
     )
 
-  def iterate(state, params, value, grad, value_fn):
+  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
+    del extra_args
+    value, grad = _common.require_oracle(
+      "hdm_auto", value, grad, value_fn, updates, params=params, state_grad=state.grad
+    )
     dtype = state.value.dtype
     c = lambda x: _common.cast(x, dtype)
     lip = state.lipschitz
+    # The first num_probes updates probe L_0 (one call each, x stays); every
+    # later one is an iteration. Both evaluate the oracle at one point.
+    probing = state.count < num_probes
+    last_probe = state.count == num_probes - 1
     diff = optax.tree.sub(params, state.prev_params)  # x - x^-
     s = state.trial_scale
     direction, s_diff = optax.tree.scale(s, grad), optax.tree.scale(s, diff)
     # Algorithm 4, line 2: x+ = x - P g + beta (x - x^-).
     step = trial_lib.trial_step(diag, state.precond, direction, scal, state.momentum, s_diff)
-    trial = optax.tree.add(params, step)
-    trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
+    offset = curvature_lib.probe_offset(
+      jax.random.key(seed), state.count, params, probe_size, probing
+    )
+    point = optax.tree.add(params, optax.tree.where(probing, offset, step))
+    trial_value, trial_grad = _common.value_and_grad(value_fn, point)
     grad_change = optax.tree.norm(optax.tree.sub(trial_grad, grad))
+    probed, lip_0 = curvature_lib.running_max_probe(lip, grad_change, probe_size, probing)
     finite = jnp.isfinite(trial_value) & jnp.isfinite(grad_change)
-    # Lines 3-4: the hypergradients (0 on a non-finite trial).
+    live = finite & ~probing
+    # Lines 3-4: the hypergradients (0 on a non-finite trial or a probe).
     den = denominator(
       optax.tree.vdot(grad, grad), optax.tree.vdot(diff, diff), state.curvature.l_hat
     )
-    inv_den = hypergradient_lib.reciprocal(den, finite)
+    inv_den = hypergradient_lib.reciprocal(den, live)
     grad_p = hypergradient_lib.hypergradient(diag, trial_grad, direction, inv_den=inv_den)
     grad_b = hypergradient_lib.hypergradient(
       scal, trial_grad, s_diff, inv_den=inv_den, negate=False
     )
-    grad_p, grad_b = jax.tree.map(lambda t: jnp.where(finite, t, 0), (grad_p, grad_b))
+    grad_p, grad_b = jax.tree.map(lambda t: jnp.where(live, t, 0), (grad_p, grad_b))
     # Lines 5-8, P in log space; the learners keep their state on a non-finite trial.
     precond, precond_learner_state = learners_lib.learn_log(
       diag,
@@ -214,35 +230,43 @@ def hdm_auto(
       check_finite=False,
     )
     precond_learner_state = _common.keep_if(
-      finite, precond_learner_state, state.precond_learner_state
+      live, precond_learner_state, state.precond_learner_state
     )
     # Line 9, ties accepted; a null step shrinks P.
-    accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad)
+    accepted = live & acceptance.accept(trial_value, value, trial_grad, grad)
     precond = _common.keep_if(accepted, precond, optax.tree.scale(c(null_shrink), precond))
     precond = diag.project(precond, c(_MIN_PRECOND), None)
+    # While probing P stays 0; the last probe sets P_1 = 1 / L_0.
+    probe_precond = _common.keep_if(
+      last_probe, optax.tree.full_like(state.precond, 1 / lip_0), state.precond
+    )
+    precond = _common.keep_if(probing, probe_precond, precond)
     curv = curvature_estimate.record(
       state.curvature,
       accepted=accepted,
       step_norm=optax.tree.norm(step),
       grad_change=grad_change,
-      frozen=jnp.asarray(False),
+      frozen=probing,
     )
     curv, fired = curvature_estimate.fire(curv)
     precond_learner_state = _common.keep_if(
       fired, precond_learner.init(precond), precond_learner_state
     )
+    lip = jnp.where(probing, jnp.where(last_probe, lip_0, probed), lip)
     new_state = HDMAutoState(
       count=state.count + 1,
       precond=precond,
-      momentum=momentum,
+      momentum=jnp.where(live, momentum, state.momentum).astype(dtype),
       precond_learner_state=precond_learner_state,
-      momentum_learner_state=momentum_learner_state,
+      momentum_learner_state=_common.keep_if(
+        live, momentum_learner_state, state.momentum_learner_state
+      ),
       curvature=curv,
       value=jnp.where(accepted, trial_value, value).astype(dtype),
       grad=_common.keep_if(accepted, trial_grad, grad),
       prev_params=params,
       lipschitz=jnp.where(fired, curv.l_hat, lip).astype(dtype),
-      trial_scale=trial_lib.next_trial_scale(s, finite),
+      trial_scale=trial_lib.next_trial_scale(s, finite | probing),
       info=_common.next_info(
         state.info,
         accepted=accepted,
@@ -251,26 +275,5 @@ def hdm_auto(
       ),
     )
     return _common.keep_if(accepted, step, optax.tree.zeros_like(params)), new_state
-
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-    del extra_args
-    value, grad = _common.require_oracle(
-      "hdm_auto", value, grad, value_fn, updates, params=params, state_grad=state.grad
-    )
-    return jax.lax.cond(
-      state.lipschitz == 0,
-      lambda: _osgm_best.probe_update(
-        state,
-        params,
-        value,
-        grad,
-        value_fn,
-        seed,
-        num_probes,
-        probe_size,
-        precond=lambda lip: optax.tree.full_like(state.precond, 1 / lip),
-      ),
-      lambda: iterate(state, params, value, grad, value_fn),
-    )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

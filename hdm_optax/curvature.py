@@ -32,9 +32,12 @@ __all__ = (
   "CurvatureEstimate",
   "CurvatureState",
   "probe_lipschitz",
+  "probe_offset",
   "probe_point",
+  "random_direction",
   "random_directions",
   "random_probe",
+  "running_max_probe",
   "running_mean",
 )
 
@@ -254,3 +257,95 @@ def random_probe(
   lip = jnp.max(jnp.stack(ratios))
   ok = jnp.isfinite(lip) & (lip > 0)
   return jnp.where(ok, lip, _common.cast(fallback, dtype)).astype(dtype)
+
+
+def random_direction(key: jax.Array, index: Any, params: Any) -> Any:
+  """The ``index``-th direction shaped like ``params``: standard normal, unit norm.
+
+  Drawn from ``jax.random.fold_in(key, index)``, so ``index`` may be traced:
+  one direction is generated at a time (the probes of :func:`probe_offset`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> d = curvature.random_direction(jax.random.key(0), 2, jnp.zeros(4))
+    >>> round(float(jnp.linalg.norm(d)), 6)
+    1.0
+  """
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.fold_in(key, index), len(leaves))
+  d = treedef.unflatten(
+    [jax.random.normal(k, jnp.shape(x), jnp.result_type(x)) for k, x in zip(keys, leaves)]
+  )
+  return optax.tree.scale(1 / optax.tree.norm(d), d)
+
+
+def probe_offset(key: jax.Array, index: Any, params: Any, probe_size: Any, active: Any) -> Any:
+  r""":math:`\delta d_i` (:func:`random_direction`) when ``active``, else zeros.
+
+  The random probe spread over updates: an update that probes evaluates the
+  oracle at ``params + probe_offset(...)`` in place of its trial point, so
+  the iteration keeps a single oracle call and no branch over the state
+  (only the direction is drawn under a ``lax.cond``, so updates that do not
+  probe draw nothing).
+
+  Args:
+    key: a ``jax.random`` key.
+    index: i, the probe's number (traced).
+    params: x (shapes and dtype).
+    probe_size: delta.
+    active: whether this update probes.
+
+  Returns:
+    A pytree like ``params``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> off = curvature.probe_offset(jax.random.key(0), 0, jnp.zeros(3), 0.5, jnp.asarray(False))
+    >>> [float(v) for v in off]
+    [0.0, 0.0, 0.0]
+  """
+  dtype = _common.params_dtype(params)
+  delta = _common.cast(probe_size, dtype)
+  return jax.lax.cond(
+    active,
+    lambda: optax.tree.scale(delta, random_direction(key, index, params)),
+    lambda: optax.tree.zeros_like(params),
+  )
+
+
+def running_max_probe(
+  lipschitz: jax.Array,
+  grad_change: jax.Array,
+  probe_size: Any,
+  active: Any,
+  fallback: Any = 1e-5,
+) -> tuple[jax.Array, jax.Array]:
+  r"""One probe of :func:`random_probe` spread over updates.
+
+  Args:
+    lipschitz: the largest ratio so far (0 before the first probe).
+    grad_change: :math:`\|\nabla f(x + \delta d_i) - \nabla f(x)\|`.
+    probe_size: delta.
+    active: whether this update probed.
+    fallback: L when the ratios give none.
+
+  Returns:
+    ``(running, final)``: the largest ratio including this one (``lipschitz``
+    if not ``active``; NaN once a ratio was NaN, as :func:`random_probe`'s
+    max), and L if this was the last probe (``fallback`` where ``running`` is
+    not finite or not positive).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> run, final = curvature.running_max_probe(jnp.asarray(3.0), jnp.asarray(0.5), 0.1, True)
+    >>> float(run), float(final)
+    (5.0, 5.0)
+  """
+  dtype = lipschitz.dtype
+  ratio = grad_change / _common.cast(probe_size, dtype)
+  running = jnp.where(active, jnp.maximum(lipschitz, ratio), lipschitz).astype(dtype)
+  ok = jnp.isfinite(running) & (running > 0)
+  return running, jnp.where(ok, running, _common.cast(fallback, dtype)).astype(dtype)

@@ -597,21 +597,19 @@ def hdm_auto_reference(
   momentum_lr: float = 1.0,
   null_shrink: float = 0.5,
 ) -> dict:
-  """``steps`` updates of hdm_auto; the first one is the probe (x stays, P_1 = 1/L_0)."""
+  """``steps`` updates of hdm_auto; the first ``len(directions)`` are the probes.
+
+  A probe evaluates the oracle at x + probe_size d_i and leaves x in place; L
+  holds the largest ratio so far, and the last probe sets L_0 and P_1 = 1/L_0.
+  """
   x = np.array(x0, dtype=np.float64)
   n = x.size
   fx, g, _ = _oracle(f, grad, x)
-  ratios0 = []
-  for d in directions:
-    _, g_d, _ = _oracle(f, grad, x + probe_size * np.asarray(d, dtype=np.float64))
-    ratios0.append(float(np.linalg.norm(g_d - g)) / probe_size)
-  L = max(ratios0)
-  if not (math.isfinite(L) and L > 0):
-    L = 1e-5
   tiny = 1e-30
-  calls = len(directions)
+  calls = 0
+  L = 0.0
   x_prev = x.copy()
-  P = np.full(n, 1.0 / L)  # P_1 = 1 / L_0
+  P = np.zeros(n)
   beta = 0.95
   U = np.zeros(n)  # accumulator of (P o G_P)^2, forgetting factor precond_decay
   v = 0.0
@@ -636,8 +634,16 @@ def hdm_auto_reference(
     ):
       out[key].append(val)
 
-  record(False)
-  for _ in range(steps - 1):
+  for i, d in enumerate(directions):
+    _, g_d, _ = _oracle(f, grad, x + probe_size * np.asarray(d, dtype=np.float64))
+    calls += 1
+    L = float(np.maximum(L, np.linalg.norm(g_d - g) / probe_size))  # NaN stays NaN
+    if i == len(directions) - 1:
+      if not (math.isfinite(L) and L > 0):
+        L = 1e-5
+      P = np.full(n, 1.0 / L)  # P_1 = 1 / L_0
+    record(False)
+  for _ in range(steps - len(directions)):
     d = x - x_prev
     sg, sd = s * g, s * d
     x_t = x - P * sg + beta * sd

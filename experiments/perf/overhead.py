@@ -48,15 +48,16 @@ def _parse():
     "--optimizer",
     default="hdm_best",
     choices=tuple(OPTIMIZERS),
-    help="hdm_best(lipschitz=L), or hdm_auto() (no argument; its 3-call probe runs before "
-    "the timed loop of update and inside solve's)",
+    help="hdm_best(lipschitz=L), or hdm_auto() (no argument; its 3 probe updates, one call "
+    "each, run before the timed loop of update and inside solve's)",
   )
   return p.parse_args()
 
 
 RIDGE = 1e-2
 
-# name -> (factory of (hdm_optax, L), probe calls made by the first update)
+# name -> (factory of (hdm_optax, L), the probe updates that precede the iterations (one
+# oracle call each))
 OPTIMIZERS = {
   "hdm_best": (lambda hdm_optax, lip: hdm_optax.hdm_best(lipschitz=lip), 0),
   "hdm_auto": (lambda hdm_optax, lip: hdm_optax.hdm_auto(), 3),
@@ -108,16 +109,16 @@ def measure(n: int, dtype, steps: int, repeats: int, rng, optimizer: str = "hdm_
   import hdm_optax
 
   fun, data, w0, lip, kind = make_problem(n, dtype, rng)
-  factory, probe_calls = OPTIMIZERS[optimizer]
+  factory, probe_calls = OPTIMIZERS[optimizer]  # = probe updates
   opt = factory(hdm_optax, lip)
 
   @jax.jit
   def start_state(w, data):
-    """The state after ``init`` and the probe update, if the optimizer has one."""
+    """The state after ``init`` and the probe updates, if the optimizer has any."""
     value_fn = lambda x: fun(x, *data)
     v, g = jax.value_and_grad(value_fn)(w)
     state = opt.init(w)._replace(value=v, grad=g)
-    if probe_calls:
+    for _ in range(probe_calls):  # x stays in place
       _, state = opt.update(g, state, w, value=v, grad=g, value_fn=value_fn)
     return state
 
@@ -148,8 +149,8 @@ def measure(n: int, dtype, steps: int, repeats: int, rng, optimizer: str = "hdm_
     return jax.lax.fori_loop(0, steps, body, (w, state0))
 
   def solve_run(w, data):
-    # the probe is one of solve's steps: one more step gives K iterations
-    return hdm_optax.solve(opt, fun, w, max_steps=steps + (probe_calls > 0), tol=0.0, fun_args=data)
+    # the probes are solve's first steps: K iterations follow them
+    return hdm_optax.solve(opt, fun, w, max_steps=steps + probe_calls, tol=0.0, fun_args=data)
 
   fns = {
     "vg": lambda: vg_loop(w0, data),
