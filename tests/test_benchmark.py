@@ -179,3 +179,48 @@ def test_summary_and_cli(smoke):
   if summary.REFERENCE_TSV.exists():
     line = next(ln for ln in check if ln.startswith("| `optax.lbfgs()`"))
     assert line.endswith("| none |"), line
+
+
+def _two_start_instance():
+  import jax.numpy as jnp
+
+  fun = lambda x, a: jnp.sum(a * (x - 1.0) ** 2)
+  a = jnp.asarray([1.0, 10.0, 100.0])
+  return suites._instance(fun, (a,), [[0.0, 0.0, 0.0], [2.0, -1.0, 0.5]], runner.TOL)
+
+
+def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch):
+  """optax.lbfgs cannot vmap over the host CSR product (NotImplementedError): the
+  seeds then run one after another through a single-start program, with the same results."""
+  inst = _two_start_instance()
+  solver = solvers.get("optax.lbfgs()")
+  batched, _, _ = runner.run_optax(solver, inst, runner.BUDGET)
+  compiled = runner._compiled
+  starts = []
+
+  def no_vmap(statics, args):
+    starts.append(args[0].shape[0])
+    if args[0].shape[0] > 1:
+      raise NotImplementedError("no batching rule")
+    return compiled(statics, args)
+
+  monkeypatch.setattr(runner, "_compiled", no_vmap)
+  runner._COMPILED.clear()
+  in_turn, _, _ = runner.run_optax(solver, inst, runner.BUDGET)
+  assert starts == [2, 1]
+  np.testing.assert_array_equal(in_turn["grad_calls"], batched["grad_calls"])
+  np.testing.assert_allclose(in_turn["value"], batched["value"], rtol=1e-10, atol=1e-14)
+  assert in_turn["grad_calls"].shape == (2,)
+
+
+def test_compiled_programs_are_bounded(monkeypatch, tmp_path):
+  """Each compiled program holds ~150 memory maps: an unbounded cache crashed the
+  CUTEst suite at the kernel's limit, so the least recently used are dropped."""
+  monkeypatch.setattr(runner, "MAX_COMPILED", 1)
+  runner._COMPILED.clear()
+  inst = _two_start_instance()
+  for name in ("optax.lbfgs()", "hdm_auto()"):
+    runner.run_optax(solvers.get(name), inst, 50)
+    assert len(runner._COMPILED) == 1
+  (key,) = runner._COMPILED
+  assert key[0] is solvers.get("hdm_auto()")
