@@ -49,6 +49,23 @@ def init_info(dtype) -> HDMInfo:
   )
 
 
+def oracle_fields(params, dtype) -> dict:
+  """The fields every HDM state shares, as ``init`` sets them.
+
+  ``count`` 0, ``value`` +inf and ``grad`` 0 (nothing evaluated yet),
+  ``prev_params`` = x_0 (no momentum at the first step), ``trial_scale`` 1
+  and fresh ``info``.
+  """
+  return dict(
+    count=jnp.zeros([], jnp.int32),
+    value=jnp.asarray(jnp.inf, dtype),
+    grad=optax.tree.zeros_like(params),
+    prev_params=copy_tree(params),
+    trial_scale=jnp.ones([], dtype),
+    info=init_info(dtype),
+  )
+
+
 def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
   """Info after one update that made ``calls`` value-and-gradient calls."""
   return HDMInfo(

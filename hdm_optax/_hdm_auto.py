@@ -157,18 +157,13 @@ def hdm_auto(
     precond = diag.init(params, 0.0)
     momentum = scal.init(params, 0.95)
     return HDMAutoState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       precond=precond,
       momentum=momentum,
       precond_learner_state=precond_learner.init(precond),
       momentum_learner_state=momentum_learner.init(momentum),
       curvature=curvature_estimate.init(dtype),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
-      prev_params=_common.copy_tree(params),
       lipschitz=jnp.zeros([], dtype),
-      trial_scale=jnp.ones([], dtype),
-      info=_common.init_info(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
@@ -202,11 +197,9 @@ def hdm_auto(
       optax.tree.vdot(grad, grad), optax.tree.vdot(diff, diff), state.curvature.l_hat
     )
     inv_den = hypergradient_lib.reciprocal(den, live)
-    grad_p = hypergradient_lib.hypergradient(diag, trial_grad, direction, inv_den=inv_den)
-    grad_b = hypergradient_lib.hypergradient(
-      scal, trial_grad, s_diff, inv_den=inv_den, negate=False
+    grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
+      diag, scal, trial_grad, direction, s_diff, inv_den, live
     )
-    grad_p, grad_b = jax.tree.map(lambda t: jnp.where(live, t, 0), (grad_p, grad_b))
     # Lines 5-8, P in log space; the learners keep their state on a non-finite trial.
     precond, precond_learner_state = learners_lib.learn_log(
       diag,

@@ -277,20 +277,15 @@ def hdm_best(
     precond = diag.init(params, init_precond)
     momentum = scal.project(scal.init(params, init_momentum), momentum_min, momentum_max)
     return HDMBestState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       precond=precond,
       momentum=momentum,
       precond_learner_state=adagrad.init(precond),
       momentum_learner_state=adagrad.init(momentum),
       curvature=curvature_estimate.init(dtype),
       schedule=schedule.init(dtype),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
-      prev_params=_common.copy_tree(params),
       lipschitz=lip,
       precond_lr=base_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype),
-      trial_scale=jnp.ones([], dtype),
-      info=_common.init_info(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
@@ -329,9 +324,9 @@ def hdm_best(
     den = denominator(grad_sq, optax.tree.vdot(diff, diff), l_hat)
     inv_den = hypergradient_lib.reciprocal(den, finite)
     # (At the damped sP_k, s beta_k of this trial, where the learners continue.)
-    grad_p = hypergradient_lib.hypergradient(diag, trial_grad, updates, inv_den=inv_den)
-    grad_b = hypergradient_lib.hypergradient(scal, trial_grad, diff, inv_den=inv_den, negate=False)
-    grad_p, grad_b = jax.tree.map(lambda t: jnp.where(finite, t, 0), (grad_p, grad_b))
+    grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
+      diag, scal, trial_grad, updates, diff, inv_den, finite
+    )
     # eta_p: eta_p0 times the schedule's factor (updated before this
     # iteration's P update) until L_hat exists, then 1/L_hat.
     count = state.count + (~probing).astype(jnp.int32)

@@ -53,12 +53,13 @@ class OSGMBestState(NamedTuple):
   info: _common.HDMInfo
 
 
-def probe_update(state, params, value, grad, value_fn, seed, num_probes, probe_size, **replace):
-  """The first update of OSGM-Best and :func:`hdm_optax.hdm_auto`: L_0 from random probes.
+def probe_update(state, params, value, grad, value_fn, seed, num_probes, probe_size):
+  """The first update of OSGM-Best: L_0 from random probes, as the authors' code.
 
   Sets ``state.lipschitz`` to :func:`hdm_optax.curvature.random_probe`'s L_0
-  (``num_probes`` gradient calls, counted), caches f and grad f, leaves x in
-  place (the update is 0) and sets the fields ``replace(lipschitz)`` returns.
+  (``num_probes`` gradient calls in this one update, counted), caches f and
+  grad f and leaves x in place (the update is 0). (:func:`hdm_optax.hdm_auto`
+  spreads its probes over its first updates instead, one call each.)
   """
   vg = lambda p: _common.value_and_grad(value_fn, p)
   directions = curvature_lib.random_directions(jax.random.key(seed), params, num_probes)
@@ -71,7 +72,6 @@ def probe_update(state, params, value, grad, value_fn, seed, num_probes, probe_s
     info=_common.next_info(
       state.info, accepted=jnp.asarray(False), hypergrad_norm=jnp.zeros([]), calls=num_probes
     ),
-    **{name: fn(lip) for name, fn in replace.items()},
   )
   return optax.tree.zeros_like(params), new_state
 
@@ -171,19 +171,14 @@ def osgm_best(
     precond = diag.init(params, 0.0)
     momentum = scal.init(params, 0.95)
     return OSGMBestState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       precond=precond,
       momentum=momentum,
       precond_learner_state=adagrad.init(precond),
       momentum_learner_state=adagrad.init(momentum),
       curvature=curvature_estimate.init(dtype),
       schedule=schedule.init(dtype),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
-      prev_params=_common.copy_tree(params),
       lipschitz=jnp.zeros([], dtype),
-      trial_scale=jnp.ones([], dtype),
-      info=_common.init_info(dtype),
     )
 
   def iterate(state, params, value, grad, value_fn):
@@ -201,11 +196,9 @@ def osgm_best(
     grad_sq = optax.tree.vdot(grad, grad)
     den = denominator(grad_sq, optax.tree.vdot(diff, diff), state.curvature.l_hat)
     inv_den = hypergradient_lib.reciprocal(den, finite)
-    grad_p = hypergradient_lib.hypergradient(diag, trial_grad, direction, inv_den=inv_den)
-    grad_b = hypergradient_lib.hypergradient(
-      scal, trial_grad, s_diff, inv_den=inv_den, negate=False
+    grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
+      diag, scal, trial_grad, direction, s_diff, inv_den, finite
     )
-    grad_p, grad_b = jax.tree.map(lambda t: jnp.where(finite, t, 0), (grad_p, grad_b))
     count = state.count + 1
     active = state.curvature.active
     lr_schedule = schedule.update(state.schedule, count, active)

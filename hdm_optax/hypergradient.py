@@ -32,7 +32,14 @@ import jax.numpy as jnp
 from hdm_optax import _common
 from hdm_optax import candidates as candidates_lib
 
-__all__ = ("Denominator", "curvature_tau", "fixed_tau", "hypergradient", "reciprocal")
+__all__ = (
+  "Denominator",
+  "curvature_tau",
+  "fixed_tau",
+  "hypergradient",
+  "momentum_hypergradients",
+  "reciprocal",
+)
 
 Denominator = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -82,6 +89,52 @@ def hypergradient(
     weight = -inv_den if negate else inv_den
     return jax.tree.map(lambda t: t * weight, outer)
   return jax.tree.map(lambda t: _common.safe_div(-t if negate else t, den), outer)
+
+
+def momentum_hypergradients(
+  precond_set: candidates_lib.CandidateSet,
+  momentum_set: candidates_lib.CandidateSet,
+  trial_grad: Any,
+  direction: Any,
+  momentum_direction: Any,
+  inv_den: jax.Array,
+  valid: jax.Array,
+) -> tuple[Any, Any]:
+  r"""Algorithm 4, lines 3-4: the hypergradients of P and B, 0 where not ``valid``.
+
+  .. math::
+    G_P = -\frac{\nabla f(x^+) \otimes d}{den}, \qquad
+    G_B = \frac{\nabla f(x^+) \otimes m}{den}
+
+  (each reduced to its candidate set by ``outer``), with d the trial's
+  gradient direction and m its momentum direction.
+
+  Args:
+    precond_set: the candidate set of P.
+    momentum_set: the candidate set of B.
+    trial_grad: :math:`\nabla f(x^+)`.
+    direction: d.
+    momentum_direction: m.
+    inv_den: 1/den (:func:`reciprocal`).
+    valid: whether the trial counts (finite; not a probe).
+
+  Returns:
+    ``(G_P, G_B)``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates, hypergradient
+    >>> g_p, g_b = hypergradient.momentum_hypergradients(
+    ...   candidates.diagonal(), candidates.scalar(), jnp.array([1.0, 2.0]),
+    ...   jnp.array([3.0, 1.0]), jnp.array([1.0, 1.0]), jnp.asarray(0.5), jnp.asarray(True))
+    >>> [float(v) for v in g_p], float(g_b)
+    ([-1.5, -1.0], 1.5)
+  """
+  grad_p = hypergradient(precond_set, trial_grad, direction, inv_den=inv_den)
+  grad_b = hypergradient(
+    momentum_set, trial_grad, momentum_direction, inv_den=inv_den, negate=False
+  )
+  return jax.tree.map(lambda t: jnp.where(valid, t, 0), (grad_p, grad_b))
 
 
 def reciprocal(den: jax.Array, valid: jax.Array) -> jax.Array:
