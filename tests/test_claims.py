@@ -16,18 +16,11 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import hdm_optax  # noqa: E402
+from fast_jit import run_jit  # noqa: E402
 from experiments import toy  # noqa: E402
 
 N = 5
 M = 30
-
-# These runs are tiny: XLA's backend optimizations only cost compile time.
-_FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-def run_jit(fn, *args):
-  """``jax.jit(fn)(*args)``, compiled without backend optimizations."""
-  return jax.jit(fn).lower(*args).compile(_FAST_COMPILE)(*args)
 
 
 # ---------------------------------------------------------------------------

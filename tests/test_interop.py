@@ -12,14 +12,8 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import hdm_optax  # noqa: E402
+from fast_jit import FAST_COMPILE, run_jit  # noqa: E402
 from hdm_optax import solver as solver_lib  # noqa: E402
-
-# Tiny programs: XLA's backend optimizations only cost compile time.
-_FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-def run_jit(fn, *args):
-  return jax.jit(fn).lower(*args).compile(_FAST_COMPILE)(*args)
 
 
 # A small ridge-regularized logistic regression, data passed as arguments.
@@ -401,7 +395,7 @@ def test_sweep_equals_separate_solves():
       _make_best(p_lr, m_lr), logistic, x0, max_steps=150, tol=1e-5, fun_args=(X, y)
     )
 
-  single = jax.jit(single).lower(1.0, 1.0, X0, X, Y).compile(_FAST_COMPILE)
+  single = jax.jit(single).lower(1.0, 1.0, X0, X, Y).compile(FAST_COMPILE)
   steps, values, conv = [], [], []
   for i, point in enumerate(out.points):
     res = single(point["precond_lr"], point["momentum_lr"], X0, X, Y)
