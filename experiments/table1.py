@@ -24,11 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 from tqdm import tqdm
 
 from experiments import data as data_lib
+from experiments import memory
 from experiments import problems as problems_lib
 from experiments import runner
 
@@ -186,26 +186,6 @@ def write_table(out: Path, datasets_paper):
   return "\n".join(lines)
 
 
-MAX_MEMORY_MAPS = 30_000  # Linux allows 65530 per process (vm.max_map_count)
-
-
-def release_compiled_programs():
-  """Drops JAX's compiled programs once they hold too many memory maps.
-
-  Every compiled XLA:CPU program keeps its code in memory maps; a full run
-  compiles hundreds (each dataset of its own shape, each grid) and would
-  reach the kernel's limit ("LLVM compilation error: Cannot allocate
-  memory"). Keeping them until then lets datasets of one padded shape share.
-  """
-  try:
-    with open("/proc/self/maps") as f:
-      maps = sum(1 for _ in f)
-  except OSError:  # not Linux
-    return
-  if maps > MAX_MEMORY_MAPS:
-    jax.clear_caches()
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
@@ -259,7 +239,7 @@ def main(argv=None):
         flush=True,
       )
     print(f"{name:>20} wall time {time.perf_counter() - start:7.1f} s", flush=True)
-    release_compiled_programs()
+    memory.release_compiled_programs()
   print(write_table(out, PAPER_DATASETS))
   print(f"total wall time {time.perf_counter() - total:.1f} s")
 

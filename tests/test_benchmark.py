@@ -4,10 +4,12 @@ import csv
 import importlib.util
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from experiments import data as data_lib
+from experiments import memory
 from experiments.benchmark import __main__ as cli
 from experiments.benchmark import profiles
 from experiments.benchmark import runner
@@ -213,14 +215,18 @@ def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch
   assert in_turn["grad_calls"].shape == (2,)
 
 
-def test_compiled_programs_are_bounded(monkeypatch, tmp_path):
-  """Each compiled program holds ~150 memory maps: an unbounded cache crashed the
-  CUTEst suite at the kernel's limit, so the least recently used are dropped."""
-  monkeypatch.setattr(runner, "MAX_COMPILED", 1)
+def test_compiled_programs_are_released_before_the_memory_maps_run_out(monkeypatch, tmp_path):
+  """Each compiled program holds ~150 memory maps and JAX keeps them all: the CUTEst
+  suite crashed at the kernel's limit, so past MAX_MEMORY_MAPS the caches are dropped."""
+  assert memory.memory_maps() > 0  # Linux: /proc/self/maps
+  inst = suites._instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
+  task = suites.Task("user", "quadratic", (None,), lambda: inst)
+  lbfgs = [solvers.get("optax.lbfgs()")]
   runner._COMPILED.clear()
-  inst = _two_start_instance()
-  for name in ("optax.lbfgs()", "hdm_auto()"):
-    runner.run_optax(solvers.get(name), inst, 50)
-    assert len(runner._COMPILED) == 1
-  (key,) = runner._COMPILED
-  assert key[0] is solvers.get("hdm_auto()")
+  runner.run_suite([task], lbfgs, tmp_path / "a.csv", progress=False)
+  assert len(runner._COMPILED) == 1  # below the limit: kept for problems of the same shape
+  cleared = []
+  monkeypatch.setattr(memory, "memory_maps", lambda: memory.MAX_MEMORY_MAPS + 1)
+  monkeypatch.setattr(memory.jax, "clear_caches", lambda: cleared.append(True))
+  runner.run_suite([task], lbfgs, tmp_path / "b.csv", progress=False)
+  assert cleared == [True] and runner._COMPILED == {}

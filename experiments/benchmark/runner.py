@@ -12,7 +12,6 @@ re-run skips the rows already in the file; a problem or solver that raises gives
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import math
@@ -27,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 import hdm_optax
+from experiments import memory
 from experiments import protocol
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
@@ -139,12 +139,7 @@ def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol):
 
 
 _batched_solve_jit = jax.jit(_batched_solve, static_argnums=(0, 1, 2))
-# The least recently used compiled programs are dropped beyond this many: each holds about
-# 150 memory maps, and the CUTEst suite (66 objectives x 7 optax solvers, none shared) ran
-# into the kernel's limit of 65530 maps per process ("LLVM compilation error: Cannot
-# allocate memory", then a segmentation fault) with every program kept.
-MAX_COMPILED = 32
-_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_COMPILED: dict = {}
 
 
 def _signature(tree):
@@ -156,14 +151,10 @@ def _compiled(statics, args):
   """The compiled program for these static and abstract arguments, and its compile seconds."""
   key = statics + (_signature(args),)
   if key in _COMPILED:
-    _COMPILED.move_to_end(key)
     return _COMPILED[key], 0.0
   start = time.perf_counter()
   _COMPILED[key] = _batched_solve_jit.lower(*statics, *args).compile()
-  seconds = time.perf_counter() - start
-  while len(_COMPILED) > MAX_COMPILED:
-    _COMPILED.popitem(last=False)
-  return _COMPILED[key], seconds
+  return _COMPILED[key], time.perf_counter() - start
 
 
 def run_optax(solver, inst: suites_lib.Instance, budget: int):
@@ -368,6 +359,9 @@ def run_suite(
         log.write(rows)
         written += len(rows)
         bar.update(1)
+      # The CUTEst suite compiles 66 objectives x 7 solvers, none shared: without this the
+      # process runs out of memory maps (a segmentation fault) after about 50 problems.
+      memory.release_compiled_programs(also=_COMPILED.clear)
   finally:
     bar.close()
     log.close()
