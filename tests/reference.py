@@ -660,7 +660,8 @@ def hdm_auto_reference(
       P = np.clip(P * np.exp(-precond_lr * H / (np.sqrt(U) + tiny)), tiny, 1e10 / L)
       v = v + G_b * G_b
       beta = float(np.clip(beta - momentum_lr * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
-    accepted = finite and f_t <= fx
+    band = abs(f_t - fx) <= 1024.0 * np.finfo(np.float64).eps * abs(fx)
+    accepted = finite and (f_t <= fx or (band and float(g_t @ g_t) < float(g @ g)))
     if not accepted:
       P = np.maximum(null_shrink * P, tiny)  # a null step says P is too long
     x_prev = x.copy()
