@@ -250,3 +250,15 @@ def test_hdm_auto_reaches_the_float32_tolerance_on_heart_scale():
   assert inst.x0.dtype == jnp.float32
   assert float(out["grad_inf"][0]) <= inst.tol[0], out
   assert int(out["grad_calls"][0]) < 300, out
+
+
+def test_scale_suite_lists_the_other_problems_in_its_size_range():
+  """--max-n: sif2jax's unconstrained problems off the dev list with min_n < n <= max_n."""
+  if importlib.util.find_spec("sif2jax") is None:
+    pytest.skip("sif2jax is not installed (pip install -e '.[bench]')")
+  tasks = suites.cutest_scale_tasks(runner.TOL, max_n=3000, min_n=1000)
+  assert tasks, "no problem in (1000, 3000]"
+  dev = set(suites.cutest_names())
+  assert all(t.suite == "cutest_scale" and t.name not in dev for t in tasks)
+  inst = tasks[0].build()
+  assert 1000 < inst.n <= 3000 and inst.dtype == "float64"

@@ -178,18 +178,28 @@ def cutest_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task
   ]
 
 
-def cutest_scale_tasks(tol: float, max_n: int) -> list[Task]:
-  """The package's other unconstrained problems with 1000 < n <= ``max_n`` (``--max-n``).
+def cutest_problems():
+  """Every unconstrained problem of sif2jax (each module imported alone), one per name."""
+  _, modules = _sif2jax_unconstrained()
+  out = {}
+  for cls, mod in sorted(modules.items()):
+    module = importlib.import_module(f"sif2jax.cutest._unconstrained_minimisation.{mod}")
+    problem = getattr(module, cls)()
+    out.setdefault(problem.name, problem)
+  return out
+
+
+def cutest_scale_tasks(tol: float, max_n: int, min_n: int = 1000) -> list[Task]:
+  """The package's other unconstrained problems with ``min_n`` < n <= ``max_n`` (``--max-n``).
 
   Not part of the dev list: run on explicit request only, never to tune on.
   """
-  _sif2jax_unconstrained()
-  package = importlib.import_module("sif2jax.cutest._unconstrained_minimisation")
   dev = set(cutest_names())
-  chosen = {}
-  for problem in package.unconstrained_minimisation_problems:
-    if problem.name not in dev and 1000 < np.size(problem.y0) <= max_n:
-      chosen.setdefault(problem.name, problem)
+  chosen = {
+    name: p
+    for name, p in cutest_problems().items()
+    if name not in dev and min_n < np.size(p.y0) <= max_n
+  }
   return [
     Task("cutest_scale", name, (None,), lambda p=p: _cutest_instance(p, tol))
     for name, p in sorted(chosen.items())
