@@ -85,7 +85,13 @@ def make_adagrad(lr):
 
 
 def make_hdm_best(pm, mb, lip):
-  return hdm_optax.hdm_best(lipschitz=lip, precond_lr=pm / lip, momentum_lr=mb)
+  # The paper's null step, f(x+) < f(x) (hdm_best's default accepts float ties).
+  return hdm_optax.hdm_best(
+    lipschitz=lip,
+    precond_lr=pm / lip,
+    momentum_lr=mb,
+    acceptance=hdm_optax.acceptance.strict_decrease(),
+  )
 
 
 def make_hdm(eta, lip):
