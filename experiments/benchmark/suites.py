@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -135,6 +136,9 @@ def _sif2jax_unconstrained() -> tuple[Path, dict[str, str]]:
     if name not in sys.modules:
       package = types.ModuleType(name)
       package.__path__ = [str(path)]
+      # A spec, so that importlib.util.find_spec(name) still answers after this.
+      package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+      package.__spec__.submodule_search_locations = [str(path)]
       sys.modules[name] = package
   source = (folder / "__init__.py").read_text()
   modules = {cls: mod for mod, cls in re.findall(r"^from \.(\w+) import (\w+) as", source, re.M)}
