@@ -657,39 +657,54 @@ def _osgm_extract(x, state):
   )
 
 
-def _check_osgm(kind, seed, steps, horizon, R2=math.inf):
+def _check_tuning_free(
+  make, reference, directions, extract, fields, kind, seed, steps, horizon, R2=math.inf
+):
+  """The package's ``make`` against its NumPy ``reference`` on one problem.
+
+  ``directions(x0)`` gives the probe directions the package draws (passed to
+  NumPy); ``fields`` are compared as trajectories. probe_size 0.1: with 1e-4
+  the probe's gradient difference cancels to 1e-12 relative, which the two
+  implementations round differently. P feeds back into itself through the
+  trial point (AdaGrad divides by a running sum): the rounding grows to ~1e-9
+  over 100 steps while every flag and count agrees.
+  """
   data, _ = make_problem(kind, seed, R2=R2)
   f, grad = np_oracle(data)
   x0 = x_start(5)
-  # probe_size 0.1: with 1e-4 the probe's gradient difference cancels to 1e-12
-  # relative, which the two implementations round differently.
-  opt, stepper = compiled(hdm_optax.osgm_best, horizon=horizon, seed=3, probe_size=0.1)
-  directions = hdm_optax.curvature.random_directions(jax.random.key(3), jnp.asarray(x0), 3)
-  want = ref.osgm_best_reference(
+  opt, stepper = compiled(make, horizon=horizon, seed=3, probe_size=0.1)
+  want = reference(
     f,
     grad,
     x0,
     steps,
-    directions=[np.asarray(d) for d in directions],
+    directions=[np.asarray(d) for d in directions(jnp.asarray(x0))],
     horizon=horizon,
     probe_size=0.1,
   )
-  got, _ = run_package(opt, stepper, data, x0, steps, _osgm_extract)
-  # P feeds back into itself through the trial point (AdaGrad divides by a
-  # running sum): the two implementations' rounding grows to ~1e-9 over 100
-  # steps while every flag and count agrees.
-  for name, key, want_key in (
-    ("x", "x", "xs"),
-    ("P", "P", "Ps"),
-    ("beta", "beta", "betas"),
-    ("value", "value", "values"),
-    ("L", "L", "Ls"),
-  ):
-    assert_traj(name, [r[key] for r in got], want[want_key], rtol=1e-7, atol=1e-10)
+  got, _ = run_package(opt, stepper, data, x0, steps, extract)
+  for name in fields:
+    assert_traj(name, [r[name] for r in got], want[name + "s"], rtol=1e-7, atol=1e-10)
   assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
   assert [r["calls"] for r in got] == want["calls"], "oracle counts differ"
-  assert_moves("P", want["Ps"], np.zeros(N))
   assert want["values"][-1] < f(x0)
+  return want
+
+
+def _check_osgm(kind, seed, steps, horizon, R2=math.inf):
+  want = _check_tuning_free(
+    hdm_optax.osgm_best,
+    ref.osgm_best_reference,
+    lambda x0: hdm_optax.curvature.random_directions(jax.random.key(3), x0, 3),
+    _osgm_extract,
+    ("x", "P", "beta", "value", "L"),
+    kind,
+    seed,
+    steps,
+    horizon,
+    R2,
+  )
+  assert_moves("P", want["Ps"], np.zeros(N))
   return want
 
 
@@ -730,28 +745,18 @@ def test_osgm_best_nonfinite_trials_match_reference():
 
 
 def _check_auto(kind, seed, steps, horizon, R2=math.inf):
-  data, _ = make_problem(kind, seed, R2=R2)
-  f, grad = np_oracle(data)
-  x0 = x_start(5)
-  opt, stepper = compiled(hdm_optax.hdm_auto, horizon=horizon, seed=3, probe_size=0.1)
-  key = jax.random.key(3)
-  directions = [hdm_optax.curvature.random_direction(key, i, jnp.asarray(x0)) for i in range(3)]
-  want = ref.hdm_auto_reference(
-    f,
-    grad,
-    x0,
+  return _check_tuning_free(
+    hdm_optax.hdm_auto,
+    ref.hdm_auto_reference,
+    lambda x0: [hdm_optax.curvature.random_direction(jax.random.key(3), i, x0) for i in range(3)],
+    _auto_extract,
+    ("x", "P", "beta", "value", "L", "U"),
+    kind,
+    seed,
     steps,
-    directions=[np.asarray(d) for d in directions],
-    horizon=horizon,
-    probe_size=0.1,
+    horizon,
+    R2,
   )
-  got, _ = run_package(opt, stepper, data, x0, steps, _auto_extract)
-  for name in ("x", "P", "beta", "value", "L", "U"):
-    assert_traj(name, [r[name] for r in got], want[name + "s"], rtol=1e-7, atol=1e-10)
-  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
-  assert [r["calls"] for r in got] == want["calls"], "oracle counts differ"
-  assert want["values"][-1] < f(x0)
-  return want
 
 
 def _auto_extract(x, state):
