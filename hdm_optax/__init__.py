@@ -33,6 +33,8 @@ from hdm_optax._hdm_hb import HDMHBState
 from hdm_optax._hdm_hb import hdm_hb
 from hdm_optax._osgm_best import OSGMBestState
 from hdm_optax._osgm_best import osgm_best
+from hdm_optax._trial_lbfgs import TrialLBFGSState
+from hdm_optax._trial_lbfgs import trial_lbfgs
 from hdm_optax.learners import OnlineLearner
 from hdm_optax.minibatch import MinibatchStats
 from hdm_optax.minibatch import minibatch_step
@@ -64,6 +66,7 @@ __all__ = (
   "Status",
   "SweepResult",
   "Trace",
+  "TrialLBFGSState",
   "acceptance",
   "candidates",
   "curvature",
@@ -82,5 +85,6 @@ __all__ = (
   "status_message",
   "sweep",
   "trial",
+  "trial_lbfgs",
   "value_and_grad_from_state",
 )

@@ -679,3 +679,70 @@ def hdm_auto_reference(
       estimating = False
     record(accepted, finite)
   return out
+
+
+def trial_lbfgs_reference(
+  f,
+  grad,
+  x0,
+  steps: int,
+  *,
+  memory_size: int = 10,
+  shrink: float = 0.5,
+  grow: float = 1.5,
+  pair_tol: float = 1e-10,
+  band: float = 1e-10,
+  curvature: float = 0.9,
+) -> dict:
+  """``steps`` updates of trial_lbfgs: x+ = x - alpha H g, H from the last pairs of every trial.
+
+  H is the L-BFGS inverse-Hessian matrix built explicitly (BFGS updates of
+  H_0 = gamma I by the kept pairs, oldest first), not by the two-loop
+  recursion. gamma = <s, y>/<y, y> of the newest accepted kept pair, before
+  one min(1, 1/||g||). Accepted: f+ <= f, or f+ <= f + band |f| and
+  |<g+, s>| <= curvature |<g, s>|.
+  """
+  x = np.array(x0, dtype=np.float64)
+  n = x.size
+  fx, g, _ = _oracle(f, grad, x)
+  pairs: list[tuple[np.ndarray, np.ndarray]] = []
+  gamma = 0.0
+  alpha = 1.0
+  calls = 0
+  out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[])
+  for _ in range(steps):
+    gn = float(np.linalg.norm(g))
+    g0 = gamma if gamma > 0 else (min(1.0, 1.0 / gn) if gn > 0 else 1.0)
+    H = g0 * np.eye(n)
+    for s, y in pairs:
+      r = 1.0 / float(s @ y)
+      V = np.eye(n) - r * np.outer(y, s)
+      H = V.T @ H @ V + r * np.outer(s, s)
+    step = -alpha * (H @ g)
+    f_t, g_t, finite = _oracle(f, grad, x + step)
+    calls += 1
+    accepted = False
+    if finite:
+      y = g_t - g
+      sy = float(step @ y)
+      near = f_t <= fx + max(band, 1024 * np.finfo(np.float64).eps) * abs(fx)
+      flat = abs(float(g_t @ step)) <= curvature * abs(float(g @ step))
+      accepted = f_t <= fx or (near and flat)
+      if sy > pair_tol * np.linalg.norm(step) * np.linalg.norm(y):
+        pairs = (pairs + [(step.copy(), y.copy())])[-memory_size:]
+        if accepted:
+          gamma = sy / float(y @ y)
+    alpha = min(1.0, alpha * grow) if accepted else alpha * shrink
+    if accepted:
+      x, fx, g = x + step, f_t, g_t
+    for key, val in (
+      ("xs", x.copy()),
+      ("values", fx),
+      ("accepted", accepted),
+      ("calls", calls),
+      ("alphas", alpha),
+      ("gammas", gamma),
+      ("pairs", len(pairs)),
+    ):
+      out[key].append(val)
+  return out

@@ -1,0 +1,149 @@
+"""trial_lbfgs: trajectory against the NumPy reference, pairs, non-finite trials, float32, counts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hdm_optax
+from hdm_optax import _trial_lbfgs as tl
+
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+  import reference as ref
+  import test_reference as problems
+except ImportError:  # pragma: no cover - tests/ turned into a package
+  from tests import reference as ref
+  from tests import test_reference as problems
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def _rotated_quadratic(n=20, cond=1e3, seed=0):
+  rng = np.random.default_rng(seed)
+  q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+  a = (q * np.geomspace(1.0 / cond, 1.0, n)) @ q.T
+  a = 0.5 * (a + a.T)
+  b = rng.standard_normal(n)
+  return a, b
+
+
+def _run(opt, fun, x0, steps):
+  """``steps`` updates, one jit compilation; returns the iterates and the last state."""
+
+  def step(carry, _):
+    x, state = carry
+    upd, state = opt.update(state.grad, state, x, value=state.value, grad=state.grad, value_fn=fun)
+    x = x + upd
+    return (x, state), (x, state.value, state.info.accepted)
+
+  def run(x0):
+    state = opt.init(x0)
+    value, grad = jax.value_and_grad(fun)(x0)
+    state = state._replace(value=value, grad=grad)
+    return jax.lax.scan(step, (x0, state), None, length=steps)
+
+  return jax.jit(run).lower(x0).compile(FAST_COMPILE)(x0)
+
+
+@pytest.mark.parametrize("kind", ["quadratic", "logistic"])
+def test_trial_lbfgs_matches_reference(kind):
+  """x, f and the accept flags match the explicit-matrix reference for 30 float64 steps.
+
+  memory_size=3 makes the buffer wrap; the quadratic's first trials are rejected (the step of
+  gamma = 1/||g|| along -g overshoots its small eigenvalues' directions only later)."""
+  data, _ = problems.make_problem(kind, seed=3)
+  f, grad = problems.np_oracle(data)
+  fun = lambda x: problems.jax_objective(data)(x)
+  x0 = 3.0 * problems.x_start(2)
+  steps = 30
+  want = ref.trial_lbfgs_reference(f, grad, x0, steps, memory_size=3)
+  _, (xs, values, accepted) = _run(hdm_optax.trial_lbfgs(3), fun, jnp.asarray(x0), steps)
+  np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
+  np.testing.assert_allclose(np.asarray(xs), np.asarray(want["xs"]), rtol=1e-8, atol=1e-10)
+  np.testing.assert_allclose(np.asarray(values), np.asarray(want["values"]), rtol=1e-10)
+  assert 0 < sum(want["accepted"]) < steps or kind == "logistic"
+  assert max(want["pairs"]) == 3
+
+
+def test_negative_curvature_pair_is_not_kept():
+  mem = tl.secant_memory(jnp.zeros(2), 4)
+  s, y = jnp.array([1.0, 0.0]), jnp.array([-2.0, 1.0])  # <s, y> < 0
+  keep = jnp.vdot(s, y) > 0
+  kept = tl.secant_record(mem, s, y, keep)
+  assert int(kept.head) == 0 and not np.any(np.asarray(kept.rho))
+  # A concave start: the first trial's pair has <s, y> < 0 and stays out of the memory.
+  fun = lambda x: -jnp.sum(x**2) + 0.25 * jnp.sum(x**4)
+  (_, state), _ = _run(hdm_optax.trial_lbfgs(), fun, jnp.array([0.1, -0.2]), 1)
+  assert int(state.memory.head) == 0 and not np.any(np.asarray(state.memory.rho))
+  (_, state), _ = _run(hdm_optax.trial_lbfgs(), fun, jnp.array([0.1, -0.2]), 40)
+  s, y = np.asarray(state.memory.s), np.asarray(state.memory.y)
+  rho = np.asarray(state.memory.rho)
+  assert np.all(np.einsum("ij,ij->i", s, y)[rho > 0] > 0)
+
+
+def test_non_finite_trial_changes_nothing_but_alpha():
+  fun = lambda x: jnp.where(jnp.all(x >= 0.8), jnp.sum((x - 1.0) ** 2), jnp.inf)
+  x0 = jnp.array([1.5, 1.0, 1.0])  # the first trial, x - min(1, 1/||g||) g, has x_1 = 0.5
+  opt = hdm_optax.trial_lbfgs()
+  state = opt.init(x0)
+  value, grad = jax.value_and_grad(fun)(x0)
+  state = state._replace(value=value, grad=grad)
+  upd, new = opt.update(grad, state, x0, value=value, grad=grad, value_fn=fun)
+  assert not np.any(np.asarray(upd))
+  assert float(new.value) == float(value) and np.array_equal(new.grad, grad)
+  assert int(new.memory.head) == 0 and not np.any(np.asarray(new.memory.rho))
+  assert float(new.step_size) == 0.5 and not bool(new.info.accepted)
+  res = hdm_optax.solve(opt, fun, x0, max_steps=200, tol=1e-8)
+  assert bool(res.converged)
+
+
+def test_one_call_per_update_and_reported_point():
+  a, b = _rotated_quadratic(10, 1e2)
+  fun = lambda x: 0.5 * x @ a @ x - b @ x
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(10), max_steps=200, tol=1e-8)
+  assert bool(res.converged)
+  assert int(res.num_grad_evals) == int(res.num_steps) + 1
+  assert int(res.num_value_evals) == int(res.num_steps) + 1
+  value, grad = jax.value_and_grad(fun)(res.params)
+  assert float(res.value) == float(value)
+  assert float(res.grad_norm) == float(jnp.max(jnp.abs(grad)))
+
+
+def test_rotated_quadratic_where_a_diagonal_method_plateaus():
+  """Curvature off the axes (condition 1e3, random rotation): the pairs find it."""
+  a, b = _rotated_quadratic()
+  fun = lambda x: 0.5 * x @ a @ x - b @ x
+  x0 = jnp.zeros(20)
+  sec = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, max_steps=250, tol=1e-6)
+  diag = hdm_optax.solve(hdm_optax.hdm_auto(), fun, x0, max_steps=250, tol=1e-6)
+  assert bool(sec.converged) and int(sec.num_grad_evals) <= 250
+  assert not bool(diag.converged)
+
+
+def test_float32_and_strict_promotion():
+  """float32 updates under strict promotion: every state leaf stays float32, the run converges."""
+  a, b = _rotated_quadratic(8, 1e2)
+  a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+  fun = lambda x: 0.5 * x @ a @ x - b @ x
+  with jax.numpy_dtype_promotion("strict"):
+    (x, state), _ = _run(hdm_optax.trial_lbfgs(), fun, jnp.zeros(8, jnp.float32), 80)
+  assert float(jnp.max(jnp.abs(state.grad))) <= 1e-4
+  assert x.dtype == jnp.float32
+  floats = [leaf for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating)]
+  assert {leaf.dtype for leaf in floats} == {jnp.dtype(jnp.float32)}
+
+
+@pytest.mark.parametrize(
+  "kwargs",
+  [
+    dict(memory_size=0),
+    dict(memory_size=2.5),
+    dict(shrink=1.0),
+    dict(grow=0.5),
+    dict(pair_tol=-1.0),
+  ],
+)
+def test_bad_arguments(kwargs):
+  name = next(iter(kwargs))
+  with pytest.raises(ValueError, match=name):
+    hdm_optax.trial_lbfgs(**kwargs)
