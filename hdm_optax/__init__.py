@@ -16,6 +16,7 @@ from hdm_optax import hypergradient
 from hdm_optax import learners
 from hdm_optax import lookahead
 from hdm_optax import schedules
+from hdm_optax import secant
 from hdm_optax import trial
 from hdm_optax._common import HDMInfo
 from hdm_optax.candidates import CandidateSet
@@ -81,6 +82,7 @@ __all__ = (
   "minibatch_step",
   "osgm_best",
   "schedules",
+  "secant",
   "solve",
   "status_message",
   "sweep",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import hdm_optax
-from hdm_optax import _trial_lbfgs as tl
+from hdm_optax import secant as tl
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import reference as ref

@@ -1,6 +1,6 @@
 """Runs the benchmark and writes its summary.
 
-    python -m experiments.benchmark --suite cutest libsvm libsvm32 user [--seeds 5]
+    python -m experiments.benchmark --suite cutest libsvm libsvm32 user [cutest_scale_dev] [--seeds 5]
         [--solvers 'hdm_best()' 'hdm_best(lipschitz=L)' osgm_best ...] [--out results/benchmark]
 
 Rows go to ``<out>/results.csv`` (appended; a re-run resumes), the summary to
@@ -43,8 +43,9 @@ def parse_args(argv=None):
   p.add_argument("--no-progress", action="store_true")
   args = p.parse_args(argv)
   for suite in args.suite:
-    if suite not in suites_lib.SUITES + ("cutest_scale",):
-      p.error(f"--suite: unknown suite {suite!r}; choose from {', '.join(suites_lib.SUITES)}")
+    if suite not in suites_lib.SUITES + suites_lib.EXTRA_SUITES:
+      known = ", ".join(suites_lib.SUITES + suites_lib.EXTRA_SUITES)
+      p.error(f"--suite: unknown suite {suite!r}; choose from {known}")
   if args.max_n is not None and "cutest_scale" not in args.suite:
     args.suite.append("cutest_scale")
   return args

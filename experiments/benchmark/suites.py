@@ -36,6 +36,8 @@ BENCHMARKS_DIR = Path(
   os.environ.get("HDM_BENCHMARKS_DIR") or data_lib.repo_root().parent / "shared" / "benchmarks"
 )
 CUTEST_DEV_LIST = BENCHMARKS_DIR / "cutest_dev.txt"
+# The larger problems to develop on (1024 <= n <= 123,200; 42 problems): suite cutest_scale_dev.
+CUTEST_SCALE_DEV_LIST = BENCHMARKS_DIR / "cutest_scale_dev.txt"
 SEED0 = protocol.SEED  # the paper's x0 seed; seed i is SEED0 + i
 # libsvm32: ||grad f||_inf <= max(TOL, FLOAT32_RELATIVE_TOL * ||grad f(x0)||_inf). The sums run
 # over up to 10^5 rows, so float32 rounding leaves gradients of about eps32 * ||grad f(x0)||_inf
@@ -173,11 +175,13 @@ def _cutest_instance(problem, tol):
   return _instance(fun, (problem.args,), problem.y0, tol)
 
 
-def cutest_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task]:
+def cutest_tasks(
+  tol: float, names: Optional[Sequence[str]] = None, suite: str = "cutest"
+) -> list[Task]:
   """The dev list (or ``names``), each from its own ``y0`` with its ``args``; float64."""
   names = cutest_names() if names is None else list(names)
   return [
-    Task("cutest", name, (None,), lambda name=name: _cutest_instance(cutest_problem(name), tol))
+    Task(suite, name, (None,), lambda name=name: _cutest_instance(cutest_problem(name), tol))
     for name in names
   ]
 
@@ -369,6 +373,8 @@ def user_tasks(tol: float) -> list[Task]:
 
 
 SUITES = ("cutest", "libsvm", "libsvm32", "user")
+# Run on request only (large): the scale dev list, and the package's other problems by size.
+EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale")
 
 
 def tasks(
@@ -381,9 +387,11 @@ def tasks(
   problems: Optional[Sequence[str]] = None,
   max_n: Optional[int] = None,
 ) -> list[Task]:
-  """The tasks of ``suite`` (one of ``SUITES`` or ``"cutest_scale"``), optionally only ``problems``."""
+  """The tasks of ``suite`` (one of ``SUITES`` or ``EXTRA_SUITES``), optionally only ``problems``."""
   if suite == "cutest":
     out = cutest_tasks(tol)
+  elif suite == "cutest_scale_dev":
+    out = cutest_tasks(tol, cutest_names(CUTEST_SCALE_DEV_LIST), suite)
   elif suite == "cutest_scale":
     if max_n is None:
       raise ValueError("the cutest_scale suite needs --max-n")
@@ -394,7 +402,7 @@ def tasks(
   elif suite == "user":
     out = user_tasks(tol)
   else:
-    raise ValueError(f"suite must be one of {SUITES + ('cutest_scale',)}, got {suite!r}")
+    raise ValueError(f"suite must be one of {SUITES + EXTRA_SUITES}, got {suite!r}")
   if problems:
     wanted = set(problems)
     out = [t for t in out if t.name in wanted or t.name.split("/")[0] in wanted]
