@@ -4,9 +4,11 @@ import csv
 import importlib.util
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import sparse as jsparse
 
 from experiments import data as data_lib
 from experiments import memory
@@ -262,3 +264,24 @@ def test_scale_suite_lists_the_other_problems_in_its_size_range():
   assert all(t.suite == "cutest_scale" and t.name not in dev for t in tasks)
   inst = tasks[0].build()
   assert 1000 < inst.n <= 3000 and inst.dtype == "float64"
+
+
+def test_libsvm32_instance_on_an_accelerator_is_float32_bcoo(monkeypatch):
+  """Where JAX's default backend is a GPU, w1a (very sparse) is a BCOO matrix, in float32 for
+  the libsvm32 suite (evaluated here on the CPU: the same program an accelerator compiles)."""
+  data_dir = data_lib.default_data_dir()
+  if data_dir is None or "w1a" not in data_lib.list_datasets(data_dir):
+    pytest.skip("the shared LIBSVM datasets are not available")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  (task,) = [
+    t
+    for t in suites.libsvm_tasks(runner.TOL, 1, "float32", ["w1a"], data_dir)
+    if t.name.endswith("/logistic")
+  ]
+  inst = task.build()
+  matrix = inst.fun_args[0]
+  assert isinstance(matrix, jsparse.BCOO) and matrix.dtype == jnp.float32
+  with jax.numpy_dtype_promotion("strict"):
+    value, grad = jax.jit(jax.value_and_grad(inst.fun))(inst.x0[0], *inst.fun_args)
+  assert value.dtype == grad.dtype == jnp.float32
+  assert np.isfinite(float(value))
