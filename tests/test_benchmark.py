@@ -5,9 +5,11 @@ import dataclasses
 import importlib.util
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import sparse as jsparse
 
 from experiments import data as data_lib
 from fast_jit import FAST_COMPILE
@@ -308,7 +310,6 @@ def test_optimistix_rows_count_every_objective_call():
   and a second run of the same compiled program counts the same."""
   if solvers.optx is None:
     pytest.skip("optimistix is not installed (pip install -e '.[bench]')")
-  import jax
 
   seen = []
 
@@ -349,3 +350,24 @@ def test_jobs_split_the_solvers_and_merge_their_rows(tmp_path):
   log.close()
   assert runner.merge([part, tmp_path / "missing.csv"], main) == 1
   assert [r["solver"] for r in _rows(main)] == ["a", "c"]
+
+
+def test_libsvm32_instance_on_an_accelerator_is_float32_bcoo(monkeypatch):
+  """Where JAX's default backend is a GPU, w1a (very sparse) is a BCOO matrix, in float32 for
+  the libsvm32 suite (evaluated here on the CPU: the same program an accelerator compiles)."""
+  data_dir = data_lib.default_data_dir()
+  if data_dir is None or "w1a" not in data_lib.list_datasets(data_dir):
+    pytest.skip("the shared LIBSVM datasets are not available")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  (task,) = [
+    t
+    for t in suites.libsvm_tasks(runner.TOL, 1, "float32", ["w1a"], data_dir)
+    if t.name.endswith("/logistic")
+  ]
+  inst = task.build()
+  matrix = inst.fun_args[0]
+  assert isinstance(matrix, jsparse.BCOO) and matrix.dtype == jnp.float32
+  with jax.numpy_dtype_promotion("strict"):
+    value, grad = jax.jit(jax.value_and_grad(inst.fun))(inst.x0[0], *inst.fun_args)
+  assert value.dtype == grad.dtype == jnp.float32
+  assert np.isfinite(float(value))

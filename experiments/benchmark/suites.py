@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import sparse as jsparse
 
 from experiments import data as data_lib
 from experiments import problems as problems_lib
@@ -259,11 +260,12 @@ def initial_points(n: int, seeds: Sequence[int]) -> np.ndarray:
 
 
 def _as_dtype(args, dtype):
-  """Float arrays of ``args`` in ``dtype`` (a host CSR matrix stays as it is)."""
-  return tuple(
-    a.astype(dtype) if isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jnp.floating) else a
-    for a in args
+  """Float arrays and BCOO matrices of ``args`` in ``dtype`` (a host CSR matrix stays as it is:
+  its kernel multiplies in w's dtype)."""
+  converts = lambda a: (
+    isinstance(a, (jax.Array, jsparse.BCOO)) and jnp.issubdtype(a.dtype, jnp.floating)
   )
+  return tuple(a.astype(dtype) if converts(a) else a for a in args)
 
 
 def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir):
