@@ -24,7 +24,6 @@ def test_batched_throughput_rows(capsys):
     cols=5,
     calls=200,
     tol=1e-4,
-    optx_tol=1e-8,
     repeats=1,
     compiler_options=FAST_COMPILE,
   )
