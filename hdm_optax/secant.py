@@ -10,7 +10,9 @@ matrix; a preconditioner operator ``P v = two_loop(memory, gamma, v)``), and
 :func:`hdm_optax.trial_lbfgs` uses with it.
 
 References:
-  Liu and Nocedal, *On the limited memory BFGS method for large scale
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
+  with Hypergradient Descent*, arXiv:2502.11229, 2025 (the trial point whose
+  gradient gives the pair); Liu and Nocedal, *On the limited memory BFGS method for large scale
   optimization*, Math. Programming 45, 1989; Nocedal and Wright, *Numerical
   Optimization*, 2nd ed., Algorithm 7.4.
 """
@@ -53,7 +55,15 @@ class SecantMemory(NamedTuple):
 
 
 def secant_memory(params, size: int) -> SecantMemory:
-  """An empty memory of ``size`` pairs shaped like ``params`` (2 ``size`` vectors of n)."""
+  """An empty memory of ``size`` pairs shaped like ``params`` (2 ``size`` vectors of n).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import secant
+    >>> mem = secant.secant_memory(jnp.zeros(3), 10)
+    >>> mem.s.shape, int(mem.head)
+    ((10, 3), 0)
+  """
   zeros = jax.tree.map(lambda p: jnp.zeros((size,) + jnp.shape(p), jnp.result_type(p)), params)
   dtype = _common.params_dtype(params)
   return SecantMemory(
@@ -69,6 +79,14 @@ def secant_record(memory: SecantMemory, s, y, keep) -> SecantMemory:
 
   The caller decides ``keep`` (:func:`hdm_optax.trial_lbfgs`: a finite pair with
   :math:`\\langle s, y\\rangle > \\epsilon_p \\|s\\|\\|y\\|`); s and y must be finite.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 2)
+    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
+    >>> float(mem.rho[0]), int(mem.head)
+    (0.5, 1)
   """
   size = memory.rho.shape[0]
   sy = optax.tree.vdot(s, y)
@@ -85,7 +103,16 @@ def secant_record(memory: SecantMemory, s, y, keep) -> SecantMemory:
 
 
 def reset(memory: SecantMemory, where) -> SecantMemory:
-  """The memory emptied where ``where`` (every slot marked empty, the next pair in slot 0)."""
+  """The memory emptied where ``where`` (every slot marked empty, the next pair in slot 0).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 2)
+    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
+    >>> float(secant.reset(mem, True).rho[0])
+    0.0
+  """
   return memory._replace(
     rho=jnp.where(where, 0, memory.rho).astype(memory.rho.dtype),
     head=jnp.where(where, 0, memory.head).astype(jnp.int32),
@@ -111,10 +138,10 @@ def two_loop(memory: SecantMemory, gamma, vector):
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant as tl
-    >>> mem = tl.secant_memory(jnp.zeros(2), 3)
-    >>> mem = tl.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
-    >>> [float(v) for v in tl.two_loop(mem, 0.5, jnp.array([4.0, 2.0]))]
+    >>> from hdm_optax import secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
+    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
+    >>> [float(v) for v in secant.two_loop(mem, 0.5, jnp.array([4.0, 2.0]))]
     [1.0, 1.0]
   """
   size = memory.rho.shape[0]
@@ -165,8 +192,8 @@ def curvature_checked(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant as tl
-    >>> rule = tl.curvature_checked()
+    >>> from hdm_optax import secant
+    >>> rule = secant.curvature_checked()
     >>> f = jnp.asarray(1.0, jnp.float32)  # float32: the band is 1024 eps = 1.2e-4
     >>> g, s = jnp.array([-1.0], jnp.float32), jnp.array([1.0], jnp.float32)
     >>> bool(rule.accept(f + 1e-5, f, jnp.array([0.1], jnp.float32), g, step=s))

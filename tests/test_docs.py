@@ -8,11 +8,21 @@ from pathlib import Path
 import pytest
 
 import hdm_optax
-from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, _osgm_best, solver
+from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, _osgm_best, _trial_lbfgs, solver
 from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, lookahead
-from hdm_optax import schedules, trial
+from hdm_optax import schedules, secant, trial
 
-PIECES = [acceptance, candidates, curvature, hypergradient, learners, lookahead, schedules, trial]
+PIECES = [
+  acceptance,
+  candidates,
+  curvature,
+  hypergradient,
+  learners,
+  lookahead,
+  schedules,
+  secant,
+  trial,
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +54,7 @@ def test_every_docs_page_is_in_the_index():
 
 @pytest.mark.parametrize(
   "module",
-  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _osgm_best, solver, *PIECES],
+  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _osgm_best, _trial_lbfgs, solver, *PIECES],
   ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):

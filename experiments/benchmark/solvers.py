@@ -135,6 +135,7 @@ SCIPY = {
   "scipy-bfgs": ("BFGS", bfgs_options, BFGS_MAX_N),
 }
 JAX = (
+  "trial_lbfgs()",
   "hdm_auto()",
   "osgm_best()",
   "hdm_best()",

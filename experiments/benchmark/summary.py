@@ -46,7 +46,10 @@ def _by_suite(rows):
 
 
 def _solvers(rows):
-  return list(dict.fromkeys(r["solver"] for r in rows))
+  """The solvers of ``rows``: registered ones in the registry's order, then the others."""
+  order = {name: i for i, name in enumerate(solvers_lib.REGISTERED)}
+  seen = list(dict.fromkeys(r["solver"] for r in rows))
+  return sorted(seen, key=lambda s: order.get(s, len(order)))
 
 
 def cost_matrix(rows, solvers, field="grad_calls"):
