@@ -24,6 +24,7 @@ from experiments.benchmark import runner
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
 from experiments.benchmark import summary as summary_lib
+from experiments import protocol
 
 
 def parse_args(argv=None):
@@ -117,6 +118,7 @@ def run_in_processes(args, out: Path, csv_path: Path) -> None:
 
 
 def main(argv=None):
+  protocol.enable_float64()
   args = parse_args(argv)
   out = Path(args.out)
   csv_path = Path(args.csv) if args.csv else out / "results.csv"
