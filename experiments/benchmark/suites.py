@@ -1,7 +1,7 @@
 """The benchmark's problems: CUTEst (sif2jax), LIBSVM in float64 and float32, and user problems.
 
 A suite is a list of :class:`Task` (cheap: a name and how to build it); ``Task.build()`` returns
-an :class:`Instance`, the problem ready to run: ``fun(x, *fun_args)``, a batch of starting
+a ``protocol.Instance``, the problem ready to run: ``fun(x, *fun_args)``, a batch of starting
 points (one row per seed, run as one vmapped program), the tolerance of each, L where it is
 known, and a float64 NumPy ``fun_np(x) -> (value, grad)`` for the SciPy rows.
 """
@@ -42,17 +42,14 @@ SEED0 = protocol.SEED  # the paper's x0 seed; seed i is SEED0 + i
 FLOAT32_RELATIVE_TOL = 1e-5
 
 
-Instance = protocol.Instance
-
-
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """One problem of a suite: ``build()`` makes the :class:`Instance` (may be slow or raise)."""
+  """One problem of a suite: ``build()`` makes the ``protocol.Instance`` (may be slow or raise)."""
 
   suite: str
   name: str
   seeds: tuple  # (None,) where the starting point is fixed
-  build: Callable[[], Instance] = dataclasses.field(compare=False, repr=False)
+  build: Callable[[], protocol.Instance] = dataclasses.field(compare=False, repr=False)
 
 
 def jax_fun_np(fun, fun_args, dtype) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
@@ -69,7 +66,7 @@ def jax_fun_np(fun, fun_args, dtype) -> Callable[[np.ndarray], tuple[float, np.n
 def _instance(fun, fun_args, x0, tol, lipschitz=None, dtype="float64", n=None, f_star=None):
   """An instance whose SciPy rows use the JAX objective itself."""
   x0 = np.atleast_2d(np.asarray(x0, np.float64))
-  return Instance(
+  return protocol.Instance(
     n=int(n or x0.shape[1]),
     dtype=dtype,
     fun=fun,
@@ -253,7 +250,7 @@ def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir):
     x0_np = x0
   else:
     fun_np = problem.fun_np
-  return Instance(
+  return protocol.Instance(
     n=problem.n,
     dtype=dtype,
     fun=padded.fun,
