@@ -191,7 +191,7 @@ def hdm(
     )
     # Line 3: the null step keeps x^k unless f decreases.
     if null_step:
-      accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad)
+      accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
     else:
       accepted = finite
     new_value = jnp.where(accepted, trial_value, value).astype(dtype)

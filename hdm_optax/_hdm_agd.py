@@ -207,8 +207,11 @@ def hdm_agd(
     use_pre = pre_v < lip_v
     best_value = jnp.where(use_pre, pre_v, lip_v)
     best_grad = _common.keep_if(use_pre, pre_grad, lip_grad)
-    accepted = y_ok & acceptance.accept(best_value, jnp.asarray(value, dtype), best_grad, grad)
-    new_params = _common.keep_if(accepted, _common.keep_if(use_pre, x_pre, x_lip), params)
+    best = _common.keep_if(use_pre, x_pre, x_lip)
+    accepted = y_ok & acceptance.accept(
+      best_value, jnp.asarray(value, dtype), best_grad, grad, step=optax.tree.sub(best, params)
+    )
+    new_params = _common.keep_if(accepted, best, params)
     new_grad = _common.keep_if(accepted, best_grad, grad)
     # Line 6: v_k from h_{y^k}(P_k) = (f(x_P) - f(y)) / ||grad f(y)||^2.
     h = jnp.where(pre_ok, _common.safe_div(pre_value - y_value, den), inf)

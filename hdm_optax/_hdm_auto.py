@@ -241,7 +241,7 @@ def hdm_auto(
       live, precond_learner_state, state.precond_learner_state
     )
     # Line 9, ties accepted; a null step shrinks P.
-    accepted = live & acceptance.accept(trial_value, value, trial_grad, grad)
+    accepted = live & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
     precond = _common.keep_if(accepted, precond, optax.tree.scale(c(null_shrink), precond))
     precond = diag.project(precond, c(_MIN_PRECOND), None)
     # While probing P stays 0; the last probe sets P_1 = 1 / L_0.

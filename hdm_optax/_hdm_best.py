@@ -367,7 +367,7 @@ def hdm_best(
       check_finite=False,
     )
     # Line 9: the null step on f.
-    accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad)
+    accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
     # The curvature estimate; U restarts from 0 when L_hat is formed.
     curv = curvature_estimate.record(
       state.curvature,

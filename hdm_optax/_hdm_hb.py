@@ -218,7 +218,8 @@ def hdm_hb(
     # Line 6: the null step on the potential psi.
     psi_new = trial_value + 0.5 * om * optax.tree.vdot(step, step)
     psi_old = value + 0.5 * om * diff_sq
-    accepted = finite & acceptance.accept(psi_new, psi_old, trial_grad, grad)
+    # psi is not f, so the rule gets no step to estimate f's decrease from.
+    accepted = finite & acceptance.accept(psi_new, psi_old, trial_grad, grad, step=None)
     new_state = HDMHBState(
       count=state.count + 1,
       precond=precond,

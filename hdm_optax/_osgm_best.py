@@ -243,8 +243,8 @@ def osgm_best(
       diag.apply(precond, trial_grad),
       enabled=finite & ~active & (trial_grad_norm > 2 * jnp.sqrt(grad_sq)),
     )
-    accepted = finite & acceptance.accept(look.value, value, look.grad, grad)
     new_step = optax.tree.sub(look.params, params)
+    accepted = finite & acceptance.accept(look.value, value, look.grad, grad, step=new_step)
     curv = curvature_estimate.record(
       state.curvature,
       accepted=accepted,

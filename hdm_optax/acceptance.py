@@ -29,7 +29,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,15 +42,18 @@ class AcceptanceRule(NamedTuple):
   """A rule that accepts or rejects a trial point.
 
   Attributes:
-    accept: ``accept(trial_value, value, trial_grad, grad) -> bool array``,
-      whether the trial point (value ``trial_value``, gradient ``trial_grad``)
-      replaces the current one (``value``, ``grad``). Both values are finite
-      when it is called for a decision that counts (variants reject
-      non-finite trials themselves). Gradients are pytrees like the params;
-      a rule that does not read them costs nothing under ``jax.jit``.
+    accept: ``accept(trial_value, value, trial_grad, grad, step=None) -> bool
+      array``, whether the trial point (value ``trial_value``, gradient
+      ``trial_grad``) replaces the current one (``value``, ``grad``). Both
+      values are finite when it is called for a decision that counts
+      (variants reject non-finite trials themselves). Gradients are pytrees
+      like the params; ``step`` is the tree :math:`x^+ - x` where the variant
+      has it (``None`` where the values are not f at the two points, as
+      HDM-HB's potential). Every rule takes the keyword, and a rule that does
+      not read an argument costs nothing under ``jax.jit``.
   """
 
-  accept: Callable[[jax.Array, jax.Array, Any, Any], jax.Array]
+  accept: Callable[..., jax.Array]
 
 
 def strict_decrease() -> AcceptanceRule:
@@ -66,7 +69,9 @@ def strict_decrease() -> AcceptanceRule:
     >>> bool(rule.accept(jnp.asarray(1.0), jnp.asarray(1.0), None, None))
     False
   """
-  return AcceptanceRule(accept=lambda trial_value, value, trial_grad, grad: trial_value < value)
+  return AcceptanceRule(
+    accept=lambda trial_value, value, trial_grad, grad, step=None: trial_value < value
+  )
 
 
 def no_increase() -> AcceptanceRule:
@@ -82,7 +87,9 @@ def no_increase() -> AcceptanceRule:
     >>> bool(rule.accept(jnp.asarray(1.0), jnp.asarray(1.0), None, None))
     True
   """
-  return AcceptanceRule(accept=lambda trial_value, value, trial_grad, grad: trial_value <= value)
+  return AcceptanceRule(
+    accept=lambda trial_value, value, trial_grad, grad, step=None: trial_value <= value
+  )
 
 
 def tie_tolerant(ulps: float = 4.0, base: AcceptanceRule | None = None) -> AcceptanceRule:
@@ -122,10 +129,10 @@ def tie_tolerant(ulps: float = 4.0, base: AcceptanceRule | None = None) -> Accep
 
   base = strict_decrease() if base is None else base
 
-  def accept(trial_value, value, trial_grad, grad):
+  def accept(trial_value, value, trial_grad, grad, step=None):
     eps = jnp.finfo(jnp.result_type(value)).eps
     tie = jnp.abs(trial_value - value) <= ulps * eps * jnp.abs(value)
     smaller = optax.tree.vdot(trial_grad, trial_grad) < optax.tree.vdot(grad, grad)
-    return base.accept(trial_value, value, trial_grad, grad) | (tie & smaller)
+    return base.accept(trial_value, value, trial_grad, grad, step=step) | (tie & smaller)
 
   return AcceptanceRule(accept=accept)

@@ -188,7 +188,7 @@ def test_step_decay_schedule():
 
 def test_hdm_best_takes_other_pieces_without_changing_its_body():
   """A variant is a composition: an always-accepting rule moves on every step."""
-  always = acceptance.AcceptanceRule(accept=lambda tv, v, tg, g: jnp.asarray(True))
+  always = acceptance.AcceptanceRule(accept=lambda tv, v, tg, g, step=None: jnp.asarray(True))
   fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x**2)
   opt = hdm_optax.hdm_best(
     lipschitz=20.0,
