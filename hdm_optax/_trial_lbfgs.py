@@ -77,7 +77,11 @@ def trial_lbfgs(
   curvature information along an explored direction), and accepts a trial on
   the value and its slope instead of the Wolfe conditions.
 
-  The state is 2m + 1 vectors of n (the pairs and the cached gradient) plus
+  The operator acts on the incoming ``updates`` u (grad f(x) when
+  ``trial_lbfgs`` is first or alone in a chain): :math:`x^+ = x - \alpha H_m
+  u`, so a clip or weight decay before it is honoured, while the pairs, the
+  acceptance test and the reported values stay those of f
+  (``docs/pitfalls.md``). The state is 2m + 1 vectors of n (the pairs and the cached gradient) plus
   O(m) scalars. A non-finite trial changes nothing but alpha.
 
   Args:
@@ -135,12 +139,14 @@ def trial_lbfgs(
     dtype = state.value.dtype
     c = lambda x: _common.cast(x, dtype)
     value = jnp.asarray(value, dtype)
-    grad_norm = optax.tree.norm(grad)
+    # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
+    direction = grad if updates is None else updates
+    grad_norm = optax.tree.norm(direction)
     first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
     first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
     gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
-    # x+ = x - alpha H_m g.
-    step = optax.tree.scale(-state.step_size, secant_lib.two_loop(state.memory, gamma, grad))
+    # x+ = x - alpha H_m u.
+    step = optax.tree.scale(-state.step_size, secant_lib.two_loop(state.memory, gamma, direction))
     trial_value, trial_grad = _common.value_and_grad(value_fn, optax.tree.add(params, step))
     trial_value = jnp.asarray(trial_value, dtype)
     change = optax.tree.sub(trial_grad, grad)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import hdm_optax
@@ -147,3 +148,23 @@ def test_bad_arguments(kwargs):
   name = next(iter(kwargs))
   with pytest.raises(ValueError, match=name):
     hdm_optax.trial_lbfgs(**kwargs)
+
+
+def test_transformation_before_is_honoured():
+  """The operator acts on the incoming updates: scale(0) never moves, a clip changes the run."""
+  a, b = _rotated_quadratic(6, 1e2)
+  fun = lambda x: 0.5 * x @ a @ x - b @ x
+  x0 = jnp.full(6, 3.0)
+
+  def run(x0):
+    opts = (
+      hdm_optax.trial_lbfgs(),
+      optax.chain(optax.scale(0.0), hdm_optax.trial_lbfgs()),
+      optax.chain(optax.clip_by_global_norm(1e-2), hdm_optax.trial_lbfgs()),
+    )
+    return [hdm_optax.solve(o, fun, x0, max_steps=20, tol=0.0) for o in opts]
+
+  plain, zero, clipped = jax.jit(run)(x0)
+  np.testing.assert_array_equal(zero.params, x0)
+  assert float(plain.value) < float(fun(x0))
+  assert not np.allclose(clipped.trace.value, plain.trace.value, rtol=1e-6)
