@@ -271,6 +271,17 @@ def test_scale_suite_lists_the_other_problems_in_its_size_range():
   assert 1000 < inst.n <= 3000 and inst.dtype == "float64"
 
 
+def test_scale_dev_suite_is_the_shared_list():
+  """--suite cutest_scale_dev: the 42 names of ../shared/benchmarks/cutest_scale_dev.txt."""
+  if not suites.CUTEST_SCALE_DEV_LIST.exists():
+    pytest.skip(f"{suites.CUTEST_SCALE_DEV_LIST} is not there")
+  tasks = suites.tasks("cutest_scale_dev", tol=runner.TOL)
+  names = suites.cutest_names(suites.CUTEST_SCALE_DEV_LIST)
+  assert [t.name for t in tasks] == names and len(names) == 42
+  assert {t.suite for t in tasks} == {"cutest_scale_dev"}
+  assert not set(names) & set(suites.cutest_names())
+
+
 def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
   """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA)."""
   if importlib.util.find_spec("sif2jax") is None or solvers.optx is None:
