@@ -6,7 +6,7 @@ dependency ``optimistix`` (the ``bench`` extra).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -70,7 +70,11 @@ class HDMMinimiser(optx.AbstractMinimiser):
 
   checked at y0 and after every step (with ``rtol=0`` and the default max
   norm this is ``solve``'s ``||grad f||_inf <= tol``, ``tol = atol``), or with
-  ``RESULTS.nonfinite`` when f or grad f is not finite at y. A null step
+  ``RESULTS.nonfinite`` when f or grad f is not finite at y, or with
+  ``RESULTS.nonlinear_max_steps_reached`` before a step once ``max_grad_evals``
+  gradient calls have been made (``solve``'s ``max_grad_evals``: the same run,
+  call for call; optimistix's ``max_steps`` counts updates, as ``solve``'s
+  ``max_steps``, so ``max_steps=1000`` alone allows 1001 gradient calls). A null step
   (y unchanged) does not stop it, unlike ``OptaxMinimiser``'s test on the
   change of y and f. ``solution.stats`` holds ``num_steps`` (updates, as
   ``solve``'s ``num_steps``), ``num_grad_evals`` and ``num_value_evals`` (every
@@ -100,6 +104,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
   rtol: float
   atol: float
   norm: Callable[[Any], jax.Array]
+  max_grad_evals: Optional[int]
 
   def __init__(
     self,
@@ -107,6 +112,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
     rtol: float = 0.0,
     atol: float = 1e-4,
     norm: Callable[[Any], jax.Array] = optx.max_norm,
+    max_grad_evals: Optional[int] = None,
   ):
     """Wraps ``optim``.
 
@@ -117,10 +123,22 @@ class HDMMinimiser(optx.AbstractMinimiser):
       atol: absolute tolerance on the gradient norm, >= 0.
       norm: the norm of the gradient, ``pytree -> scalar``
         (``optimistix.max_norm``, ``rms_norm`` or ``two_norm``).
+      max_grad_evals: stop before a step once this many gradient calls have
+        been made, the one at y0 included (an update that calls several times,
+        such as a linesearch, may end above it), as ``solve``'s
+        ``max_grad_evals``. ``None``: no limit but optimistix's ``max_steps``.
     """
     for name, val in (("rtol", rtol), ("atol", atol)):
       if isinstance(val, (int, float)) and not 0 <= val < np.inf:
         raise ValueError(f"HDMMinimiser: {name} must be finite and >= 0, got {val}.")
+    if max_grad_evals is not None and (
+      not isinstance(max_grad_evals, (int, np.integer))
+      or isinstance(max_grad_evals, bool)
+      or max_grad_evals < 1
+    ):
+      raise ValueError(
+        f"HDMMinimiser: max_grad_evals must be an int >= 1 or None, got {max_grad_evals!r}."
+      )
     if not callable(norm):
       raise TypeError(f"HDMMinimiser: norm must be callable, got {type(norm).__name__}.")
     # Optax transformations are closures; as pytrees, arrays they close over
@@ -129,6 +147,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
     self.rtol = rtol
     self.atol = atol
     self.norm = norm
+    self.max_grad_evals = None if max_grad_evals is None else int(max_grad_evals)
 
   def _run(self, fn, args):
     """``solve``'s loop pieces for ``fn(y, args) -> (f, aux)``."""
@@ -170,7 +189,8 @@ class HDMMinimiser(optx.AbstractMinimiser):
     carry = self._run(fn, args).step(carry)
     # The aux of fn is not computed during the run (that would cost a call
     # per step); postprocess evaluates it once at the solution.
-    aux_struct = jax.eval_shape(fn, y, args)[1]
+    # args may hold non-array leaves (functions): close over them.
+    aux_struct = jax.eval_shape(lambda y: fn(y, args), y)[1]
     aux = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_struct)
     return carry.params, self._state(carry, state.tol), aux
 
@@ -179,7 +199,11 @@ class HDMMinimiser(optx.AbstractMinimiser):
     finite = jnp.isfinite(state.value) & jnp.isfinite(state.grad_norm)
     converged = state.grad_norm <= state.tol
     result = optx.RESULTS.where(finite, optx.RESULTS.successful, optx.RESULTS.nonfinite)
-    return converged | ~finite, result
+    if self.max_grad_evals is None:
+      return converged | ~finite, result
+    spent = (state.num_grad_evals >= self.max_grad_evals) & finite & ~converged
+    result = optx.RESULTS.where(spent, optx.RESULTS.nonlinear_max_steps_reached, result)
+    return converged | ~finite | spent, result
 
   def postprocess(self, fn, y, aux, args, options, state, tags, result):
     del options, tags, result

@@ -77,6 +77,65 @@ def test_same_run_as_solve(name):
     assert len(calls) == int(sol.stats["num_steps"]) + 1
 
 
+@pytest.mark.parametrize("name", ["hdm_best", "adam", "lbfgs"])
+def test_gradient_call_budget_as_solve(name):
+  """``max_grad_evals`` stops both before an update, at the same call."""
+  opt = OPTIMIZERS[name]()
+  for budget in (1, 17):
+    counted, calls = _counting(lambda w, args: logistic(w, *args))
+    res = hdm_optax.solve(
+      opt, logistic, X0, max_steps=1000, tol=1e-12, fun_args=(A, Y), max_grad_evals=budget
+    )
+    sol = optx.minimise(
+      counted,
+      HDMMinimiser(opt, atol=1e-12, max_grad_evals=budget),
+      X0,
+      (A, Y),
+      max_steps=1000,
+      throw=False,
+    )
+    jax.effects_barrier()
+    assert int(res.status) == hdm_optax.Status.MAX_STEPS
+    assert sol.result == optx.RESULTS.nonlinear_max_steps_reached
+    assert int(sol.stats["num_grad_evals"]) == int(res.num_grad_evals) == len(calls)
+    assert int(sol.stats["num_steps"]) == int(res.num_steps)
+    assert int(sol.stats["num_value_evals"]) == int(res.num_value_evals)
+    np.testing.assert_allclose(sol.value, res.params, rtol=1e-10, atol=1e-13)
+
+
+def test_gradient_call_budget_does_not_stop_a_converged_run():
+  opt = OPTIMIZERS["hdm_best_lip"]()
+  res = hdm_optax.solve(opt, logistic, X0, max_steps=1000, tol=1e-6, fun_args=(A, Y))
+  calls = int(res.num_grad_evals)
+  fn = lambda w, args: logistic(w, *args)
+  sol = optx.minimise(fn, HDMMinimiser(opt, atol=1e-6, max_grad_evals=calls), X0, (A, Y))
+  assert sol.result == optx.RESULTS.successful
+  assert int(sol.stats["num_grad_evals"]) == calls
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_bad_gradient_call_budget(bad):
+  with pytest.raises(ValueError, match="max_grad_evals must be an int >= 1"):
+    HDMMinimiser(hdm_optax.hdm_best(), max_grad_evals=bad)
+
+
+def test_args_with_a_function_leaf():
+  """optimistix passes ``args`` through as a pytree; a leaf may be a function."""
+
+  def fn(w, args):
+    activation, (a, y) = args
+    return jnp.sum(activation(-y * (a @ w))) + 0.05 * w @ w
+
+  args = (jax.nn.softplus, (A, Y))
+  opt = hdm_optax.hdm_auto()
+  res = hdm_optax.solve(opt, logistic, X0, max_steps=1000, tol=1e-6, fun_args=(A, Y))
+  sol = optx.minimise(fn, HDMMinimiser(opt, atol=1e-6), X0, args, max_steps=1000)
+  bfgs = optx.minimise(fn, optx.BFGS(rtol=1e-8, atol=1e-8), X0, args, max_steps=1000)
+  assert int(sol.stats["num_grad_evals"]) == int(res.num_grad_evals)
+  np.testing.assert_allclose(sol.value, res.params, rtol=1e-10, atol=1e-13)
+  np.testing.assert_allclose(sol.value, bfgs.value, atol=1e-5)
+
+
 def test_relative_tolerance():
   opt = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
   g0 = float(jnp.max(jnp.abs(jax.grad(logistic)(X0, A, Y))))

@@ -2,8 +2,8 @@
 
 Protocol (``experiments.protocol``): a budget of gradient calls (every call counts: the initial
 one, probes, line-search steps, each SciPy call) and ``||grad f||_inf <= tol``. A run is solved
-iff it ends at a point where f and grad f are finite, f >= -1e20 and ``||grad f||_inf <= tol``,
-with fewer than ``budget - 1`` calls (``protocol.is_solved``).
+by ``protocol.outcome``: it ends at a point where f and grad f are finite, f >= the library's
+unbounded threshold and ``||grad f||_inf <= tol``, with fewer than ``budget - 1`` calls.
 The seeds of a problem run as one vmapped, compiled program per optax solver; compiled
 programs are kept per (solver, objective, shapes), so problems that share an objective and
 padded shapes (the LIBSVM ones) share them. Rows are appended (and flushed) as they finish; a
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import time
 import traceback
 from pathlib import Path
@@ -26,14 +25,19 @@ import numpy as np
 from tqdm import tqdm
 
 import hdm_optax
+import optax
 from experiments import memory
 from experiments import protocol
+from experiments.baselines import quasi_newton
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
+from experiments.benchmark.solvers import optx
 
 BUDGET = protocol.BUDGET
 TOL = protocol.TOL
-UNBOUNDED = -1e20
+outcome = protocol.outcome
+Row = protocol.Row
+# The CSV's columns, and the Row attribute of each where the names differ.
 FIELDS = (
   "suite",
   "problem",
@@ -50,23 +54,25 @@ FIELDS = (
   "compile_seconds",
   "run_seconds",
 )
+ATTRIBUTES = {"solver": "algorithm", "run_seconds": "seconds"}
+# SciPy runs until the call past the budget stops it (its iteration limit out of the way).
+SCIPY_MAX_ITER = 10**6
 
 
-def outcome(value, grad_inf, grad_calls, tol, budget=BUDGET) -> tuple[bool, str]:
-  """(solved, status) of a run that ended at a point with ``value`` and ``grad_inf``.
+def cells(row: Row) -> list[str]:
+  """The CSV cells of ``row`` in ``FIELDS`` order."""
 
-  The status is empty where the caller knows better why the run ended.
-  """
-  if not (math.isfinite(value) and math.isfinite(grad_inf)):
-    return False, "non_finite"
-  if value < UNBOUNDED:
-    return False, "unbounded"
-  if grad_inf <= tol:
-    solved = bool(protocol.is_solved(True, grad_calls, budget))
-    return solved, "converged" if solved else "budget"
-  if grad_calls >= budget:
-    return False, "budget"
-  return False, ""
+  def cell(v):
+    if v is None:
+      return ""
+    if isinstance(v, bool):
+      return str(int(v))
+    if isinstance(v, float):
+      return repr(v)
+    return str(v)
+
+  values = [getattr(row, ATTRIBUTES.get(f, f)) for f in FIELDS]
+  return [f"{v:.4f}" if f.endswith("seconds") else cell(v) for f, v in zip(FIELDS, values)]
 
 
 def _status_name(code: int) -> str:
@@ -78,35 +84,10 @@ def _status_name(code: int) -> str:
   return "budget" if name == "max_steps" else name
 
 
-@dataclasses.dataclass
-class Row:
-  suite: str
-  problem: str
-  n: Optional[int]
-  dtype: str
-  solver: str
-  seed: Optional[int]
-  solved: bool = False
-  grad_calls: Optional[int] = None
-  value_calls: Optional[int] = None
-  final_value: Optional[float] = None
-  final_grad_inf: Optional[float] = None
-  status: str = ""
-  compile_seconds: float = 0.0
-  run_seconds: float = 0.0
-
-  def cells(self) -> list[str]:
-    def cell(v):
-      if v is None:
-        return ""
-      if isinstance(v, bool):
-        return str(int(v))
-      if isinstance(v, float):
-        return repr(v)
-      return str(v)
-
-    values = dataclasses.astuple(self)
-    return [f"{v:.4f}" if f.endswith("seconds") else cell(v) for f, v in zip(FIELDS, values)]
+def _end_status(solver, out, i) -> str:
+  if solver.is_optimistix:
+    return f"stopped: {_optimistix_status(out['result'][i])}"
+  return _status_name(out["status"][i])
 
 
 # ----------------------------------------------------------------------------
@@ -114,10 +95,10 @@ class Row:
 # ----------------------------------------------------------------------------
 
 
-def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol):
+def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, f_star, tol):
   def one(x, t):
     res = hdm_optax.solve(
-      solver.make(lipschitz),
+      solver.make(lipschitz, f_star),
       fun,
       x,
       max_steps=max_steps,
@@ -140,6 +121,9 @@ def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol):
 
 _batched_solve_jit = jax.jit(_batched_solve, static_argnums=(0, 1, 2))
 _COMPILED: dict = {}
+# XLA options of every compile (None: XLA's defaults, which the committed rows use; the tests
+# set {"xla_backend_optimization_level": 0} to compile faster).
+COMPILE_OPTIONS: Optional[dict] = None
 
 
 def _signature(tree):
@@ -147,17 +131,24 @@ def _signature(tree):
   return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
 
 
-def _compiled(statics, args):
-  """The compiled program for these static and abstract arguments, and its compile seconds."""
-  key = statics + (_signature(args),)
+def _compiled(statics, args, program=_batched_solve_jit):
+  """The compiled ``program`` for these static and abstract arguments, and its compile seconds."""
+  key = (program,) + statics + (_signature(args),)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
   start = time.perf_counter()
-  _COMPILED[key] = _batched_solve_jit.lower(*statics, *args).compile()
+  _COMPILED[key] = program.lower(*statics, *args).compile(COMPILE_OPTIONS)
   return _COMPILED[key], time.perf_counter() - start
 
 
-def run_optax(solver, inst: suites_lib.Instance, budget: int):
+def _constants(inst: protocol.Instance):
+  """The data, L and f* of ``inst`` as the program's arguments (NaN where not known)."""
+  dtype = inst.x0.dtype
+  known = lambda v: jnp.asarray(np.nan if v is None else v, dtype)
+  return inst.fun_args, known(inst.lipschitz), known(inst.f_star)
+
+
+def run_optax(solver, inst: protocol.Instance, budget: int):
   """Runs every seed of ``inst``; returns (outputs as NumPy, compile seconds, run seconds).
 
   The seeds run as one vmapped program; where a transformation cannot be vmapped over the
@@ -166,10 +157,7 @@ def run_optax(solver, inst: suites_lib.Instance, budget: int):
   """
   dtype = inst.x0.dtype
   statics = (solver, inst.fun, budget - 1)
-  consts = (
-    inst.fun_args,
-    jnp.asarray(np.nan if inst.lipschitz is None else inst.lipschitz, dtype),
-  )
+  consts = _constants(inst)
   tol = jnp.asarray(inst.tol, dtype)
   batches = [(inst.x0, tol)]
   try:
@@ -184,8 +172,64 @@ def run_optax(solver, inst: suites_lib.Instance, budget: int):
   return out, compile_seconds, seconds
 
 
+def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
+  """One optimistix run from ``x0`` under the protocol (:class:`solvers.GradientStop`).
+
+  Each step of optimistix's quasi-Newton minimisers evaluates f once (``jax.linearize``,
+  the gradient by its transpose where the line search accepts), so ``budget`` steps make at
+  most ``budget`` calls; each call is counted by ``solvers.COUNTER`` as the program runs.
+  The reported point is the last accepted one, with f and grad f as the minimiser computed
+  them there.
+  """
+  minimiser = solvers_lib.GradientStop(solver.make(lipschitz, f_star), tol)
+  fn = solvers_lib.COUNTER.counted(fun)
+  sol = optx.minimise(fn, minimiser, x0, fun_args, max_steps=budget, throw=False)
+  f_info = sol.state.f_info
+  return dict(
+    value=f_info.f,
+    grad_inf=optax.tree.norm(f_info.grad, ord=jnp.inf),
+    num_steps=sol.stats["num_steps"],
+    result=sol.result._value,
+  )
+
+
+_minimise_jit = jax.jit(_minimise, static_argnums=(0, 1, 2))
+
+
+def run_optimistix(solver, inst: protocol.Instance, budget: int):
+  """Runs the seeds of ``inst`` in turn through one compiled single-start program.
+
+  Returns (outputs as NumPy with ``grad_calls`` counted by the host, compile seconds,
+  run seconds).
+  """
+  statics = (solver, inst.fun, budget)
+  consts = _constants(inst)
+  tol = jnp.asarray(inst.tol, inst.x0.dtype)
+  program, compile_seconds = _compiled(statics, (inst.x0[0], *consts, tol[0]), _minimise_jit)
+  outs, seconds = [], 0.0
+  for x0, t in zip(inst.x0, tol):
+    solvers_lib.COUNTER.calls = 0
+    start = time.perf_counter()
+    out = jax.block_until_ready(program(x0, *consts, t))
+    jax.effects_barrier()
+    seconds += time.perf_counter() - start
+    out = {k: np.asarray(v) for k, v in out.items()}
+    out["grad_calls"] = out["value_calls"] = np.asarray(solvers_lib.COUNTER.calls)
+    outs.append(out)
+  out = jax.tree.map(lambda *a: np.stack(a), *outs)
+  return out, compile_seconds, seconds
+
+
+def _optimistix_status(code) -> str:
+  name = solvers_lib.RESULT_NAMES.get(int(code), f"result {int(code)}")
+  return "budget" if name in ("max_steps_reached", "nonlinear_max_steps_reached") else name
+
+
 def optax_rows(solver, task, inst, budget) -> list[Row]:
-  out, compile_s, run_s = run_optax(solver, inst, budget)
+  if solver.is_optimistix:
+    out, compile_s, run_s = run_optimistix(solver, inst, budget)
+  else:
+    out, compile_s, run_s = run_optax(solver, inst, budget)
   rows = []
   k = len(task.seeds)
   for i, seed in enumerate(task.seeds):
@@ -194,53 +238,41 @@ def optax_rows(solver, task, inst, budget) -> list[Row]:
     solved, status = outcome(value, grad_inf, calls, float(inst.tol[i]), budget)
     rows.append(
       Row(
-        task.suite,
-        task.name,
-        inst.n,
-        inst.dtype,
         solver.name,
-        seed,
         solved,
-        calls,
-        int(out["value_calls"][i]),
-        value,
-        grad_inf,
-        status or _status_name(out["status"][i]),
-        compile_s / k,
-        run_s / k,
+        grad_calls=calls,
+        value_calls=int(out["value_calls"][i]),
+        final_value=value,
+        final_grad_inf=grad_inf,
+        seconds=run_s / k,
+        status=status or _end_status(solver, out, i),
+        compile_seconds=compile_s / k,
+        **_where(task, inst, seed),
       )
     )
   return rows
 
 
+def _where(task, inst, seed) -> dict:
+  return dict(suite=task.suite, problem=task.name, n=inst.n, dtype=inst.dtype, seed=seed)
+
+
 def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
+  """SciPy from each start of ``seeds``, stopped at the call past ``budget``."""
   rows = []
   for seed in seeds:
     i = task.seeds.index(seed)
-    start = time.perf_counter()
-    run = solvers_lib.run_scipy(solver, inst.fun_np, inst.x0_np[i], float(inst.tol[i]), budget)
-    seconds = time.perf_counter() - start
-    solved, status = outcome(run.value, run.grad_inf, run.grad_calls, float(inst.tol[i]), budget)
-    if not status:
-      status = "budget" if run.message == "budget" else f"stopped: {run.message}"
-    rows.append(
-      Row(
-        task.suite,
-        task.name,
-        inst.n,
-        inst.dtype,
-        solver.name,
-        seed,
-        solved,
-        run.grad_calls,
-        run.grad_calls,
-        run.value,
-        run.grad_inf,
-        status,
-        0.0,
-        seconds,
-      )
+    row = quasi_newton.run_baseline(
+      inst.fun_np,
+      inst.x0_np[i],
+      solver.scipy_algorithm,
+      float(inst.tol[i]),
+      blas_threads=None,
+      budget=budget,
+      stop_at_budget=True,
+      maxiter=SCIPY_MAX_ITER,
     )
+    rows.append(dataclasses.replace(row, algorithm=solver.name, **_where(task, inst, seed)))
   return rows
 
 
@@ -261,9 +293,31 @@ def done_keys(path: Path) -> set:
     return {(r["suite"], r["problem"], r["solver"], r["seed"]) for r in csv.DictReader(f)}
 
 
+def merge(parts: Sequence[Path], csv_path: Path) -> int:
+  """Appends the rows of the CSVs ``parts`` not yet in ``csv_path``; returns rows appended."""
+  done = done_keys(Path(csv_path))
+  log = CsvLog(csv_path)
+  written = 0
+  try:
+    for part in parts:
+      if not Path(part).exists():
+        continue
+      with open(part, newline="") as f:
+        for r in csv.DictReader(f):
+          key = (r["suite"], r["problem"], r["solver"], r["seed"])
+          if key not in done:
+            done.add(key)
+            log.write_cells([r[name] for name in FIELDS])
+            written += 1
+  finally:
+    log.close()
+  return written
+
+
 def _error(task, solver_name, seed, exc, n=None, dtype="") -> Row:
   message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-  return Row(task.suite, task.name, n, dtype, solver_name, seed, status=f"error: {message}")
+  where = dict(suite=task.suite, problem=task.name, n=n, dtype=dtype, seed=seed)
+  return Row(solver_name, status=f"error: {message}", **where)
 
 
 class CsvLog:
@@ -279,9 +333,13 @@ class CsvLog:
       self._writer.writerow(FIELDS)
       self._file.flush()
 
+  def write_cells(self, cells: Sequence[str]):
+    self._writer.writerow(cells)
+    self._file.flush()
+
   def write(self, rows: Sequence[Row]):
     for row in rows:
-      self._writer.writerow(row.cells())
+      self._writer.writerow(cells(row))
     self._file.flush()
 
   def close(self):
@@ -297,12 +355,14 @@ def run_suite(
   scipy_seeds: Optional[int] = None,
   progress: bool = True,
   desc: str = "",
+  also_done: Sequence[Path] = (),
 ) -> int:
   """Runs every solver on every task, appending rows to ``csv_path``; returns rows written.
 
   ``scipy_seeds`` limits the SciPy rows to the first seeds of each problem (None: all).
+  Rows present in ``csv_path`` or in the CSVs of ``also_done`` are skipped.
   """
-  done = done_keys(Path(csv_path))
+  done = done_keys(Path(csv_path)).union(*(done_keys(Path(p)) for p in also_done))
   log = CsvLog(csv_path)
   written = 0
   bar = tqdm(total=len(tasks) * len(solvers), desc=desc, disable=not progress, mininterval=5)
@@ -334,15 +394,14 @@ def run_suite(
         continue
       for solver, missing in todo:
         bar.set_postfix_str(f"{task.name} {solver.name}")
-        if solver.needs_lipschitz and inst.lipschitz is None:
+        if (solver.needs_lipschitz and inst.lipschitz is None) or (
+          solver.needs_f_star and inst.f_star is None
+        ):
           bar.update(1)
           continue
         if solver.max_n is not None and inst.n > solver.max_n:
           reason = f"skipped: n = {inst.n} > {solver.max_n}"
-          rows = [
-            Row(task.suite, task.name, inst.n, inst.dtype, solver.name, seed, status=reason)
-            for seed in missing
-          ]
+          rows = [Row(solver.name, status=reason, **_where(task, inst, seed)) for seed in missing]
           log.write(rows)
           written += len(rows)
           bar.update(1)
