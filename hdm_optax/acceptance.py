@@ -219,6 +219,8 @@ def resolved_decrease(ulps: float = 64.0) -> AcceptanceRule:
     rounding = ulps * eps * jnp.maximum(jnp.abs(value), jnp.abs(trial_value))
     mean_grad = optax.tree.scale(0.5, optax.tree.add(grad, trial_grad))
     decrease = optax.tree.vdot(mean_grad, step)
-    return jnp.where(jnp.abs(diff) > rounding, diff < 0, decrease < 0)
+    # A non-finite difference is never rounding: f decides (and rejects +inf, NaN).
+    by_f = ~jnp.isfinite(diff) | (jnp.abs(diff) > rounding)
+    return jnp.where(by_f, diff < 0, decrease < 0)
 
   return AcceptanceRule(accept=accept)
