@@ -442,7 +442,7 @@ class _Run:
 
   def finish(self, c: _Carry, tr: Trace) -> SolveResult:
     # Freeze the tail of the trace at the final values.
-    tail = jnp.arange(self.max_steps + 1) > c.num_steps
+    tail = jnp.arange(self.max_steps + 1, dtype=c.num_steps.dtype) > c.num_steps
     trace = Trace(
       value=jnp.where(tail, c.value, tr.value),
       grad_norm=jnp.where(tail, c.grad_norm, tr.grad_norm),
