@@ -12,7 +12,7 @@
   (20250129, ...).
 * Each algorithm reports its best grid point (:func:`best_point`): fewest
   iterations among the solved points, then lowest final value, by
-  ``hdm_optax.solver.best_index``.
+  ``hdm_optax.driver.results.best_index``.
 * :class:`Row` is one algorithm's best run on one instance, the same type for
   the JAX algorithms and the SciPy baselines.
 """
@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from hdm_optax.solver import best_index
+from hdm_optax.driver.results import best_index
 
 __all__ = [
   "BUDGET",
@@ -84,7 +84,7 @@ def best_point(results, solved) -> int:
     solved: :func:`is_solved` of each point.
 
   Returns:
-    The index ``hdm_optax.solver.best_index`` picks when "converged" means solved.
+    The index ``hdm_optax.driver.results.best_index`` picks when "converged" means solved.
   """
   return best_index(results._replace(converged=np.asarray(solved)))
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import hdm_optax
-from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, _osgm_best, solver
+from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, _osgm_best
 from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, lookahead
 from hdm_optax import schedules, trial
+from hdm_optax.driver import cache, loop, solve
 
 PIECES = [acceptance, candidates, curvature, hypergradient, learners, lookahead, schedules, trial]
 
@@ -44,7 +45,7 @@ def test_every_docs_page_is_in_the_index():
 
 @pytest.mark.parametrize(
   "module",
-  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _osgm_best, solver, *PIECES],
+  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _osgm_best, cache, loop, solve, *PIECES],
   ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):

@@ -7,8 +7,8 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax import _staging
-from hdm_optax import solver
+from hdm_optax.driver import solve as solve_lib
+from hdm_optax.driver import staging
 
 
 A = jnp.array([1.0, 10.0, 100.0])
@@ -52,8 +52,8 @@ def test_stop_at_first_converged_keeps_the_best_point():
   steps = np.asarray(first.results.num_steps)
   assert np.all(steps <= steps[b])  # everyone stopped with the winner
   status = np.asarray(first.results.status)
-  assert status[b] == solver.CONVERGED
-  assert np.any(status == solver.STOPPED)  # the test can fail: someone was cut short
+  assert status[b] == hdm_optax.Status.CONVERGED
+  assert np.any(status == hdm_optax.Status.STOPPED)  # the test can fail: someone was cut short
   assert np.asarray(full.results.num_steps).max() > steps[b]
 
 
@@ -67,7 +67,7 @@ def test_max_grad_evals_budget_and_status():
     fun_args=(A,),
     max_grad_evals=12,
   )
-  assert int(res.status) == solver.MAX_STEPS
+  assert int(res.status) == hdm_optax.Status.MAX_STEPS
   assert 12 <= int(res.num_grad_evals) <= 12 + 30  # a linesearch step may overshoot
   assert not bool(res.converged)
   grad_evals = np.asarray(res.trace.grad_evals)
@@ -89,7 +89,7 @@ def test_trace_is_frozen_after_the_last_step():
 
 def test_compact_sweep_gives_the_same_results():
   """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
-  assert _staging.stage_sizes(6, True) == (6, 2, 1) and _staging.stage_sizes(6, False) == (6,)
+  assert staging.stage_sizes(6, True) == (6, 2, 1) and staging.stage_sizes(6, False) == (6,)
   kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
   full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)
@@ -196,10 +196,10 @@ def test_cache_at_params_reads_the_structure():
   cached = [best, optax.chain(optax.scale(2.0), best), optax.lbfgs()]
   cached += [optax.apply_if_finite(best, 3), optax.inject_hyperparams(optax.sgd)(0.1)]
   for opt in cached[:4]:
-    assert solver.cache_at_params(opt.init(x)) is not None
+    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is not None
   for opt in (optax.chain(best, optax.scale(0.5)), optax.adam(0.1), optax.named_chain(("b", best))):
-    assert solver.cache_at_params(opt.init(x)) is None
-  assert solver.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
+    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is None
+  assert hdm_optax.driver.cache.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
 
 
 def test_value_and_grad_from_state_never_returns_a_stale_cache():
@@ -305,10 +305,10 @@ def test_has_aux_returns_aux_at_the_final_params():
 
 
 def test_status_enum_documents_every_value_and_has_a_message():
-  for status in solver.Status:
-    assert f"{status.name}:" in solver.Status.__doc__
-    assert status.message == solver.status_message(int(status)) == solver.STATUS_MESSAGES[status]
-  assert len({s.message for s in solver.Status}) == len(solver.Status)
+  for status in hdm_optax.Status:
+    assert f"{status.name}:" in hdm_optax.Status.__doc__
+    assert status.message == hdm_optax.status_message(int(status))
+  assert len({s.message for s in hdm_optax.Status}) == len(hdm_optax.Status)
 
 
 def test_a_run_of_null_steps_stalls():
@@ -317,31 +317,31 @@ def test_a_run_of_null_steps_stalls():
   res = hdm_optax.solve(
     opt, quadratic, jnp.ones(3), max_steps=500, fun_args=(A,), max_null_steps=40
   )
-  assert int(res.status) == solver.STALLED and "stalled" in res.message
+  assert int(res.status) == hdm_optax.Status.STALLED and "stalled" in res.message
   assert int(res.num_steps) == int(res.null_run) == 40
   assert not np.any(np.asarray(res.trace.accepted)[1:])
   # By default a run is never cut short, but the message says what happened.
   never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
-  assert int(never.status) == solver.MAX_STEPS and int(never.null_run) == 300
+  assert int(never.status) == hdm_optax.Status.MAX_STEPS and int(never.null_run) == 300
   assert "the last 300 updates were null steps" in never.message
   # A run whose null steps are interrupted by moves does not stall.
   moving = hdm_optax.solve(
     make_best(1e-2, 3.0), quadratic, jnp.ones(3), max_steps=300, fun_args=(A,), max_null_steps=5
   )
-  assert int(moving.status) == solver.CONVERGED
+  assert int(moving.status) == hdm_optax.Status.CONVERGED
 
 
 def test_unbounded_objective_is_reported():
   res = hdm_optax.solve(optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=100)
-  assert int(res.status) == solver.UNBOUNDED and not bool(res.converged)
+  assert int(res.status) == hdm_optax.Status.UNBOUNDED and not bool(res.converged)
   assert float(res.value) < -1e20 and int(res.num_steps) == 4
   res = hdm_optax.solve(
     optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=10, min_value=None
   )
-  assert int(res.status) == solver.MAX_STEPS
-  assert solver.status_message(np.array([0, 5])) == [
-    solver.CONVERGED.message,
-    solver.UNBOUNDED.message,
+  assert int(res.status) == hdm_optax.Status.MAX_STEPS
+  assert hdm_optax.status_message(np.array([0, 5])) == [
+    hdm_optax.Status.CONVERGED.message,
+    hdm_optax.Status.UNBOUNDED.message,
   ]
 
 
@@ -375,20 +375,20 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
-  before = solver._sweep_jit._cache_size()  # pylint: disable=protected-access
+  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
-  first = solver._sweep_jit._cache_size()  # pylint: disable=protected-access
+  first = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
-  assert first == before + 1 and solver._sweep_jit._cache_size() == first  # pylint: disable=protected-access
+  assert first == before + 1 and solve_lib._sweep_jit._cache_size() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
-  before = solver._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
   for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
-  assert solver._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+  assert solve_lib._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
 
 
 def test_solve_inside_jit_vmap_and_grad_without_private_jax():
-  source = open(solver.__file__).read() + open(_staging.__file__).read()
+  source = "".join(open(m.__file__).read() for m in (solve_lib, staging))
   assert "jax._src" not in source
 
   def final_value(lr):
