@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import hdm_optax
+from helpers import counting, logistic, logistic_problem
 from hdm_optax.driver import solve as solve_lib
 from hdm_optax.driver import staging
 
@@ -127,17 +128,6 @@ def test_value_fn_returning_aux_gets_a_clear_error_in_update():
 # ---------------------------------------------------------------------------
 
 
-def _counting(fun):
-  """fun, and the list that gets one entry per oracle call made by the compiled run."""
-  calls = []
-
-  def counted(*args):
-    jax.debug.callback(lambda: calls.append(1))
-    return fun(*args)
-
-  return counted, calls
-
-
 def _check_at_params(res, tol):
   value, grad = jax.value_and_grad(quadratic)(res.params, A)
   np.testing.assert_allclose(float(res.value), float(value), rtol=1e-12)
@@ -158,7 +148,7 @@ def _check_at_params(res, tol):
 )
 def test_chain_after_a_caching_transformation_reports_f_at_params(make):
   """Both cases of the issue: the value was 8.3e-2 for f = 26.4, and 80.09 for 132.14."""
-  fun, calls = _counting(quadratic)
+  fun, calls = counting(quadratic)
   x0 = jnp.ones(3)
   assert float(quadratic(x0, A)) == 111.0
   for max_steps, tol in ((1, 0.0), (3, 0.0), (400, 1e-6)):
@@ -177,7 +167,7 @@ def test_chain_after_a_caching_transformation_reports_f_at_params(make):
   ids=["hdm_best", "lbfgs"],
 )
 def test_a_bare_caching_transformation_costs_no_extra_call(make, per_step):
-  fun, calls = _counting(quadratic)
+  fun, calls = counting(quadratic)
   res = hdm_optax.solve(make(), fun, jnp.ones(3) * 5, max_steps=30, tol=1e-8, fun_args=(A,))
   jax.effects_barrier()
   _check_at_params(res, 1e-8)
@@ -277,7 +267,7 @@ def test_has_aux_returns_aux_at_the_final_params():
   def fun(x, a):
     return quadratic(x, a), {"x": x, "twice": 2 * quadratic(x, a)}
 
-  fun_counted, calls = _counting(fun)
+  fun_counted, calls = counting(fun)
   res = hdm_optax.solve(
     hdm_optax.hdm_best(lipschitz=200.0),
     fun_counted,
@@ -400,3 +390,66 @@ def test_solve_inside_jit_vmap_and_grad_without_private_jax():
   singles = [float(final_value(lr)) for lr in lrs]
   np.testing.assert_allclose(batched, singles, rtol=1e-10)
   np.testing.assert_allclose(jax.vmap(final_value)(lrs), singles, rtol=1e-10)
+
+
+_LOGISTIC = logistic_problem(7, 30, 5)[:2]
+
+# (optimizer, fun, x0, fun_args, the rule's keywords): each run ends by another rule
+CHECK_EVERY_RUNS = {
+  "best_tol": (lambda: make_best(1e-2, 3.0), quadratic, jnp.ones(3), (A,), dict(tol=1e-6)),
+  "auto_budget": (
+    hdm_optax.hdm_auto,
+    logistic,
+    jnp.zeros(5),
+    _LOGISTIC,
+    dict(tol=0.0, max_grad_evals=23),
+  ),
+  "lbfgs_tol": (optax.lbfgs, logistic, jnp.zeros(5), _LOGISTIC, dict(tol=1e-8)),
+  "adam_steps": (lambda: optax.adam(0.1), quadratic, jnp.ones(3), (A,), dict(tol=0.0)),
+  "stalled": (
+    lambda: optax.sgd(0.0),  # every step is a null step
+    quadratic,
+    jnp.ones(3),
+    (A,),
+    dict(max_null_steps=5),
+  ),
+  "non_finite": (
+    lambda: optax.sgd(1.0),
+    lambda x: jnp.sum(jnp.log(x)),  # x = 2, 1.5, 0.83, -0.37
+    jnp.full(2, 2.0),
+    (),
+    dict(tol=1e-8),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(CHECK_EVERY_RUNS))
+def test_stopping_rule_every_k_steps_gives_the_per_step_run(name):
+  make, fun, x0, fun_args, rule = CHECK_EVERY_RUNS[name]
+  opt = make()
+  runs = {
+    k: hdm_optax.solve(opt, fun, x0, max_steps=300, fun_args=fun_args, check_every=k, **rule)
+    for k in (1, 3, 64)
+  }
+  status = int(runs[1].status)
+  assert (
+    status
+    == {
+      "best_tol": hdm_optax.Status.CONVERGED,
+      "auto_budget": hdm_optax.Status.MAX_STEPS,
+      "lbfgs_tol": hdm_optax.Status.CONVERGED,
+      "adam_steps": hdm_optax.Status.MAX_STEPS,
+      "stalled": hdm_optax.Status.STALLED,
+      "non_finite": hdm_optax.Status.NON_FINITE,
+    }[name]
+  )
+  for k, res in runs.items():
+    jax.tree.map(np.testing.assert_array_equal, res, runs[1])  # bit for bit, counts too
+
+
+def test_check_every_must_be_a_positive_int():
+  for bad in (0, -1, 2.0, True):
+    with pytest.raises(ValueError, match="check_every must be an int >= 1"):
+      hdm_optax.solve(
+        optax.sgd(0.1), quadratic, jnp.ones(3), max_steps=5, fun_args=(A,), check_every=bad
+      )
