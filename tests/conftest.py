@@ -3,7 +3,8 @@
 float64 is enabled once for the whole suite (the NumPy reference loops of
 ``tests/reference.py`` run in float64; float32 tests ask for it explicitly).
 ``classification_problem`` builds the paper's SVM / logistic objectives on a
-small synthetic dataset.
+small synthetic dataset; ``cpu_default_device`` runs a test on the CPU device
+(skipped without one, see ``tests/backends.py``).
 """
 
 import jax
@@ -11,6 +12,18 @@ import numpy as np
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+  import backends
+except ImportError:  # pragma: no cover - tests/ turned into a package
+  from tests import backends
+
+
+@pytest.fixture
+def cpu_default_device():
+  """The CPU device, JAX's default for the test (which is skipped where there is none)."""
+  with backends.on_cpu_device() as device:
+    yield device
 
 
 @pytest.fixture

@@ -5,9 +5,11 @@ wide model (params sharded), against the single-device answer."""
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # 8 CPU devices, whatever accelerator is there
+if "--xla_force_host_platform_device_count=8" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  )
 
 import jax  # noqa: E402
 
@@ -93,7 +95,7 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
 
 
 def main():
-  assert jax.device_count() == 8, jax.devices()
+  assert jax.device_count() == 8 and jax.default_backend() == "cpu", jax.devices()
   mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   check("rows sharded, params replicated", 512, 16, P("d", None), P(), mesh)
   check("wide, params sharded", 64, 1024, P(None, "d"), P("d"), mesh)

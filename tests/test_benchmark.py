@@ -1,14 +1,18 @@
 """The benchmark runner: CSV schema, the solved rule, resume, error rows, profiles, registry."""
 
 import csv
+import dataclasses
 import importlib.util
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import sparse as jsparse
 
 from experiments import data as data_lib
+from fast_jit import FAST_COMPILE
 from experiments import memory
 from experiments.benchmark import __main__ as cli
 from experiments.benchmark import profiles
@@ -32,6 +36,19 @@ REFERENCE = {
   ("BOX3", "scipy-lbfgsb-m5"): 12,
 }
 DATASET = "heart_scale"
+# The rows a JAX user would pick instead of HDM (optimistix, optax's tuning-free family,
+# gradient descent with optax's line searches).
+PEER_ROWS = (
+  "optax.contrib.prodigy()",
+  "optax.contrib.dog()",
+  "optax.contrib.dadapt_adamw()",
+  "optax.contrib.cocob()",
+  "optax.polyak_sgd(f_min=F_STAR)",
+  "optax-gd-zoom",
+  "optax-gd-backtracking",
+  "optx.BFGS",
+  "optx.LBFGS",
+)
 
 
 def test_profile_of_a_hand_made_3x3_example():
@@ -262,3 +279,95 @@ def test_scale_suite_lists_the_other_problems_in_its_size_range():
   assert all(t.suite == "cutest_scale" and t.name not in dev for t in tasks)
   inst = tasks[0].build()
   assert 1000 < inst.n <= 3000 and inst.dtype == "float64"
+
+
+def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
+  """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA)."""
+  if importlib.util.find_spec("sif2jax") is None or solvers.optx is None:
+    pytest.skip("sif2jax and optimistix are needed (pip install -e '.[bench]')")
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  path = tmp_path / "results.csv"
+  tasks = suites.cutest_tasks(runner.TOL, CUTEST)
+  runner.run_suite(tasks, [solvers.get(n) for n in PEER_ROWS], path, progress=False)
+  rows = {(r["problem"], r["solver"]): r for r in _rows(path)}
+  expected = {(p, n) for p in CUTEST for n in PEER_ROWS}
+  expected.discard(("AKIVA", "optax.polyak_sgd(f_min=F_STAR)"))  # sif2jax states no f*
+  assert set(rows) == expected
+  for r in rows.values():
+    assert not r["status"].startswith("error"), r
+    calls, grad_inf = int(r["grad_calls"]), float(r["final_grad_inf"])
+    assert 1 <= calls <= runner.BUDGET, r
+    solved = grad_inf <= runner.TOL and calls < runner.BUDGET - 1
+    assert r["solved"] == str(int(solved)), r
+  for p in CUTEST:
+    assert rows[(p, "optx.BFGS")]["solved"] == rows[(p, "optx.LBFGS")]["solved"] == "1"
+
+
+def test_optimistix_rows_count_every_objective_call():
+  """The optimistix rows count each evaluation the compiled program makes, line-search
+  trials it rejects included: the count equals the evaluations seen by the objective's own
+  callback, equals optimistix's steps (one evaluation each), exceeds its accepted steps,
+  and a second run of the same compiled program counts the same."""
+  if solvers.optx is None:
+    pytest.skip("optimistix is not installed (pip install -e '.[bench]')")
+
+  seen = []
+
+  def rosenbrock(x):
+    jax.debug.callback(lambda: seen.append(1))
+    return suites.rosenbrock(x)
+
+  inst = suites._instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+  solver = solvers.get("optx.BFGS")
+  out, _, _ = runner.run_optimistix(solver, inst, runner.BUDGET)
+  calls = int(out["grad_calls"][0])
+  assert calls == len(seen) == int(out["num_steps"][0])
+  assert float(out["grad_inf"][0]) <= runner.TOL
+  minimiser = solvers.GradientStop(solver.make(None), jnp.asarray(runner.TOL))
+  sol = solvers.optx.minimise(
+    lambda y, args: suites.rosenbrock(y), minimiser, inst.x0[0], max_steps=runner.BUDGET
+  )
+  assert int(sol.state.num_accepted_steps) < calls  # rejected trials are counted too
+  seen.clear()
+  again, _, _ = runner.run_optimistix(solver, inst, runner.BUDGET)
+  assert int(again["grad_calls"][0]) == calls == len(seen)
+
+
+def test_jobs_split_the_solvers_and_merge_their_rows(tmp_path):
+  """--jobs N: solver i in process i mod N, each skipping the rows already in the main CSV;
+  merge appends each part's rows once."""
+  args = cli.parse_args(["--suite", "user", "--solvers", "a", "b", "c", "--jobs", "2"])
+  main, part = tmp_path / "results.csv", tmp_path / "parts" / "part0.csv"
+  child = cli.parse_args(cli._child_argv(args, args.solvers[0::2], main, part))
+  assert child.solvers == ["a", "c"] and child.csv == str(part) and child.jobs == 1
+  assert child.also_done == [str(main)] and child.no_summary
+  row = runner.Row("user", "p", 2, "float64", "a", None, True, 3, 3, 0.0, 0.0, "converged")
+  log = runner.CsvLog(main)
+  log.write([row])
+  log.close()
+  log = runner.CsvLog(part)
+  log.write([row, dataclasses.replace(row, solver="c")])
+  log.close()
+  assert runner.merge([part, tmp_path / "missing.csv"], main) == 1
+  assert [r["solver"] for r in _rows(main)] == ["a", "c"]
+
+
+def test_libsvm32_instance_on_an_accelerator_is_float32_bcoo(monkeypatch):
+  """Where JAX's default backend is a GPU, w1a (very sparse) is a BCOO matrix, in float32 for
+  the libsvm32 suite (evaluated here on the CPU: the same program an accelerator compiles)."""
+  data_dir = data_lib.default_data_dir()
+  if data_dir is None or "w1a" not in data_lib.list_datasets(data_dir):
+    pytest.skip("the shared LIBSVM datasets are not available")
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  (task,) = [
+    t
+    for t in suites.libsvm_tasks(runner.TOL, 1, "float32", ["w1a"], data_dir)
+    if t.name.endswith("/logistic")
+  ]
+  inst = task.build()
+  matrix = inst.fun_args[0]
+  assert isinstance(matrix, jsparse.BCOO) and matrix.dtype == jnp.float32
+  with jax.numpy_dtype_promotion("strict"):
+    value, grad = jax.jit(jax.value_and_grad(inst.fun))(inst.x0[0], *inst.fun_args)
+  assert value.dtype == grad.dtype == jnp.float32
+  assert np.isfinite(float(value))

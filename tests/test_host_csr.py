@@ -2,6 +2,8 @@
 
 Both lowerings (the FFI kernel and SciPy through a host callback) must give
 SciPy's numbers bit for bit, in every batch layout and with the row split.
+The kernel exists on the CPU only: every test runs on the CPU device, whatever
+JAX's default backend is, and is skipped where JAX has no CPU backend.
 """
 
 import gc
@@ -17,9 +19,19 @@ import scipy.sparse as sp
 
 from experiments.sparse import host_csr
 
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+  import backends
+except ImportError:  # pragma: no cover - tests/ turned into a package
+  from tests import backends
+
+CPU = backends.cpu_device()
+pytestmark = [
+  pytest.mark.skipif(CPU is None, reason=backends.NO_CPU_REASON),
+  pytest.mark.usefixtures("cpu_default_device"),
+]
 
 A = sp.random(37, 9, density=0.3, random_state=0, format="csr")
-MATRIX = host_csr.register(A)
+MATRIX = host_csr.register(A) if CPU is not None else None
 W = np.random.default_rng(0).standard_normal((4, 9))
 V = np.random.default_rng(1).standard_normal((4, 37))
 LOWERINGS = ["ffi", "callback"]
@@ -94,6 +106,14 @@ def test_eager_call_uses_scipy():
   np.testing.assert_array_equal(np.asarray(out), A @ W[1])
   np.testing.assert_allclose(host_csr.host_product(*MATRIX[3:6], V.T), A.T @ V.T)
   np.testing.assert_allclose(host_csr.host_product(*MATRIX[0:3], W.T[:, None, :])[:, 0], A @ W.T)
+
+
+def test_matrix_lives_on_the_cpu():
+  """Committed to the CPU device: a program that reads it runs there, the kernel's platform."""
+  assert all(leaf.devices() == {CPU} and leaf.committed for leaf in MATRIX)
+  out = jax.jit(host_csr.csr_matvec)(jnp.asarray(W[3]), MATRIX)
+  assert out.devices() == {CPU}
+  np.testing.assert_array_equal(np.asarray(out), A @ W[3])
 
 
 def test_bad_shape_is_a_clear_error():

@@ -9,6 +9,11 @@ import pytest
 import hdm_optax
 from helpers import check_doctests, counting, run_page
 
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+  import backends
+except ImportError:  # pragma: no cover - tests/ turned into a package
+  from tests import backends
+
 _RNG = np.random.default_rng(1)
 M, N, B = 256, 8, 32
 X = _RNG.standard_normal((M, N))
@@ -57,11 +62,18 @@ def test_compiles_once_and_counts_every_call(make, per_step):
 
 
 def test_trial_on_the_current_batch():
-  """One step equals ``update`` called with the batch's own value, gradient and value_fn."""
+  """One step equals ``update`` called with the batch's own value, gradient and value_fn.
+
+  The first step (P = 0) tries x itself: a tie of f(x) with f(x) computed by
+  two programs, the jitted step and eager ``update``. On the CPU they round
+  alike and the accept flags agree; elsewhere rounding may decide the tie
+  either way (tests/backends.py), and the next point is x whichever way.
+  """
   opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
   step = hdm_optax.minibatch_step(opt, loss)
   p, state = params0(), opt.init(params0())
   for batch in list(batches(1))[:3]:
+    trial_is_x = all(bool(jnp.all(leaf == 0)) for leaf in jax.tree.leaves(state.precond))
     value_fn = lambda q, b=batch: loss(q, b)
     value, grad = jax.value_and_grad(value_fn)(p)
     updates, want_state = opt.update(grad, state, p, value=value, grad=grad, value_fn=value_fn)
@@ -69,7 +81,8 @@ def test_trial_on_the_current_batch():
     p, state, _ = step(p, state, batch)
     np.testing.assert_allclose(p["w"], want["w"], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(state.precond["w"], want_state.precond["w"], rtol=1e-12, atol=1e-15)
-    assert bool(state.info.accepted) == bool(want_state.info.accepted)
+    if backends.is_cpu() or not trial_is_x:
+      assert bool(state.info.accepted) == bool(want_state.info.accepted)
 
 
 def test_fewer_null_steps_than_the_stale_cache_loop():

@@ -34,6 +34,7 @@ def test_lipschitz_constant_is_sigma_max_squared():
   assert problems.lipschitz_constant(A) == pytest.approx(sigma**2, rel=1e-12)
 
 
+@pytest.mark.usefixtures("cpu_default_device")  # the "host" representation: CPU only
 @pytest.mark.parametrize("kind", ["svm", "logistic"])
 def test_objectives_agree(kind):
   X, y = _toy()
@@ -90,6 +91,35 @@ def test_choose_representation():
   assert (
     problems.choose_representation(sp.random(16100, 124, density=0.12, format="csr")) == "dense"
   )
+
+
+@pytest.mark.parametrize("backend,want", [("cpu", "host"), ("gpu", "sparse"), ("tpu", "sparse")])
+def test_representation_follows_the_default_backend(monkeypatch, backend, want):
+  """The CSR kernel on a CPU, BCOO on accelerators; dense stays dense everywhere."""
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  assert problems.choose_representation(sp.random(20000, 300, density=0.04, format="csr")) == want
+  assert problems.choose_representation(sp.random(100, 10, density=0.9, format="csr")) == "dense"
+  very_sparse = sp.random(20000, 300, density=0.04, format="csr")
+  assert problems.choose_representation(very_sparse, backend="cpu") == "host"
+
+
+@pytest.mark.usefixtures("cpu_default_device")
+@pytest.mark.parametrize("kind", ["svm", "logistic"])
+def test_accelerator_representation_gives_the_cpu_numbers(monkeypatch, kind):
+  """make_problem's "auto" under each backend: the same f and gradient (evaluated on the CPU)."""
+  X, y = _toy(m=4000, d=200, density=0.03)  # 24,000 nonzeros: very sparse
+  made = {}
+  for backend in ("cpu", "gpu"):
+    monkeypatch.setattr(jax, "default_backend", lambda b=backend: b)
+    made[backend] = problems.make_problem(X, y, kind)
+  assert made["cpu"].representation == "host" and made["gpu"].representation == "sparse"
+  assert isinstance(made["gpu"].fun_args[0], jax.experimental.sparse.BCOO)
+  w = np.random.default_rng(2).standard_normal(made["cpu"].n)
+  (v_host, g_host), (v_bcoo, g_bcoo) = (made[b].value_and_grad(w) for b in ("cpu", "gpu"))
+  vn, gn = made["cpu"].fun_np(w)
+  for v, g in ((v_host, g_host), (v_bcoo, g_bcoo)):
+    assert float(v) == pytest.approx(vn, rel=1e-12)
+    np.testing.assert_allclose(np.asarray(g), gn, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.skipif(REAL_DIR is None, reason="LIBSVM data directory not found")

@@ -2,16 +2,20 @@
 
     python -m experiments.benchmark --suite cutest libsvm libsvm32 user [--seeds 5]
         [--solvers 'hdm_best()' 'hdm_best(lipschitz=L)' osgm_best ...] [--out results/benchmark]
+        [--jobs 2]
 
 Rows go to ``<out>/results.csv`` (appended; a re-run resumes), the summary to
 ``<out>/summary.md`` with profile PNGs beside it. ``--solvers`` takes registered names
 (``experiments/benchmark/solvers.py``: the default list) or optax expressions, where ``L`` is
-the problem's Lipschitz constant.
+the problem's Lipschitz constant. ``--jobs N`` runs the solvers in N processes (solver i in
+process i mod N; each compiles its own programs, so no count changes) and merges their rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,7 +44,10 @@ def parse_args(argv=None):
   p.add_argument("--out", default="results/benchmark")
   p.add_argument("--csv", default=None, help="default: <out>/results.csv")
   p.add_argument("--summary-only", action="store_true")
+  p.add_argument("--no-summary", action="store_true", help="rows only (no summary.md)")
   p.add_argument("--no-progress", action="store_true")
+  p.add_argument("--jobs", type=int, default=1, help="processes; solvers split among them")
+  p.add_argument("--also-done", nargs="*", default=[], help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   for suite in args.suite:
     if suite not in suites_lib.SUITES + ("cutest_scale",):
@@ -50,12 +57,63 @@ def parse_args(argv=None):
   return args
 
 
+def _child_argv(args, solvers, csv_path, part):
+  argv = ["--suite", *args.suite, "--solvers", *solvers, "--csv", str(part)]
+  argv += ["--out", str(part.parent), "--also-done", str(csv_path), "--no-summary"]
+  argv += ["--seeds", str(args.seeds), "--budget", str(args.budget), "--tol", repr(args.tol)]
+  for flag, value in (
+    ("--scipy-seeds", args.scipy_seeds),
+    ("--data-dir", args.data_dir),
+    ("--max-n", args.max_n),
+  ):
+    if value is not None:
+      argv += [flag, str(value)]
+  for flag, values in (("--problems", args.problems), ("--datasets", args.datasets)):
+    if values:
+      argv += [flag, *values]
+  if args.no_progress:
+    argv.append("--no-progress")
+  return argv
+
+
+def run_in_processes(args, out: Path, csv_path: Path) -> None:
+  """Solver i runs in process i mod ``args.jobs``; their CSVs are merged into ``csv_path``."""
+  parts_dir = out / "parts"
+  parts_dir.mkdir(parents=True, exist_ok=True)
+  groups = [args.solvers[i :: args.jobs] for i in range(args.jobs)]
+  parts = [parts_dir / f"part{i}.csv" for i in range(len(groups))]
+  start = time.perf_counter()
+  children = [
+    subprocess.Popen(
+      [sys.executable, "-m", "experiments.benchmark", *_child_argv(args, group, csv_path, part)]
+    )
+    for group, part in zip(groups, parts)
+    if group
+  ]
+  codes = [child.wait() for child in children]
+  seconds = time.perf_counter() - start
+  written = runner.merge(parts, csv_path)
+  suites = "+".join(args.suite)
+  print(f"{suites}: {written} rows in {seconds:.1f} s ({len(children)} processes)", flush=True)
+  if written:
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    with open(out / "timings.tsv", "a") as f:
+      f.write(f"{suites} ({len(children)} processes)\t{seconds:.1f}\t{written}\t{when}\n")
+  if any(codes):
+    raise SystemExit(f"a benchmark process failed (exit codes {codes}); rows kept in {parts_dir}")
+  for part in parts:
+    part.unlink(missing_ok=True)
+    part.with_name("timings.tsv").unlink(missing_ok=True)
+
+
 def main(argv=None):
   args = parse_args(argv)
   out = Path(args.out)
   csv_path = Path(args.csv) if args.csv else out / "results.csv"
   solvers = [solvers_lib.get(name) for name in args.solvers]
-  if not args.summary_only:
+  if args.jobs > 1 and not args.summary_only:
+    run_in_processes(args, out, csv_path)
+  elif not args.summary_only:
     for suite in args.suite:
       tasks = suites_lib.tasks(
         suite,
@@ -75,6 +133,7 @@ def main(argv=None):
         scipy_seeds=args.scipy_seeds,
         progress=not args.no_progress,
         desc=suite,
+        also_done=[Path(p) for p in args.also_done],
       )
       seconds = time.perf_counter() - start
       print(f"{suite}: {written} rows in {seconds:.1f} s", flush=True)
@@ -83,7 +142,7 @@ def main(argv=None):
         with open(out / "timings.tsv", "a") as f:
           when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
           f.write(f"{suite}\t{seconds:.1f}\t{written}\t{when}\n")
-  if csv_path.exists():
+  if csv_path.exists() and not args.no_summary:
     path = summary_lib.write_summary(csv_path, out, args.budget, args.tol)
     print(f"summary: {path}")
 

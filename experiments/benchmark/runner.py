@@ -26,10 +26,12 @@ import numpy as np
 from tqdm import tqdm
 
 import hdm_optax
+import optax
 from experiments import memory
 from experiments import protocol
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
+from experiments.benchmark.solvers import optx
 
 BUDGET = protocol.BUDGET
 TOL = protocol.TOL
@@ -78,6 +80,12 @@ def _status_name(code: int) -> str:
   return "budget" if name == "max_steps" else name
 
 
+def _end_status(solver, out, i) -> str:
+  if solver.is_optimistix:
+    return f"stopped: {_optimistix_status(out['result'][i])}"
+  return _status_name(out["status"][i])
+
+
 @dataclasses.dataclass
 class Row:
   suite: str
@@ -114,10 +122,10 @@ class Row:
 # ----------------------------------------------------------------------------
 
 
-def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol):
+def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, f_star, tol):
   def one(x, t):
     res = hdm_optax.solve(
-      solver.make(lipschitz),
+      solver.make(lipschitz, f_star),
       fun,
       x,
       max_steps=max_steps,
@@ -140,6 +148,9 @@ def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, tol):
 
 _batched_solve_jit = jax.jit(_batched_solve, static_argnums=(0, 1, 2))
 _COMPILED: dict = {}
+# XLA options of every compile (None: XLA's defaults, which the committed rows use; the tests
+# set {"xla_backend_optimization_level": 0} to compile faster).
+COMPILE_OPTIONS: Optional[dict] = None
 
 
 def _signature(tree):
@@ -147,14 +158,21 @@ def _signature(tree):
   return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
 
 
-def _compiled(statics, args):
-  """The compiled program for these static and abstract arguments, and its compile seconds."""
-  key = statics + (_signature(args),)
+def _compiled(statics, args, program=_batched_solve_jit):
+  """The compiled ``program`` for these static and abstract arguments, and its compile seconds."""
+  key = (program,) + statics + (_signature(args),)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
   start = time.perf_counter()
-  _COMPILED[key] = _batched_solve_jit.lower(*statics, *args).compile()
+  _COMPILED[key] = program.lower(*statics, *args).compile(COMPILE_OPTIONS)
   return _COMPILED[key], time.perf_counter() - start
+
+
+def _constants(inst: suites_lib.Instance):
+  """The data, L and f* of ``inst`` as the program's arguments (NaN where not known)."""
+  dtype = inst.x0.dtype
+  known = lambda v: jnp.asarray(np.nan if v is None else v, dtype)
+  return inst.fun_args, known(inst.lipschitz), known(inst.f_star)
 
 
 def run_optax(solver, inst: suites_lib.Instance, budget: int):
@@ -166,10 +184,7 @@ def run_optax(solver, inst: suites_lib.Instance, budget: int):
   """
   dtype = inst.x0.dtype
   statics = (solver, inst.fun, budget - 1)
-  consts = (
-    inst.fun_args,
-    jnp.asarray(np.nan if inst.lipschitz is None else inst.lipschitz, dtype),
-  )
+  consts = _constants(inst)
   tol = jnp.asarray(inst.tol, dtype)
   batches = [(inst.x0, tol)]
   try:
@@ -184,8 +199,64 @@ def run_optax(solver, inst: suites_lib.Instance, budget: int):
   return out, compile_seconds, seconds
 
 
+def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
+  """One optimistix run from ``x0`` under the protocol (:class:`solvers.GradientStop`).
+
+  Each step of optimistix's quasi-Newton minimisers evaluates f once (``jax.linearize``,
+  the gradient by its transpose where the line search accepts), so ``budget`` steps make at
+  most ``budget`` calls; each call is counted by ``solvers.COUNTER`` as the program runs.
+  The reported point is the last accepted one, with f and grad f as the minimiser computed
+  them there.
+  """
+  minimiser = solvers_lib.GradientStop(solver.make(lipschitz, f_star), tol)
+  fn = solvers_lib.COUNTER.counted(fun)
+  sol = optx.minimise(fn, minimiser, x0, fun_args, max_steps=budget, throw=False)
+  f_info = sol.state.f_info
+  return dict(
+    value=f_info.f,
+    grad_inf=optax.tree.norm(f_info.grad, ord=jnp.inf),
+    num_steps=sol.stats["num_steps"],
+    result=sol.result._value,
+  )
+
+
+_minimise_jit = jax.jit(_minimise, static_argnums=(0, 1, 2))
+
+
+def run_optimistix(solver, inst: suites_lib.Instance, budget: int):
+  """Runs the seeds of ``inst`` in turn through one compiled single-start program.
+
+  Returns (outputs as NumPy with ``grad_calls`` counted by the host, compile seconds,
+  run seconds).
+  """
+  statics = (solver, inst.fun, budget)
+  consts = _constants(inst)
+  tol = jnp.asarray(inst.tol, inst.x0.dtype)
+  program, compile_seconds = _compiled(statics, (inst.x0[0], *consts, tol[0]), _minimise_jit)
+  outs, seconds = [], 0.0
+  for x0, t in zip(inst.x0, tol):
+    solvers_lib.COUNTER.calls = 0
+    start = time.perf_counter()
+    out = jax.block_until_ready(program(x0, *consts, t))
+    jax.effects_barrier()
+    seconds += time.perf_counter() - start
+    out = {k: np.asarray(v) for k, v in out.items()}
+    out["grad_calls"] = out["value_calls"] = np.asarray(solvers_lib.COUNTER.calls)
+    outs.append(out)
+  out = jax.tree.map(lambda *a: np.stack(a), *outs)
+  return out, compile_seconds, seconds
+
+
+def _optimistix_status(code) -> str:
+  name = solvers_lib.RESULT_NAMES.get(int(code), f"result {int(code)}")
+  return "budget" if name in ("max_steps_reached", "nonlinear_max_steps_reached") else name
+
+
 def optax_rows(solver, task, inst, budget) -> list[Row]:
-  out, compile_s, run_s = run_optax(solver, inst, budget)
+  if solver.is_optimistix:
+    out, compile_s, run_s = run_optimistix(solver, inst, budget)
+  else:
+    out, compile_s, run_s = run_optax(solver, inst, budget)
   rows = []
   k = len(task.seeds)
   for i, seed in enumerate(task.seeds):
@@ -205,7 +276,7 @@ def optax_rows(solver, task, inst, budget) -> list[Row]:
         int(out["value_calls"][i]),
         value,
         grad_inf,
-        status or _status_name(out["status"][i]),
+        status or _end_status(solver, out, i),
         compile_s / k,
         run_s / k,
       )
@@ -261,6 +332,27 @@ def done_keys(path: Path) -> set:
     return {(r["suite"], r["problem"], r["solver"], r["seed"]) for r in csv.DictReader(f)}
 
 
+def merge(parts: Sequence[Path], csv_path: Path) -> int:
+  """Appends the rows of the CSVs ``parts`` not yet in ``csv_path``; returns rows appended."""
+  done = done_keys(Path(csv_path))
+  log = CsvLog(csv_path)
+  written = 0
+  try:
+    for part in parts:
+      if not Path(part).exists():
+        continue
+      with open(part, newline="") as f:
+        for r in csv.DictReader(f):
+          key = (r["suite"], r["problem"], r["solver"], r["seed"])
+          if key not in done:
+            done.add(key)
+            log.write_cells([r[name] for name in FIELDS])
+            written += 1
+  finally:
+    log.close()
+  return written
+
+
 def _error(task, solver_name, seed, exc, n=None, dtype="") -> Row:
   message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
   return Row(task.suite, task.name, n, dtype, solver_name, seed, status=f"error: {message}")
@@ -278,6 +370,10 @@ class CsvLog:
     if new:
       self._writer.writerow(FIELDS)
       self._file.flush()
+
+  def write_cells(self, cells: Sequence[str]):
+    self._writer.writerow(cells)
+    self._file.flush()
 
   def write(self, rows: Sequence[Row]):
     for row in rows:
@@ -297,12 +393,14 @@ def run_suite(
   scipy_seeds: Optional[int] = None,
   progress: bool = True,
   desc: str = "",
+  also_done: Sequence[Path] = (),
 ) -> int:
   """Runs every solver on every task, appending rows to ``csv_path``; returns rows written.
 
   ``scipy_seeds`` limits the SciPy rows to the first seeds of each problem (None: all).
+  Rows present in ``csv_path`` or in the CSVs of ``also_done`` are skipped.
   """
-  done = done_keys(Path(csv_path))
+  done = done_keys(Path(csv_path)).union(*(done_keys(Path(p)) for p in also_done))
   log = CsvLog(csv_path)
   written = 0
   bar = tqdm(total=len(tasks) * len(solvers), desc=desc, disable=not progress, mininterval=5)
@@ -334,7 +432,9 @@ def run_suite(
         continue
       for solver, missing in todo:
         bar.set_postfix_str(f"{task.name} {solver.name}")
-        if solver.needs_lipschitz and inst.lipschitz is None:
+        if (solver.needs_lipschitz and inst.lipschitz is None) or (
+          solver.needs_f_star and inst.f_star is None
+        ):
           bar.update(1)
           continue
         if solver.max_n is not None and inst.n > solver.max_n:

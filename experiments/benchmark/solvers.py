@@ -2,11 +2,14 @@
 
 A solver is named by a string. Registered names are the defaults below; anything else is a
 Python expression evaluated with every public name of ``hdm_optax`` in scope, plus
-``hdm_optax``, ``optax``, ``jnp`` and ``L`` (the problem's Lipschitz constant, traced):
-``'hdm_best(precond_lr=0.1/L)'``, ``'optax.adam(3e-4)'``,
-``'hdm_optax.hdm_best(lipschitz=L)'``. A bare name ``NAME`` means ``NAME()``
-(``osgm_best`` -> ``hdm_optax.osgm_best()``). A solver that uses ``L`` runs only on problems
-where L is known. New rows need no change to the runner.
+``hdm_optax``, ``optax``, ``optx`` (optimistix), ``jnp``, ``L`` (the problem's Lipschitz
+constant, traced) and ``F_STAR`` (its minimum value, traced): ``'hdm_best(precond_lr=0.1/L)'``,
+``'optax.adam(3e-4)'``, ``'optax.polyak_sgd(f_min=F_STAR)'``, ``'optx.BFGS(rtol=0.0,
+atol=0.0)'``. A bare name ``NAME`` means ``NAME()`` (``osgm_best`` ->
+``hdm_optax.osgm_best()``). A solver that uses ``L`` (``F_STAR``) runs only on problems where
+L (f*) is known. An expression may give an optax transformation (run by ``hdm_optax.solve``)
+or an optimistix minimiser (run by ``optimistix.minimise`` under the protocol's stopping
+rule: :class:`GradientStop`). New rows need no change to the runner.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -23,7 +27,14 @@ from scipy.optimize import minimize
 
 import hdm_optax
 
+try:
+  import optimistix as optx
+except ImportError:  # the optimistix rows need the bench extra
+  optx = None
+
 ADAM_LR = 1e-3  # optax.adam's row: the learning rate most examples use
+# optax's line searches as their docstrings' examples build gradient descent with them.
+LINESEARCH_STEPS = 15
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -32,8 +43,12 @@ class Solver:
 
   Attributes:
     name: the name in the CSV.
-    make: for an optax solver, ``make(L) -> optax.GradientTransformation`` (L may be traced).
+    make: for an optax solver, ``make(L, f_star) -> optax.GradientTransformation`` (either
+      may be traced); for an optimistix solver, ``make(L, f_star) ->
+      optimistix.AbstractMinimiser``.
     needs_lipschitz: whether ``make`` uses L.
+    needs_f_star: whether ``make`` uses f*.
+    is_optimistix: whether ``make`` gives an optimistix minimiser.
     scipy_method: for a SciPy solver, the ``scipy.optimize.minimize`` method.
     scipy_options: for a SciPy solver, ``options(tol) -> dict``.
     max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
@@ -42,6 +57,8 @@ class Solver:
   name: str
   make: Optional[Callable] = None
   needs_lipschitz: bool = False
+  needs_f_star: bool = False
+  is_optimistix: bool = False
   scipy_method: Optional[str] = None
   scipy_options: Optional[Callable[[float], dict]] = None
   max_n: Optional[int] = None
@@ -51,39 +68,53 @@ class Solver:
     return self.scipy_method is not None
 
 
-def namespace(lipschitz=None) -> dict:
+def namespace(lipschitz=None, f_star=None) -> dict:
   """Names an expression may use."""
   names = {name: getattr(hdm_optax, name) for name in hdm_optax.__all__}
-  names.update(hdm_optax=hdm_optax, optax=optax, jnp=jnp, L=lipschitz)
+  names.update(hdm_optax=hdm_optax, optax=optax, optx=optx, jnp=jnp, L=lipschitz, F_STAR=f_star)
   return names
 
 
-def _uses_lipschitz(expression: str) -> bool:
+def _names_used(expression: str) -> set:
   tree = ast.parse(expression, mode="eval")
-  return any(isinstance(node, ast.Name) and node.id == "L" for node in ast.walk(tree))
+  return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+def _is_minimiser(obj) -> bool:
+  return optx is not None and isinstance(obj, optx.AbstractMinimiser)
 
 
 def from_expression(name: str, expression: Optional[str] = None) -> Solver:
   """A solver built by evaluating ``expression`` (default: ``name``); checked once here."""
   expression = expression or name
   try:
-    needs = _uses_lipschitz(expression)
+    used = _names_used(expression)
   except SyntaxError as e:
     raise ValueError(
       f"solver {name!r} is neither a registered name ({', '.join(REGISTERED)}) nor a Python "
       f"expression: {e.msg}"
     ) from None
+  if "optx" in used and optx is None:
+    raise ValueError(f"solver {name!r} needs optimistix: pip install -e '.[bench]'")
   code = compile(expression, f"<solver {name}>", "eval")
 
-  def make(lipschitz):
-    return eval(code, namespace(lipschitz))  # noqa: S307 (the command line's own expression)
+  def make(lipschitz, f_star=None):
+    return eval(code, namespace(lipschitz, f_star))  # noqa: S307 (the command line's own expression)
 
-  optimizer = make(1.0)
-  if not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
+  built = make(1.0, 0.0)
+  minimiser = _is_minimiser(built)
+  if not minimiser and not (hasattr(built, "init") and hasattr(built, "update")):
     raise ValueError(
-      f"solver {name!r} evaluates to {type(optimizer).__name__}, not an optax transformation"
+      f"solver {name!r} evaluates to {type(built).__name__}, not an optax transformation "
+      "or an optimistix minimiser"
     )
-  return Solver(name=name, make=make, needs_lipschitz=needs)
+  return Solver(
+    name=name,
+    make=make,
+    needs_lipschitz="L" in used,
+    needs_f_star="F_STAR" in used,
+    is_optimistix=minimiser,
+  )
 
 
 def lbfgsb_options(memory: int) -> Callable[[float], dict]:
@@ -113,9 +144,29 @@ JAX = (
   "hdm_agd(lipschitz=L)",
   "optax.lbfgs()",
   f"optax.adam({ADAM_LR:g})",
+  # optax's tuning-free family at its documented defaults.
+  "optax.contrib.prodigy()",
+  "optax.contrib.dog()",
+  "optax.contrib.dadapt_adamw()",
+  "optax.contrib.cocob()",
+  "optax.polyak_sgd(f_min=F_STAR)",
 )
-REGISTERED = JAX + tuple(SCIPY)
-DEFAULT = REGISTERED
+# Rows whose name is not their expression: gradient descent with optax's line searches, and
+# optimistix's quasi-Newton minimisers with their Cauchy test switched off (rtol = atol = 0),
+# stopped by the protocol's gradient test instead (GradientStop).
+NAMED = {
+  "optax-gd-zoom": (
+    f"optax.chain(optax.sgd(1.0), optax.scale_by_zoom_linesearch({LINESEARCH_STEPS}))"
+  ),
+  "optax-gd-backtracking": (
+    "optax.chain(optax.sgd(1.0), "
+    f"optax.scale_by_backtracking_linesearch({LINESEARCH_STEPS}, store_grad=True))"
+  ),
+  "optx.BFGS": "optx.BFGS(rtol=0.0, atol=0.0)",
+  "optx.LBFGS": "optx.LBFGS(rtol=0.0, atol=0.0)",
+}
+REGISTERED = JAX + tuple(NAMED) + tuple(SCIPY)
+DEFAULT = REGISTERED if optx is not None else tuple(n for n in REGISTERED if "optx" not in n)
 
 
 @functools.cache
@@ -124,6 +175,8 @@ def get(name: str) -> Solver:
   if name in SCIPY:
     method, options, max_n = SCIPY[name]
     return Solver(name=name, scipy_method=method, scipy_options=options, max_n=max_n)
+  if name in NAMED:
+    return from_expression(name, NAMED[name])
   if name.isidentifier() and name not in namespace():
     return from_expression(name, f"hdm_optax.{name}()")
   if name.isidentifier():
@@ -177,3 +230,79 @@ def run_scipy(solver: Solver, fun_np, x0: np.ndarray, tol: float, budget: int) -
     message = str(res.message)
   grad_inf = float(np.max(np.abs(grad))) if np.size(grad) else 0.0
   return ScipyRun(calls, float(value), grad_inf, message)
+
+
+# ----------------------------------------------------------------------------
+# optimistix rows: the protocol's stopping rule, and every objective call counted
+# ----------------------------------------------------------------------------
+
+
+class CallCounter:
+  """Counts the calls of an objective made inside compiled code (a host callback per call).
+
+  ``counted(fun)`` is ``fun`` as optimistix takes it, ``(y, args) -> fun(y, *args)``, with an
+  ordered ``io_callback`` that adds one to :attr:`calls` each time the compiled program
+  evaluates it, whichever branch, loop or line search the evaluation sits in. Counting
+  happens when the program runs, not when it is traced, so it survives ``jit``.
+  """
+
+  def __init__(self):
+    self.calls = 0
+
+  def _tick(self, _):
+    self.calls += 1
+    return np.zeros((), np.int32)
+
+  def counted(self, fun):
+    from jax.experimental import io_callback
+
+    def fn(y, args):
+      # Its input carries no tangent: linearize runs it once, in the primal computation.
+      io_callback(self._tick, jax.ShapeDtypeStruct((), jnp.int32), jnp.zeros(()), ordered=True)
+      return fun(y, *args)
+
+    return fn
+
+
+COUNTER = CallCounter()
+
+if optx is not None:
+
+  class GradientStop(optx.AbstractMinimiser):
+    """An optimistix quasi-Newton minimiser stopped by ``||grad f(y)||_inf <= tol``.
+
+    optimistix's BFGS and LBFGS stop on a small change of y and f (a Cauchy test with
+    ``rtol`` and ``atol``); the benchmark runs them with ``rtol = atol = 0``, which switches
+    that test off, and this wrapper stops them where the protocol stops every row: at the
+    first accepted point whose gradient (the one the minimiser computed there, held in
+    its state) has ``||grad f||_inf <= tol``. y0 is the first accepted point, so a start
+    that already meets ``tol`` stops after one call. Everything else (steps, line search,
+    result codes) is the wrapped minimiser's.
+
+    Attributes:
+      inner: the optimistix minimiser (its state must hold ``first_step`` and
+        ``f_info.grad``, as ``AbstractQuasiNewton``'s does).
+      tol: the threshold (an array: no recompilation for another value).
+    """
+
+    inner: Any
+    tol: jax.Array
+    rtol: float = 0.0
+    atol: float = 0.0
+    norm: Callable = optx.max_norm
+
+    def init(self, fn, y, args, options, f_struct, aux_struct, tags):
+      return self.inner.init(fn, y, args, options, f_struct, aux_struct, tags)
+
+    def step(self, fn, y, args, options, state, tags):
+      return self.inner.step(fn, y, args, options, state, tags)
+
+    def terminate(self, fn, y, args, options, state, tags):
+      done, result = self.inner.terminate(fn, y, args, options, state, tags)
+      small = optx.max_norm(state.f_info.grad) <= self.tol
+      return done | (jnp.logical_not(state.first_step) & small), result
+
+    def postprocess(self, fn, y, aux, args, options, state, tags, result):
+      return self.inner.postprocess(fn, y, aux, args, options, state, tags, result)
+
+  RESULT_NAMES = {int(item._value): name for name, item in optx.RESULTS._name_to_item.items()}

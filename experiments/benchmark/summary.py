@@ -242,6 +242,15 @@ def protocol_notes(budget, tol) -> list[str]:
     "with seed 0); logistic regression on standardised breast cancer with an intercept, mean "
     f"loss + {suites_lib.LOGISTIC_L2:g}/2 ||w||^2, from 0, float32 and float64 (L = "
     "sigma_max(A)^2/(4m) + lambda); sum(x - log x), n = 10, from x = 5.",
+    "- `optx.BFGS` / `optx.LBFGS`: `optimistix.minimise(..., throw=False)` of "
+    "`optx.BFGS(rtol=0.0, atol=0.0)` (LBFGS alike): the Cauchy test off, stopped at the first "
+    "accepted point with `||grad f||_inf <= tol` (`solvers.GradientStop`); every objective "
+    "evaluation counted by a host callback, rejected line-search trials included. "
+    "`optax.contrib.*()` at their defaults; `optax.polyak_sgd(f_min=F_STAR)` only where f* is "
+    "known (CUTEst: the SIF file's value unless contradicted, `suites.WRONG_F_STAR`; Rosenbrock; "
+    "x - log x); `optax-gd-zoom` / `optax-gd-backtracking`: `optax.sgd(1.0)` chained with "
+    f"optax's zoom / backtracking line search ({solvers_lib.LINESEARCH_STEPS} steps, "
+    "backtracking with `store_grad=True`), each line-search step one call.",
     f"- `optax.adam` runs at lr = {solvers_lib.ADAM_LR:g}; SciPy L-BFGS-B with `ftol=0` "
     "(stops on the gradient only), BFGS with `norm=inf`; a SciPy call past the budget stops the run.",
     "- Seconds: `compile_seconds` is the time to compile a program the first time it is needed "

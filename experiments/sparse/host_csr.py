@@ -27,7 +27,9 @@ kernel is built on the first compiled product, the callback path's thread
 pool is started by its first product that is big enough to split.
 
 Both run on the CPU only: use dense arrays or BCOO on accelerators or with
-sharding.
+sharding. :func:`register` commits the arrays to JAX's CPU device, so a
+program that reads a :class:`CSRMatrix` runs on the CPU whatever JAX's default
+backend is (its other inputs are copied there).
 """
 
 from __future__ import annotations
@@ -93,8 +95,22 @@ class CSRMatrix(NamedTuple):
     return self.indptr.shape[0] - 1, self.t_indptr.shape[0] - 1
 
 
+def cpu_device() -> jax.Device:
+  """JAX's first CPU device, where the kernel runs."""
+  try:
+    return jax.devices("cpu")[0]
+  except RuntimeError as e:
+    raise RuntimeError(
+      f"the CSR kernel runs on the CPU, and JAX has no CPU backend here ({e}); "
+      "add cpu to JAX_PLATFORMS, or use the dense or BCOO representation"
+    ) from e
+
+
 def register(A) -> CSRMatrix:
-  """``A`` (any SciPy/NumPy matrix) as a :class:`CSRMatrix` (float64, sorted indices)."""
+  """``A`` (any SciPy/NumPy matrix) as a :class:`CSRMatrix` (float64, sorted indices).
+
+  The arrays are committed to JAX's CPU device (:func:`cpu_device`).
+  """
   A = sp.csr_matrix(A, dtype=np.float64)
   A.sum_duplicates()
   A.sort_indices()
@@ -102,10 +118,9 @@ def register(A) -> CSRMatrix:
     raise ValueError(f"the CSR kernel indexes with int32: {A.nnz} nonzeros are too many")
   AT = A.T.tocsr()  # CSR of A^T: ~20% faster than the CSC view A.T @ v
   AT.sort_indices()
-  arrays = lambda M: (
-    jnp.asarray(M.indptr, jnp.int32),
-    jnp.asarray(M.indices, jnp.int32),
-    jnp.asarray(M.data, jnp.float64),
+  cpu = cpu_device()
+  arrays = lambda M: jax.device_put(
+    (M.indptr.astype(np.int32), M.indices.astype(np.int32), M.data.astype(np.float64)), cpu
   )
   return CSRMatrix(*arrays(A), *arrays(AT))
 

@@ -1,0 +1,205 @@
+"""Batched solves: B independent small problems as one vmapped program, per solver.
+
+    python -m experiments.perf.batched [--batches 1,1024,16384] [--dtype float32]
+                                       [--solvers all] [--calls 1000] [--tol 1e-4]
+
+B independent ridge-logistic regressions ``f_b(w) = mean_i softplus(-y_bi <a_bi, w>)
++ RIDGE / 2 ||w||^2`` with ``--rows`` x ``--cols`` (200 x 50) Gaussian data and
+labels from a noisy planted model, solved by one ``jax.jit(jax.vmap(solve))``
+(each problem its own data, start 0 and, for ``hdm_best(L)``, its own
+``L = sigma_max(A_b)^2 / (4 rows) + RIDGE``) within ``--calls`` gradient
+calls to ``||grad f_b||_inf <= --tol``. The optax transformations run through
+``hdm_optax.solve(max_steps=calls, max_grad_evals=calls)``; optimistix's BFGS
+and LBFGS through ``optimistix.minimise(max_steps=calls, throw=False)`` with
+their Cauchy test off and the same gradient test
+(``experiments.benchmark.solvers.GradientStop``, as the benchmark runs them;
+their calls column is steps). Every problem counts as solved by
+``||grad f_b||_inf <= tol`` at the returned point.
+
+For each B and solver it prints one row: the compile time of the vmapped
+program (``lower`` + ``compile``, seconds), the best wall time of one batched
+solve (compilation excluded, ``--repeats`` interleaved runs), how many of the
+B problems were solved, problems solved per second (solved / time), and the
+mean gradient calls per problem. ``--dtype float64`` enables x64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.perf import timing
+
+__all__ = ["SOLVERS", "device_label", "make_batch", "batched_solve", "main"]
+
+RIDGE = 1e-2
+
+
+def device_label() -> str:
+  """The device the default backend runs on, in words (CPU: with its core count)."""
+  d = jax.devices()[0]
+  if d.platform == "cpu":
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+  return f"{d.device_kind} ({d.platform})"
+
+
+def make_batch(batch: int, rows: int, cols: int, dtype, seed: int = 0):
+  """``(A, y, L)``: B problems' data (B, rows, cols), labels (B, rows) and L (B,)."""
+  rng = np.random.default_rng(seed)
+  a = rng.standard_normal((batch, rows, cols)) / np.sqrt(cols)
+  w = rng.standard_normal((batch, cols))
+  margin = np.einsum("bij,bj->bi", a, w)
+  y = np.where(margin + 0.5 * rng.standard_normal(margin.shape) > 0, 1.0, -1.0)
+  lip = np.linalg.svd(a, compute_uv=False)[:, 0] ** 2 / (4 * rows) + RIDGE
+  return tuple(jnp.asarray(v, dtype) for v in (a, y, lip))
+
+
+def ridge_logistic(w, a, y):
+  ridge = jnp.asarray(RIDGE / 2, w.dtype)
+  return jnp.mean(jax.nn.softplus(-y * (a @ w))) + ridge * jnp.vdot(w, w)
+
+
+def _optax(make: Callable) -> Callable:
+  """One problem's solve by the optax transformation ``make(L)``: (calls, solved, grad calls)."""
+  import hdm_optax
+
+  def one(a, y, lip, tol, calls):
+    x0 = jnp.zeros(a.shape[1], a.dtype)
+    res = hdm_optax.solve(
+      make(lip),
+      ridge_logistic,
+      x0,
+      max_steps=calls,
+      max_grad_evals=calls,
+      tol=tol,
+      fun_args=(a, y),
+    )
+    return res.converged, res.num_grad_evals
+
+  return one
+
+
+def _optimistix(name: str) -> Callable:
+  """One problem's solve by optimistix's ``name`` (its Cauchy test off), stopped on the gradient."""
+  import optimistix as optx
+
+  from experiments.benchmark.solvers import GradientStop
+
+  def one(a, y, lip, tol, calls):
+    del lip
+    solver = GradientStop(getattr(optx, name)(rtol=0.0, atol=0.0), jnp.asarray(tol, a.dtype))
+    fn = lambda w, args: ridge_logistic(w, *args)
+    x0 = jnp.zeros(a.shape[1], a.dtype)
+    sol = optx.minimise(fn, solver, x0, args=(a, y), max_steps=calls, throw=False)
+    grad = jax.grad(ridge_logistic)(sol.value, a, y)
+    return jnp.max(jnp.abs(grad)) <= tol, sol.stats["num_steps"]
+
+  return one
+
+
+def _solvers() -> dict[str, Callable]:
+  import optax
+
+  import hdm_optax
+
+  return {
+    "hdm_auto()": _optax(lambda lip: hdm_optax.hdm_auto()),
+    "osgm_best()": _optax(lambda lip: hdm_optax.osgm_best()),
+    "optax.lbfgs()": _optax(lambda lip: optax.lbfgs()),
+    "hdm_best(L)": _optax(lambda lip: hdm_optax.hdm_best(lipschitz=lip)),
+    "optimistix.BFGS": _optimistix("BFGS"),
+    "optimistix.LBFGS": _optimistix("LBFGS"),
+  }
+
+
+SOLVERS = tuple(_solvers())
+
+
+def batched_solve(one: Callable, tol: float, calls: int) -> Callable:
+  """``jax.jit`` of ``jax.vmap(one)`` over the problems (tol and calls fixed)."""
+  return jax.jit(jax.vmap(lambda a, y, lip: one(a, y, lip, tol, calls)))
+
+
+def run(
+  batches, solvers, dtype, rows, cols, calls, tol, repeats, compiler_options=None
+) -> list[dict]:
+  """Prints and returns one row per (B, solver) (``compiler_options``: XLA's, for the tests)."""
+  table = _solvers()
+  print(f"device: {device_label()}; jax {jax.__version__}; {dtype}, {rows} x {cols}, ")
+  print(f"  {calls} calls, tol {tol:g}, ridge {RIDGE:g}")
+  print(
+    f"{'B':>6} {'solver':<17} {'compile s':>9} {'solve s':>9} {'solved':>12} "
+    f"{'problems/s':>11} {'mean calls':>10}"
+  )
+  rows_out = []
+  for batch in batches:
+    data = make_batch(batch, rows, cols, dtype)
+    compiled = {}
+    compile_s = {}
+    for name in solvers:
+      fn = batched_solve(table[name], tol, calls)
+      start = time.perf_counter()
+      compiled[name] = fn.lower(*data).compile(compiler_options)
+      compile_s[name] = time.perf_counter() - start
+    seconds, outputs = timing.best_times(
+      {name: (lambda c=c: c(*data)) for name, c in compiled.items()}, repeats=repeats
+    )
+    for name in solvers:
+      solved, num_calls = (np.asarray(v) for v in outputs[name])
+      row = dict(
+        batch=batch,
+        solver=name,
+        compile_seconds=compile_s[name],
+        seconds=seconds[name],
+        solved=int(solved.sum()),
+        per_second=float(solved.sum()) / seconds[name],
+        mean_calls=float(num_calls.mean()),
+      )
+      rows_out.append(row)
+      print(
+        f"{batch:>6} {name:<17} {row['compile_seconds']:>9.2f} {row['seconds']:>9.4f} "
+        f"{row['solved']:>6}/{batch:<5} {row['per_second']:>11,.0f} {row['mean_calls']:>10.1f}",
+        flush=True,
+      )
+  return rows_out
+
+
+def main(argv=None) -> list[dict]:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--batches", default="1,1024,16384")
+  p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+  p.add_argument("--solvers", default="all", help=f"comma-separated of {', '.join(SOLVERS)}")
+  p.add_argument("--rows", type=int, default=200)
+  p.add_argument("--cols", type=int, default=50)
+  p.add_argument("--calls", type=int, default=1000)
+  p.add_argument("--tol", type=float, default=1e-4)
+  p.add_argument("--repeats", type=int, default=3)
+  args = p.parse_args(argv)
+  if args.dtype == "float64":
+    jax.config.update("jax_enable_x64", True)
+  solvers = SOLVERS if args.solvers == "all" else tuple(args.solvers.split(","))
+  unknown = set(solvers) - set(SOLVERS)
+  if unknown:
+    p.error(f"--solvers: unknown {sorted(unknown)}; choose from {', '.join(SOLVERS)}")
+  batches = [int(float(b)) for b in args.batches.split(",")]
+  return run(
+    batches,
+    solvers,
+    jnp.dtype(args.dtype),
+    args.rows,
+    args.cols,
+    args.calls,
+    args.tol,
+    args.repeats,
+  )
+
+
+if __name__ == "__main__":
+  main()

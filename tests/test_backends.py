@@ -1,0 +1,53 @@
+"""tests/backends.py: what a test may assume on each backend, the non-CPU paths included."""
+
+import jax
+import numpy as np
+import pytest
+
+from experiments.sparse import host_csr
+
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+  import backends
+except ImportError:  # pragma: no cover - tests/ turned into a package
+  from tests import backends
+
+
+def test_cpu_is_strict_and_other_backends_have_the_documented_tolerances(monkeypatch):
+  assert backends.reference_rtol("cpu") == 1e-10 and backends.reference_rtol("gpu") == 1e-9
+  for dtype in (np.float32, np.float64):
+    assert backends.cross_program_rtol(dtype, "cpu") == 0.0
+  assert backends.cross_program_rtol(np.float64, "gpu") == 1e-9
+  assert backends.cross_program_rtol(np.float32, "tpu") == 1e-4
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert not backends.is_cpu() and backends.reference_rtol() == 1e-9
+
+
+def test_across_programs_bit_exact_on_cpu_within_the_tolerance_elsewhere():
+  want = np.array([1.0, -2.0, 0.0])
+  last_bit = np.nextafter(want, np.inf)
+  with pytest.raises(AssertionError):
+    backends.assert_same_across_programs(last_bit, want, np.float64, "cpu")
+  backends.assert_same_across_programs(last_bit, want, np.float64, "gpu")
+  with pytest.raises(AssertionError):
+    backends.assert_same_across_programs(want * (1 + 1e-8), want, np.float64, "gpu")
+  flags = np.array([True, False])
+  with pytest.raises(AssertionError):  # counters and flags stay exact everywhere
+    backends.assert_same_across_programs(~flags, flags, np.float64, "gpu")
+
+
+def test_without_a_cpu_backend_the_kernel_tests_skip_with_the_reason(monkeypatch):
+  def devices(backend=None):
+    raise RuntimeError(f"Unknown backend {backend}")
+
+  monkeypatch.setattr(jax, "devices", devices)
+  assert backends.cpu_device() is None
+  with pytest.raises(pytest.skip.Exception, match="CPU backend"):
+    with backends.on_cpu_device():
+      pass
+  with pytest.raises(RuntimeError, match="JAX has no CPU backend here .* JAX_PLATFORMS"):
+    host_csr.register(np.eye(3))
+
+
+def test_cpu_default_device_fixture(cpu_default_device):
+  assert cpu_default_device.platform == "cpu"
+  assert jax.numpy.zeros(2).devices() == {cpu_default_device}

@@ -1,0 +1,82 @@
+"""Smoke tests of the accelerator benchmarks (experiments/perf/batched.py, large.py) on the
+CPU at tiny sizes: they run and print their rows. Their numbers are measured by the scripts,
+never asserted here."""
+
+import subprocess
+import types
+
+import jax.numpy as jnp
+import pytest
+
+from experiments.perf import batched, large
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+
+
+def test_batched_throughput_rows(capsys):
+  # float64: the suite enables x64, and optimistix 0.1.0's LBFGS then fails on float32 problems
+  # (its scan carry mixes float32 and float64); the script runs float32 without x64.
+  rows = batched.run(
+    batches=[3],
+    solvers=["hdm_auto()", "optimistix.LBFGS"],
+    dtype=jnp.dtype("float64"),
+    rows=20,
+    cols=5,
+    calls=200,
+    tol=1e-4,
+    repeats=1,
+    compiler_options=FAST_COMPILE,
+  )
+  assert [(r["batch"], r["solver"]) for r in rows] == [(3, "hdm_auto()"), (3, "optimistix.LBFGS")]
+  assert all(r["solved"] == 3 and r["per_second"] > 0 and r["compile_seconds"] > 0 for r in rows)
+  out = capsys.readouterr().out
+  assert out.startswith("device: CPU") and "hdm_auto()" in out and "problems/s" in out
+
+
+def test_batched_rejects_an_unknown_solver(capsys):
+  with pytest.raises(SystemExit):
+    batched.main(["--solvers", "hdm_auto(),adam"])
+  assert "unknown ['adam']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("problem", ["sparse", "free"])
+def test_large_run_one_measures_time_and_memory(problem):
+  out = large.run_one("hdm_auto()", 2000, problem, 50, 1e-2, 1, FAST_COMPILE)
+  assert out["grad_calls"] >= 1 and out["seconds"] > 0 and out["peak_bytes"] > 0
+  assert out["program_bytes"] is None or out["program_bytes"] >= 4 * 2000
+  if problem == "sparse":
+    assert out["converged"]
+
+
+def test_ceiling_doubles_then_bisects(monkeypatch):
+  """A fake child that fails from n = 50: doubling 10, 20, 40, 80, then bisection 60, 50."""
+  tried = []
+
+  def child(args, memory_gib, timeout):
+    n = int(args[1])
+    tried.append(n)
+    return ({"n": n}, "") if n < 50 else (None, "RESOURCE_EXHAUSTED: Out of memory")
+
+  monkeypatch.setattr(large, "_child", child)
+  assert large.ceiling("hdm_auto()", 10, 1000, 5, 2, None, 60) == (
+    40,
+    50,
+    "RESOURCE_EXHAUSTED: Out of memory",
+  )
+  assert tried == [10, 20, 40, 80, 60, 50]
+  tried.clear()
+  assert large.ceiling("hdm_auto()", 400, 1000, 5, 0, None, 60)[:2] == (25, 50)  # halves down
+  assert tried == [400, 200, 100, 50, 25]
+  tried.clear()
+  assert large.ceiling("hdm_auto()", 10, 30, 5, 2, None, 60) == (20, None, "")  # bounded
+  assert tried == [10, 20]
+
+
+def test_child_reports_the_last_error_line(monkeypatch):
+  stderr = "Traceback ...\njax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory\n"
+  fake = types.SimpleNamespace(stdout="", stderr=stderr, returncode=1)
+  monkeypatch.setattr(subprocess, "run", lambda *a, **k: fake)
+  out, err = large._child(["hdm_auto()", "10", "free", "5"], 1.0, 60)
+  assert out is None and err.endswith("RESOURCE_EXHAUSTED: Out of memory")
+  fake.stdout = 'noise\n{"n": 10}\n'
+  assert large._child(["hdm_auto()", "10", "free", "5"], None, 60) == ({"n": 10}, "")
