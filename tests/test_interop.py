@@ -12,7 +12,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import hdm_optax  # noqa: E402
-from helpers import counting, logistic  # noqa: E402
+from helpers import EVERY_STEP, counting, logistic  # noqa: E402
 from fast_jit import FAST_COMPILE, run_jit  # noqa: E402
 from hdm_optax.driver import solve as solve_lib  # noqa: E402
 
@@ -86,7 +86,12 @@ def test_solve_oracle_counts(name, per_step):
   fun, calls = counting(logistic)
   opt = make()
   res = run_jit(
-    lambda x0, X, y: hdm_optax.solve(opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y)), X0, X, Y
+    lambda x0, X, y: hdm_optax.solve(
+      opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y), **EVERY_STEP
+    ),
+    X0,
+    X,
+    Y,
   )
   jax.effects_barrier()
   steps = int(res.num_steps)
@@ -427,13 +432,17 @@ def test_jit_vmap_solve_over_precond_lr():
 
 def test_solve_with_adam_and_lbfgs():
   fun, calls = counting(logistic)
-  adam = hdm_optax.solve(optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4, fun_args=(X, Y))
+  adam = hdm_optax.solve(
+    optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4, fun_args=(X, Y), **EVERY_STEP
+  )
   jax.effects_barrier()
   assert int(adam.num_grad_evals) == int(adam.num_steps) + 1 == len(calls)
   assert float(adam.value) < float(logistic(X0, X, Y))
 
   calls.clear()
-  lbfgs = hdm_optax.solve(optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8, fun_args=(X, Y))
+  lbfgs = hdm_optax.solve(
+    optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8, fun_args=(X, Y), **EVERY_STEP
+  )
   jax.effects_barrier()
   assert bool(lbfgs.converged)
   steps = int(lbfgs.num_steps)

@@ -227,7 +227,9 @@ def solve(
     check_every: the ``while_loop`` tests the stopping rule once per
       ``check_every`` steps (static). Inside, each step is masked: a step
       after the rule held leaves the run as it was, so the result, trace and
-      counts are those of a test at every step, bit for bit. A masked step is
+      counts are those of a test at every step (bit for bit on a CPU, where
+      it is tested; on other backends the two are different compiled programs
+      and agree as any two programs do, see ``tests/backends.py``). A masked step is
       still computed (on a GPU, skipping it would cost the host round trip
       this option saves): its oracle calls run and are discarded, uncounted,
       so at most ``check_every - 1`` steps of work are wasted at the end of a
