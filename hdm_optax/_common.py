@@ -157,6 +157,24 @@ def require_oracle(name: str, value, grad, value_fn, updates, params=None, state
   return value, grad
 
 
+def require_untransformed(name: str, updates, grad, reason: str):
+  """Raises a ``ValueError`` unless ``updates`` are the gradient itself (leaf for leaf).
+
+  For a variant that cannot honour a transformation before it in a chain:
+  refusing is better than dropping the user's clipping or weight decay without
+  a word. Identity is checked on the leaves (at trace time), so ``grad`` passed
+  as both ``updates`` and ``grad=``, or through ``optax.identity()``, passes.
+  """
+  same = all(u is g for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(grad)))
+  if not same:
+    raise ValueError(
+      f"{name}.update got updates that differ from grad=: a transformation before "
+      f"{name} in optax.chain changed them, and {name} cannot honour it ({reason}). "
+      f"Put {name} first (or alone) in the chain, or use a variant that steps along the "
+      "incoming updates (hdm, hdm_hb, hdm_best, hdm_auto, osgm_best)."
+    )
+
+
 def _shapes(tree):
   leaves, treedef = jax.tree.flatten(tree)
   return treedef, [tuple(jnp.shape(leaf)) for leaf in leaves]

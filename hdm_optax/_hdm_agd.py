@@ -80,8 +80,10 @@ def hdm_agd(
   the momentum (z^{k+1} = x^k, A_{k+1} = 1, so the next y is x^k; P and the
   learner are untouched); a non-finite value or gradient at the trial
   y - P g alone halves P (P <- Pi(P/2), the learner untouched), so the same
-  too-long trial does not return (both safeguards are not in the paper). The incoming ``updates`` are not used: every gradient
-  is taken at y^k.
+  too-long trial does not return (both safeguards are not in the paper). Every
+  gradient is taken at y^k, so a transformation before ``hdm_agd`` in a chain
+  cannot act on it: ``update`` raises a ``ValueError`` when the incoming
+  ``updates`` are not ``grad=`` itself (``docs/pitfalls.md``).
 
   Oracle cost: three value-and-gradient calls per update (at y^k and at the
   two trial points; the gradient of the kept point is cached in the state so
@@ -154,6 +156,9 @@ def hdm_agd(
     del extra_args
     value, grad = _common.require_oracle(
       "hdm_agd", value, grad, value_fn, updates, params=params, state_grad=state.grad
+    )
+    _common.require_untransformed(
+      "hdm_agd", updates, grad, "it takes every gradient at its extrapolated point y^k"
     )
     dtype = state.value.dtype
     lip = _common.cast(lipschitz, dtype)

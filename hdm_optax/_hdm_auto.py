@@ -105,8 +105,12 @@ def hdm_auto(
     LIBSVM, five datasets: 1 of 10 instances solved with ties only, 7 of 10
     with the band; float64 unchanged).
 
-  A non-finite trial leaves the learners untouched and the next trial step is
-  halved (as in :func:`hdm_optax.hdm_best`). The state is 4 vectors of n (P,
+  The trial step acts on the incoming ``updates`` u (grad f(x) when
+  ``hdm_auto`` is first or alone in a chain): :math:`x^+ = x - P u + \beta
+  (x - x^-)`, so a clip or weight decay before it is honoured
+  (``docs/pitfalls.md``). A non-finite trial leaves the learners untouched and
+  the next trial step is halved; once a damped trial is finite, P and beta
+  continue from sP and s beta (as in :func:`hdm_optax.hdm_best`). The state is 4 vectors of n (P,
   U, x^-, the cached gradient) plus scalars, as :func:`hdm_optax.hdm_best`;
   every update is one value-and-gradient call: the first ``num_probes``
   updates are the probes (each evaluates the oracle at :math:`x + \delta d_i`
@@ -189,8 +193,8 @@ def hdm_auto(
     last_probe = state.count == num_probes - 1
     diff = optax.tree.sub(params, state.prev_params)  # x - x^-
     s = state.trial_scale
-    direction, s_diff = optax.tree.scale(s, grad), optax.tree.scale(s, diff)
-    # Algorithm 4, line 2: x+ = x - P g + beta (x - x^-).
+    direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
+    # Algorithm 4, line 2: x+ = x - P u + beta (x - x^-), u the incoming updates.
     step = trial_lib.trial_step(diag, state.precond, direction, scal, state.momentum, s_diff)
     offset = curvature_lib.probe_offset(
       jax.random.key(seed), state.count, params, probe_size, probing
@@ -206,14 +210,16 @@ def hdm_auto(
       optax.tree.vdot(grad, grad), optax.tree.vdot(diff, diff), state.curvature.l_hat
     )
     inv_den = hypergradient_lib.reciprocal(den, live)
+    # At the damped sP, s beta of this trial, where the learners continue (trial.kept_scale).
     grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
-      diag, scal, trial_grad, direction, s_diff, inv_den, live
+      diag, scal, trial_grad, updates, diff, inv_den, live
     )
+    kept = trial_lib.kept_scale(s, finite)
     # Lines 5-8, P in log space; the learners keep their state on a non-finite trial.
     precond, precond_learner_state = learners_lib.learn_log(
       diag,
       precond_learner,
-      state.precond,
+      optax.tree.scale(kept, state.precond),
       grad_p,
       state.precond_learner_state,
       c(precond_lr),
@@ -223,7 +229,7 @@ def hdm_auto(
     momentum, momentum_learner_state = learners_lib.learn(
       scal,
       momentum_learner,
-      state.momentum,
+      kept * state.momentum,
       grad_b,
       state.momentum_learner_state,
       c(momentum_lr),

@@ -129,8 +129,13 @@ def osgm_best(
   - Their optional stepsize-space regularisation (omega) is left out; their
     runs use omega = 0.
   - A trial whose value or gradient is not finite is a null step that leaves
-    P, beta and the learners untouched, and the next trial step is halved (as
-    in :func:`hdm_optax.hdm_best`; a safeguard that finite runs never reach).
+    P, beta and the learners untouched, and the next trial step is halved;
+    once a damped trial is finite, P, beta and the decay of lr_P continue from
+    sP, s beta and s (as in :func:`hdm_optax.hdm_best`; a safeguard that finite
+    runs never reach).
+  - The trial step acts on the incoming ``updates`` u in place of
+    :math:`\nabla f(x)` (the same when ``osgm_best`` is first or alone in a
+    chain), so a transformation before it is honoured (``docs/pitfalls.md``).
   - Their stop at f < -1e20 is :func:`hdm_optax.solve`'s ``min_value``.
 
   Args:
@@ -181,13 +186,13 @@ def osgm_best(
       lipschitz=jnp.zeros([], dtype),
     )
 
-  def iterate(state, params, value, grad, value_fn):
+  def iterate(updates, state, params, value, grad, value_fn):
     dtype = state.value.dtype
     vg = lambda p: _common.value_and_grad(value_fn, p)
     lip = state.lipschitz
     diff = optax.tree.sub(params, state.prev_params)  # x - x^-
     s = state.trial_scale
-    direction, s_diff = optax.tree.scale(s, grad), optax.tree.scale(s, diff)
+    direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
     step = trial_lib.trial_step(diag, state.precond, direction, scal, state.momentum, s_diff)
     trial = optax.tree.add(params, step)
     trial_value, trial_grad = vg(trial)
@@ -196,17 +201,20 @@ def osgm_best(
     grad_sq = optax.tree.vdot(grad, grad)
     den = denominator(grad_sq, optax.tree.vdot(diff, diff), state.curvature.l_hat)
     inv_den = hypergradient_lib.reciprocal(den, finite)
+    # At the damped sP, s beta of this trial, where the learners continue (trial.kept_scale).
     grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
-      diag, scal, trial_grad, direction, s_diff, inv_den, finite
+      diag, scal, trial_grad, updates, diff, inv_den, finite
     )
+    kept = trial_lib.kept_scale(s, finite)
     count = state.count + 1
     active = state.curvature.active
     lr_schedule = schedule.update(state.schedule, count, active)
+    lr_schedule = lr_schedule._replace(factor=lr_schedule.factor * kept)
     eta_p = jnp.where(active, lr_schedule.factor, 1) / lip
     precond, precond_learner_state = learners_lib.learn(
       diag,
       adagrad,
-      state.precond,
+      optax.tree.scale(kept, state.precond),
       grad_p,
       state.precond_learner_state,
       eta_p,
@@ -217,7 +225,7 @@ def osgm_best(
     momentum, momentum_learner_state = learners_lib.learn(
       scal,
       adagrad,
-      state.momentum,
+      kept * state.momentum,
       grad_b,
       state.momentum_learner_state,
       jnp.minimum(1, lip),
@@ -276,7 +284,7 @@ def osgm_best(
     return jax.lax.cond(
       state.lipschitz == 0,
       lambda: probe_update(state, params, value, grad, value_fn, seed, num_probes, probe_size),
-      lambda: iterate(state, params, value, grad, value_fn),
+      lambda: iterate(updates, state, params, value, grad, value_fn),
     )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -136,8 +136,9 @@ def running_mean(
       return state, jnp.asarray(False)
     dtype = state.ratio_sum.dtype
     threshold = jnp.maximum(jnp.minimum(jnp.asarray(horizon, dtype) / 4, 200), 20)
-    fired = state.active & (state.counter > threshold) & (state.ratio_count > 0)
-    l_hat = jnp.where(fired, _common.safe_div(state.ratio_sum, state.ratio_count), state.l_hat)
+    fired = state.active & (state.counter.astype(dtype) > threshold) & (state.ratio_count > 0)
+    mean = _common.safe_div(state.ratio_sum, state.ratio_count.astype(dtype))
+    l_hat = jnp.where(fired, mean, state.l_hat)
     return state._replace(l_hat=l_hat.astype(dtype), active=state.active & ~fired), fired
 
   return CurvatureEstimate(init=init, record=record, fire=fire)

@@ -528,22 +528,23 @@ def osgm_best_reference(
   record(False, False)
   for _ in range(steps - 1):
     d = x - x_prev
-    sg, sd = s * g, s * d
-    x_t = x - P * sg + beta * sd
+    x_t = x - P * (s * g) + beta * (s * d)
     f_t, g_t, finite = _oracle(f, grad, x_t)
     calls += 1
-    s = 1.0 if finite else 0.5 * s
     k += 1
     if estimating and k % 50 == 0:
       decay = max(0.8 * decay, 1e-3)  # lr_P <- max(0.8 lr_P, 1e-3 / L)
+    if finite:  # the trial was the one of sP, s beta: the learners continue from there
+      P, beta, decay = s * P, s * beta, s * decay
+    s = 1.0 if finite else 0.5 * s
     lr_p = decay / L if estimating else 1.0 / L
     lr_b = min(1.0, L)
     gg = float(np.dot(g, g))
     den = gg + 1e-12 if estimating else gg + (L**2 / 4.0) * float(np.dot(d, d))
     looked = False
     if finite:
-      G_P = -(g_t * sg) / den
-      G_b = float(np.dot(g_t, sd)) / den
+      G_P = -(g_t * g) / den
+      G_b = float(np.dot(g_t, d)) / den
       U = U + G_P * G_P
       v = v + G_b * G_b
       P = np.clip(P - lr_p * G_P / (np.sqrt(U) + 1e-12), 0.0, 1e5 / L)
@@ -645,16 +646,17 @@ def hdm_auto_reference(
     record(False)
   for _ in range(steps - len(directions)):
     d = x - x_prev
-    sg, sd = s * g, s * d
-    x_t = x - P * sg + beta * sd
+    x_t = x - P * (s * g) + beta * (s * d)
     f_t, g_t, finite = _oracle(f, grad, x_t)
     calls += 1
+    if finite:  # the trial was the one of sP, s beta: the learners continue from there
+      P, beta = s * P, s * beta
     s = 1.0 if finite else 0.5 * s
     gg = float(np.dot(g, g))
     den = gg + 1e-12 if estimating else gg + (L**2 / 4.0) * float(np.dot(d, d))
     if finite:
-      G_P = -(g_t * sg) / den
-      G_b = float(np.dot(g_t, sd)) / den
+      G_P = -(g_t * g) / den
+      G_b = float(np.dot(g_t, d)) / den
       H = P * G_P  # gradient with respect to log P
       U = precond_decay * U + H * H
       P = np.clip(P * np.exp(-precond_lr * H / (np.sqrt(U) + tiny)), tiny, 1e10 / L)

@@ -66,16 +66,6 @@ def test_profile_of_a_hand_made_3x3_example():
   )
 
 
-def test_outcome_is_the_protocol():
-  assert runner.outcome(1.0, 1e-4, 997, 1e-4) == (True, "converged")
-  assert runner.outcome(1.0, 1e-4, 999, 1e-4) == (False, "budget")  # protocol.is_solved
-  assert runner.outcome(1.0, 2e-4, 1000, 1e-4) == (False, "budget")
-  assert runner.outcome(1.0, 2e-4, 10, 1e-4) == (False, "")
-  assert runner.outcome(-1e21, 0.0, 10, 1e-4) == (False, "unbounded")
-  assert runner.outcome(math.nan, 0.0, 10, 1e-4) == (False, "non_finite")
-  assert runner.outcome(1.0, math.inf, 10, 1e-4) == (False, "non_finite")
-
-
 def test_registry_names_and_expressions():
   assert solvers.get("hdm_best()") is solvers.get("hdm_best()")
   assert solvers.get("hdm_best(lipschitz=L)").needs_lipschitz
@@ -341,12 +331,12 @@ def test_jobs_split_the_solvers_and_merge_their_rows(tmp_path):
   child = cli.parse_args(cli._child_argv(args, args.solvers[0::2], main, part))
   assert child.solvers == ["a", "c"] and child.csv == str(part) and child.jobs == 1
   assert child.also_done == [str(main)] and child.no_summary
-  row = runner.Row("user", "p", 2, "float64", "a", None, True, 3, 3, 0.0, 0.0, "converged")
+  row = runner.Row("a", True, grad_calls=3, value_calls=3, status="converged", problem="p")
   log = runner.CsvLog(main)
   log.write([row])
   log.close()
   log = runner.CsvLog(part)
-  log.write([row, dataclasses.replace(row, solver="c")])
+  log.write([row, dataclasses.replace(row, algorithm="c")])
   log.close()
   assert runner.merge([part, tmp_path / "missing.csv"], main) == 1
   assert [r["solver"] for r in _rows(main)] == ["a", "c"]

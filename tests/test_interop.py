@@ -80,7 +80,9 @@ def test_solve_oracle_counts(name, per_step):
   make = {
     "hdm": lambda: hdm_optax.hdm(precond_lr=0.5),
     "hdm_hb": lambda: hdm_optax.hdm_hb(precond_lr=0.5),
-    "hdm_best": lambda: hdm_optax.hdm_best(),  # lipschitz probed: one extra update
+    "hdm_best": lambda: hdm_optax.hdm_best(
+      lipschitz=LIP, precond_lr=10.0 / LIP
+    ),  # lipschitz probed: one extra update
     "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, precond_lr=0.5),
   }[name]
   fun, calls = counting(logistic)
@@ -192,6 +194,51 @@ def test_wrappers_chain_and_apply_if_finite():
     assert int(res.num_grad_evals) == (61 if i < len(cached) else 121)
 
 
+# The incoming updates: the direction the preconditioner acts on, or refused.
+HONOURING = {
+  "hdm": lambda: hdm_optax.hdm(precond_lr=0.5),
+  "hdm_hb": lambda: hdm_optax.hdm_hb(precond_lr=0.5, momentum_lr=0.5),
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP),
+  "hdm_auto": lambda: hdm_optax.hdm_auto(),
+  "osgm_best": lambda: hdm_optax.osgm_best(),
+}
+
+
+@pytest.mark.parametrize("name", list(HONOURING))
+def test_transformation_before_hdm_is_honoured(name):
+  """A transformation before the variant changes the direction P acts on.
+
+  ``scale(0.0)`` leaves a zero direction: x never moves (the probes of L use
+  the gradient and leave x in place). ``scale(0.5)`` changes the run, and a
+  clip of a large gradient changes it as well.
+  """
+
+  def run(x0, X, y):
+    opts = (
+      HONOURING[name](),
+      optax.chain(optax.scale(0.0), HONOURING[name]()),
+      optax.chain(optax.scale(0.5), HONOURING[name]()),
+      optax.chain(optax.clip_by_global_norm(1e-2), HONOURING[name]()),
+    )
+    return [hdm_optax.solve(o, logistic, x0, max_steps=30, tol=0.0, fun_args=(X, y)) for o in opts]
+
+  plain, zero, half, clipped = run_jit(run, X0, X, Y)
+  np.testing.assert_array_equal(zero.params, X0)
+  assert float(plain.value) < float(logistic(X0, X, Y))
+  for other in (half, clipped):
+    assert not np.allclose(other.trace.value, plain.trace.value, rtol=1e-6)
+
+
+def test_transformation_before_hdm_agd_is_refused():
+  """hdm_agd takes its gradients at its extrapolated point: it refuses transformed updates."""
+  fun = lambda w: logistic(w, X, Y)
+  opt = optax.chain(optax.clip_by_global_norm(1.0), hdm_optax.hdm_agd(lipschitz=LIP))
+  with pytest.raises(ValueError, match="hdm_agd.*first"):
+    hdm_optax.solve(opt, fun, X0, max_steps=3)
+  opt = optax.chain(optax.identity(), hdm_optax.hdm_agd(lipschitz=LIP))
+  assert np.isfinite(float(hdm_optax.solve(opt, fun, X0, max_steps=3).value))
+
+
 # ---------------------------------------------------------------------------
 # Pytree params
 # ---------------------------------------------------------------------------
@@ -263,7 +310,7 @@ DTYPE_OPTS = {
   "hdm_full": lambda: hdm_optax.hdm(candidate="full", learner="ogd_sqrt"),
   "hdm_hb": lambda: hdm_optax.hdm_hb(momentum_candidate="diagonal"),
   "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=10.0),
-  "hdm_best": lambda: hdm_optax.hdm_best(),
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP),
   "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=10.0, tau=1.0),
 }
 

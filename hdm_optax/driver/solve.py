@@ -51,7 +51,7 @@ def _record(trace: Trace, index, s: loop_lib.LoopState) -> Trace:
 
 def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux) -> SolveResult:
   # Freeze the tail of the trace at the final values.
-  tail = jnp.arange(tr.value.shape[0]) > s.num_steps
+  tail = jnp.arange(tr.value.shape[0], dtype=s.num_steps.dtype) > s.num_steps
   trace = Trace(
     value=jnp.where(tail, s.value, tr.value),
     grad_norm=jnp.where(tail, s.grad_norm, tr.grad_norm),
