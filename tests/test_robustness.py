@@ -11,7 +11,6 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import hdm_optax  # noqa: E402
-from hdm_optax import solver  # noqa: E402
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends  # noqa: E402
@@ -316,14 +315,14 @@ def test_solve_reports_non_finite_initial_point(name, start):
   res = H.solve(opt, BAD_STARTS[start], jnp.zeros(3), max_steps=1000)
   assert int(res.num_steps) == 0
   assert not bool(res.converged)
-  assert int(res.status) == solver.NON_FINITE
-  assert "not finite" in solver.STATUS_MESSAGES[int(res.status)]
+  assert int(res.status) == H.Status.NON_FINITE
+  assert "not finite" in res.message
   assert int(res.num_grad_evals) == 1
 
 
 def test_solve_works_with_plain_optax_and_bad_start():
   res = H.solve(optax.sgd(0.1), BAD_STARTS["nan-value"], jnp.zeros(3), max_steps=50)
-  assert int(res.num_steps) == 0 and int(res.status) == solver.NON_FINITE
+  assert int(res.num_steps) == 0 and int(res.status) == H.Status.NON_FINITE
 
 
 # ---------------------------------------------------------------------------
@@ -367,7 +366,7 @@ def test_huge_logits_stay_finite(dtype):
   res = H.solve(
     best_probe, naive_logistic, jnp.ones(10, dtype), max_steps=100, tol=0.0, fun_args=(a, y)
   )
-  assert int(res.status) == solver.NON_FINITE and int(res.num_steps) == 0
+  assert int(res.status) == H.Status.NON_FINITE and int(res.num_steps) == 0
 
 
 # ---------------------------------------------------------------------------
