@@ -16,7 +16,7 @@
   ``min_value``) and ``||grad f||_inf <= tol``, and :func:`is_solved` holds.
 * Each algorithm reports its best grid point (:func:`best_point`): fewest
   iterations among the solved points, then lowest final value, by
-  ``hdm_optax.solver.best_index``.
+  ``hdm_optax.driver.results.best_index``.
 * :class:`Instance` is a problem ready to run and :class:`Row` one run's
   result: the same types for Table 1, the benchmark, the JAX algorithms and
   the SciPy baselines.
@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 import hdm_optax
-from hdm_optax.solver import best_index
+from hdm_optax.driver.results import best_index
 
 __all__ = [
   "BUDGET",
@@ -137,7 +137,7 @@ def best_point(results, solved) -> int:
     solved: :func:`is_solved` of each point.
 
   Returns:
-    The index ``hdm_optax.solver.best_index`` picks when "converged" means solved.
+    The index ``hdm_optax.driver.results.best_index`` picks when "converged" means solved.
   """
   return best_index(results._replace(converged=np.asarray(solved)))
 

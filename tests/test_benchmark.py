@@ -242,8 +242,8 @@ def test_compiled_programs_are_released_before_the_memory_maps_run_out(monkeypat
 def test_hdm_auto_reaches_the_float32_tolerance_on_heart_scale():
   """In float32 the values of a LIBSVM sum differ by rounding near the minimiser: with
   ties only (f(x+) <= f(x)) hdm_auto rejected trials at random, halved P at each, and
-  stopped at ||g||_inf 1.6e-2 after 1000 calls; the band of 1024 ulps with a smaller
-  gradient solves it (108 calls)."""
+  stopped at ||g||_inf 1.6e-2 after 1000 calls; deciding by the gradients' decrease where
+  f's difference is below its rounding solves it."""
   data_dir = data_lib.default_data_dir()
   if data_dir is None or DATASET not in data_lib.list_datasets(data_dir):
     pytest.skip("the shared LIBSVM datasets are not available")

@@ -78,7 +78,7 @@ def cells(row: Row) -> list[str]:
 def _status_name(code: int) -> str:
   """A name for ``hdm_optax.solve``'s status code (``max_steps`` is the budget here)."""
   try:
-    name = hdm_optax.solver.Status(int(code)).name.lower()
+    name = hdm_optax.Status(int(code)).name.lower()
   except (AttributeError, ValueError):
     return f"status {int(code)}"
   return "budget" if name == "max_steps" else name
