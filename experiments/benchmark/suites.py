@@ -210,8 +210,7 @@ def cutest_tasks(
   if dtype == "float32":
     suite, build = ("cutest32", _cutest32_instance)
   return [
-    Task(suite, name, (None,), lambda name=name: build(cutest_problem(name), tol))
-    for name in names
+    Task(suite, name, (None,), lambda name=name: build(cutest_problem(name), tol)) for name in names
   ]
 
 
