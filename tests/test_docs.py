@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hdm_optax
-from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, _osgm_best, solver
+from hdm_optax import _hdm, _hdm_agd, _hdm_auto, _hdm_best, _hdm_hb, _osgm_best, core, solver
 from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, lookahead
 from hdm_optax import schedules, trial
 
@@ -44,7 +44,7 @@ def test_every_docs_page_is_in_the_index():
 
 @pytest.mark.parametrize(
   "module",
-  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _osgm_best, solver, *PIECES],
+  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _hdm_auto, _osgm_best, core, solver, *PIECES],
   ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):
