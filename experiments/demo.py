@@ -15,14 +15,12 @@ from __future__ import annotations
 import argparse
 import time
 
-import jax
 import jax.numpy as jnp
 import optax
 
 import hdm_optax
 from experiments import problems
-
-jax.config.update("jax_enable_x64", True)
+from experiments import protocol
 
 
 def _run(name, optimizer, problem, max_grad_calls, tol):
@@ -43,6 +41,7 @@ def _run(name, optimizer, problem, max_grad_calls, tol):
 
 
 def main(argv=None):
+  protocol.enable_float64()
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--dataset", default="ijcnn1")
   parser.add_argument("--data-dir", default=None)

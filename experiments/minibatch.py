@@ -1,4 +1,4 @@
-"""Minibatch training of a small MLP: HDM-Best against Adam and SGD at equal gradient calls.
+"""Minibatch training of a small MLP: HDM against Adam, SGD and optax's tuning-free family.
 
     python -m experiments.minibatch [--epochs 20] [--batch-size 64] [--seeds 0,1,2]
                                     [--sgd-lr 0.1] [--dtype float32] [--out results]
@@ -14,11 +14,15 @@ through ``hdm_optax.minibatch_step``), Adam and SGD one. After every
 "epoch" of gradient calls (batches-per-pass calls) it records the full-batch
 training loss and the test accuracy.
 
-Methods: ``hdm_optax.hdm_best()`` (its defaults, L probed on the first batch),
-``hdm_best(precond_lr=eta)`` for each ``--precond-lrs`` value,
-``optax.adam(1e-3)``, ``optax.sgd(--sgd-lr)``; and, for the record, the loop
-that reuses the cached value and gradient across batches
+Methods, each as a user calls it: ``hdm_optax.hdm_best()`` (its defaults, L probed
+on the first batch), ``hdm_best(precond_lr=eta)`` for each ``--precond-lrs`` value,
+``hdm_optax.hdm_auto()``, ``hdm_optax.osgm_best()``, ``optax.adam(1e-3)``,
+``optax.sgd(--sgd-lr)``, ``optax.contrib.prodigy()``, ``optax.contrib.dog()`` and
+``optax.contrib.dadapt_adamw()`` (their defaults); and, for the record, the loop that
+reuses the cached value and gradient across batches
 (``optax.value_and_grad_from_state``, one call a step): its null steps are printed.
+Every method runs through ``hdm_optax.minibatch_step``, which counts the calls of
+its steps (an HDM step's trial point and probes included).
 
 Writes ``<out>/minibatch.csv`` (one row per method, seed and epoch) and
 ``<out>/minibatch.png`` (mean over the seeds, shaded min-max), and prints a
@@ -158,8 +162,13 @@ def methods(sgd_lr, precond_lrs):
   out = {"hdm_best()": (hdm, None)}
   for lr in precond_lrs:
     out[f"hdm_best(precond_lr={lr:g})"] = (hdm_optax.hdm_best(precond_lr=lr), None)
+  out["hdm_auto()"] = (hdm_optax.hdm_auto(), None)
+  out["osgm_best()"] = (hdm_optax.osgm_best(), None)
   out["adam(1e-3)"] = (optax.adam(1e-3), None)
   out[f"sgd({sgd_lr:g})"] = (optax.sgd(sgd_lr), None)
+  out["prodigy()"] = (optax.contrib.prodigy(), None)
+  out["dog()"] = (optax.contrib.dog(), None)
+  out["dadapt_adamw()"] = (optax.contrib.dadapt_adamw(), None)
   out["hdm_best(), stale cache"] = (hdm, stale_cache_step(hdm))
   return out
 

@@ -38,7 +38,6 @@ from experiments.data import load_dataset
 from experiments.protocol import initial_point
 from experiments.sparse import host_csr
 
-jax.config.update("jax_enable_x64", True)
 
 KINDS = ("svm", "logistic")
 # Representation rule (see choose_representation).

@@ -10,35 +10,58 @@
 * x0 (:func:`initial_point`): ``np.random.seed(20250128); x0 = randn(n);
   x0 /= ||x0||`` for every algorithm; ``seed`` draws further starting points
   (20250129, ...).
+* :func:`outcome` is the one solved rule of every experiment (Table 1, the
+  benchmark, the SciPy baselines): the run ends at a point where f and grad f
+  are finite, f >= ``UNBOUNDED`` (the library's threshold, ``solve``'s
+  ``min_value``) and ``||grad f||_inf <= tol``, and :func:`is_solved` holds.
 * Each algorithm reports its best grid point (:func:`best_point`): fewest
   iterations among the solved points, then lowest final value, by
-  ``hdm_optax.solver.best_index``.
-* :class:`Row` is one algorithm's best run on one instance, the same type for
-  the JAX algorithms and the SciPy baselines.
+  ``hdm_optax.driver.results.best_index``.
+* :class:`Instance` is a problem ready to run and :class:`Row` one run's
+  result: the same types for Table 1, the benchmark, the JAX algorithms and
+  the SciPy baselines.
+* Every experiment runs in float64 (float32 where a suite says so): entry
+  points call :func:`enable_float64`; importing a module changes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
+from typing import Any, Callable, Optional
 
+import jax
 import numpy as np
 
-from hdm_optax.solver import best_index
+import hdm_optax
+from hdm_optax.driver.results import best_index
 
 __all__ = [
   "BUDGET",
   "TOL",
   "SEED",
+  "UNBOUNDED",
+  "Instance",
   "Row",
   "best_point",
+  "enable_float64",
   "initial_point",
   "is_solved",
+  "outcome",
   "unsolved_calls",
 ]
 
 BUDGET = 1000
 TOL = 1e-4
 SEED = 20250128
+# f below this: the objective looks unbounded below (the library's threshold).
+UNBOUNDED = inspect.signature(hdm_optax.solve).parameters["min_value"].default
+
+
+def enable_float64() -> None:
+  """Switches JAX to 64-bit floats; every experiment's entry point calls it first."""
+  jax.config.update("jax_enable_x64", True)
 
 
 def is_solved(converged, grad_calls, budget: int = BUDGET):
@@ -53,6 +76,36 @@ def is_solved(converged, grad_calls, budget: int = BUDGET):
     A NumPy bool (array) of the shape of ``converged``.
   """
   return np.logical_and(converged, np.asarray(grad_calls) < budget - 1)
+
+
+def outcome(value, grad_inf, grad_calls, tol, budget: int = BUDGET) -> tuple[bool, str]:
+  """(solved, status) of a run that ended at a point with ``value`` and ``grad_inf``.
+
+  The one solved rule: f and ``||grad f||_inf`` finite, f >= ``UNBOUNDED``,
+  ``grad_inf <= tol`` and :func:`is_solved`. The status is empty where the
+  caller knows better why the run ended.
+
+  Args:
+    value: f at the reported point.
+    grad_inf: ``||grad f||_inf`` there.
+    grad_calls: gradient calls the run made.
+    tol: the run's tolerance.
+    budget: the run's budget of gradient calls.
+
+  Returns:
+    ``(solved, status)``, status one of ``"converged"``, ``"budget"``,
+    ``"non_finite"``, ``"unbounded"`` or ``""``.
+  """
+  if not (math.isfinite(value) and math.isfinite(grad_inf)):
+    return False, "non_finite"
+  if value < UNBOUNDED:
+    return False, "unbounded"
+  if grad_inf <= tol:
+    solved = bool(is_solved(True, grad_calls, budget))
+    return solved, "converged" if solved else "budget"
+  if grad_calls >= budget:
+    return False, "budget"
+  return False, ""
 
 
 def unsolved_calls(budget: int = BUDGET) -> int:
@@ -84,45 +137,90 @@ def best_point(results, solved) -> int:
     solved: :func:`is_solved` of each point.
 
   Returns:
-    The index ``hdm_optax.solver.best_index`` picks when "converged" means solved.
+    The index ``hdm_optax.driver.results.best_index`` picks when "converged" means solved.
   """
   return best_index(results._replace(converged=np.asarray(solved)))
 
 
-@dataclasses.dataclass
-class Row:
-  """One algorithm's best run on one instance (a line of the results CSV).
+@dataclasses.dataclass(frozen=True, eq=False)
+class Instance:
+  """A problem ready to run (compared by identity).
 
   Attributes:
-    algorithm: its name in Table 1 (``"HDM-Best"``, ``"L-BFGS-M5"``, ...).
-    solved: :func:`is_solved` of the run.
-    iterations: iterations (``update`` calls, or SciPy's ``nit``).
+    n: number of variables (before any padding).
+    fun: ``fun(x, *fun_args) -> scalar``; the same object for every instance
+      that can share a compiled program.
+    fun_args: data arguments of ``fun``.
+    x0: (starts, n_run) starting points, one row per start (``n_run >= n``
+      when padded with coordinates whose gradient is zero).
+    dtype: ``"float64"`` or ``"float32"``.
+    tol: (starts,) tolerance of each start on ``||grad f||_inf``, or None.
+    lipschitz: L where it is known, else None.
+    fun_np: ``x -> (value, grad)`` in float64 NumPy, for SciPy (takes
+      ``x0_np``'s shape), or None.
+    x0_np: (starts, m) float64 starting points for ``fun_np``, or None.
+    f_star: the minimum value where it is known, else None.
+  """
+
+  n: int
+  fun: Callable[..., Any]
+  fun_args: tuple
+  x0: Any
+  dtype: str = "float64"
+  tol: Optional[np.ndarray] = None
+  lipschitz: Optional[float] = None
+  fun_np: Optional[Callable[[np.ndarray], tuple[float, np.ndarray]]] = None
+  x0_np: Optional[np.ndarray] = None
+  f_star: Optional[float] = None
+
+
+@dataclasses.dataclass
+class Row:
+  """One run's result: a line of Table 1's per-instance CSV or of the benchmark's CSV.
+
+  Attributes:
+    algorithm: its name (``"HDM-Best"``, ``"L-BFGS-M5"``; the benchmark's solver
+      name, its ``solver`` column).
+    solved: :func:`outcome`'s verdict.
+    iterations: iterations (``update`` calls, or SciPy's ``nit``), where known.
     value_calls: objective evaluations.
     grad_calls: gradient evaluations (a SciPy call counts as one of each).
     hyperparams: the grid point or options, as text.
     final_value: f at the reported point.
     final_grad_inf: ``||grad f||_inf`` at the reported point.
-    seconds: wall time (a whole sweep's for a JAX grid).
+    seconds: wall time of the run (a whole sweep's for a JAX grid), compilation
+      excluded where ``compile_seconds`` is given (the benchmark's ``run_seconds``).
     trace_grad_calls, trace_values, trace_grad_inf: the run's trace against
-      gradient calls.
-    message: the solver's message (SciPy's), or empty.
+      gradient calls, where recorded.
+    message: the solver's own message (SciPy's), or empty.
     x: the reported point where the runner keeps it (SciPy), else None.
+    status: why the run ended (:func:`outcome`'s status, ``budget``,
+      ``stopped: <message>``, ``skipped: ...``, ``error: ...``).
+    suite, problem, n, dtype, seed: where it ran (the benchmark's columns).
+    compile_seconds: seconds spent compiling its program.
   """
 
   algorithm: str
-  solved: bool
-  iterations: int
-  value_calls: int
-  grad_calls: int
-  hyperparams: str
-  final_value: float
-  final_grad_inf: float
-  seconds: float
-  trace_grad_calls: np.ndarray = dataclasses.field(repr=False)
-  trace_values: np.ndarray = dataclasses.field(repr=False)
-  trace_grad_inf: np.ndarray = dataclasses.field(repr=False)
+  solved: bool = False
+  iterations: Optional[int] = None
+  value_calls: Optional[int] = None
+  grad_calls: Optional[int] = None
+  hyperparams: str = ""
+  final_value: Optional[float] = None
+  final_grad_inf: Optional[float] = None
+  seconds: float = 0.0
+  trace_grad_calls: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+  trace_values: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+  trace_grad_inf: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
   message: str = ""
-  x: np.ndarray | None = dataclasses.field(default=None, repr=False)
+  x: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+  status: str = ""
+  suite: str = ""
+  problem: str = ""
+  n: Optional[int] = None
+  dtype: str = ""
+  seed: Optional[int] = None
+  compile_seconds: float = 0.0
 
   @classmethod
   def from_solve(cls, algorithm, result, solved, hyperparams, seconds) -> Row:

@@ -10,9 +10,8 @@ padded problem is the same problem (up to rounding order in the sums).
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +26,6 @@ from experiments.baselines import quasi_newton
 from experiments import problems as problems_lib
 from experiments import protocol
 
-jax.config.update("jax_enable_x64", True)
-
 # Dense problems up to 16384 rows are padded to these shapes (larger ones run
 # as they are: padding would cost more than the compile it saves).
 ROW_BUCKETS = (4096, 8192, 16384)
@@ -38,17 +35,6 @@ HDM_BEST_MB = (1.0, 3.0, 5.0, 10.0, 100.0)  # eta_b
 LR_GRID = ("1/L", 1e-3, 1e-2, 1e-1, 1.0, 10.0)  # Adam and AdaGrad
 
 
-@dataclasses.dataclass
-class Instance:
-  """A problem ready for the JAX runs: ``fun(w, *fun_args)``, padded x0."""
-
-  problem: problems_lib.Problem
-  fun: Callable[..., Any]
-  fun_args: tuple
-  x0: jax.Array
-  n: int  # unpadded number of variables
-
-
 def _bucket(size, buckets):
   for b in buckets:
     if size <= b:
@@ -56,17 +42,28 @@ def _bucket(size, buckets):
   return size
 
 
-def prepare(problem: problems_lib.Problem, pad: bool = True) -> Instance:
-  """Pads a dense problem to a shape bucket; sparse problems run as they are."""
+def prepare(problem: problems_lib.Problem, pad: bool = True) -> protocol.Instance:
+  """The problem as a ``protocol.Instance`` from the paper's x0 (one start), with its L.
+
+  A dense problem is padded to a shape bucket; sparse problems run as they are.
+  """
   m, n = problem.A.shape
-  if problem.representation != "dense" or not pad or m > ROW_BUCKETS[-1]:
-    return Instance(problem, problem.fun, problem.fun_args, jnp.asarray(problem.x0), n)
-  mb, nb = _bucket(m, ROW_BUCKETS), _bucket(n, COL_BUCKETS)
-  A = sp.hstack([problem.A, sp.csr_matrix((m, nb - n))], format="csr")
-  _, args = problems_lib.objective(A, problem.y, problem.kind, "dense", rows=mb)
-  x0 = np.zeros(nb)
-  x0[:n] = problem.x0
-  return Instance(problem, problem.fun, args, jnp.asarray(x0), n)
+  args, x0 = problem.fun_args, np.asarray(problem.x0)
+  if problem.representation == "dense" and pad and m <= ROW_BUCKETS[-1]:
+    mb, nb = _bucket(m, ROW_BUCKETS), _bucket(n, COL_BUCKETS)
+    A = sp.hstack([problem.A, sp.csr_matrix((m, nb - n))], format="csr")
+    _, args = problems_lib.objective(A, problem.y, problem.kind, "dense", rows=mb)
+    x0 = np.zeros(nb)
+    x0[:n] = problem.x0
+  return protocol.Instance(
+    n=n,
+    fun=problem.fun,
+    fun_args=args,
+    x0=jnp.asarray(x0)[None],
+    lipschitz=float(problem.L),
+    fun_np=problem.fun_np,
+    x0_np=np.asarray(problem.x0)[None],
+  )
 
 
 # --- optimizer factories (module level: their compiled sweeps are cached) ---
@@ -164,7 +161,7 @@ def _sweep(inst, make, points, max_steps, budget, tol, stop_at_first):
     make,
     points,
     inst.fun,
-    inst.x0,
+    inst.x0[0],
     max_steps=max_steps,
     tol=tol,
     fun_args=inst.fun_args,
@@ -267,7 +264,7 @@ def run_instance(
     res = hdm_optax.solve(
       opt,
       where.fun,
-      where.x0,
+      where.x0[0],
       max_steps=max_grad_calls - 1,
       tol=tol,
       fun_args=where.fun_args,

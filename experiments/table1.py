@@ -31,6 +31,7 @@ from experiments import data as data_lib
 from experiments import memory
 from experiments import problems as problems_lib
 from experiments import runner
+from experiments import protocol
 
 # Table 1 of the paper (SVM, logistic regression; out of 33 each).
 PAPER = {
@@ -187,6 +188,7 @@ def write_table(out: Path, datasets_paper):
 
 
 def main(argv=None):
+  protocol.enable_float64()
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument(
     "--problems", nargs="+", default=["svm", "logistic"], choices=["svm", "logistic"]

@@ -3,7 +3,7 @@
 Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
 with Hypergradient Descent*: vanilla HDM (Algorithm 1), HDM-HB (Algorithm 2),
 HDM-AGD (Algorithm 3) and HDM-Best (Algorithm 4), plus a compiled solver
-(arXiv:2502.11229, 2025). The variants are composed of the pieces in
+(arXiv:2502.11229, 2025), in ``driver``. The variants are composed of the pieces in
 ``candidates``, ``learners``, ``trial``, ``hypergradient``, ``acceptance``,
 ``curvature``, ``schedules`` and ``lookahead``; HDM-Best, hdm_auto and
 OSGM-Best (Part II, arXiv:2509.11007) are configurations of one iteration,
@@ -14,6 +14,7 @@ from hdm_optax import acceptance
 from hdm_optax import candidates
 from hdm_optax import core
 from hdm_optax import curvature
+from hdm_optax import driver
 from hdm_optax import hypergradient
 from hdm_optax import learners
 from hdm_optax import lookahead
@@ -37,16 +38,19 @@ from hdm_optax._hdm_hb import hdm_hb
 from hdm_optax._osgm_best import OSGMBestState
 from hdm_optax._osgm_best import osgm_best
 from hdm_optax.learners import OnlineLearner
-from hdm_optax.minibatch import MinibatchStats
-from hdm_optax.minibatch import minibatch_step
-from hdm_optax.solver import SolveResult
-from hdm_optax.solver import Status
-from hdm_optax.solver import SweepResult
-from hdm_optax.solver import Trace
-from hdm_optax.solver import solve
-from hdm_optax.solver import status_message
-from hdm_optax.solver import sweep
-from hdm_optax.solver import value_and_grad_from_state
+from hdm_optax.driver.loop import Loop
+from hdm_optax.driver.loop import LoopState
+from hdm_optax.driver.minibatch import MinibatchStats
+from hdm_optax.driver.results import SolveResult
+from hdm_optax.driver.results import Status
+from hdm_optax.driver.results import SweepResult
+from hdm_optax.driver.results import Trace
+from hdm_optax.driver.loop import loop
+from hdm_optax.driver.minibatch import minibatch_step
+from hdm_optax.driver.solve import solve
+from hdm_optax.driver.results import status_message
+from hdm_optax.driver.solve import sweep
+from hdm_optax.driver.cache import value_and_grad_from_state
 
 __version__ = "0.1.0"
 
@@ -60,6 +64,8 @@ __all__ = (
   "HDMHBState",
   "HDMInfo",
   "HDMState",
+  "Loop",
+  "LoopState",
   "MinibatchStats",
   "MomentumHDMState",
   "OSGMBestState",
@@ -72,6 +78,7 @@ __all__ = (
   "candidates",
   "core",
   "curvature",
+  "driver",
   "hdm",
   "hdm_agd",
   "hdm_auto",
@@ -80,6 +87,7 @@ __all__ = (
   "hypergradient",
   "learners",
   "lookahead",
+  "loop",
   "minibatch_step",
   "osgm_best",
   "schedules",

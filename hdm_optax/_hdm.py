@@ -76,11 +76,12 @@ def hdm(
   safeguard that is not in the paper; :func:`hdm_optax.trial.kept_scale`).
   When ``grad f(x) = 0`` the hypergradient is 0.
 
-  The null step accepts a strict decrease of f or, by default, a tie at the
-  dtype's resolution with a smaller gradient
-  (:func:`hdm_optax.acceptance.tie_tolerant`; a departure that keeps float32
-  runs from stalling; ``acceptance=hdm_optax.acceptance.strict_decrease()``
-  is the printed rule).
+  The null step accepts, by default, a decrease of f where f resolves it and
+  a decrease of the gradients' estimate 0.5 <g + g+, x+ - x> where f's
+  difference is below its rounding
+  (:func:`hdm_optax.acceptance.resolved_decrease`; a departure that keeps
+  float32 runs from stalling on rounding;
+  ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed rule).
 
   Each update costs one value-and-gradient call (at the trial point); f and
   grad f at the accepted point are kept in the state, so with
@@ -100,8 +101,8 @@ def hdm(
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: the rule of the null step (:mod:`hdm_optax.acceptance`;
       ``None``:
-      :func:`~hdm_optax.acceptance.tie_tolerant`, a strict decrease or a tie at
-      the dtype's resolution with a smaller gradient; pass
+      :func:`~hdm_optax.acceptance.resolved_decrease`, a decrease of f where
+      f resolves it, of the gradients' estimate where it does not; pass
       :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
 
   Returns:
@@ -136,7 +137,7 @@ def hdm(
   _common.check_finite("init_precond", init_precond)
   _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   if acceptance is None:
-    acceptance = acceptance_lib.tie_tolerant()
+    acceptance = acceptance_lib.resolved_decrease()
 
   def init_fn(params):
     dtype = _common.params_dtype(params)

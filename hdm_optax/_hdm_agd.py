@@ -97,9 +97,9 @@ def hdm_agd(
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: whether the better trial point replaces x^k
       (:mod:`hdm_optax.acceptance`; ``None``:
-      ``tie_tolerant(base=no_increase())``: the argmin of line 4 with ties
-      going to the trial point, and near-ties at the dtype's resolution
-      accepted where the gradient is smaller).
+      :func:`~hdm_optax.acceptance.resolved_decrease`: the argmin of line 4
+      by f where f resolves the difference, by the gradients' estimate of
+      the decrease where it does not).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``
@@ -129,7 +129,7 @@ def hdm_agd(
   _common.check_at_least("theta", theta, 0.5)
   _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   if acceptance is None:
-    acceptance = acceptance_lib.tie_tolerant(base=acceptance_lib.no_increase())
+    acceptance = acceptance_lib.resolved_decrease()
 
   def init_fn(params):
     dtype = _common.params_dtype(params)

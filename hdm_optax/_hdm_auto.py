@@ -15,9 +15,6 @@ from hdm_optax import learners as learners_lib
 
 # The smallest entry of P, so that log P stays finite.
 _MIN_PRECOND = 1e-30
-# The width of a tie, in units of eps |f|: the rounding of a float32 sum over 10^3 - 10^5
-# terms (6e-5 relative in float32, 2e-13 in float64).
-_TIE_ULPS = 1024.0
 
 # The state of every configuration of the core.
 HDMAutoState = core_lib.MomentumHDMState
@@ -62,13 +59,12 @@ def hdm_auto(
     :func:`hdm_optax.curvature.random_probe`, one counted gradient call each)
     instead of one probe along -grad f, which sees the curvature of one
     direction only.
-  - Ties are accepted, and so is a trial whose value is within 1024 ulps of
-    :math:`|f(x)|` when its gradient norm is smaller
-    (:func:`hdm_optax.acceptance.tie_tolerant` over
-    :func:`~hdm_optax.acceptance.no_increase`): at float32 resolution the
-    values of distinct points near a minimizer coincide, or differ by the
-    rounding of the sum that computes f, and a test on f alone then rejects
-    trials at random; every rejection halves P, and P collapses
+  - Where f's difference is below its rounding, the decrease is the
+    gradients' estimate 0.5 <g + g+, x+ - x>
+    (:func:`hdm_optax.acceptance.resolved_decrease`): at float32 resolution
+    the values of distinct points near a minimizer coincide, or differ by
+    the rounding of the sum that computes f, and a test on f alone then
+    rejects trials at random; every rejection shrinks P, and P collapses
     (``docs/robust_default.md``).
 
   The trial step acts on the incoming ``updates`` u (grad f(x) when
@@ -109,7 +105,7 @@ def hdm_auto(
     Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
     Adaptation with Hypergradient Descent*, arXiv:2502.11229, 2025
     (Algorithm 4, Appendix A); *Gradient Methods with Online Scaling Part II*,
-    arXiv:2509.11007, 2025 (the random probe, ties accepted).
+    arXiv:2509.11007, 2025 (the random probe).
   """
   for name, val in (
     ("precond_lr", precond_lr),
@@ -135,7 +131,7 @@ def hdm_auto(
     learner=core_lib.log_space(learners_lib.decayed_adagrad(precond_decay, _MIN_PRECOND)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
-    acceptance=acceptance_lib.tie_tolerant(_TIE_ULPS, base=acceptance_lib.no_increase()),
+    acceptance=acceptance_lib.resolved_decrease(),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
     null_action=core_lib.shrink(null_shrink, _MIN_PRECOND),

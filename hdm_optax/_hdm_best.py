@@ -91,11 +91,13 @@ def hdm_best(
     (L_hat once it exists; ``None``: [0, inf)). x^{k-1} <- x^k after every
     iteration, accepted or not, so after a null step the momentum term is 0.
   - Null step on f (Appendix A), not on the heavy-ball potential, accepting
-    by default a strict decrease or a tie at the dtype's resolution with a
-    smaller gradient (:func:`hdm_optax.acceptance.tie_tolerant`: in float32
-    the strict rule stalls once values tie; in float64 the paper's runs are
-    unchanged; ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the
-    printed rule).
+    by default a decrease of f where f resolves it and a decrease of the
+    gradients' estimate 0.5 <g + g+, x+ - x> where f's difference is below
+    its rounding (:func:`hdm_optax.acceptance.resolved_decrease`: in float32
+    a comparison of values near a minimizer is decided by rounding; in
+    float64 the paper's runs are unchanged;
+    ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed
+    rule).
   - The trial step acts on the incoming ``updates`` u (grad f(x) when
     ``hdm_best`` is first or alone in a chain; ``docs/pitfalls.md``). A
     non-finite trial value or gradient is a null step that leaves P, beta and
@@ -137,8 +139,8 @@ def hdm_best(
       bound).
     probe_size: relative probe length when ``lipschitz`` is ``None``.
     acceptance: the null-step rule (:mod:`hdm_optax.acceptance`; ``None``:
-      :func:`~hdm_optax.acceptance.tie_tolerant`, a strict decrease or a tie at
-      the dtype's resolution with a smaller gradient; pass
+      :func:`~hdm_optax.acceptance.resolved_decrease`, a decrease of f where
+      f resolves it, of the gradients' estimate where it does not; pass
       :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
     denominator: the feedback's denominator (:mod:`hdm_optax.hypergradient`;
       ``None``: ``fixed_tau(tau)`` if ``tau`` is given, else
@@ -254,7 +256,7 @@ def hdm_best(
     learner=core_lib.additive(learners_lib.adagrad(adagrad_eps)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
-    acceptance=acceptance_lib.tie_tolerant() if acceptance is None else acceptance,
+    acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,
     denominator=denominator,
     curvature_estimate=curvature_estimate,
     schedule=schedule,

@@ -41,7 +41,11 @@ def osgm_best(
   :math:`den = \|\nabla f(x)\|^2 + 10^{-12}` while L is being estimated and
   :math:`\|\nabla f(x)\|^2 + \frac{\hat L^2}{4}\|x - x^-\|^2` after,
   :math:`\eta_P = 1/L`, :math:`\eta_\beta = \min(1, L)`; x^+ is accepted when
-  :math:`f(x^+) \le f(x)` (ties accepted) and x^- <- x after every iteration.
+  :math:`f(x^+) < f(x)` where f resolves the difference and when the
+  gradients' estimate of the decrease is negative where it does not
+  (:func:`hdm_optax.acceptance.resolved_decrease`; the authors' code accepts
+  :math:`f(x^+) \le f(x)`, which in float32 decides by rounding near a
+  minimizer), and x^- <- x after every iteration.
 
   - L_0 (the first update, which leaves x in place): the largest of
     :math:`\|\nabla f(x_0 + \delta d_i) - \nabla f(x_0)\| / \delta` over
@@ -119,7 +123,7 @@ def osgm_best(
     learner=core_lib.additive(learners_lib.adagrad(1e-12)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: jnp.minimum(1, lip),
-    acceptance=acceptance_lib.no_increase(),
+    acceptance=acceptance_lib.resolved_decrease(),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
     schedule=schedules_lib.step_decay(50, 0.8, 1e-3),

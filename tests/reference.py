@@ -133,6 +133,17 @@ def _oracle(f, grad, x):
   return fx, gx, finite
 
 
+def decreases(f_t, fx, g_t, g, step, ulps: float = 64.0) -> bool:
+  """The variants' default acceptance (``acceptance.resolved_decrease``), float64.
+
+  f decides where ``|f_t - fx|`` exceeds ``ulps`` eps max(|f|); below that, the
+  gradients' decrease ``0.5 <g + g_t, step>`` does.
+  """
+  if abs(f_t - fx) > ulps * np.finfo(np.float64).eps * max(abs(fx), abs(f_t)):
+    return f_t < fx
+  return float(0.5 * np.dot(g + g_t, step)) < 0
+
+
 def _fval(v: float) -> float:
   """Non-finite values count as +inf when comparing."""
   return v if math.isfinite(v) else math.inf
@@ -182,7 +193,7 @@ def hdm_reference(
       P = clip(opt.step(s_trial * P, G, k), precond_min, precond_max)
     # Algorithm 1, line 3: x^{k+1} = argmin_{x in {x^k, x^k - P_k g}} f(x)
     # (vanilla HDM, null_step=False, always moves unless the trial is non-finite)
-    accepted = finite and ((f_t < fx) if null_step else True)
+    accepted = finite and (decreases(f_t, fx, g_t, g, x_t - x) if null_step else True)
     if accepted:
       x, fx, g = x_t, f_t, g_t
     out["xs"].append(x.copy())
@@ -445,7 +456,7 @@ def hdm_best_reference(
       # beta_{k+1} = Pi_[0, 0.9995][beta_k - eta_b v^{-1/2} G_b]
       beta = float(np.clip(s_trial * beta - eta_b * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
     # x^{k+1} = argmin_{x in {x^k, x^{k+1/2}}} f(x)
-    accepted = finite and f_t < fx
+    accepted = finite and decreases(f_t, fx, g_t, g, x_t - x)
     x_prev = x.copy()  # always, before x moves
     if accepted:
       step_len = float(np.linalg.norm(x_t - x))
@@ -561,7 +572,7 @@ def osgm_best_reference(
             x_t, f_t, g_t, looked = x_t - eta * p, f_e, g_e, True
             break
           eta *= 0.8
-    accepted = finite and f_t <= fx
+    accepted = finite and decreases(f_t, fx, g_t, g, x_t - x)
     x_prev = x.copy()
     if accepted:
       step_len = float(np.linalg.norm(x_t - x))
@@ -662,8 +673,7 @@ def hdm_auto_reference(
       P = np.clip(P * np.exp(-precond_lr * H / (np.sqrt(U) + tiny)), tiny, 1e10 / L)
       v = v + G_b * G_b
       beta = float(np.clip(beta - momentum_lr * G_b / (math.sqrt(v) + 1e-12), 0.0, 0.9995))
-    band = abs(f_t - fx) <= 1024.0 * np.finfo(np.float64).eps * abs(fx)
-    accepted = finite and (f_t <= fx or (band and float(g_t @ g_t) < float(g @ g)))
+    accepted = finite and decreases(f_t, fx, g_t, g, x_t - x)
     if not accepted:
       P = np.maximum(null_shrink * P, tiny)  # a null step says P is too long
     x_prev = x.copy()

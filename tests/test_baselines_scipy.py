@@ -11,7 +11,7 @@ def test_scipy_options():
   assert bs.scipy_options("BFGS", 1e-4) == ("BFGS", {"gtol": 1e-4, "maxiter": 999, "norm": np.inf})
   method, opts = bs.scipy_options("L-BFGS-M10", 1e-4)
   assert method == "L-BFGS-B"
-  assert opts == {"maxcor": 10, "ftol": 1e-25, "gtol": 1e-4, "maxiter": 999}
+  assert opts == {"maxcor": 10, "ftol": 0.0, "gtol": 1e-4, "maxiter": 999}
   with pytest.raises(ValueError):
     bs.scipy_options("Newton")
 
@@ -43,7 +43,7 @@ def test_trace_matches_direct_scipy_call(classification_problem):
     p.x0,
     jac=True,
     method="L-BFGS-B",
-    options={"maxcor": 3, "ftol": 1e-25, "gtol": 1e-4, "maxiter": 999},
+    options={"maxcor": 3, "ftol": 0.0, "gtol": 1e-4, "maxiter": 999},
   )
   assert r.grad_calls == res.nfev and r.iterations == res.nit
   np.testing.assert_allclose(r.x, res.x)
@@ -55,9 +55,9 @@ def test_unsolved_when_tolerance_unreachable(classification_problem):
   assert not r.solved
 
 
-def test_is_solved():
-  assert bs.is_solved(True, 1e-4, 998, 1e-4)
-  assert bs.is_solved(True, 1.09e-4, 10, 1e-4)
-  assert not bs.is_solved(True, 1e-4, 999, 1e-4)  # "fewer than 999 gradient calls"
-  assert not bs.is_solved(True, 1.2e-4, 10, 1e-4)
-  assert not bs.is_solved(False, 1e-5, 10, 1e-4)
+def test_budget_stops_the_run_at_the_last_point_evaluated(classification_problem):
+  p = classification_problem("svm")
+  r = bs.run_baseline(p.fun_np, p.x0, "L-BFGS-M1", tol=1e-30, budget=7, stop_at_budget=True)
+  assert r.grad_calls == 7 and r.message == "budget" and r.status == "budget"
+  assert not r.solved and r.iterations is None
+  assert r.final_value == r.trace_values[-1] == pytest.approx(p.fun_np(r.x)[0])

@@ -1,6 +1,5 @@
 """The code blocks of README.md and docs/*.md and the docstring examples run as written."""
 
-import doctest
 import inspect
 import re
 from pathlib import Path
@@ -8,9 +7,11 @@ from pathlib import Path
 import pytest
 
 import hdm_optax
-from hdm_optax import _hdm, _hdm_agd, _hdm_auto, _hdm_best, _hdm_hb, _osgm_best, core, solver
+from helpers import check_doctests, run_page
+from hdm_optax import _hdm, _hdm_agd, _hdm_auto, _hdm_best, _hdm_hb, _osgm_best, core
 from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, lookahead
 from hdm_optax import schedules, trial
+from hdm_optax.driver import cache, loop, solve
 
 PIECES = [acceptance, candidates, curvature, hypergradient, learners, lookahead, schedules, trial]
 
@@ -24,10 +25,7 @@ PAGES = ["README.md", "docs/guide.md"]
 @pytest.mark.parametrize("page", PAGES)
 def test_python_blocks_run(page):
   """Each page's python blocks run in order, in one namespace."""
-  blocks = re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
-  namespace = {}
-  for block in blocks:
-    exec(compile(block, page, "exec"), namespace)  # pylint: disable=exec-used
+  run_page(page)
 
 
 def test_readme_and_guide_have_examples():
@@ -44,13 +42,11 @@ def test_every_docs_page_is_in_the_index():
 
 @pytest.mark.parametrize(
   "module",
-  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _hdm_auto, _osgm_best, core, solver, *PIECES],
+  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _hdm_auto, _osgm_best, core, cache, loop, solve, *PIECES],
   ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):
-  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
-  assert result.attempted > 0
-  assert result.failed == 0
+  check_doctests(module)
 
 
 def test_all_names_exist():

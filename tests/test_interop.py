@@ -12,8 +12,9 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import hdm_optax  # noqa: E402
+from helpers import EVERY_STEP, counting, logistic  # noqa: E402
 from fast_jit import FAST_COMPILE, run_jit  # noqa: E402
-from hdm_optax import solver as solver_lib  # noqa: E402
+from hdm_optax.driver import solve as solve_lib  # noqa: E402
 
 
 # A small ridge-regularized logistic regression, data passed as arguments.
@@ -23,10 +24,6 @@ X = jnp.asarray(_RNG.standard_normal((M, N)))
 Y = jnp.asarray(np.where(_RNG.standard_normal(M) > 0, 1.0, -1.0))
 LIP = float(0.25 * np.linalg.norm(np.asarray(X), 2) ** 2 + 0.1)
 X0 = jnp.asarray(_RNG.standard_normal(N))
-
-
-def logistic(w, X, y):
-  return jnp.sum(jax.nn.softplus(-y * (X @ w))) + 0.05 * w @ w
 
 
 def vec_logistic(w):
@@ -76,17 +73,6 @@ def test_value_and_grad_from_state_loop_matches_solve(name):
   assert values[-1] < 0.9 * values[0]
 
 
-def _counting(fun):
-  """``fun`` plus a host-side counter of its executions (inside jit/while)."""
-  calls = []
-
-  def counted(*args):
-    jax.debug.callback(lambda: calls.append(1))
-    return fun(*args)
-
-  return counted, calls
-
-
 @pytest.mark.parametrize(
   "name,per_step", [("hdm", 1), ("hdm_hb", 1), ("hdm_best", 1), ("hdm_agd", 3)]
 )
@@ -99,10 +85,15 @@ def test_solve_oracle_counts(name, per_step):
     ),  # lipschitz probed: one extra update
     "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=LIP, precond_lr=0.5),
   }[name]
-  fun, calls = _counting(logistic)
+  fun, calls = counting(logistic)
   opt = make()
   res = run_jit(
-    lambda x0, X, y: hdm_optax.solve(opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y)), X0, X, Y
+    lambda x0, X, y: hdm_optax.solve(
+      opt, fun, x0, max_steps=40, tol=0.0, fun_args=(X, y), **EVERY_STEP
+    ),
+    X0,
+    X,
+    Y,
   )
   jax.effects_barrier()
   steps = int(res.num_steps)
@@ -405,7 +396,7 @@ def test_jitted_update_compiles_once():
 
 def test_solve_does_not_recompile_for_new_values():
   opt = hdm_optax.hdm(precond_lr=0.5)
-  cache = solver_lib._solve_jit._cache_size  # pylint: disable=protected-access
+  cache = solve_lib._solve_jit._cache_size  # pylint: disable=protected-access
   before = cache()
   r1 = hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y))
   after_first = cache()
@@ -487,14 +478,18 @@ def test_jit_vmap_solve_over_precond_lr():
 
 
 def test_solve_with_adam_and_lbfgs():
-  fun, calls = _counting(logistic)
-  adam = hdm_optax.solve(optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4, fun_args=(X, Y))
+  fun, calls = counting(logistic)
+  adam = hdm_optax.solve(
+    optax.adam(0.05), fun, X0, max_steps=400, tol=1e-4, fun_args=(X, Y), **EVERY_STEP
+  )
   jax.effects_barrier()
   assert int(adam.num_grad_evals) == int(adam.num_steps) + 1 == len(calls)
   assert float(adam.value) < float(logistic(X0, X, Y))
 
   calls.clear()
-  lbfgs = hdm_optax.solve(optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8, fun_args=(X, Y))
+  lbfgs = hdm_optax.solve(
+    optax.lbfgs(), fun, X0, max_steps=100, tol=1e-8, fun_args=(X, Y), **EVERY_STEP
+  )
   jax.effects_barrier()
   assert bool(lbfgs.converged)
   steps = int(lbfgs.num_steps)

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import hdm_optax
+from helpers import check_doctests, counting, run_page
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends
@@ -36,16 +37,6 @@ def params0(dtype=np.float64):
   return {"w": jnp.zeros(N, dtype), "b": jnp.zeros([], dtype)}
 
 
-def _counting(fun):
-  calls = []
-
-  def counted(*args):
-    jax.debug.callback(lambda: calls.append(1))
-    return fun(*args)
-
-  return counted, calls
-
-
 @pytest.mark.parametrize(
   "make,per_step",
   [(lambda: hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1), 2), (lambda: optax.adam(1e-2), 1)],
@@ -53,7 +44,7 @@ def _counting(fun):
 )
 def test_compiles_once_and_counts_every_call(make, per_step):
   opt = make()
-  counted, calls = _counting(loss)
+  counted, calls = counting(loss)
   step = hdm_optax.minibatch_step(opt, counted)
   p, state = params0(), opt.init(params0())
   total = 0
@@ -150,16 +141,7 @@ def test_loss_fn_must_be_callable():
 
 
 def test_docs_and_docstring_examples_run():
-  import doctest
-  import re
-  from pathlib import Path
+  from hdm_optax.driver import minibatch
 
-  from hdm_optax import minibatch
-
-  result = doctest.testmod(minibatch, optionflags=doctest.ELLIPSIS)
-  assert result.attempted > 0 and result.failed == 0
-  page = (Path(__file__).parents[1] / "docs" / "minibatch.md").read_text()
-  blocks = re.findall(r"```python\n(.*?)```", page, re.S)
-  assert blocks
-  for block in blocks:
-    exec(compile(block, "docs/minibatch.md", "exec"), {})  # pylint: disable=exec-used
+  check_doctests(minibatch)
+  run_page("docs/minibatch.md")

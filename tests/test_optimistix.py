@@ -13,30 +13,12 @@ import optax
 import pytest
 
 import hdm_optax
+from helpers import check_doctests, counting, logistic, logistic_problem, run_page
 
 optx = pytest.importorskip("optimistix")
 from hdm_optax.optimistix_adapter import HDMMinimiser  # noqa: E402
 
-_RNG = np.random.default_rng(3)
-M, N = 40, 6
-A = jnp.asarray(_RNG.standard_normal((M, N)))
-Y = jnp.asarray(np.where(_RNG.standard_normal(M) > 0, 1.0, -1.0))
-LIP = float(0.25 * np.linalg.norm(np.asarray(A), 2) ** 2 + 0.1)
-X0 = jnp.asarray(_RNG.standard_normal(N))
-
-
-def logistic(w, A, y):
-  return jnp.sum(jax.nn.softplus(-y * (A @ w))) + 0.05 * w @ w
-
-
-def _counting(fun):
-  calls = []
-
-  def counted(*args):
-    jax.debug.callback(lambda: calls.append(1))
-    return fun(*args)
-
-  return counted, calls
+A, Y, LIP, X0 = logistic_problem(3)
 
 
 OPTIMIZERS = {
@@ -57,7 +39,7 @@ OPTIMIZERS = {
 def test_same_run_as_solve(name):
   opt = OPTIMIZERS[name]()
   tol = 1e-6
-  counted, calls = _counting(lambda w, args: logistic(w, *args))
+  counted, calls = counting(lambda w, args: logistic(w, *args))
   stale = pytest.warns(UserWarning, match="last in the chain")
   with stale if name == "chain" else contextlib.nullcontext():
     res = hdm_optax.solve(opt, logistic, X0, max_steps=1000, tol=tol, fun_args=(A, Y))
@@ -82,7 +64,7 @@ def test_gradient_call_budget_as_solve(name):
   """``max_grad_evals`` stops both before an update, at the same call."""
   opt = OPTIMIZERS[name]()
   for budget in (1, 17):
-    counted, calls = _counting(lambda w, args: logistic(w, *args))
+    counted, calls = counting(lambda w, args: logistic(w, *args))
     res = hdm_optax.solve(
       opt, logistic, X0, max_steps=1000, tol=1e-12, fun_args=(A, Y), max_grad_evals=budget
     )
@@ -221,15 +203,7 @@ def test_hdm_optax_imports_without_optimistix():
 
 
 def test_docs_and_docstring_examples_run():
-  import doctest
-  import re
+  from hdm_optax.driver import optimistix
 
-  from hdm_optax import optimistix_adapter
-
-  result = doctest.testmod(optimistix_adapter, optionflags=doctest.ELLIPSIS)
-  assert result.attempted > 0 and result.failed == 0
-  page = (Path(__file__).parents[1] / "docs" / "optimistix.md").read_text()
-  blocks = re.findall(r"```python\n(.*?)```", page, re.S)
-  assert blocks
-  for block in blocks:
-    exec(compile(block, "docs/optimistix.md", "exec"), {})  # pylint: disable=exec-used
+  check_doctests(optimistix)
+  run_page("docs/optimistix.md")

@@ -1,11 +1,20 @@
 """Tests of experiments/protocol.py: x0, the solved rule and the best grid point."""
 
+import inspect
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import hdm_optax
 from experiments import problems, protocol
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_initial_point_is_the_protocol():
@@ -71,3 +80,29 @@ def test_row_from_solve_is_the_reported_point():
   assert row.iterations == k and row.grad_calls == int(point.num_grad_evals)
   assert row.final_value == float(point.value) and len(row.trace_values) == k + 1
   assert row.trace_values[-1] == row.final_value
+
+
+def test_outcome_is_the_one_solved_rule():
+  assert protocol.outcome(1.0, 1e-4, 997, 1e-4) == (True, "converged")
+  assert protocol.outcome(1.0, 1e-4, 999, 1e-4) == (False, "budget")  # is_solved
+  assert protocol.outcome(1.0, 2e-4, 1000, 1e-4) == (False, "budget")
+  assert protocol.outcome(1.0, 2e-4, 10, 1e-4) == (False, "")
+  assert protocol.outcome(-1e21, 0.0, 10, 1e-4) == (False, "unbounded")
+  assert protocol.outcome(math.nan, 0.0, 10, 1e-4) == (False, "non_finite")
+  assert protocol.outcome(1.0, math.inf, 10, 1e-4) == (False, "non_finite")
+  # The unbounded threshold is the library's (solve's min_value).
+  assert protocol.UNBOUNDED == inspect.signature(hdm_optax.solve).parameters["min_value"].default
+
+
+def test_importing_the_experiments_leaves_jax_in_its_precision():
+  """float64 is switched on by the entry points (protocol.enable_float64), not by imports."""
+  code = (
+    "import jax, importlib\n"
+    "for m in ('experiments.problems', 'experiments.runner', 'experiments.demo', "
+    "'experiments.table1', 'experiments.perf.speed', 'experiments.benchmark.suites', "
+    "'experiments.benchmark.__main__'):\n"
+    "  importlib.import_module(m)\n"
+    "assert not jax.config.jax_enable_x64\n"
+  )
+  env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)

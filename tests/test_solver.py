@@ -7,8 +7,10 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax import _staging
-from hdm_optax import solver
+from backends import assert_same_across_programs
+from helpers import EVERY_STEP, counting, logistic, logistic_problem
+from hdm_optax.driver import solve as solve_lib
+from hdm_optax.driver import staging
 
 
 A = jnp.array([1.0, 10.0, 100.0])
@@ -52,8 +54,8 @@ def test_stop_at_first_converged_keeps_the_best_point():
   steps = np.asarray(first.results.num_steps)
   assert np.all(steps <= steps[b])  # everyone stopped with the winner
   status = np.asarray(first.results.status)
-  assert status[b] == solver.CONVERGED
-  assert np.any(status == solver.STOPPED)  # the test can fail: someone was cut short
+  assert status[b] == hdm_optax.Status.CONVERGED
+  assert np.any(status == hdm_optax.Status.STOPPED)  # the test can fail: someone was cut short
   assert np.asarray(full.results.num_steps).max() > steps[b]
 
 
@@ -67,7 +69,7 @@ def test_max_grad_evals_budget_and_status():
     fun_args=(A,),
     max_grad_evals=12,
   )
-  assert int(res.status) == solver.MAX_STEPS
+  assert int(res.status) == hdm_optax.Status.MAX_STEPS
   assert 12 <= int(res.num_grad_evals) <= 12 + 30  # a linesearch step may overshoot
   assert not bool(res.converged)
   grad_evals = np.asarray(res.trace.grad_evals)
@@ -89,7 +91,7 @@ def test_trace_is_frozen_after_the_last_step():
 
 def test_compact_sweep_gives_the_same_results():
   """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
-  assert _staging.stage_sizes(6, True) == (6, 2, 1) and _staging.stage_sizes(6, False) == (6,)
+  assert staging.stage_sizes(6, True) == (6, 2, 1) and staging.stage_sizes(6, False) == (6,)
   kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
   full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)
@@ -127,17 +129,6 @@ def test_value_fn_returning_aux_gets_a_clear_error_in_update():
 # ---------------------------------------------------------------------------
 
 
-def _counting(fun):
-  """fun, and the list that gets one entry per oracle call made by the compiled run."""
-  calls = []
-
-  def counted(*args):
-    jax.debug.callback(lambda: calls.append(1))
-    return fun(*args)
-
-  return counted, calls
-
-
 def _check_at_params(res, tol):
   value, grad = jax.value_and_grad(quadratic)(res.params, A)
   np.testing.assert_allclose(float(res.value), float(value), rtol=1e-12)
@@ -158,13 +149,15 @@ def _check_at_params(res, tol):
 )
 def test_chain_after_a_caching_transformation_reports_f_at_params(make):
   """Both cases of the issue: the value was 8.3e-2 for f = 26.4, and 80.09 for 132.14."""
-  fun, calls = _counting(quadratic)
+  fun, calls = counting(quadratic)
   x0 = jnp.ones(3)
   assert float(quadratic(x0, A)) == 111.0
   for max_steps, tol in ((1, 0.0), (3, 0.0), (400, 1e-6)):
     calls.clear()
     with pytest.warns(UserWarning, match="last in the chain"):
-      res = hdm_optax.solve(make(), fun, x0, max_steps=max_steps, tol=tol, fun_args=(A,))
+      res = hdm_optax.solve(
+        make(), fun, x0, max_steps=max_steps, tol=tol, fun_args=(A,), **EVERY_STEP
+      )
     jax.effects_barrier()
     _check_at_params(res, tol)
     assert len(calls) == int(res.num_grad_evals)  # the re-evaluations are counted
@@ -177,8 +170,10 @@ def test_chain_after_a_caching_transformation_reports_f_at_params(make):
   ids=["hdm_best", "lbfgs"],
 )
 def test_a_bare_caching_transformation_costs_no_extra_call(make, per_step):
-  fun, calls = _counting(quadratic)
-  res = hdm_optax.solve(make(), fun, jnp.ones(3) * 5, max_steps=30, tol=1e-8, fun_args=(A,))
+  fun, calls = counting(quadratic)
+  res = hdm_optax.solve(
+    make(), fun, jnp.ones(3) * 5, max_steps=30, tol=1e-8, fun_args=(A,), **EVERY_STEP
+  )
   jax.effects_barrier()
   _check_at_params(res, 1e-8)
   assert len(calls) == int(res.num_grad_evals)
@@ -196,10 +191,10 @@ def test_cache_at_params_reads_the_structure():
   cached = [best, optax.chain(optax.scale(2.0), best), optax.lbfgs()]
   cached += [optax.apply_if_finite(best, 3), optax.inject_hyperparams(optax.sgd)(0.1)]
   for opt in cached[:4]:
-    assert solver.cache_at_params(opt.init(x)) is not None
+    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is not None
   for opt in (optax.chain(best, optax.scale(0.5)), optax.adam(0.1), optax.named_chain(("b", best))):
-    assert solver.cache_at_params(opt.init(x)) is None
-  assert solver.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
+    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is None
+  assert hdm_optax.driver.cache.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
 
 
 def test_value_and_grad_from_state_never_returns_a_stale_cache():
@@ -277,7 +272,7 @@ def test_has_aux_returns_aux_at_the_final_params():
   def fun(x, a):
     return quadratic(x, a), {"x": x, "twice": 2 * quadratic(x, a)}
 
-  fun_counted, calls = _counting(fun)
+  fun_counted, calls = counting(fun)
   res = hdm_optax.solve(
     hdm_optax.hdm_best(lipschitz=200.0),
     fun_counted,
@@ -286,6 +281,7 @@ def test_has_aux_returns_aux_at_the_final_params():
     tol=0.0,
     fun_args=(A,),
     has_aux=True,
+    **EVERY_STEP,
   )
   jax.effects_barrier()
   np.testing.assert_array_equal(res.aux["x"], res.params)
@@ -305,10 +301,10 @@ def test_has_aux_returns_aux_at_the_final_params():
 
 
 def test_status_enum_documents_every_value_and_has_a_message():
-  for status in solver.Status:
-    assert f"{status.name}:" in solver.Status.__doc__
-    assert status.message == solver.status_message(int(status)) == solver.STATUS_MESSAGES[status]
-  assert len({s.message for s in solver.Status}) == len(solver.Status)
+  for status in hdm_optax.Status:
+    assert f"{status.name}:" in hdm_optax.Status.__doc__
+    assert status.message == hdm_optax.status_message(int(status))
+  assert len({s.message for s in hdm_optax.Status}) == len(hdm_optax.Status)
 
 
 def test_a_run_of_null_steps_stalls():
@@ -317,31 +313,31 @@ def test_a_run_of_null_steps_stalls():
   res = hdm_optax.solve(
     opt, quadratic, jnp.ones(3), max_steps=500, fun_args=(A,), max_null_steps=40
   )
-  assert int(res.status) == solver.STALLED and "stalled" in res.message
+  assert int(res.status) == hdm_optax.Status.STALLED and "stalled" in res.message
   assert int(res.num_steps) == int(res.null_run) == 40
   assert not np.any(np.asarray(res.trace.accepted)[1:])
   # By default a run is never cut short, but the message says what happened.
   never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
-  assert int(never.status) == solver.MAX_STEPS and int(never.null_run) == 300
+  assert int(never.status) == hdm_optax.Status.MAX_STEPS and int(never.null_run) == 300
   assert "the last 300 updates were null steps" in never.message
   # A run whose null steps are interrupted by moves does not stall.
   moving = hdm_optax.solve(
     make_best(1e-2, 3.0), quadratic, jnp.ones(3), max_steps=300, fun_args=(A,), max_null_steps=5
   )
-  assert int(moving.status) == solver.CONVERGED
+  assert int(moving.status) == hdm_optax.Status.CONVERGED
 
 
 def test_unbounded_objective_is_reported():
   res = hdm_optax.solve(optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=100)
-  assert int(res.status) == solver.UNBOUNDED and not bool(res.converged)
+  assert int(res.status) == hdm_optax.Status.UNBOUNDED and not bool(res.converged)
   assert float(res.value) < -1e20 and int(res.num_steps) == 4
   res = hdm_optax.solve(
     optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=10, min_value=None
   )
-  assert int(res.status) == solver.MAX_STEPS
-  assert solver.status_message(np.array([0, 5])) == [
-    solver.CONVERGED.message,
-    solver.UNBOUNDED.message,
+  assert int(res.status) == hdm_optax.Status.MAX_STEPS
+  assert hdm_optax.status_message(np.array([0, 5])) == [
+    hdm_optax.Status.CONVERGED.message,
+    hdm_optax.Status.UNBOUNDED.message,
   ]
 
 
@@ -375,20 +371,20 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
-  before = solver._sweep_jit._cache_size()  # pylint: disable=protected-access
+  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
-  first = solver._sweep_jit._cache_size()  # pylint: disable=protected-access
+  first = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
-  assert first == before + 1 and solver._sweep_jit._cache_size() == first  # pylint: disable=protected-access
+  assert first == before + 1 and solve_lib._sweep_jit._cache_size() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
-  before = solver._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
   for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
-  assert solver._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+  assert solve_lib._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
 
 
 def test_solve_inside_jit_vmap_and_grad_without_private_jax():
-  source = open(solver.__file__).read() + open(_staging.__file__).read()
+  source = "".join(open(m.__file__).read() for m in (solve_lib, staging))
   assert "jax._src" not in source
 
   def final_value(lr):
@@ -400,3 +396,67 @@ def test_solve_inside_jit_vmap_and_grad_without_private_jax():
   singles = [float(final_value(lr)) for lr in lrs]
   np.testing.assert_allclose(batched, singles, rtol=1e-10)
   np.testing.assert_allclose(jax.vmap(final_value)(lrs), singles, rtol=1e-10)
+
+
+_LOGISTIC = logistic_problem(7, 30, 5)[:2]
+
+# (optimizer, fun, x0, fun_args, the rule's keywords): each run ends by another rule
+CHECK_EVERY_RUNS = {
+  "best_tol": (lambda: make_best(1e-2, 3.0), quadratic, jnp.ones(3), (A,), dict(tol=1e-6)),
+  "auto_budget": (
+    hdm_optax.hdm_auto,
+    logistic,
+    jnp.zeros(5),
+    _LOGISTIC,
+    dict(tol=0.0, max_grad_evals=23),
+  ),
+  "lbfgs_tol": (optax.lbfgs, logistic, jnp.zeros(5), _LOGISTIC, dict(tol=1e-8)),
+  "adam_steps": (lambda: optax.adam(0.1), quadratic, jnp.ones(3), (A,), dict(tol=0.0)),
+  "stalled": (
+    lambda: optax.sgd(0.0),  # every step is a null step
+    quadratic,
+    jnp.ones(3),
+    (A,),
+    dict(max_null_steps=5),
+  ),
+  "non_finite": (
+    lambda: optax.sgd(1.0),
+    lambda x: jnp.sum(jnp.log(x)),  # x = 2, 1.5, 0.83, -0.37
+    jnp.full(2, 2.0),
+    (),
+    dict(tol=1e-8),
+  ),
+}
+
+
+@pytest.mark.parametrize("name", list(CHECK_EVERY_RUNS))
+def test_stopping_rule_every_k_steps_gives_the_per_step_run(name):
+  make, fun, x0, fun_args, rule = CHECK_EVERY_RUNS[name]
+  opt = make()
+  runs = {
+    k: hdm_optax.solve(opt, fun, x0, max_steps=300, fun_args=fun_args, check_every=k, **rule)
+    for k in (1, 3, 64)
+  }
+  status = int(runs[1].status)
+  assert (
+    status
+    == {
+      "best_tol": hdm_optax.Status.CONVERGED,
+      "auto_budget": hdm_optax.Status.MAX_STEPS,
+      "lbfgs_tol": hdm_optax.Status.CONVERGED,
+      "adam_steps": hdm_optax.Status.MAX_STEPS,
+      "stalled": hdm_optax.Status.STALLED,
+      "non_finite": hdm_optax.Status.NON_FINITE,
+    }[name]
+  )
+  for k, res in runs.items():
+    same = lambda got, want: assert_same_across_programs(got, want, runs[1].value.dtype)
+    jax.tree.map(same, res, runs[1])  # bit for bit on the CPU, counts too
+
+
+def test_check_every_must_be_a_positive_int():
+  for bad in (0, -1, 2.0, True):
+    with pytest.raises(ValueError, match="check_every must be an int >= 1"):
+      hdm_optax.solve(
+        optax.sgd(0.1), quadratic, jnp.ones(3), max_steps=5, fun_args=(A,), check_every=bad
+      )

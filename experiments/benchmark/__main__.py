@@ -14,6 +14,7 @@ process i mod N; each compiles its own programs, so no count changes) and merges
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from experiments.benchmark import runner
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
 from experiments.benchmark import summary as summary_lib
+from experiments import protocol
 
 
 def parse_args(argv=None):
@@ -90,11 +92,20 @@ def run_in_processes(args, out: Path, csv_path: Path) -> None:
     for group, part in zip(groups, parts)
     if group
   ]
-  codes = [child.wait() for child in children]
+  codes, cpu = [], []
+  for child in children:  # CPU seconds of each process: its wall time on an idle core
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    codes.append(child.returncode)
+    cpu.append(usage.ru_utime + usage.ru_stime)
   seconds = time.perf_counter() - start
   written = runner.merge(parts, csv_path)
   suites = "+".join(args.suite)
-  print(f"{suites}: {written} rows in {seconds:.1f} s ({len(children)} processes)", flush=True)
+  print(
+    f"{suites}: {written} rows in {seconds:.1f} s ({len(children)} processes, CPU seconds "
+    f"{', '.join(f'{c:.0f}' for c in cpu)})",
+    flush=True,
+  )
   if written:
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     with open(out / "timings.tsv", "a") as f:
@@ -107,6 +118,7 @@ def run_in_processes(args, out: Path, csv_path: Path) -> None:
 
 
 def main(argv=None):
+  protocol.enable_float64()
   args = parse_args(argv)
   out = Path(args.out)
   csv_path = Path(args.csv) if args.csv else out / "results.csv"

@@ -20,6 +20,7 @@ import numpy as np
 import hdm_optax
 from experiments.benchmark import runner
 from experiments.benchmark import suites as suites_lib
+from experiments import protocol
 
 SOLVER, BASE = "hdm_best()", "optax.lbfgs()"
 
@@ -80,6 +81,7 @@ def diagnose(inst, budget=runner.BUDGET) -> str:
 
 
 def main(argv=None):
+  protocol.enable_float64()
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--csv", default="results/benchmark/results.csv")
   p.add_argument("--top", type=int, default=5)

@@ -2,8 +2,8 @@
 
 Protocol (``experiments.protocol``): a budget of gradient calls (every call counts: the initial
 one, probes, line-search steps, each SciPy call) and ``||grad f||_inf <= tol``. A run is solved
-iff it ends at a point where f and grad f are finite, f >= -1e20 and ``||grad f||_inf <= tol``,
-with fewer than ``budget - 1`` calls (``protocol.is_solved``).
+by ``protocol.outcome``: it ends at a point where f and grad f are finite, f >= the library's
+unbounded threshold and ``||grad f||_inf <= tol``, with fewer than ``budget - 1`` calls.
 The seeds of a problem run as one vmapped, compiled program per optax solver; compiled
 programs are kept per (solver, objective, shapes), so problems that share an objective and
 padded shapes (the LIBSVM ones) share them. Rows are appended (and flushed) as they finish; a
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import time
 import traceback
 from pathlib import Path
@@ -29,13 +28,16 @@ import hdm_optax
 import optax
 from experiments import memory
 from experiments import protocol
+from experiments.baselines import quasi_newton
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
 from experiments.benchmark.solvers import optx
 
 BUDGET = protocol.BUDGET
 TOL = protocol.TOL
-UNBOUNDED = -1e20
+outcome = protocol.outcome
+Row = protocol.Row
+# The CSV's columns, and the Row attribute of each where the names differ.
 FIELDS = (
   "suite",
   "problem",
@@ -52,29 +54,31 @@ FIELDS = (
   "compile_seconds",
   "run_seconds",
 )
+ATTRIBUTES = {"solver": "algorithm", "run_seconds": "seconds"}
+# SciPy runs until the call past the budget stops it (its iteration limit out of the way).
+SCIPY_MAX_ITER = 10**6
 
 
-def outcome(value, grad_inf, grad_calls, tol, budget=BUDGET) -> tuple[bool, str]:
-  """(solved, status) of a run that ended at a point with ``value`` and ``grad_inf``.
+def cells(row: Row) -> list[str]:
+  """The CSV cells of ``row`` in ``FIELDS`` order."""
 
-  The status is empty where the caller knows better why the run ended.
-  """
-  if not (math.isfinite(value) and math.isfinite(grad_inf)):
-    return False, "non_finite"
-  if value < UNBOUNDED:
-    return False, "unbounded"
-  if grad_inf <= tol:
-    solved = bool(protocol.is_solved(True, grad_calls, budget))
-    return solved, "converged" if solved else "budget"
-  if grad_calls >= budget:
-    return False, "budget"
-  return False, ""
+  def cell(v):
+    if v is None:
+      return ""
+    if isinstance(v, bool):
+      return str(int(v))
+    if isinstance(v, float):
+      return repr(v)
+    return str(v)
+
+  values = [getattr(row, ATTRIBUTES.get(f, f)) for f in FIELDS]
+  return [f"{v:.4f}" if f.endswith("seconds") else cell(v) for f, v in zip(FIELDS, values)]
 
 
 def _status_name(code: int) -> str:
   """A name for ``hdm_optax.solve``'s status code (``max_steps`` is the budget here)."""
   try:
-    name = hdm_optax.solver.Status(int(code)).name.lower()
+    name = hdm_optax.Status(int(code)).name.lower()
   except (AttributeError, ValueError):
     return f"status {int(code)}"
   return "budget" if name == "max_steps" else name
@@ -84,37 +88,6 @@ def _end_status(solver, out, i) -> str:
   if solver.is_optimistix:
     return f"stopped: {_optimistix_status(out['result'][i])}"
   return _status_name(out["status"][i])
-
-
-@dataclasses.dataclass
-class Row:
-  suite: str
-  problem: str
-  n: Optional[int]
-  dtype: str
-  solver: str
-  seed: Optional[int]
-  solved: bool = False
-  grad_calls: Optional[int] = None
-  value_calls: Optional[int] = None
-  final_value: Optional[float] = None
-  final_grad_inf: Optional[float] = None
-  status: str = ""
-  compile_seconds: float = 0.0
-  run_seconds: float = 0.0
-
-  def cells(self) -> list[str]:
-    def cell(v):
-      if v is None:
-        return ""
-      if isinstance(v, bool):
-        return str(int(v))
-      if isinstance(v, float):
-        return repr(v)
-      return str(v)
-
-    values = dataclasses.astuple(self)
-    return [f"{v:.4f}" if f.endswith("seconds") else cell(v) for f, v in zip(FIELDS, values)]
 
 
 # ----------------------------------------------------------------------------
@@ -168,14 +141,14 @@ def _compiled(statics, args, program=_batched_solve_jit):
   return _COMPILED[key], time.perf_counter() - start
 
 
-def _constants(inst: suites_lib.Instance):
+def _constants(inst: protocol.Instance):
   """The data, L and f* of ``inst`` as the program's arguments (NaN where not known)."""
   dtype = inst.x0.dtype
   known = lambda v: jnp.asarray(np.nan if v is None else v, dtype)
   return inst.fun_args, known(inst.lipschitz), known(inst.f_star)
 
 
-def run_optax(solver, inst: suites_lib.Instance, budget: int):
+def run_optax(solver, inst: protocol.Instance, budget: int):
   """Runs every seed of ``inst``; returns (outputs as NumPy, compile seconds, run seconds).
 
   The seeds run as one vmapped program; where a transformation cannot be vmapped over the
@@ -223,7 +196,7 @@ def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
 _minimise_jit = jax.jit(_minimise, static_argnums=(0, 1, 2))
 
 
-def run_optimistix(solver, inst: suites_lib.Instance, budget: int):
+def run_optimistix(solver, inst: protocol.Instance, budget: int):
   """Runs the seeds of ``inst`` in turn through one compiled single-start program.
 
   Returns (outputs as NumPy with ``grad_calls`` counted by the host, compile seconds,
@@ -265,53 +238,41 @@ def optax_rows(solver, task, inst, budget) -> list[Row]:
     solved, status = outcome(value, grad_inf, calls, float(inst.tol[i]), budget)
     rows.append(
       Row(
-        task.suite,
-        task.name,
-        inst.n,
-        inst.dtype,
         solver.name,
-        seed,
         solved,
-        calls,
-        int(out["value_calls"][i]),
-        value,
-        grad_inf,
-        status or _end_status(solver, out, i),
-        compile_s / k,
-        run_s / k,
+        grad_calls=calls,
+        value_calls=int(out["value_calls"][i]),
+        final_value=value,
+        final_grad_inf=grad_inf,
+        seconds=run_s / k,
+        status=status or _end_status(solver, out, i),
+        compile_seconds=compile_s / k,
+        **_where(task, inst, seed),
       )
     )
   return rows
 
 
+def _where(task, inst, seed) -> dict:
+  return dict(suite=task.suite, problem=task.name, n=inst.n, dtype=inst.dtype, seed=seed)
+
+
 def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
+  """SciPy from each start of ``seeds``, stopped at the call past ``budget``."""
   rows = []
   for seed in seeds:
     i = task.seeds.index(seed)
-    start = time.perf_counter()
-    run = solvers_lib.run_scipy(solver, inst.fun_np, inst.x0_np[i], float(inst.tol[i]), budget)
-    seconds = time.perf_counter() - start
-    solved, status = outcome(run.value, run.grad_inf, run.grad_calls, float(inst.tol[i]), budget)
-    if not status:
-      status = "budget" if run.message == "budget" else f"stopped: {run.message}"
-    rows.append(
-      Row(
-        task.suite,
-        task.name,
-        inst.n,
-        inst.dtype,
-        solver.name,
-        seed,
-        solved,
-        run.grad_calls,
-        run.grad_calls,
-        run.value,
-        run.grad_inf,
-        status,
-        0.0,
-        seconds,
-      )
+    row = quasi_newton.run_baseline(
+      inst.fun_np,
+      inst.x0_np[i],
+      solver.scipy_algorithm,
+      float(inst.tol[i]),
+      blas_threads=None,
+      budget=budget,
+      stop_at_budget=True,
+      maxiter=SCIPY_MAX_ITER,
     )
+    rows.append(dataclasses.replace(row, algorithm=solver.name, **_where(task, inst, seed)))
   return rows
 
 
@@ -355,7 +316,8 @@ def merge(parts: Sequence[Path], csv_path: Path) -> int:
 
 def _error(task, solver_name, seed, exc, n=None, dtype="") -> Row:
   message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-  return Row(task.suite, task.name, n, dtype, solver_name, seed, status=f"error: {message}")
+  where = dict(suite=task.suite, problem=task.name, n=n, dtype=dtype, seed=seed)
+  return Row(solver_name, status=f"error: {message}", **where)
 
 
 class CsvLog:
@@ -377,7 +339,7 @@ class CsvLog:
 
   def write(self, rows: Sequence[Row]):
     for row in rows:
-      self._writer.writerow(row.cells())
+      self._writer.writerow(cells(row))
     self._file.flush()
 
   def close(self):
@@ -439,10 +401,7 @@ def run_suite(
           continue
         if solver.max_n is not None and inst.n > solver.max_n:
           reason = f"skipped: n = {inst.n} > {solver.max_n}"
-          rows = [
-            Row(task.suite, task.name, inst.n, inst.dtype, solver.name, seed, status=reason)
-            for seed in missing
-          ]
+          rows = [Row(solver.name, status=reason, **_where(task, inst, seed)) for seed in missing]
           log.write(rows)
           written += len(rows)
           bar.update(1)

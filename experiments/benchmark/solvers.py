@@ -23,7 +23,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from scipy.optimize import minimize
 
 import hdm_optax
 
@@ -49,8 +48,8 @@ class Solver:
     needs_lipschitz: whether ``make`` uses L.
     needs_f_star: whether ``make`` uses f*.
     is_optimistix: whether ``make`` gives an optimistix minimiser.
-    scipy_method: for a SciPy solver, the ``scipy.optimize.minimize`` method.
-    scipy_options: for a SciPy solver, ``options(tol) -> dict``.
+    scipy_algorithm: for a SciPy solver, its name in ``experiments.baselines.quasi_newton``
+      (``"BFGS"``, ``"L-BFGS-M5"``, ...).
     max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
   """
 
@@ -59,13 +58,12 @@ class Solver:
   needs_lipschitz: bool = False
   needs_f_star: bool = False
   is_optimistix: bool = False
-  scipy_method: Optional[str] = None
-  scipy_options: Optional[Callable[[float], dict]] = None
+  scipy_algorithm: Optional[str] = None
   max_n: Optional[int] = None
 
   @property
   def is_scipy(self) -> bool:
-    return self.scipy_method is not None
+    return self.scipy_algorithm is not None
 
 
 def namespace(lipschitz=None, f_star=None) -> dict:
@@ -117,22 +115,15 @@ def from_expression(name: str, expression: Optional[str] = None) -> Solver:
   )
 
 
-def lbfgsb_options(memory: int) -> Callable[[float], dict]:
-  # ftol=0: stop on the gradient (and the budget) only, as the other rows do.
-  return lambda tol: {"maxcor": memory, "gtol": tol, "ftol": 0.0, "maxiter": 10**6, "maxfun": 10**6}
-
-
-def bfgs_options(tol: float) -> dict:
-  return {"gtol": tol, "norm": np.inf, "maxiter": 10**6}
-
-
 # SciPy's BFGS multiplies n x n matrices at every iteration (O(n^3)): at n = 3466 (the digits
 # MLP) its 1000 calls take hours, so it runs up to n = 1000 (the CUTEst dev list's largest).
 BFGS_MAX_N = 1000
+# SciPy rows: (the baseline of experiments.baselines.quasi_newton, largest n). L-BFGS-B runs
+# with ftol=0 (it stops on the gradient and the budget only, as the other rows do).
 SCIPY = {
-  "scipy-lbfgsb-m5": ("L-BFGS-B", lbfgsb_options(5), None),
-  "scipy-lbfgsb-m10": ("L-BFGS-B", lbfgsb_options(10), None),
-  "scipy-bfgs": ("BFGS", bfgs_options, BFGS_MAX_N),
+  "scipy-lbfgsb-m5": ("L-BFGS-M5", None),
+  "scipy-lbfgsb-m10": ("L-BFGS-M10", None),
+  "scipy-bfgs": ("BFGS", BFGS_MAX_N),
 }
 JAX = (
   "hdm_auto()",
@@ -173,8 +164,8 @@ DEFAULT = REGISTERED if optx is not None else tuple(n for n in REGISTERED if "op
 def get(name: str) -> Solver:
   """The solver called ``name`` (the same object for the same name)."""
   if name in SCIPY:
-    method, options, max_n = SCIPY[name]
-    return Solver(name=name, scipy_method=method, scipy_options=options, max_n=max_n)
+    algorithm, max_n = SCIPY[name]
+    return Solver(name=name, scipy_algorithm=algorithm, max_n=max_n)
   if name in NAMED:
     return from_expression(name, NAMED[name])
   if name.isidentifier() and name not in namespace():
@@ -182,54 +173,6 @@ def get(name: str) -> Solver:
   if name.isidentifier():
     return from_expression(name, f"{name}()")
   return from_expression(name)
-
-
-class BudgetSpent(Exception):
-  """Raised by the counted objective once the budget of gradient calls is spent."""
-
-
-@dataclasses.dataclass
-class ScipyRun:
-  grad_calls: int
-  value: float
-  grad_inf: float
-  message: str  # SciPy's message, or "budget"
-
-
-def run_scipy(solver: Solver, fun_np, x0: np.ndarray, tol: float, budget: int) -> ScipyRun:
-  """One SciPy run; every call of ``fun_np`` (value and gradient) counts as one gradient call.
-
-  A call past ``budget`` stops the run; the reported point is then the last one evaluated,
-  otherwise SciPy's ``x`` (its value and gradient are evaluated once more, uncounted).
-  """
-  calls = 0
-  last = None
-
-  def counted(x):
-    nonlocal calls, last
-    if calls >= budget:
-      raise BudgetSpent
-    calls += 1
-    value, grad = fun_np(x)
-    last = (value, grad)
-    return value, grad
-
-  try:
-    res = minimize(
-      counted,
-      np.array(x0, np.float64),
-      jac=True,
-      method=solver.scipy_method,
-      options=solver.scipy_options(tol),
-    )
-  except BudgetSpent:
-    value, grad = last
-    message = "budget"
-  else:
-    value, grad = fun_np(res.x)
-    message = str(res.message)
-  grad_inf = float(np.max(np.abs(grad))) if np.size(grad) else 0.0
-  return ScipyRun(calls, float(value), grad_inf, message)
 
 
 # ----------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The benchmark's problems: CUTEst (sif2jax), LIBSVM in float64 and float32, and user problems.
 
 A suite is a list of :class:`Task` (cheap: a name and how to build it); ``Task.build()`` returns
-an :class:`Instance`, the problem ready to run: ``fun(x, *fun_args)``, a batch of starting
+a ``protocol.Instance``, the problem ready to run: ``fun(x, *fun_args)``, a batch of starting
 points (one row per seed, run as one vmapped program), the tolerance of each, L where it is
 known, and a float64 NumPy ``fun_np(x) -> (value, grad)`` for the SciPy rows.
 """
@@ -30,8 +30,6 @@ from experiments import problems as problems_lib
 from experiments import protocol
 from experiments import runner as table1_runner
 
-jax.config.update("jax_enable_x64", True)
-
 # ``$HDM_BENCHMARKS_DIR`` or ``<repo>/../shared/benchmarks``.
 BENCHMARKS_DIR = Path(
   os.environ.get("HDM_BENCHMARKS_DIR") or data_lib.repo_root().parent / "shared" / "benchmarks"
@@ -44,45 +42,14 @@ SEED0 = protocol.SEED  # the paper's x0 seed; seed i is SEED0 + i
 FLOAT32_RELATIVE_TOL = 1e-5
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class Instance:
-  """A problem ready to run.
-
-  Attributes:
-    n: number of variables (before any padding).
-    dtype: ``"float64"`` or ``"float32"``.
-    fun: ``fun(x, *fun_args) -> scalar``; the same object for every instance that can share
-      a compiled program (module-level LIBSVM objectives on padded shapes).
-    fun_args: data arguments of ``fun``.
-    x0: (len(seeds), n_run) starting points in ``dtype`` (``n_run >= n`` when padded with
-      coordinates whose gradient is zero).
-    tol: (len(seeds),) tolerance of each starting point on ``||grad f||_inf``.
-    lipschitz: L where it is known, else None.
-    fun_np: ``x -> (value, grad)`` in float64 NumPy, for SciPy (takes ``x0_np``'s shape).
-    x0_np: (len(seeds), m) float64 starting points for ``fun_np``.
-    f_star: the minimum value where it is known (``optax.polyak_sgd``'s ``f_min``), else None.
-  """
-
-  n: int
-  dtype: str
-  fun: Callable[..., jax.Array]
-  fun_args: tuple
-  x0: jax.Array
-  tol: np.ndarray
-  lipschitz: Optional[float]
-  fun_np: Callable[[np.ndarray], tuple[float, np.ndarray]]
-  x0_np: np.ndarray
-  f_star: Optional[float] = None
-
-
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """One problem of a suite: ``build()`` makes the :class:`Instance` (may be slow or raise)."""
+  """One problem of a suite: ``build()`` makes the ``protocol.Instance`` (may be slow or raise)."""
 
   suite: str
   name: str
   seeds: tuple  # (None,) where the starting point is fixed
-  build: Callable[[], Instance] = dataclasses.field(compare=False, repr=False)
+  build: Callable[[], protocol.Instance] = dataclasses.field(compare=False, repr=False)
 
 
 def jax_fun_np(fun, fun_args, dtype) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
@@ -99,7 +66,7 @@ def jax_fun_np(fun, fun_args, dtype) -> Callable[[np.ndarray], tuple[float, np.n
 def _instance(fun, fun_args, x0, tol, lipschitz=None, dtype="float64", n=None, f_star=None):
   """An instance whose SciPy rows use the JAX objective itself."""
   x0 = np.atleast_2d(np.asarray(x0, np.float64))
-  return Instance(
+  return protocol.Instance(
     n=int(n or x0.shape[1]),
     dtype=dtype,
     fun=fun,
@@ -272,7 +239,7 @@ def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir):
   problem = problems_lib.load_problem(dataset, kind, data_dir=data_dir)
   padded = table1_runner.prepare(problem)  # dense problems padded to shared shapes
   x0_np = initial_points(problem.n, seeds)
-  x0 = np.zeros((len(seeds), padded.x0.shape[0]))
+  x0 = np.zeros((len(seeds), padded.x0.shape[1]))
   x0[:, : problem.n] = x0_np
   fun_args = _as_dtype(padded.fun_args, dtype)
   tols = np.full(len(seeds), tol)
@@ -283,7 +250,7 @@ def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir):
     x0_np = x0
   else:
     fun_np = problem.fun_np
-  return Instance(
+  return protocol.Instance(
     n=problem.n,
     dtype=dtype,
     fun=padded.fun,

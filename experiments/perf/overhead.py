@@ -22,6 +22,8 @@ after a warm-up compile (best of ``--repeats`` runs):
   point) and ``apply_updates``;
 - ``t_solve``: one iteration of ``hdm_optax.solve(..., tol=0)`` (adds the
   trace and the ``||grad||_inf`` stopping test);
+- ``t_solve@k``: the same with ``check_every=k`` for each further ``--check-every``
+  value (the stopping rule tested once per k steps; the same run, call for call);
 - the ratios ``t_update / t_vg`` and ``t_solve / t_vg`` (target <= 1.15 at n >= 1e5);
 - ``state/params``: bytes of the optimizer state over bytes of the params,
   and the number of state leaves of size n.
@@ -44,6 +46,12 @@ def _parse():
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--steps", type=int, default=0, help="K (0: 200 for n < 1e6, else 50)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument(
+    "--check-every",
+    default="1",
+    help="solve's check_every values to time, interleaved with the rest (e.g. 1,8); "
+    "the first is t_solve",
+  )
   p.add_argument(
     "--optimizer",
     default="hdm_best",
@@ -104,7 +112,15 @@ def make_problem(n: int, dtype, rng):
   return fun, data, w0, lip, kind
 
 
-def measure(n: int, dtype, steps: int, repeats: int, rng, optimizer: str = "hdm_best"):
+def measure(
+  n: int,
+  dtype,
+  steps: int,
+  repeats: int,
+  rng,
+  optimizer: str = "hdm_best",
+  check_every: tuple[int, ...] = (1,),
+):
   import optax
   import hdm_optax
 
@@ -148,15 +164,19 @@ def measure(n: int, dtype, steps: int, repeats: int, rng, optimizer: str = "hdm_
 
     return jax.lax.fori_loop(0, steps, body, (w, state0))
 
-  def solve_run(w, data):
+  def solve_run(w, data, k):
     # the probes are solve's first steps: K iterations follow them
-    return hdm_optax.solve(opt, fun, w, max_steps=steps + probe_calls, tol=0.0, fun_args=data)
+    return hdm_optax.solve(
+      opt, fun, w, max_steps=steps + probe_calls, tol=0.0, fun_args=data, check_every=k
+    )
 
   fns = {
     "vg": lambda: vg_loop(w0, data),
     "update": lambda: update_loop(w0, data, state0),
-    "solve": lambda: solve_run(w0, data),
+    "solve": lambda: solve_run(w0, data, check_every[0]),
   }
+  for k in check_every[1:]:
+    fns[f"solve@{k}"] = lambda k=k: solve_run(w0, data, k)
   seconds, outs = timing.best_times(fns, repeats)
   t_vg, t_up, t_solve = seconds["vg"], seconds["update"], seconds["solve"]
   (_, state), res = outs["update"], outs["solve"]
@@ -185,6 +205,7 @@ def measure(n: int, dtype, steps: int, repeats: int, rng, optimizer: str = "hdm_
     f0=float(fun(w0, *data)),
     f_end=float(res.value),
     nulls=int(res.state.info.num_null_steps),
+    t_solve_k={k: seconds[f"solve@{k}"] / steps for k in check_every[1:]},
   )
 
 
@@ -207,7 +228,8 @@ def main():
   print(header)
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
-    r = measure(n, dtype, steps, args.repeats, rng, args.optimizer)
+    check_every = tuple(int(k) for k in args.check_every.split(","))
+    r = measure(n, dtype, steps, args.repeats, rng, args.optimizer, check_every)
     print(
       f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
       f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
@@ -216,6 +238,12 @@ def main():
       f"({r['nulls']})",
       flush=True,
     )
+    for k, t in r["t_solve_k"].items():
+      print(
+        f"{'':>8} solve with check_every={k} (vs {check_every[0]}): {t * 1e3:.3f}ms, "
+        f"solve/vg {t / r['t_vg']:.3f}",
+        flush=True,
+      )
 
 
 if __name__ == "__main__":

@@ -120,7 +120,7 @@ def main(argv=None):
   log(
     f"sharded:  f = {float(res.value):.8g}, ||grad||_inf = {float(res.grad_norm):.3g}, "
     f"steps = {int(res.num_steps)}, status = "
-    f"{hdm_optax.solver.STATUS_MESSAGES[int(res.status)]}"
+    f"{res.message}"
   )
   log(f"          {t_run:.3f} s per solve ({t_first:.1f} s with compilation)")
   log(f"params sharding:        {res.params.sharding.spec}")

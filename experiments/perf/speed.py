@@ -42,7 +42,6 @@ from experiments import protocol
 from experiments import runner
 from experiments.perf import timing
 
-jax.config.update("jax_enable_x64", True)
 
 PAIRS = 20  # product pairs per call of scipy_products' function
 CALLS = 100  # value-and-gradient calls per call of value_and_grad_loop's function
@@ -90,7 +89,7 @@ def sweep_ratio(problem, budget=protocol.BUDGET, tol=protocol.TOL):
       runner.make_hdm_best,
       points,
       inst.fun,
-      inst.x0,
+      inst.x0[0],
       max_steps=budget - 1,
       tol=tol,
       fun_args=inst.fun_args,
@@ -106,7 +105,7 @@ def sweep_ratio(problem, budget=protocol.BUDGET, tol=protocol.TOL):
 
   def single():
     res = hdm_optax.solve(
-      opt, inst.fun, inst.x0, max_steps=budget - 1, tol=tol, fun_args=inst.fun_args
+      opt, inst.fun, inst.x0[0], max_steps=budget - 1, tol=tol, fun_args=inst.fun_args
     )
     jax.block_until_ready(res.value)
 
@@ -122,6 +121,7 @@ def sweep_ratio(problem, budget=protocol.BUDGET, tol=protocol.TOL):
 
 
 def main(argv=None):
+  protocol.enable_float64()
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--datasets", nargs="+", default=["all"])
   parser.add_argument("--problems", nargs="+", default=["svm", "logistic"])

@@ -7,8 +7,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
-from hdm_optax import _common
-from hdm_optax import solver as solver_lib
+from hdm_optax.driver import loop as loop_lib
 
 __all__ = ("MinibatchStats", "minibatch_step")
 
@@ -91,15 +90,9 @@ def minibatch_step(
     )
 
   def step(params, state, batch):
-    def value_fn(p):
-      return loss_fn(p, batch)
-
-    value, grad = _common.value_and_grad(value_fn, params)
-    updates, new_state = optimizer.update(
-      grad, state, params, value=value, grad=grad, value_fn=value_fn
-    )
-    _, calls = solver_lib._calls_in_update(state, new_state)  # pylint: disable=protected-access
-    stats = MinibatchStats(loss=value, grad_evals=1 + jax.numpy.asarray(calls, "int32"))
-    return optax.apply_updates(params, updates), new_state, stats
+    run = loop_lib.loop(optimizer, loss_fn, fun_args=(batch,))
+    s = run.start(params, state)
+    params, state, _, calls = run.update(s)
+    return params, state, MinibatchStats(loss=s.value, grad_evals=1 + calls)
 
   return jax.jit(step) if jit else step

@@ -1,0 +1,28 @@
+"""The driver: runs any optax transformation on an objective.
+
+The algorithm side (the HDM variants and their pieces) and this side meet only
+in the optax transformation protocol: ``init``, ``update`` with ``value``,
+``grad`` and ``value_fn``, and the cache contract of the state.
+
+- :mod:`~hdm_optax.driver.results`: :class:`Status`, :class:`Trace`,
+  :class:`SolveResult`, :class:`SweepResult`.
+- :mod:`~hdm_optax.driver.cache`: the cache contract (where a state's cached f
+  and grad f are, how many calls an ``update`` made).
+- :mod:`~hdm_optax.driver.loop`: the public loop, :func:`loop` (``start``,
+  ``step``, ``done``), and the stopping rule.
+- :mod:`~hdm_optax.driver.solve`: :func:`solve` and :func:`sweep`, compiled
+  runs of the loop (:mod:`~hdm_optax.driver.staging` shrinks a sweep's batch).
+- :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
+  per batch.
+- :mod:`~hdm_optax.driver.optimistix`: the loop as an optimistix minimiser
+  (optional, needs optimistix; not imported here).
+"""
+
+from hdm_optax.driver import cache
+from hdm_optax.driver import loop
+from hdm_optax.driver import minibatch
+from hdm_optax.driver import results
+from hdm_optax.driver import solve
+from hdm_optax.driver import staging
+
+__all__ = ("cache", "loop", "minibatch", "results", "solve", "staging")

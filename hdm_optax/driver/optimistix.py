@@ -1,0 +1,212 @@
+"""hdm_optax transformations as optimistix minimisers (needs ``pip install optimistix``).
+
+``import hdm_optax`` does not import this module; it needs the optional
+dependency ``optimistix`` (the ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+try:
+  import equinox as eqx
+  import equinox.internal as eqxi
+  import optimistix as optx
+except ImportError as err:
+  raise ImportError(
+    f"hdm_optax.optimistix_adapter needs optimistix ({err}); install it with "
+    "`pip install optimistix` or `pip install 'hdm_optax[bench]'`."
+  ) from err
+
+from hdm_optax.driver import loop as loop_lib
+from hdm_optax.driver.results import Status
+
+__all__ = ("HDMMinimiser", "HDMMinimiserState")
+
+
+class HDMMinimiserState(eqx.Module):
+  """State of :class:`HDMMinimiser` (``solution.state`` after a solve).
+
+  Attributes:
+    loop: the :class:`hdm_optax.LoopState` of the run (``loop.params`` is y).
+    grad_norm: ``norm(grad)``, with the minimiser's ``norm``.
+    tol: the stopping threshold, ``atol + rtol * norm(grad f(y0))``.
+  """
+
+  loop: loop_lib.LoopState
+  grad_norm: jax.Array
+  tol: jax.Array
+
+  @property
+  def opt_state(self):
+    """The optax state of the wrapped transformation."""
+    return self.loop.opt_state
+
+  @property
+  def value(self):
+    """f(y) at the current iterate y."""
+    return self.loop.value
+
+  @property
+  def grad(self):
+    """grad f(y)."""
+    return self.loop.grad
+
+  @property
+  def accepted(self):
+    """Whether the last step moved y (False after a null step)."""
+    return self.loop.accepted
+
+  @property
+  def num_value_evals(self):
+    """Objective evaluations so far, the one at y0 included."""
+    return self.loop.num_value_evals
+
+  @property
+  def num_grad_evals(self):
+    """Gradient evaluations so far, the one at y0 included."""
+    return self.loop.num_grad_evals
+
+
+class HDMMinimiser(optx.AbstractMinimiser):
+  r"""Runs an hdm_optax (or any optax) transformation under ``optimistix.minimise``.
+
+  Each step is one iteration of :func:`hdm_optax.solve`'s loop: ``update``
+  gets f and grad f at y, and the value and gradient that hdm_optax
+  transformations cache at their accepted point are reused, so an HDM
+  iteration costs one oracle call (``optimistix.OptaxMinimiser`` makes two:
+  it recomputes them at every step). Transformations without a cache (e.g.
+  ``optax.adam``) get one value-and-gradient call after each update.
+
+  The solve stops when
+
+  .. math::
+    \operatorname{norm}(\nabla f(y)) \le \mathrm{atol} + \mathrm{rtol}\,
+    \operatorname{norm}(\nabla f(y^0)),
+
+  checked at y0 and after every step (with ``rtol=0`` and the default max
+  norm this is ``solve``'s ``||grad f||_inf <= tol``, ``tol = atol``), or with
+  ``RESULTS.nonfinite`` when f or grad f is not finite at y, or with
+  ``RESULTS.nonlinear_max_steps_reached`` before a step once ``max_grad_evals``
+  gradient calls have been made (``solve``'s ``max_grad_evals``: the same run,
+  call for call; optimistix's ``max_steps`` counts updates, as ``solve``'s
+  ``max_steps``, so ``max_steps=1000`` alone allows 1001 gradient calls). A null step
+  (y unchanged) does not stop it, unlike ``OptaxMinimiser``'s test on the
+  change of y and f. ``solution.stats`` holds ``num_steps`` (updates, as
+  ``solve``'s ``num_steps``), ``num_grad_evals`` and ``num_value_evals`` (every
+  call, the one at y0 and linesearch or probe calls included; an aux output
+  (``has_aux=True``) costs one more objective call at the solution), and
+  ``solution.state`` is an :class:`HDMMinimiserState`.
+
+  The analysis of the paper is for deterministic, smooth f.
+
+  Example:
+    >>> import jax.numpy as jnp, optimistix as optx, hdm_optax
+    >>> from hdm_optax.optimistix_adapter import HDMMinimiser
+    >>> fn = lambda x, a: jnp.sum(a * x ** 2)
+    >>> sol = optx.minimise(fn, HDMMinimiser(hdm_optax.hdm_best(lipschitz=200.0), atol=1e-4),
+    ...                     jnp.ones(3), jnp.array([1.0, 10.0, 100.0]), max_steps=500)
+    >>> bool(jnp.max(jnp.abs(sol.state.grad)) <= 1e-4)
+    True
+    >>> int(sol.stats["num_grad_evals"]) == int(sol.stats["num_steps"]) + 1
+    True
+
+  References:
+    Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
+    Adaptation with Hypergradient Descent*, arXiv:2502.11229 (2025).
+  """
+
+  optim: Any
+  rtol: float
+  atol: float
+  norm: Callable[[Any], jax.Array]
+  max_grad_evals: Optional[int]
+
+  def __init__(
+    self,
+    optim: optax.GradientTransformation,
+    rtol: float = 0.0,
+    atol: float = 1e-4,
+    norm: Callable[[Any], jax.Array] = optx.max_norm,
+    max_grad_evals: Optional[int] = None,
+  ):
+    """Wraps ``optim``.
+
+    Args:
+      optim: an optax transformation (every hdm_optax transformation).
+      rtol: relative tolerance on the gradient norm (relative to the norm at
+        y0), >= 0.
+      atol: absolute tolerance on the gradient norm, >= 0.
+      norm: the norm of the gradient, ``pytree -> scalar``
+        (``optimistix.max_norm``, ``rms_norm`` or ``two_norm``).
+      max_grad_evals: stop before a step once this many gradient calls have
+        been made, the one at y0 included (an update that calls several times,
+        such as a linesearch, may end above it), as ``solve``'s
+        ``max_grad_evals``. ``None``: no limit but optimistix's ``max_steps``.
+    """
+    for name, val in (("rtol", rtol), ("atol", atol)):
+      if isinstance(val, (int, float)) and not 0 <= val < np.inf:
+        raise ValueError(f"HDMMinimiser: {name} must be finite and >= 0, got {val}.")
+    loop_lib.check_limits(max_grad_evals=max_grad_evals)
+    if not callable(norm):
+      raise TypeError(f"HDMMinimiser: norm must be callable, got {type(norm).__name__}.")
+    # Optax transformations are closures; as pytrees, arrays they close over
+    # are traced rather than baked into the program (as OptaxMinimiser does).
+    self.optim = eqxi.closure_to_pytree(optim)
+    self.rtol = rtol
+    self.atol = atol
+    self.norm = norm
+    self.max_grad_evals = None if max_grad_evals is None else int(max_grad_evals)
+
+  def _loop(self, fn, args):
+    """:func:`hdm_optax.loop` for ``fn(y, args) -> (f, aux)`` (aux dropped).
+
+    Its rule stops on a non-finite f or grad f and at the gradient-call
+    budget; the tolerance (any norm, relative to y0's) is the minimiser's.
+    """
+    return loop_lib.loop(
+      self.optim, lambda y: fn(y, args)[0], tol=0.0, max_grad_evals=self.max_grad_evals
+    )
+
+  def _state(self, s, tol):
+    return HDMMinimiserState(loop=s, grad_norm=self.norm(s.grad), tol=tol)
+
+  def init(self, fn, y, args, options, f_struct, aux_struct, tags):
+    del options, f_struct, aux_struct, tags
+    s = self._loop(fn, args).start(y)
+    tol = jnp.asarray(self.atol + self.rtol * self.norm(s.grad), s.value.dtype)
+    return self._state(s, tol)
+
+  def step(self, fn, y, args, options, state, tags):
+    del options, tags
+    s = self._loop(fn, args).step(state.loop._replace(params=y))
+    # The aux of fn is not computed during the run (that would cost a call
+    # per step); postprocess evaluates it once at the solution. args may hold
+    # non-array leaves (functions): eval_shape closes over them.
+    aux_struct = jax.eval_shape(lambda y: fn(y, args), y)[1]
+    aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_struct)
+    return s.params, self._state(s, state.tol), aux
+
+  def terminate(self, fn, y, args, options, state, tags):
+    del y, options, tags
+    status = self._loop(fn, args).status(state.loop)
+    converged = (state.grad_norm <= state.tol) & (status != Status.NON_FINITE)
+    result = optx.RESULTS.where(
+      status == Status.NON_FINITE, optx.RESULTS.nonfinite, optx.RESULTS.successful
+    )
+    spent = (status == Status.MAX_STEPS) & ~converged
+    result = optx.RESULTS.where(spent, optx.RESULTS.nonlinear_max_steps_reached, result)
+    return converged | spent | (status == Status.NON_FINITE), result
+
+  def postprocess(self, fn, y, aux, args, options, state, tags, result):
+    del options, tags, result
+    stats = dict(num_grad_evals=state.num_grad_evals, num_value_evals=state.num_value_evals)
+    if jax.tree.leaves(aux):
+      aux = fn(y, args)[1]
+      stats["num_value_evals"] = stats["num_value_evals"] + 1
+    return y, aux, stats

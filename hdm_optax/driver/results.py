@@ -1,0 +1,168 @@
+"""What a run returns: :class:`Status`, :class:`Trace`, :class:`SolveResult`, :class:`SweepResult`."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple, Union
+
+import jax
+import numpy as np
+
+__all__ = (
+  "SolveResult",
+  "Status",
+  "SweepResult",
+  "Trace",
+  "best_index",
+  "status_message",
+)
+
+
+class Status(enum.IntEnum):
+  """How a run ended: :attr:`SolveResult.status` (an int32 array of these values).
+
+  Attributes:
+    CONVERGED: ``||grad f(params)||_inf <= tol``.
+    MAX_STEPS: ``max_steps`` updates made, or ``max_grad_evals`` reached, before ``tol``.
+    NON_FINITE: f or grad f is not finite at the current iterate.
+    STOPPED: stopped before the stopping rule held (by
+      ``sweep(stop_at_first_converged=True)`` when another point converged).
+    STALLED: ``max_null_steps`` consecutive null steps (updates that left the iterate
+      where it was).
+    UNBOUNDED: ``f(params) < min_value``: the objective looks unbounded below.
+  """
+
+  CONVERGED = 0
+  MAX_STEPS = 1
+  NON_FINITE = 2
+  STOPPED = 3
+  STALLED = 4
+  UNBOUNDED = 5
+
+  @property
+  def message(self) -> str:
+    """What the status means, in one line."""
+    return _MESSAGES[self]
+
+
+_MESSAGES = {
+  Status.CONVERGED: "converged: ||grad f||_inf <= tol",
+  Status.MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
+  Status.NON_FINITE: "f or grad f is not finite at the current iterate",
+  Status.STOPPED: "stopped by sweep(stop_at_first_converged=True) before the end",
+  Status.STALLED: "stalled: max_null_steps consecutive null steps (the iterate did not move)",
+  Status.UNBOUNDED: "unbounded: f < min_value (the objective looks unbounded below)",
+}
+
+
+def status_message(status) -> Union[str, list]:
+  """The message of a status code (a list of messages for an array of codes)."""
+  codes = np.asarray(status)
+  if codes.ndim == 0:
+    return Status(int(codes)).message
+  return [Status(int(c)).message for c in codes.ravel()]
+
+
+def _with_null_run(status: Status, null_run: int) -> str:
+  if status != Status.MAX_STEPS or null_run == 0:
+    return status.message
+  return (
+    f"{status.message}; the last {null_run} updates were null steps (the iterate did not "
+    "move; max_null_steps= stops such a run early)"
+  )
+
+
+class Trace(NamedTuple):
+  """Per-step record; entry 0 is the initial point, entry k follows step k.
+
+  Entries after the last step repeat the final values.
+
+  Attributes:
+    value: f(x^k).
+    grad_norm: ||grad f(x^k)||_inf.
+    accepted: whether step k moved the iterate (True for entry 0).
+    grad_evals: cumulative gradient evaluations after step k.
+  """
+
+  value: jax.Array
+  grad_norm: jax.Array
+  accepted: jax.Array
+  grad_evals: jax.Array
+
+
+class SolveResult(NamedTuple):
+  """Result of :func:`hdm_optax.solve`.
+
+  Attributes:
+    params: the last iterate.
+    state: the optimizer state after the last step.
+    value: f(params), always evaluated at ``params``.
+    grad_norm: ||grad f(params)||_inf.
+    num_steps: number of ``update`` calls made.
+    num_value_evals: objective evaluations, the initial one included.
+    num_grad_evals: gradient evaluations, the initial one included.
+    converged: whether ||grad f(params)||_inf <= tol (and f(params) finite and
+      >= ``min_value``).
+    status: a :class:`Status` code; :attr:`message` says what it means.
+    trace: :class:`Trace`, arrays of length ``max_steps + 1``.
+    null_run: the number of null steps at the end of the run (consecutive
+      updates that left the iterate where it was).
+    aux: with ``has_aux=True``, the auxiliary output of ``fun`` at ``params``;
+      ``None`` otherwise.
+  """
+
+  params: Any
+  state: Any
+  value: jax.Array
+  grad_norm: jax.Array
+  num_steps: jax.Array
+  num_value_evals: jax.Array
+  num_grad_evals: jax.Array
+  converged: jax.Array
+  status: jax.Array
+  trace: Trace
+  null_run: jax.Array
+  aux: Any = None
+
+  @property
+  def message(self) -> Union[str, list]:
+    """:func:`status_message` of ``status``, and the final run of null steps if any.
+
+    Outside ``jit``; a list for the batched results of :func:`hdm_optax.sweep`.
+    """
+    codes = np.asarray(self.status)
+    nulls = np.broadcast_to(np.asarray(self.null_run), codes.shape)
+    messages = [
+      _with_null_run(Status(int(code)), int(null))
+      for code, null in zip(codes.ravel(), nulls.ravel())
+    ]
+    return messages[0] if codes.ndim == 0 else messages
+
+
+class SweepResult(NamedTuple):
+  """Result of :func:`hdm_optax.sweep`.
+
+  Attributes:
+    points: the grid, a list of dicts (keyword -> value), in row-major order.
+    results: a :class:`SolveResult` whose leaves have a leading axis of
+      length ``len(points)``.
+    best: index of the best point: fewest steps among the converged points,
+      then lowest final value (among all points when none converged).
+  """
+
+  points: list
+  results: SolveResult
+  best: int
+
+
+def best_index(results: SolveResult) -> int:
+  """Fewest steps among converged points, then lowest final value."""
+  steps = np.asarray(results.num_steps)
+  conv = np.asarray(results.converged)
+  value = np.asarray(results.value)
+  value = np.where(np.isfinite(value), value, np.inf)
+  if conv.any():
+    order = np.lexsort((value, np.where(conv, steps.astype(np.float64), np.inf)))
+  else:
+    order = np.lexsort((value,))
+  return int(order[0])

@@ -1,0 +1,82 @@
+"""What the library's tests share: a counting oracle, a small logistic problem, doctests.
+
+Library tests import this module (``import helpers``), never ``experiments``.
+"""
+
+from __future__ import annotations
+
+import doctest
+import re
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def counting(fun: Callable[..., Any]) -> tuple[Callable[..., Any], list]:
+  """``(counted, calls)``: ``fun`` that appends to ``calls`` at every evaluation.
+
+  The count comes from a ``jax.debug.callback``, so it sees every evaluation a
+  compiled program makes (call ``jax.effects_barrier()`` before reading it).
+  """
+  calls = []
+
+  def counted(*args):
+    jax.debug.callback(lambda: calls.append(1))
+    return fun(*args)
+
+  return counted, calls
+
+
+# solve's keyword for runs whose calls a counting oracle checks: one test of the
+# stopping rule per step (check_every > 1, the default on accelerators, computes
+# masked steps after the stop, and the callback sees their calls).
+EVERY_STEP = {"check_every": 1}
+
+
+def logistic(w, a, y):
+  """Ridge logistic regression ``sum softplus(-y * (a @ w)) + 0.05 ||w||^2``."""
+  return jnp.sum(jax.nn.softplus(-y * (a @ w))) + 0.05 * w @ w
+
+
+class LogisticProblem(NamedTuple):
+  """Data of :func:`logistic`: ``a`` (m x n), labels ``y``, a bound ``lip`` on L, and ``x0``."""
+
+  a: jax.Array
+  y: jax.Array
+  lip: float
+  x0: jax.Array
+
+
+def logistic_problem(seed: int, m: int = 40, n: int = 6) -> LogisticProblem:
+  """Gaussian features, random labels (not separable: a finite minimiser), a random x0."""
+  rng = np.random.default_rng(seed)
+  a = rng.standard_normal((m, n))
+  y = np.where(rng.standard_normal(m) > 0, 1.0, -1.0)
+  lip = float(0.25 * np.linalg.norm(a, 2) ** 2 + 0.1)
+  return LogisticProblem(jnp.asarray(a), jnp.asarray(y), lip, jnp.asarray(rng.standard_normal(n)))
+
+
+def check_doctests(module) -> None:
+  """Runs ``module``'s docstring examples; at least one, none failing."""
+  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS, verbose=False)
+  assert result.attempted > 0, f"{module.__name__} has no doctest"
+  assert result.failed == 0, f"{result.failed} doctest(s) of {module.__name__} failed"
+
+
+def python_blocks(page: str) -> list:
+  """The ```python blocks of a page (path relative to the repository root)."""
+  return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
+
+
+def run_page(page: str) -> None:
+  """Runs a page's python blocks in order, in one namespace."""
+  blocks = python_blocks(page)
+  assert blocks, f"{page} has no python block"
+  namespace = {}
+  for block in blocks:
+    exec(compile(block, page, "exec"), namespace)  # pylint: disable=exec-used
