@@ -271,6 +271,20 @@ def test_scale_suite_lists_the_other_problems_in_its_size_range():
   assert 1000 < inst.n <= 3000 and inst.dtype == "float64"
 
 
+def test_cutest32_is_the_dev_list_in_float32_with_a_relative_tolerance():
+  """x0, args and f in float32; tol max(TOL, FLOAT32_RELATIVE_TOL ||grad f(x0)||_inf)."""
+  if importlib.util.find_spec("sif2jax") is None:
+    pytest.skip("sif2jax is not installed (pip install -e '.[bench]')")
+  tasks = suites.tasks("cutest32", tol=runner.TOL, problems=["ROSENBR"])
+  assert [(t.suite, t.name) for t in tasks] == [("cutest32", "ROSENBR")]
+  inst = tasks[0].build()
+  assert inst.dtype == "float32" and inst.x0.dtype == jnp.float32
+  value = inst.fun(inst.x0[0], *inst.fun_args)
+  assert value.dtype == jnp.float32
+  g0 = np.max(np.abs(np.asarray(jax.grad(inst.fun)(inst.x0[0], *inst.fun_args))))
+  assert inst.tol[0] == pytest.approx(max(runner.TOL, suites.FLOAT32_RELATIVE_TOL * g0), rel=1e-6)
+
+
 def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
   """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA)."""
   if importlib.util.find_spec("sif2jax") is None or solvers.optx is None:

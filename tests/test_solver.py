@@ -9,6 +9,7 @@ import pytest
 import hdm_optax
 from backends import assert_same_across_programs
 from helpers import EVERY_STEP, counting, logistic, logistic_problem
+from hdm_optax.driver import results
 from hdm_optax.driver import solve as solve_lib
 from hdm_optax.driver import staging
 
@@ -234,6 +235,8 @@ def test_bad_tol_is_refused(tol):
     hdm_optax.solve(optax.sgd(0.01), quadratic, jnp.ones(3), max_steps=5, tol=tol, fun_args=(A,))
   with pytest.raises(error, match="tol"):
     hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), max_steps=5, tol=tol, fun_args=(A,))
+  with pytest.raises(error, match="rtol"):
+    hdm_optax.solve(optax.sgd(0.01), quadratic, jnp.ones(3), max_steps=5, rtol=tol, fun_args=(A,))
 
 
 @pytest.mark.parametrize(
@@ -320,6 +323,39 @@ def test_a_run_of_null_steps_stalls():
   never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
   assert int(never.status) == hdm_optax.Status.MAX_STEPS and int(never.null_run) == 300
   assert "the last 300 updates were null steps" in never.message
+  assert "P has collapsed: 100% of its entries" in never.message  # P ~ 1e-28, its steps 0
+
+
+def test_message_names_a_stall_that_is_not_a_trailing_null_run():
+  """Most recent updates null, the last one accepted: the message says the run stalled."""
+  accepted = np.ones(201, bool)
+  accepted[101:] = np.arange(100) % 4 == 3  # 75 of the last 100 updates were null steps
+  notes = results._stall_notes(hdm_optax.Status.MAX_STEPS, 0, accepted, 200, np.full(10, 1e-30))
+  assert "stalling: 75 of the last 100 updates were null steps" in notes
+  assert "P has collapsed: 100% of its entries" in notes
+  assert "the iterate did not move" not in notes  # no trailing run to report
+  healthy = results._stall_notes(
+    hdm_optax.Status.MAX_STEPS, 0, np.ones(201, bool), 200, np.ones(10)
+  )
+  assert healthy == ""
+  assert results._stall_notes(hdm_optax.Status.CONVERGED, 0, accepted, 200, np.zeros(10)) == ""
+
+
+def test_rtol_stops_relative_to_the_initial_gradient():
+  """tol=0, rtol=1e-3: the run stops once ||g||_inf <= 1e-3 ||g(x0)||_inf."""
+  x0 = jnp.ones(3)
+  g0 = float(jnp.max(jnp.abs(jax.grad(quadratic)(x0, A))))
+  opt = hdm_optax.hdm_best(lipschitz=200.0)
+  res = hdm_optax.solve(opt, quadratic, x0, max_steps=500, tol=0.0, rtol=1e-3, fun_args=(A,))
+  assert bool(res.converged) and int(res.status) == hdm_optax.Status.CONVERGED
+  assert (
+    float(res.grad_norm) <= 1e-3 * g0 < float(np.asarray(res.trace.grad_norm)[res.num_steps - 1])
+  )
+  tight = hdm_optax.solve(opt, quadratic, x0, max_steps=500, tol=0.0, rtol=1e-6, fun_args=(A,))
+  assert int(tight.num_steps) > int(res.num_steps)
+  # max(tol, rtol g0): the larger one stops the run.
+  loose = hdm_optax.solve(opt, quadratic, x0, max_steps=500, tol=1e-1, rtol=1e-6, fun_args=(A,))
+  assert float(loose.grad_norm) <= 1e-1 and int(loose.num_steps) < int(tight.num_steps)
   # A run whose null steps are interrupted by moves does not stall.
   moving = hdm_optax.solve(
     make_best(1e-2, 3.0), quadratic, jnp.ones(3), max_steps=300, fun_args=(A,), max_null_steps=5

@@ -179,12 +179,38 @@ def _cutest_instance(problem, tol):
   return _instance(fun, (problem.args,), problem.y0, tol, f_star=cutest_f_star(problem))
 
 
-def cutest_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task]:
-  """The dev list (or ``names``), each from its own ``y0`` with its ``args``; float64."""
+def _float32(tree):
+  """The float arrays of ``tree`` in float32."""
+  return jax.tree.map(
+    lambda a: a.astype(jnp.float32) if jnp.issubdtype(jnp.result_type(a), jnp.floating) else a,
+    tree,
+  )
+
+
+def _cutest32_instance(problem, tol):
+  """The problem in float32: x0 and ``args`` cast, f's value cast (a problem that builds
+  float64 constants inside computes those terms in float64), tol relative as libsvm32's."""
+  fun = lambda y, args: jnp.asarray(problem.objective(y, args), jnp.float32)
+  args = _float32(problem.args)
+  g0 = np.max(np.abs(jax_fun_np(fun, (args,), "float32")(np.asarray(problem.y0))[1]))
+  tol = max(tol, FLOAT32_RELATIVE_TOL * float(g0))
+  return _instance(fun, (args,), problem.y0, tol, dtype="float32", f_star=cutest_f_star(problem))
+
+
+def cutest_tasks(
+  tol: float, names: Optional[Sequence[str]] = None, dtype: str = "float64"
+) -> list[Task]:
+  """The dev list (or ``names``), each from its own ``y0`` with its ``args``.
+
+  ``dtype="float32"``: the ``cutest32`` suite, ``||grad f||_inf <= max(tol,
+  FLOAT32_RELATIVE_TOL ||grad f(x0)||_inf)``.
+  """
   names = cutest_names() if names is None else list(names)
+  suite, build = ("cutest", _cutest_instance)
+  if dtype == "float32":
+    suite, build = ("cutest32", _cutest32_instance)
   return [
-    Task("cutest", name, (None,), lambda name=name: _cutest_instance(cutest_problem(name), tol))
-    for name in names
+    Task(suite, name, (None,), lambda name=name: build(cutest_problem(name), tol)) for name in names
   ]
 
 
@@ -375,7 +401,7 @@ def user_tasks(tol: float) -> list[Task]:
   ]
 
 
-SUITES = ("cutest", "libsvm", "libsvm32", "user")
+SUITES = ("cutest", "cutest32", "libsvm", "libsvm32", "user")
 
 
 def tasks(
@@ -389,8 +415,8 @@ def tasks(
   max_n: Optional[int] = None,
 ) -> list[Task]:
   """The tasks of ``suite`` (one of ``SUITES`` or ``"cutest_scale"``), optionally only ``problems``."""
-  if suite == "cutest":
-    out = cutest_tasks(tol)
+  if suite in ("cutest", "cutest32"):
+    out = cutest_tasks(tol, dtype="float64" if suite == "cutest" else "float32")
   elif suite == "cutest_scale":
     if max_n is None:
       raise ValueError("the cutest_scale suite needs --max-n")

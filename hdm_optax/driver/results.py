@@ -63,13 +63,36 @@ def status_message(status) -> Union[str, list]:
   return [Status(int(c)).message for c in codes.ravel()]
 
 
-def _with_null_run(status: Status, null_run: int) -> str:
-  if status != Status.MAX_STEPS or null_run == 0:
-    return status.message
-  return (
-    f"{status.message}; the last {null_run} updates were null steps (the iterate did not "
-    "move; max_null_steps= stops such a run early)"
-  )
+# Recent steps: the window, and the share of null steps that names a stall.
+_RECENT_STEPS = 100
+_RECENT_NULL_SHARE = 0.5
+# An entry of P at or below this has collapsed: its step is below the rounding of the
+# params of any reasonably scaled problem (hdm_auto's floor is 1e-30).
+_COLLAPSED_PRECOND = 1e-20
+
+
+def _stall_notes(status: Status, null_run: int, accepted, num_steps: int, precond) -> str:
+  """What a run that did not converge says about stalling (empty if nothing)."""
+  if status not in (Status.MAX_STEPS, Status.STALLED):
+    return ""
+  notes = []
+  if status == Status.MAX_STEPS and null_run > 0:
+    notes.append(
+      f"the last {null_run} updates were null steps (the iterate did not move; "
+      "max_null_steps= stops such a run early)"
+    )
+  recent = np.asarray(accepted)[max(1, num_steps - _RECENT_STEPS + 1) : num_steps + 1]
+  nulls = int(np.sum(~recent))
+  if recent.size and nulls > _RECENT_NULL_SHARE * recent.size and nulls > null_run:
+    notes.append(f"stalling: {nulls} of the last {recent.size} updates were null steps")
+  if precond is not None and precond.size:
+    share = float(np.mean(np.abs(precond) <= _COLLAPSED_PRECOND))
+    if share > 0.5:
+      notes.append(
+        f"P has collapsed: {share:.0%} of its entries are <= {_COLLAPSED_PRECOND:g} "
+        "(null steps shrank it; in float32 see docs/pitfalls.md)"
+      )
+  return "".join(f"; {n}" for n in notes)
 
 
 class Trace(NamedTuple):
@@ -101,8 +124,8 @@ class SolveResult(NamedTuple):
     num_steps: number of ``update`` calls made.
     num_value_evals: objective evaluations, the initial one included.
     num_grad_evals: gradient evaluations, the initial one included.
-    converged: whether ||grad f(params)||_inf <= tol (and f(params) finite and
-      >= ``min_value``).
+    converged: whether ||grad f(params)||_inf <= max(tol, rtol ||grad f(x0)||_inf)
+      (and f(params) finite and >= ``min_value``).
     status: a :class:`Status` code; :attr:`message` says what it means.
     trace: :class:`Trace`, arrays of length ``max_steps + 1``.
     null_run: the number of null steps at the end of the run (consecutive
@@ -126,15 +149,28 @@ class SolveResult(NamedTuple):
 
   @property
   def message(self) -> Union[str, list]:
-    """:func:`status_message` of ``status``, and the final run of null steps if any.
+    """:func:`status_message` of ``status``, and whether the run stalled.
 
-    Outside ``jit``; a list for the batched results of :func:`hdm_optax.sweep`.
+    A run that did not converge also says: the final run of null steps, if
+    any; that it was stalling, when most of its last 100 updates were null
+    steps (not only a trailing run); and that P has collapsed, when most of
+    the state's ``precond`` entries are at or below 1e-20. Outside ``jit``; a
+    list for the batched results of :func:`hdm_optax.sweep`.
     """
     codes = np.asarray(self.status)
-    nulls = np.broadcast_to(np.asarray(self.null_run), codes.shape)
+    nulls = np.broadcast_to(np.asarray(self.null_run), codes.shape).ravel()
+    steps = np.broadcast_to(np.asarray(self.num_steps), codes.shape).ravel()
+    accepted = np.asarray(self.trace.accepted).reshape(codes.size, -1)
+    leaves = jax.tree.leaves(getattr(self.state, "precond", None))
+    precond = (
+      np.concatenate([np.asarray(p).reshape(codes.size, -1) for p in leaves], axis=1)
+      if leaves
+      else [None] * codes.size
+    )
     messages = [
-      _with_null_run(Status(int(code)), int(null))
-      for code, null in zip(codes.ravel(), nulls.ravel())
+      Status(int(code)).message
+      + _stall_notes(Status(int(code)), int(nulls[i]), accepted[i], int(steps[i]), precond[i])
+      for i, code in enumerate(codes.ravel())
     ]
     return messages[0] if codes.ndim == 0 else messages
 
