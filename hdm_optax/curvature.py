@@ -184,9 +184,9 @@ def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
     >>> import jax.numpy as jnp
     >>> from hdm_optax import curvature
     >>> probe = curvature.gradient_probe(1e-2)
-    >>> offset, delta = probe.offset(0, jnp.array([3.0, 4.0]), jnp.array([0.0, 2.0]), True)
+    >>> offset, delta = probe.offset(0, jnp.array([3.0, 4.0]), jnp.array([1.5, 2.0]), True)
     >>> [round(float(v), 6) for v in offset], round(float(delta), 6)
-    ([0.0, -0.05], 0.05)
+    ([-0.03, -0.04], 0.05)
     >>> float(probe.finish(jnp.asarray(jnp.nan)))
     1.0
   """
