@@ -5,12 +5,14 @@ with Hypergradient Descent*: vanilla HDM (Algorithm 1), HDM-HB (Algorithm 2),
 HDM-AGD (Algorithm 3) and HDM-Best (Algorithm 4), plus a compiled solver
 (arXiv:2502.11229, 2025), in ``driver``. The variants are composed of the pieces in
 ``candidates``, ``learners``, ``trial``, ``hypergradient``, ``acceptance``,
-``curvature``, ``schedules`` and ``lookahead``; OSGM-Best (Part II,
-arXiv:2509.11007) is composed of the same pieces.
+``curvature``, ``schedules`` and ``lookahead``; HDM-Best, hdm_auto and
+OSGM-Best (Part II, arXiv:2509.11007) are configurations of one iteration,
+``core.momentum_hdm``.
 """
 
 from hdm_optax import acceptance
 from hdm_optax import candidates
+from hdm_optax import core
 from hdm_optax import curvature
 from hdm_optax import driver
 from hdm_optax import hypergradient
@@ -20,6 +22,7 @@ from hdm_optax import schedules
 from hdm_optax import secant
 from hdm_optax import trial
 from hdm_optax._common import HDMInfo
+from hdm_optax.core import MomentumHDMState
 from hdm_optax.candidates import CandidateSet
 from hdm_optax._hdm import HDMState
 from hdm_optax._hdm import hdm
@@ -67,6 +70,7 @@ __all__ = (
   "Loop",
   "LoopState",
   "MinibatchStats",
+  "MomentumHDMState",
   "OSGMBestState",
   "OnlineLearner",
   "SolveResult",
@@ -76,6 +80,7 @@ __all__ = (
   "TrialLBFGSState",
   "acceptance",
   "candidates",
+  "core",
   "curvature",
   "driver",
   "hdm",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import math
-import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -326,48 +324,29 @@ def check_init_momentum(value, lo, hi):
     )
 
 
-def renamed_keywords(**renames: str):
-  """Keeps deprecated keyword names working for one release.
+def exclusive(name: str, piece_name: str, piece, **knobs):
+  """Raises a ``TypeError`` when ``piece`` is passed with knobs that build it.
 
-  ``@renamed_keywords(old="new")`` maps ``old=`` to ``new=`` with a
-  ``DeprecationWarning``; passing both is a ``TypeError``.
+  ``knobs`` maps each knob's name to ``(value, default)``; a knob counts as
+  passed when its value differs from its default.
   """
-
-  def wrap(fn):
-    @functools.wraps(fn)
-    def inner(*args, **kwargs):
-      for old, new in renames.items():
-        if old not in kwargs:
-          continue
-        if new in kwargs:
-          raise TypeError(f"{fn.__name__}: pass {new}= only ({old}= is its deprecated name).")
-        warnings.warn(
-          f"{fn.__name__}({old}=...) is deprecated and will be removed in the next release; "
-          f"use {new}= instead.",
-          DeprecationWarning,
-          stacklevel=2,
-        )
-        kwargs[new] = kwargs.pop(old)
-      return fn(*args, **kwargs)
-
-    return inner
-
-  return wrap
-
-
-def deprecated_field(cls, old: str, new: str):
-  """Adds a read-only ``cls.old`` that warns and returns ``cls.new`` (a renamed state field)."""
-
-  def get(self):
-    warnings.warn(
-      f"{cls.__name__}.{old} is deprecated and will be removed in the next release; "
-      f"use .{new} instead.",
-      DeprecationWarning,
-      stacklevel=2,
+  if piece is None:
+    return
+  passed = [k for k, (value, default) in knobs.items() if not _same(value, default)]
+  if passed:
+    raise TypeError(
+      f"{name}: {piece_name}= replaces the piece that {', '.join(passed)} configure; "
+      f"drop {' and '.join(f'{k}=' for k in passed)} or drop {piece_name}=."
     )
-    return getattr(self, new)
 
-  setattr(cls, old, property(get))
+
+def _same(value, default) -> bool:
+  if value is default:
+    return True
+  try:
+    return bool(value == default)
+  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+    return False
 
 
 def lookup(kind: str, name, registry: dict, allowed=None):

@@ -39,10 +39,6 @@ class HDMState(NamedTuple):
   info: _common.HDMInfo
 
 
-_common.deprecated_field(HDMState, "learner_state", "precond_learner_state")
-
-
-@_common.renamed_keywords(hypergrad_lr="precond_lr", p_min="precond_min", p_max="precond_max")
 def hdm(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
@@ -96,14 +92,12 @@ def hdm(
       over the flattened params; for small n), see :mod:`hdm_optax.candidates`.
     learner: ``"ogd"`` (constant step), ``"ogd_sqrt"`` (step eta/sqrt(k)) or
       ``"adagrad"``, see :mod:`hdm_optax.learners`.
-    precond_lr: eta, the online learner's step size (formerly ``hypergrad_lr``).
+    precond_lr: eta, the online learner's step size.
     null_step: take the argmin of Algorithm 1, line 3 (``True``) or always
       move (``False``, vanilla HDM).
     init_precond: P_1 = init_precond * I.
-    precond_min: lower bound of every entry of P (``None``: unbounded;
-      formerly ``p_min``).
-    precond_max: upper bound of every entry of P (``None``: unbounded;
-      formerly ``p_max``).
+    precond_min: lower bound of every entry of P (``None``: unbounded).
+    precond_max: upper bound of every entry of P (``None``: unbounded).
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: the rule of the null step (:mod:`hdm_optax.acceptance`;
       ``None``:

@@ -42,11 +42,6 @@ class HDMAGDState(NamedTuple):
   info: _common.HDMInfo
 
 
-_common.deprecated_field(HDMAGDState, "learner_state", "precond_learner_state")
-_common.deprecated_field(HDMAGDState, "a_k", "weight_sum")
-
-
-@_common.renamed_keywords(hypergrad_lr="precond_lr", p_min="precond_min", p_max="precond_max")
 def hdm_agd(
   *,
   lipschitz: Any,
@@ -95,12 +90,10 @@ def hdm_agd(
       recovers AGD's rate, larger values trust the learned P more.
     candidate: ``"scalar"``, ``"diagonal"`` or ``"full"``.
     learner: ``"ogd"``, ``"ogd_sqrt"`` or ``"adagrad"``.
-    precond_lr: eta, the learner's step (formerly ``hypergrad_lr``).
+    precond_lr: eta, the learner's step.
     init_precond: P_1 = init_precond * I.
-    precond_min: lower bound of the entries of P (``None``: unbounded;
-      formerly ``p_min``).
-    precond_max: upper bound of the entries of P (``None``: unbounded;
-      formerly ``p_max``).
+    precond_min: lower bound of the entries of P (``None``: unbounded).
+    precond_max: upper bound of the entries of P (``None``: unbounded).
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: whether the better trial point replaces x^k
       (:mod:`hdm_optax.acceptance`; ``None``:

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+import inspect
+from typing import Any, Optional
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax import core as core_lib
 from hdm_optax import acceptance as acceptance_lib
-from hdm_optax import candidates as candidates_lib
 from hdm_optax import curvature as curvature_lib
 from hdm_optax import hypergradient as hypergradient_lib
 from hdm_optax import learners as learners_lib
 from hdm_optax import schedules as schedules_lib
-from hdm_optax import trial as trial_lib
 
 # The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR:
 # of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}),
@@ -25,54 +24,10 @@ DEFAULT_PRECOND_LR_TIMES_L = 100.0
 DEFAULT_MOMENTUM_LR = 1.0
 
 
-class HDMBestState(NamedTuple):
-  """State of :func:`hdm_best` (symbols of Algorithm 4).
-
-  Attributes:
-    count: k - 1, the number of iterations taken (the probe excluded).
-    precond: P_k, the diagonal preconditioner, shaped like the params.
-    momentum: beta_k, the scalar momentum.
-    precond_learner_state: AdaGrad state of P; ``sum_sq`` is U_k.
-    momentum_learner_state: AdaGrad state of beta; ``sum_sq`` is v_k.
-    curvature: the curvature estimate (:class:`hdm_optax.curvature.CurvatureState`;
-      ``curvature.l_hat`` is L_hat, 0 until it exists).
-    schedule: the eta_p schedule (:class:`hdm_optax.schedules.DecayState`;
-      ``schedule.factor`` multiplies eta_p0 until L_hat exists).
-    value: f(x^k) (+inf before the first update).
-    grad: grad f(x^k).
-    prev_params: x^{k-1} (x^0 = x^1).
-    lipschitz: L, the caller's ``lipschitz`` (or the probe's; 0 until the
-      probe ran when ``lipschitz=None``).
-    precond_lr: eta_p used by the last update (eta_p0 times the schedule's
-      factor, or 1/L_hat once L_hat exists); eta_p0 itself is the
-      ``precond_lr`` hyper-parameter (or its default), read at every update
-      so ``optax.inject_hyperparams`` can change it.
-    trial_scale: s, the damping of the trial step (see :func:`hdm_best`).
-    info: :class:`hdm_optax.HDMInfo` diagnostics.
-  """
-
-  count: jax.Array
-  precond: Any
-  momentum: jax.Array
-  precond_learner_state: learners_lib.AdagradState
-  momentum_learner_state: learners_lib.AdagradState
-  curvature: curvature_lib.CurvatureState
-  schedule: schedules_lib.DecayState
-  value: jax.Array
-  grad: Any
-  prev_params: Any
-  lipschitz: jax.Array
-  precond_lr: jax.Array
-  trial_scale: jax.Array
-  info: _common.HDMInfo
+# The state of every configuration of the core (symbols of Algorithm 4).
+HDMBestState = core_lib.MomentumHDMState
 
 
-_common.deprecated_field(HDMBestState, "precond_accum", "precond_learner_state")
-_common.deprecated_field(HDMBestState, "momentum_accum", "momentum_learner_state")
-_common.deprecated_field(HDMBestState, "smoothness", "lipschitz")
-
-
-@_common.renamed_keywords(max_precond_times_l="precond_max_times_lipschitz")
 def hdm_best(
   *,
   lipschitz: Optional[Any] = None,
@@ -139,22 +94,21 @@ def hdm_best(
     by default a decrease of f where f resolves it and a decrease of the
     gradients' estimate 0.5 <g + g+, x+ - x> where f's difference is below
     its rounding (:func:`hdm_optax.acceptance.resolved_decrease`: in float32
-    a comparison of values near a minimizer is decided by rounding, and the
-    strict rule stalls in every summation order but one on the breast-cancer
-    logistic regression; in float64 the paper's runs are unchanged;
+    a comparison of values near a minimizer is decided by rounding; in
+    float64 the paper's runs are unchanged;
     ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed
     rule).
-  - A non-finite trial value or gradient is a null step that leaves P, beta
-    and the accumulators untouched; the next trial step is then halved (x^+ =
-    x + s(-P g + beta d), s <- s/2) until a trial is finite. That trial is the
-    one of (sP, s beta): its hypergradients are taken there, P and beta
-    continue from sP and s beta, and eta_p0's decay factor is multiplied by s
-    (s back to 1), so the too-long trial does not return after every finite
-    one (a safeguard, not in the paper; :func:`hdm_optax.trial.kept_scale`).
-    On f = sum(x - log x) from x = 5 this takes the default from 561 steps
-    (550 null) to 16 (12 null) in float64; in float32 the old rule did not
-    converge in 3000 steps.
-  - Without ``lipschitz``, the first update is a probe: it evaluates f at
+  - The trial step acts on the incoming ``updates`` u (grad f(x) when
+    ``hdm_best`` is first or alone in a chain; ``docs/pitfalls.md``). A
+    non-finite trial value or gradient is a null step that leaves P, beta and
+    the accumulators untouched; the next trial step is then halved (x^+ = x +
+    s(-P u + beta d), s <- s/2) until a trial is finite. That trial is the one
+    of (sP, s beta): its hypergradients are taken there, P and beta continue
+    from sP and s beta, and eta_p0's decay factor is multiplied by s (s back
+    to 1), so the too-long trial does not return after every finite one (a
+    safeguard, not in the paper; :func:`hdm_optax.trial.kept_scale`).
+  - Without ``lipschitz``, the first update is a probe
+    (:func:`hdm_optax.curvature.gradient_probe`): it evaluates f at
     x - delta g/||g||, delta = ``probe_size`` max(1, ||x||), takes
     L = ||grad f(probe) - g|| / delta (1 if that is 0 or not finite), and
     leaves x, P and beta unchanged (one extra oracle call per run). With P_1 = 0
@@ -182,7 +136,7 @@ def hdm_best(
     curvature_min_step: shortest step recorded by the curvature estimate.
     precond_max_times_lipschitz: the L-relative bound of P:
       P <= precond_max_times_lipschitz / L (L_hat once it exists; ``None``: no
-      bound). Formerly ``max_precond_times_l``.
+      bound).
     probe_size: relative probe length when ``lipschitz`` is ``None``.
     acceptance: the null-step rule (:mod:`hdm_optax.acceptance`; ``None``:
       :func:`~hdm_optax.acceptance.resolved_decrease`, a decrease of f where
@@ -210,20 +164,17 @@ def hdm_best(
     >>> bool(result.converged)
     True
 
-  Each departure above is one of the pieces this function is composed of
-  (trial step, hypergradient, acceptance rule, denominator, eta_p schedule,
-  curvature estimate, L probe); a variant passes other pieces
-  (``acceptance=``, ``denominator=``, ``schedule=``, ``curvature_estimate=``)
-  without changing this function.
+  A configuration of :func:`hdm_optax.core_lib.momentum_hdm` (the additive
+  AdaGrad learner, the L-relative bound, null steps that keep P, the
+  gradient probe). Each of ``acceptance=``, ``denominator=``, ``schedule=``
+  and ``curvature_estimate=`` replaces the piece its knobs build; passing a
+  piece with its knobs is a ``TypeError``.
 
   References:
     Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
     Adaptation with Hypergradient Descent*, arXiv:2502.11229, 2025:
     Algorithm 4, Appendix A and Section 5.1.
   """
-  diag = candidates_lib.diagonal()
-  scal = candidates_lib.scalar()
-  adagrad = learners_lib.adagrad(adagrad_eps)
   for name, val in (
     ("lipschitz", lipschitz),
     ("precond_lr", precond_lr),
@@ -248,9 +199,26 @@ def hdm_best(
   _common.check_momentum_bounds(momentum_min, momentum_max)
   _common.check_init_momentum(init_momentum, momentum_min, momentum_max)
   _common.check_interval("decay_rate", decay_rate, 0, 1, lo_open=True)
-  momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
-  if acceptance is None:
-    acceptance = acceptance_lib.resolved_decrease()
+  knobs = lambda **kw: {k: (v, _DEFAULTS[k]) for k, v in kw.items()}
+  _common.exclusive(
+    "hdm_best", "denominator", denominator, **knobs(tau=tau, denominator_eps=denominator_eps)
+  )
+  _common.exclusive(
+    "hdm_best",
+    "schedule",
+    schedule,
+    **knobs(
+      lr_decay=lr_decay, decay_every=decay_every, decay_rate=decay_rate, decay_floor=decay_floor
+    ),
+  )
+  _common.exclusive(
+    "hdm_best",
+    "curvature_estimate",
+    curvature_estimate,
+    **knobs(
+      horizon=horizon, curvature_min_step=curvature_min_step, estimate_curvature=estimate_curvature
+    ),
+  )
   if denominator is None:
     denominator = (
       hypergradient_lib.curvature_tau(denominator_eps)
@@ -268,141 +236,37 @@ def hdm_best(
       horizon, curvature_min_step, enabled=estimate_curvature
     )
 
-  def base_precond_lr(lip):
-    """eta_p0: ``precond_lr``, or the default multiple of 1/L."""
-    if precond_lr is None:
-      return DEFAULT_PRECOND_LR_TIMES_L / lip
-    return jnp.asarray(precond_lr).astype(lip.dtype)
-
-  def init_fn(params):
-    dtype = _common.params_dtype(params)
-    lip = jnp.zeros([], dtype) if lipschitz is None else _common.cast(lipschitz, dtype)
-    precond = diag.init(params, init_precond)
-    momentum = scal.project(scal.init(params, init_momentum), momentum_min, momentum_max)
-    return HDMBestState(
-      **_common.oracle_fields(params, dtype),
-      precond=precond,
-      momentum=momentum,
-      precond_learner_state=adagrad.init(precond),
-      momentum_learner_state=adagrad.init(momentum),
-      curvature=curvature_estimate.init(dtype),
-      schedule=schedule.init(dtype),
-      lipschitz=lip,
-      precond_lr=base_precond_lr(jnp.where(lip > 0, lip, 1)).astype(dtype),
-    )
-
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-    del extra_args
-    value, grad = _common.require_oracle(
-      "hdm_best", value, grad, value_fn, updates, params=params, state_grad=state.grad
-    )
-    dtype = state.value.dtype
-    c = lambda x: _common.cast(x, dtype)
-    diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
-    s = state.trial_scale
-    direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
-    # Algorithm 4, line 2: x^{k+1/2} = x^k - P_k grad f(x^k) + beta_k (x^k - x^{k-1}).
-    step = trial_lib.trial_step(diag, state.precond, direction, scal, state.momentum, s_diff)
-    trial = optax.tree.add(params, step)
-    grad_sq = optax.tree.vdot(grad, grad)
-    if lipschitz is None:  # the first update probes L instead (see the docstring)
-      probing = state.lipschitz == 0
-      probe, delta = curvature_lib.probe_point(params, grad, grad_sq, probe_size)
-      point = _common.keep_if(probing, probe, trial)
-    else:
-      probing = jnp.asarray(False)
-      point = trial
-    trial_value, trial_grad = _common.value_and_grad(value_fn, point)
-    grad_change = optax.tree.norm(optax.tree.sub(trial_grad, grad))
-    if lipschitz is None:
-      probed = curvature_lib.probe_lipschitz(grad_change, delta)
-      lip = jnp.where(probing, probed, state.lipschitz)
-    else:
-      lip = c(lipschitz)
-    # A non-finite g_t makes ||g_t - g|| non-finite: no pass over n needed.
-    finite = jnp.isfinite(trial_value) & jnp.isfinite(grad_change) & ~probing
-    # Lines 3-4: the hypergradients; 1/den is 0 on a rejected trial, so G = 0
-    # and AdaGrad leaves P, beta, U and v exactly as they are.
-    l_hat = state.curvature.l_hat
-    den = denominator(grad_sq, optax.tree.vdot(diff, diff), l_hat)
-    inv_den = hypergradient_lib.reciprocal(den, finite)
-    # (At the damped sP_k, s beta_k of this trial, where the learners continue.)
-    grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
-      diag, scal, trial_grad, updates, diff, inv_den, finite
-    )
-    # eta_p: eta_p0 times the schedule's factor (updated before this
-    # iteration's P update) until L_hat exists, then 1/L_hat.
-    count = state.count + (~probing).astype(jnp.int32)
-    lr_schedule = schedule.update(state.schedule, count, state.curvature.active & ~probing)
-    # After damped trials, eta_p0's factor keeps the damping too (trial.kept_scale).
-    kept = trial_lib.kept_scale(s, finite)
-    lr_schedule = lr_schedule._replace(factor=lr_schedule.factor * kept)
+  def precond_rule(lip, curvature, factor):
+    """eta_p0 times the schedule's factor until L_hat exists, then 1/L_hat; P in [0, p_max/L]."""
+    l_hat = curvature.l_hat
     has_l_hat = l_hat > 0
-    eta_p = jnp.where(
-      has_l_hat, _common.safe_div(1, l_hat), base_precond_lr(lip) * lr_schedule.factor
-    )
-    # Lines 5-8: AdaGrad on P and beta, then the projections. G is finite by
-    # construction and |G| / sqrt(U) <= 1, so no finiteness check is needed.
-    lip_now = jnp.where(has_l_hat, l_hat, lip)
-    p_max = (
-      None if precond_max_times_lipschitz is None else c(precond_max_times_lipschitz) / lip_now
-    )
-    precond, precond_learner_state = learners_lib.learn(
-      diag,
-      adagrad,
-      optax.tree.scale(kept, state.precond),
-      grad_p,
-      state.precond_learner_state,
-      eta_p,
-      0.0,
-      p_max,
-      check_finite=False,
-    )
-    momentum, momentum_learner_state = learners_lib.learn(
-      scal,
-      adagrad,
-      kept * state.momentum,
-      grad_b,
-      state.momentum_learner_state,
-      c(momentum_lr),
-      momentum_min,
-      momentum_max,
-      check_finite=False,
-    )
-    # Line 9: the null step on f.
-    accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
-    # The curvature estimate; U restarts from 0 when L_hat is formed.
-    curv = curvature_estimate.record(
-      state.curvature,
-      accepted=accepted,
-      step_norm=optax.tree.norm(step),
-      grad_change=grad_change,
-      frozen=probing,
-    )
-    curv, fired = curvature_estimate.fire(curv)
-    precond_learner_state = _common.keep_if(fired, adagrad.init(precond), precond_learner_state)
-    new_state = HDMBestState(
-      count=count,
-      precond=precond,
-      momentum=momentum,
-      precond_learner_state=precond_learner_state,
-      momentum_learner_state=momentum_learner_state,
-      curvature=curv,
-      schedule=lr_schedule,
-      value=jnp.where(accepted, trial_value, value).astype(dtype),
-      grad=_common.keep_if(accepted, trial_grad, grad),
-      prev_params=params,
-      lipschitz=lip.astype(dtype),
-      precond_lr=jnp.asarray(eta_p, dtype),
-      trial_scale=jnp.where(probing, s, trial_lib.next_trial_scale(s, finite)),
-      info=_common.next_info(
-        state.info,
-        accepted=accepted,
-        hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + grad_b**2),
-        calls=1,
-      ),
-    )
-    out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
-    return out, new_state
+    if precond_lr is None:
+      base = DEFAULT_PRECOND_LR_TIMES_L / lip
+    else:
+      base = _common.cast(precond_lr, lip.dtype)
+    eta_p = jnp.where(has_l_hat, _common.safe_div(1, l_hat), base * factor)
+    if precond_max_times_lipschitz is None:
+      return eta_p, 0.0, None
+    upper = _common.cast(precond_max_times_lipschitz, lip.dtype) / jnp.where(has_l_hat, l_hat, lip)
+    return eta_p, 0.0, upper
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
+  return core_lib.momentum_hdm(
+    "hdm_best",
+    learner=core_lib.additive(learners_lib.adagrad(adagrad_eps)),
+    precond_rule=precond_rule,
+    momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
+    acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,
+    denominator=denominator,
+    curvature_estimate=curvature_estimate,
+    schedule=schedule,
+    probe=None if lipschitz is not None else curvature_lib.gradient_probe(probe_size),
+    lipschitz=lipschitz,
+    init_precond=init_precond,
+    init_momentum=init_momentum,
+    momentum_bounds=(momentum_min, momentum_max),
+    adagrad_eps=adagrad_eps,
+  )
+
+
+_DEFAULTS = {k: p.default for k, p in inspect.signature(hdm_best).parameters.items()}

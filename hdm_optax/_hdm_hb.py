@@ -44,7 +44,6 @@ class HDMHBState(NamedTuple):
   info: _common.HDMInfo
 
 
-@_common.renamed_keywords(hypergrad_lr="precond_lr", p_min="precond_min", p_max="precond_max")
 def hdm_hb(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
@@ -94,16 +93,14 @@ def hdm_hb(
     momentum_candidate: candidate set of B: ``"scalar"`` or ``"diagonal"``.
     learner: ``"ogd"``, ``"ogd_sqrt"`` or ``"adagrad"`` (same kind for P and B,
       separate accumulators).
-    precond_lr: eta_p, the learner's step for P (formerly ``hypergrad_lr``).
+    precond_lr: eta_p, the learner's step for P.
     momentum_lr: eta_b, the learner's step for B.
     omega: omega >= 0 of the potential psi (the theory takes 3L).
     tau: tau >= 0 of the denominator (the theory takes 16 L^2).
     init_precond: P_1 = init_precond * I.
     init_momentum: B_1 = init_momentum * I.
-    precond_min: lower bound of the entries of P (``None``: unbounded;
-      formerly ``p_min``).
-    precond_max: upper bound of the entries of P (``None``: unbounded;
-      formerly ``p_max``).
+    precond_min: lower bound of the entries of P (``None``: unbounded).
+    precond_max: upper bound of the entries of P (``None``: unbounded).
     momentum_min: lower bound of the entries of B, in [-1, 1).
     momentum_max: upper bound of the entries of B, in [-1, 1).
     adagrad_eps: added to sqrt(U) in AdaGrad.

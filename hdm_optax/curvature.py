@@ -1,21 +1,24 @@
-r"""Estimates of the smoothness constant L used by HDM-Best.
+r"""Estimates of the smoothness constant L used by the momentum variants.
 
-Two pieces, both from the authors' published HDM-Best implementation (the
-paper's Appendix A says only that "a local estimator of the smoothness
-constant L can significantly enhance algorithm performance"):
+Two pieces:
 
-- the *probe* (:func:`probe_point`, :func:`probe_lipschitz`): when no L is
-  given, one gradient at :math:`x - \delta \nabla f(x)/\|\nabla f(x)\|` gives
-  :math:`L \approx \|\nabla f(x_\delta) - \nabla f(x)\| / \delta`;
-- the *curvature estimate* :math:`\hat L` (:func:`running_mean`): the mean
-  of the ratios :math:`\|\nabla f(x^+) - \nabla f(x)\| / \|x^+ - x\|` over
-  accepted steps, formed once a counter of accepted steps (+1 per accepted
-  step, -2 down to 0 per null step) exceeds a threshold. Its whole state is
-  one :class:`CurvatureState`.
+- a *probe* (:class:`Probe`): when no L is given, gradients at
+  :math:`x + o_i` give :math:`L_0 = \max_i \|\nabla f(x + o_i) - \nabla
+  f(x)\| / \delta_i`; one offset along :math:`-\nabla f(x)`
+  (:func:`gradient_probe`, the authors' HDM-Best code) or along random
+  directions (:func:`random_probe`, the authors' OSGM-Best code);
+- the *curvature estimate* :math:`\hat L` (:func:`running_mean`, the
+  authors' HDM-Best code; the paper's Appendix A says only that "a local
+  estimator of the smoothness constant L can significantly enhance algorithm
+  performance"): the mean of the ratios :math:`\|\nabla f(x^+) - \nabla
+  f(x)\| / \|x^+ - x\|` over accepted steps, formed once a counter of
+  accepted steps (+1 per accepted step, -2 down to 0 per null step) exceeds a
+  threshold. Its whole state is one :class:`CurvatureState`.
 
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
-  with Hypergradient Descent*, arXiv:2502.11229, 2025: Appendix A.
+  with Hypergradient Descent*, arXiv:2502.11229, 2025: Appendix A; *Gradient
+  Methods with Online Scaling Part II*, arXiv:2509.11007, 2025.
 """
 
 from __future__ import annotations
@@ -25,19 +28,17 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from hdm_optax import _common
 
 __all__ = (
   "CurvatureEstimate",
   "CurvatureState",
-  "probe_lipschitz",
-  "probe_offset",
-  "probe_point",
-  "random_direction",
-  "random_directions",
+  "Probe",
+  "gradient_probe",
+  "probe_direction",
   "random_probe",
-  "running_max_probe",
   "running_mean",
 )
 
@@ -144,209 +145,106 @@ def running_mean(
   return CurvatureEstimate(init=init, record=record, fire=fire)
 
 
-def probe_point(params: Any, grad: Any, grad_sq: jax.Array, probe_size: Any) -> tuple[Any, Any]:
-  r"""The probe point :math:`x - \delta \nabla f(x) / \|\nabla f(x)\|`.
-
-  Args:
-    params: x.
-    grad: :math:`\nabla f(x)`.
-    grad_sq: :math:`\|\nabla f(x)\|^2`.
-    probe_size: relative length; :math:`\delta` = ``probe_size`` max(1, ||x||).
-
-  Returns:
-    ``(point, delta)``.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax import curvature
-    >>> x, g = jnp.array([3.0, 4.0]), jnp.array([0.0, 2.0])
-    >>> point, delta = curvature.probe_point(x, g, jnp.asarray(4.0), 1e-2)
-    >>> [round(float(v), 6) for v in point], round(float(delta), 6)
-    ([3.0, 3.95], 0.05)
-  """
-  dtype = grad_sq.dtype
-  delta = _common.cast(probe_size, dtype) * jnp.maximum(1, optax.tree.norm(params))
-  point = optax.tree.add_scale(params, -_common.safe_div(delta, jnp.sqrt(grad_sq)), grad)
-  return point, delta
-
-
-def probe_lipschitz(grad_change: jax.Array, delta: jax.Array) -> jax.Array:
-  """L from the probe: ``grad_change / delta``, or 1 if that is 0 or not finite.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax import curvature
-    >>> float(curvature.probe_lipschitz(jnp.asarray(0.5), jnp.asarray(0.05)))
-    10.0
-  """
-  probed = grad_change / delta
-  return jnp.where(jnp.isfinite(probed) & (probed > 0), probed, 1).astype(grad_change.dtype)
-
-
-def random_directions(key: jax.Array, params: Any, num: int = 3) -> list[Any]:
-  """``num`` directions shaped like ``params``, standard normal, each of unit norm.
-
-  Args:
-    key: a ``jax.random`` key.
-    params: a pytree of floating arrays (their shapes and dtype).
-    num: how many directions.
-
-  Returns:
-    A list of ``num`` pytrees like ``params``, each of Euclidean norm 1.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import curvature
-    >>> d = curvature.random_directions(jax.random.key(0), jnp.zeros(4), num=2)
-    >>> [round(float(jnp.linalg.norm(v)), 6) for v in d]
-    [1.0, 1.0]
-  """
-  leaves, treedef = jax.tree.flatten(params)
-  out = []
-  for k in jax.random.split(key, num):
-    keys = jax.random.split(k, len(leaves))
-    d = treedef.unflatten(
-      [jax.random.normal(kk, jnp.shape(x), jnp.result_type(x)) for kk, x in zip(keys, leaves)]
-    )
-    out.append(optax.tree.scale(1 / optax.tree.norm(d), d))
-  return out
-
-
-def random_probe(
-  value_and_grad_fn: Callable[[Any], tuple[jax.Array, Any]],
-  params: Any,
-  grad: Any,
-  directions: list[Any],
-  probe_size: Any = 1e-4,
-  fallback: Any = 1e-5,
-) -> jax.Array:
-  r"""L as the largest gradient change along unit directions (one call each).
+class Probe(NamedTuple):
+  r"""A measurement of L_0: ``num`` oracle calls at :math:`x + o_i`, x left in place.
 
   .. math::
-    L = \max_i \|\nabla f(x + \delta d_i) - \nabla f(x)\| / \delta,
+    L_0 = \max_i \|\nabla f(x + o_i) - \nabla f(x)\| / \delta_i,
 
-  ``fallback`` if that is not finite or not positive. OSGM-Best's estimate of L
-  at the start point (three random directions, delta = 1e-4).
+  ``finish`` turning a ratio that is not finite or not positive into a fallback.
 
-  Args:
-    value_and_grad_fn: ``params -> (f, grad f)``.
-    params: x.
-    grad: grad f(x).
-    directions: unit directions d_i shaped like ``params`` (:func:`random_directions`).
-    probe_size: delta.
-    fallback: L when the ratios give none.
-
-  Returns:
-    L, a scalar of the params' dtype.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import curvature
-    >>> fun = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * x ** 2)
-    >>> x = jnp.array([1.0, 1.0])
-    >>> d = [jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0])]
-    >>> vg = jax.value_and_grad(fun)
-    >>> float(curvature.random_probe(vg, x, jax.grad(fun)(x), d, probe_size=0.5))
-    4.0
+  Attributes:
+    num: the number of probes (one value-and-gradient call each).
+    offset: ``offset(index, params, grad, active) -> (o_i, delta_i)``; ``index``
+      may be traced; where ``active`` is False the offset may be zeros (the
+      update does not probe).
+    finish: ``finish(running_max) -> L_0``.
   """
-  dtype = _common.params_dtype(params)
-  delta = _common.cast(probe_size, dtype)
-  ratios = []
-  for d in directions:
-    _, g_d = value_and_grad_fn(optax.tree.add_scale(params, delta, d))
-    ratios.append(optax.tree.norm(optax.tree.sub(g_d, grad)) / delta)
-  lip = jnp.max(jnp.stack(ratios))
-  ok = jnp.isfinite(lip) & (lip > 0)
-  return jnp.where(ok, lip, _common.cast(fallback, dtype)).astype(dtype)
+
+  num: int
+  offset: Callable[..., tuple[Any, jax.Array]]
+  finish: Callable[[jax.Array], jax.Array]
 
 
-def random_direction(key: jax.Array, index: Any, params: Any) -> Any:
-  """The ``index``-th direction shaped like ``params``: standard normal, unit norm.
+def _finisher(fallback):
+  def finish(running):
+    ok = jnp.isfinite(running) & (running > 0)
+    return jnp.where(ok, running, _common.cast(fallback, running.dtype)).astype(running.dtype)
 
-  Drawn from ``jax.random.fold_in(key, index)``, so ``index`` may be traced:
-  one direction is generated at a time (the probes of :func:`probe_offset`).
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import curvature
-    >>> d = curvature.random_direction(jax.random.key(0), 2, jnp.zeros(4))
-    >>> round(float(jnp.linalg.norm(d)), 6)
-    1.0
-  """
-  leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.fold_in(key, index), len(leaves))
-  d = treedef.unflatten(
-    [jax.random.normal(k, jnp.shape(x), jnp.result_type(x)) for k, x in zip(keys, leaves)]
-  )
-  return optax.tree.scale(1 / optax.tree.norm(d), d)
+  return finish
 
 
-def probe_offset(key: jax.Array, index: Any, params: Any, probe_size: Any, active: Any) -> Any:
-  r""":math:`\delta d_i` (:func:`random_direction`) when ``active``, else zeros.
+def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
+  r"""One probe along :math:`-\nabla f(x)`, as the authors' HDM-Best code measures L.
 
-  The random probe spread over updates: an update that probes evaluates the
-  oracle at ``params + probe_offset(...)`` in place of its trial point, so
-  the iteration keeps a single oracle call and no branch over the state
-  (only the direction is drawn under a ``lax.cond``, so updates that do not
-  probe draw nothing).
-
-  Args:
-    key: a ``jax.random`` key.
-    index: i, the probe's number (traced).
-    params: x (shapes and dtype).
-    probe_size: delta.
-    active: whether this update probes.
-
-  Returns:
-    A pytree like ``params``.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import curvature
-    >>> off = curvature.probe_offset(jax.random.key(0), 0, jnp.zeros(3), 0.5, jnp.asarray(False))
-    >>> [float(v) for v in off]
-    [0.0, 0.0, 0.0]
-  """
-  dtype = _common.params_dtype(params)
-  delta = _common.cast(probe_size, dtype)
-  return jax.lax.cond(
-    active,
-    lambda: optax.tree.scale(delta, random_direction(key, index, params)),
-    lambda: optax.tree.zeros_like(params),
-  )
-
-
-def running_max_probe(
-  lipschitz: jax.Array,
-  grad_change: jax.Array,
-  probe_size: Any,
-  active: Any,
-  fallback: Any = 1e-5,
-) -> tuple[jax.Array, jax.Array]:
-  r"""One probe of :func:`random_probe` spread over updates.
-
-  Args:
-    lipschitz: the largest ratio so far (0 before the first probe).
-    grad_change: :math:`\|\nabla f(x + \delta d_i) - \nabla f(x)\|`.
-    probe_size: delta.
-    active: whether this update probed.
-    fallback: L when the ratios give none.
-
-  Returns:
-    ``(running, final)``: the largest ratio including this one (``lipschitz``
-    if not ``active``; NaN once a ratio was NaN, as :func:`random_probe`'s
-    max), and L if this was the last probe (``fallback`` where ``running`` is
-    not finite or not positive).
+  :math:`o = -\delta \nabla f(x) / \|\nabla f(x)\|`, :math:`\delta` =
+  ``size`` max(1, ||x||); ``fallback`` if the ratio is 0 or not finite.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from hdm_optax import curvature
-    >>> run, final = curvature.running_max_probe(jnp.asarray(3.0), jnp.asarray(0.5), 0.1, True)
-    >>> float(run), float(final)
-    (5.0, 5.0)
+    >>> probe = curvature.gradient_probe(1e-2)
+    >>> offset, delta = probe.offset(0, jnp.array([3.0, 4.0]), jnp.array([1.5, 2.0]), True)
+    >>> [round(float(v), 6) for v in offset], round(float(delta), 6)
+    ([-0.03, -0.04], 0.05)
+    >>> float(probe.finish(jnp.asarray(jnp.nan)))
+    1.0
   """
-  dtype = lipschitz.dtype
-  ratio = grad_change / _common.cast(probe_size, dtype)
-  running = jnp.where(active, jnp.maximum(lipschitz, ratio), lipschitz).astype(dtype)
-  ok = jnp.isfinite(running) & (running > 0)
-  return running, jnp.where(ok, running, _common.cast(fallback, dtype)).astype(dtype)
+
+  def offset(index, params, grad, active):
+    del index, active
+    grad_sq = optax.tree.vdot(grad, grad)
+    delta = _common.cast(size, grad_sq.dtype) * jnp.maximum(1, optax.tree.norm(params))
+    return optax.tree.scale(-_common.safe_div(delta, jnp.sqrt(grad_sq)), grad), delta
+
+  return Probe(num=1, offset=offset, finish=_finisher(fallback))
+
+
+def probe_direction(key: jax.Array, index: Any, params: Any) -> Any:
+  """The ``index``-th random direction shaped like ``params``: standard normal, unit norm.
+
+  Drawn over the flattened params from ``jax.random.fold_in(key, index)``, so
+  the directions do not depend on how the params split into leaves, and
+  ``index`` may be traced.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> d = curvature.probe_direction(jax.random.key(0), 2, {"w": jnp.zeros(3), "b": jnp.zeros(())})
+    >>> round(float(jnp.sqrt(jnp.sum(d["w"] ** 2) + d["b"] ** 2)), 6)
+    1.0
+  """
+  flat, unravel = ravel_pytree(params)
+  key = jax.random.split(jax.random.fold_in(key, index), 1)[0]
+  d = jax.random.normal(key, flat.shape, flat.dtype)
+  return unravel(optax.tree.scale(1 / optax.tree.norm(d), d))
+
+
+def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 1e-5) -> Probe:
+  r"""``num`` probes along random unit directions (:func:`probe_direction`), as OSGM-Best's.
+
+  :math:`o_i = \delta d_i`, :math:`\delta` = ``size``; ``fallback`` if the
+  largest ratio is 0 or not finite. The direction is drawn only where the
+  update probes (under a ``lax.cond``).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import curvature
+    >>> probe = curvature.random_probe(num=2, size=0.5)
+    >>> offset, delta = probe.offset(1, jnp.zeros(3), jnp.zeros(3), jnp.asarray(True))
+    >>> round(float(jnp.linalg.norm(offset)), 6), float(delta)
+    (0.5, 0.5)
+  """
+  key = jax.random.key(seed)
+
+  def offset(index, params, grad, active):
+    del grad
+    delta = _common.cast(size, _common.params_dtype(params))
+    off = jax.lax.cond(
+      active,
+      lambda: optax.tree.scale(delta, probe_direction(key, index, params)),
+      lambda: optax.tree.zeros_like(params),
+    )
+    return off, delta
+
+  return Probe(num=num, offset=offset, finish=_finisher(fallback))

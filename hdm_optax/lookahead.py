@@ -29,7 +29,7 @@ import optax
 
 from hdm_optax import _common
 
-__all__ = ("LookaheadResult", "armijo_lookahead")
+__all__ = ("LookaheadResult", "armijo_lookahead", "gated_lookahead")
 
 
 class LookaheadResult(NamedTuple):
@@ -121,3 +121,31 @@ def armijo_lookahead(
     calls=calls,
     moved=moved,
   )
+
+
+def gated_lookahead(growth: Any = 2.0) -> Callable[..., LookaheadResult]:
+  r"""OSGM-Best's lookahead: :func:`armijo_lookahead` once L_hat exists, when the gradient grew.
+
+  It runs when the trial is finite, the curvature estimate is formed and
+  :math:`\|\nabla f(x^+)\| >` ``growth`` :math:`\|\nabla f(x)\|`.
+
+  Returns:
+    ``lookahead(vg, params, value, grad, direction, *, finite, estimating,
+    grad_norm) -> LookaheadResult`` (``grad_norm`` is :math:`\|\nabla f(x)\|`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from hdm_optax import lookahead
+    >>> fun = lambda x: jnp.sum(x ** 2)
+    >>> x = jnp.array([1.0, -2.0])
+    >>> look = lookahead.gated_lookahead()(jax.value_and_grad(fun), x, fun(x), 2 * x, 0.8 * x,
+    ...   finite=jnp.asarray(True), estimating=jnp.asarray(False), grad_norm=jnp.asarray(1.0))
+    >>> [round(float(v), 6) for v in look.params], int(look.calls)
+    ([0.2, -0.4], 1)
+  """
+
+  def run(vg, params, value, grad, direction, *, finite, estimating, grad_norm):
+    enabled = finite & ~estimating & (optax.tree.norm(grad) > growth * grad_norm)
+    return armijo_lookahead(vg, params, value, grad, direction, enabled=enabled)
+
+  return run

@@ -8,7 +8,7 @@ import pytest
 
 import hdm_optax
 from helpers import check_doctests, run_page
-from hdm_optax import _hdm, _hdm_agd, _hdm_best, _hdm_hb, _osgm_best, _trial_lbfgs
+from hdm_optax import _hdm, _hdm_agd, _hdm_auto, _hdm_best, _hdm_hb, _osgm_best, _trial_lbfgs, core
 from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, lookahead
 from hdm_optax import schedules, secant, trial
 from hdm_optax.driver import cache, loop, solve
@@ -52,7 +52,20 @@ def test_every_docs_page_is_in_the_index():
 
 @pytest.mark.parametrize(
   "module",
-  [_hdm, _hdm_hb, _hdm_agd, _hdm_best, _osgm_best, _trial_lbfgs, cache, loop, solve, *PIECES],
+  [
+    _hdm,
+    _hdm_hb,
+    _hdm_agd,
+    _hdm_best,
+    _hdm_auto,
+    _osgm_best,
+    _trial_lbfgs,
+    core,
+    cache,
+    loop,
+    solve,
+    *PIECES,
+  ],
   ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):

@@ -1,6 +1,7 @@
-"""The pieces the four variants are composed of, each on its own, and the renamed keywords."""
+"""The pieces the variants are composed of, each on its own, and how a variant takes them."""
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -161,17 +162,54 @@ def test_curvature_disabled_never_fires():
   assert float(state.l_hat) == 0.0
 
 
-def test_probe_measures_the_curvature_along_the_gradient():
+def test_gradient_probe_measures_the_curvature_along_the_gradient():
   A = jnp.diag(jnp.array([1.0, 4.0, 9.0]))
   x = jnp.array([1.0, 1.0, 1.0])
   g = A @ x
-  point, delta = curvature.probe_point(x, g, g @ g, 1e-4)
-  np.testing.assert_allclose(jnp.linalg.norm(point - x), delta, rtol=1e-12)
-  lip = curvature.probe_lipschitz(jnp.linalg.norm(A @ point - g), delta)
+  probe = curvature.gradient_probe(1e-4)
+  offset, delta = probe.offset(0, x, g, jnp.asarray(True))
+  np.testing.assert_allclose(jnp.linalg.norm(offset), delta, rtol=1e-12)
+  lip = probe.finish(jnp.linalg.norm(A @ offset) / delta)
   want = jnp.linalg.norm(A @ g) / jnp.linalg.norm(g)
   np.testing.assert_allclose(lip, want, rtol=1e-10)
-  assert float(curvature.probe_lipschitz(jnp.asarray(jnp.nan), delta)) == 1.0
-  assert float(curvature.probe_lipschitz(jnp.asarray(0.0), delta)) == 1.0
+  assert float(probe.finish(jnp.asarray(jnp.nan))) == 1.0
+  assert float(probe.finish(jnp.asarray(0.0))) == 1.0
+
+
+def test_probe_directions_do_not_depend_on_the_leaves():
+  """The same direction for {'w', 'b'} as for the flattened vector."""
+  key = jax.random.key(7)
+  tree = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(())}
+  flat, _ = jax.flatten_util.ravel_pytree(tree)
+  for i in range(3):
+    d_tree, _ = jax.flatten_util.ravel_pytree(curvature.probe_direction(key, i, tree))
+    np.testing.assert_array_equal(d_tree, curvature.probe_direction(key, i, flat))
+  probe = curvature.random_probe(num=2, size=0.5)
+  off, _ = probe.offset(jnp.asarray(1), tree, tree, jnp.asarray(False))
+  assert all(float(jnp.max(jnp.abs(v))) == 0.0 for v in jax.tree.leaves(off))
+
+
+@pytest.mark.parametrize("name", ["hdm_auto", "osgm_best"])
+def test_random_probes_give_the_same_run_for_any_leaf_layout(name):
+  """A Poisson regression as {"w", "b"} and as one flattened vector: the same directions,
+  so the same calls and the same point (up to the rounding of sums over leaves)."""
+  rng = np.random.default_rng(0)
+  X = jnp.asarray(rng.standard_normal((30, 4)) * 0.3)
+  y = jnp.asarray(rng.poisson(2.0, 30).astype(float))
+
+  def loss(p):
+    eta = X @ p["w"] + p["b"]
+    return jnp.mean(jnp.exp(eta) - y * eta)
+
+  tree0 = {"w": jnp.zeros(4), "b": jnp.zeros(())}
+  flat0, unravel = jax.flatten_util.ravel_pytree(tree0)
+  opt = getattr(hdm_optax, name)()
+  tree_run = hdm_optax.solve(opt, loss, tree0, max_steps=40, tol=0.0)
+  flat_run = hdm_optax.solve(opt, lambda v: loss(unravel(v)), flat0, max_steps=40, tol=0.0)
+  assert int(tree_run.num_grad_evals) == int(flat_run.num_grad_evals)
+  np.testing.assert_allclose(
+    jax.flatten_util.ravel_pytree(tree_run.params)[0], flat_run.params, rtol=1e-6, atol=1e-9
+  )
 
 
 def test_step_decay_schedule():
@@ -186,8 +224,8 @@ def test_step_decay_schedule():
   assert float(const.update(const.init(jnp.float32), 50, True).factor) == 1.0
 
 
-def test_hdm_best_takes_other_pieces_without_changing_its_body():
-  """A variant is a composition: an always-accepting rule moves on every step."""
+def test_hdm_best_takes_pieces_in_place_of_their_knobs():
+  """A piece replaces the one its knobs build: an always-accepting rule moves on every step."""
   always = acceptance.AcceptanceRule(accept=lambda tv, v, tg, g, step=None: jnp.asarray(True))
   fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x**2)
   opt = hdm_optax.hdm_best(
@@ -202,53 +240,16 @@ def test_hdm_best_takes_other_pieces_without_changing_its_body():
   assert float(res.state.schedule.factor) == 1.0 and float(res.state.curvature.l_hat) == 0.0
 
 
-# ---------------------------------------------------------------------------
-# Renamed keywords and state fields keep working for one release.
-# ---------------------------------------------------------------------------
-
-RENAMED = [
-  (hdm_optax.hdm, {}, "hypergrad_lr", "precond_lr", 0.05),
-  (hdm_optax.hdm, {}, "p_min", "precond_min", 0.0),
-  (hdm_optax.hdm, {}, "p_max", "precond_max", 0.3),
-  (hdm_optax.hdm_hb, {}, "hypergrad_lr", "precond_lr", 0.05),
-  (hdm_optax.hdm_hb, {}, "p_max", "precond_max", 0.3),
-  (hdm_optax.hdm_agd, dict(lipschitz=20.0), "hypergrad_lr", "precond_lr", 0.05),
-  (hdm_optax.hdm_agd, dict(lipschitz=20.0), "p_min", "precond_min", 0.01),
-  (
-    hdm_optax.hdm_best,
-    dict(lipschitz=20.0),
-    "max_precond_times_l",
-    "precond_max_times_lipschitz",
-    1.0,
-  ),
-]
-
-
-@pytest.mark.parametrize("make,base,old,new,val", RENAMED, ids=[f"{r[2]}" for r in RENAMED])
-def test_old_keywords_warn_and_behave_like_the_new_ones(make, base, old, new, val):
-  fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x**2)
-  with pytest.warns(DeprecationWarning, match=f"{old}.*{new}"):
-    opt_old = make(**base, **{old: val})
-  opt_new = make(**base, **{new: val})
-  run = lambda opt: hdm_optax.solve(opt, fun, jnp.array([1.0, 1.0]), max_steps=30).params
-  np.testing.assert_array_equal(run(opt_old), run(opt_new))
-  with pytest.raises(TypeError, match=f"pass {new}= only"):
-    make(**base, **{old: val, new: val})
-
-
 @pytest.mark.parametrize(
-  "make,old,new",
+  "kwargs,drop",
   [
-    (lambda: hdm_optax.hdm(), "learner_state", "precond_learner_state"),
-    (lambda: hdm_optax.hdm_agd(lipschitz=1.0), "a_k", "weight_sum"),
-    (lambda: hdm_optax.hdm_agd(lipschitz=1.0), "learner_state", "precond_learner_state"),
-    (lambda: hdm_optax.hdm_best(), "precond_accum", "precond_learner_state"),
-    (lambda: hdm_optax.hdm_best(), "momentum_accum", "momentum_learner_state"),
-    (lambda: hdm_optax.hdm_best(), "smoothness", "lipschitz"),
+    (dict(denominator=hypergradient.fixed_tau(1.0), tau=2.0), "tau="),
+    (dict(schedule=schedules.constant(), decay_every=10, decay_rate=0.5), "decay_every= and"),
+    (dict(curvature_estimate=curvature.running_mean(), horizon=50), "horizon="),
   ],
 )
-def test_old_state_fields_warn(make, old, new):
-  state = make().init(jnp.ones(2))
-  with pytest.warns(DeprecationWarning, match=new):
-    got = getattr(state, old)
-  assert got is getattr(state, new)
+def test_a_piece_and_its_knobs_together_is_an_error(kwargs, drop):
+  with pytest.raises(TypeError, match=f"drop {drop}"):
+    hdm_optax.hdm_best(**kwargs)
+  knobs_at_default = {k: v for k, v in kwargs.items() if k in ("denominator", "schedule")}
+  hdm_optax.hdm_best(**knobs_at_default, horizon=1000)

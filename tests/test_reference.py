@@ -699,7 +699,7 @@ def _check_osgm(kind, seed, steps, horizon, R2=math.inf):
   want = _check_tuning_free(
     hdm_optax.osgm_best,
     ref.osgm_best_reference,
-    lambda x0: hdm_optax.curvature.random_directions(jax.random.key(3), x0, 3),
+    lambda x0: [hdm_optax.curvature.probe_direction(jax.random.key(3), i, x0) for i in range(3)],
     _osgm_extract,
     ("x", "P", "beta", "value", "L"),
     kind,
@@ -752,7 +752,7 @@ def _check_auto(kind, seed, steps, horizon, R2=math.inf):
   return _check_tuning_free(
     hdm_optax.hdm_auto,
     ref.hdm_auto_reference,
-    lambda x0: [hdm_optax.curvature.random_direction(jax.random.key(3), i, x0) for i in range(3)],
+    lambda x0: [hdm_optax.curvature.probe_direction(jax.random.key(3), i, x0) for i in range(3)],
     _auto_extract,
     ("x", "P", "beta", "value", "L", "U"),
     kind,
