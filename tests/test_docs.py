@@ -8,9 +8,18 @@ import pytest
 
 import hdm_optax
 from helpers import check_doctests, run_page
-from hdm_optax import _hdm, _hdm_agd, _hdm_auto, _hdm_best, _hdm_hb, _osgm_best, _trial_lbfgs, core
-from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, lookahead
-from hdm_optax import schedules, secant, trial
+from hdm_optax.methods import (
+  _hdm,
+  _hdm_agd,
+  _hdm_auto,
+  _hdm_best,
+  _hdm_hb,
+  _osgm_best,
+  _trial_lbfgs,
+  core,
+)
+from hdm_optax.methods import acceptance, candidates, curvature, hypergradient, learners, lookahead
+from hdm_optax.methods import schedules, secant, trial
 from hdm_optax.driver import cache, loop, solve
 
 PIECES = [

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax import secant as tl
+from hdm_optax.methods import secant as tl
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import reference as ref

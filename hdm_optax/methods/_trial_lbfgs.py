@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax import secant as secant_lib
+from hdm_optax.methods import secant as secant_lib
 
 __all__ = ("TrialLBFGSState", "trial_lbfgs")
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import jax
 import optax
 
-from hdm_optax import candidates as candidates_lib
+from hdm_optax.methods import candidates as candidates_lib
 
 __all__ = ("kept_scale", "next_trial_scale", "trial_step")
 

@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax import core as core_lib
-from hdm_optax import acceptance as acceptance_lib
-from hdm_optax import curvature as curvature_lib
-from hdm_optax import hypergradient as hypergradient_lib
-from hdm_optax import learners as learners_lib
-from hdm_optax import schedules as schedules_lib
+from hdm_optax.methods import core as core_lib
+from hdm_optax.methods import acceptance as acceptance_lib
+from hdm_optax.methods import curvature as curvature_lib
+from hdm_optax.methods import hypergradient as hypergradient_lib
+from hdm_optax.methods import learners as learners_lib
+from hdm_optax.methods import schedules as schedules_lib
 
 # The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR:
 # of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}),

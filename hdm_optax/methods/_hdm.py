@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax import acceptance as acceptance_lib
-from hdm_optax import candidates as candidates_lib
-from hdm_optax import hypergradient as hypergradient_lib
-from hdm_optax import learners as learners_lib
-from hdm_optax import trial as trial_lib
+from hdm_optax.methods import acceptance as acceptance_lib
+from hdm_optax.methods import candidates as candidates_lib
+from hdm_optax.methods import hypergradient as hypergradient_lib
+from hdm_optax.methods import learners as learners_lib
+from hdm_optax.methods import trial as trial_lib
 
 
 class HDMState(NamedTuple):

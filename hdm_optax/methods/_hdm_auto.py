@@ -7,11 +7,11 @@ from typing import Any
 import optax
 
 from hdm_optax import _common
-from hdm_optax import core as core_lib
-from hdm_optax import acceptance as acceptance_lib
-from hdm_optax import curvature as curvature_lib
-from hdm_optax import hypergradient as hypergradient_lib
-from hdm_optax import learners as learners_lib
+from hdm_optax.methods import core as core_lib
+from hdm_optax.methods import acceptance as acceptance_lib
+from hdm_optax.methods import curvature as curvature_lib
+from hdm_optax.methods import hypergradient as hypergradient_lib
+from hdm_optax.methods import learners as learners_lib
 
 # The smallest entry of P, so that log P stays finite.
 _MIN_PRECOND = 1e-30

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax import acceptance as acceptance_lib
+from hdm_optax.methods import acceptance as acceptance_lib
 
 __all__ = (
   "SecantMemory",
