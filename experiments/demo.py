@@ -1,11 +1,12 @@
-"""The README's first command: HDM-Best against optax.lbfgs on a logistic regression.
+"""The README's first command: trial_lbfgs, hdm_auto and HDM-Best against optax.lbfgs.
 
     python -m experiments.demo [--dataset ijcnn1] [--data-dir DIR] [--tol 1e-4]
 
 Loads a LIBSVM dataset (the paper's protocol: A = [X, 1], f(w) = sum_i
 log(1 + exp(-y_i (A w)_i)), x0 = randn / ||randn|| with seed 20250128), solves
-it with ``hdm_optax.hdm_best`` (its default step sizes, L = sigma_max(A)^2)
-and with ``optax.lbfgs`` under the same budget of 1000 gradient calls, and
+it with ``hdm_optax.trial_lbfgs()`` and ``hdm_optax.hdm_auto()`` (no arguments),
+``hdm_optax.hdm_best`` (its default step sizes, L = sigma_max(A)^2) and
+``optax.lbfgs`` under the same budget of 1000 gradient calls, and
 prints iterations, oracle calls, final value, ||grad f||_inf and the seconds of
 one solve (compilation excluded: each solve is run once to compile it first).
 """
@@ -57,6 +58,8 @@ def main(argv=None):
     f"{'method':<12} {'iters':>6} {'f-calls':>7} {'g-calls':>7} "
     f"{'final f':>16} {'|g|_inf':>10} {'converged':>9} {'seconds':>8}"
   )
+  _run("trial_lbfgs", hdm_optax.trial_lbfgs(), problem, args.max_grad_calls, args.tol)
+  _run("hdm_auto", hdm_optax.hdm_auto(), problem, args.max_grad_calls, args.tol)
   _run("HDM-Best", hdm_optax.hdm_best(lipschitz=problem.L), problem, args.max_grad_calls, args.tol)
   _run("optax.lbfgs", optax.lbfgs(), problem, args.max_grad_calls, args.tol)
   print("seconds: one compiled solve, compilation excluded (a first call compiled it)")
