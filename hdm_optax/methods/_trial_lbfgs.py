@@ -153,16 +153,14 @@ def trial_lbfgs(
     sy = optax.tree.vdot(step, change)
     finite = jnp.isfinite(trial_value) & jnp.isfinite(sy) & _common.all_finite(trial_grad)
     accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
+    step_norm, change_norm = optax.tree.norm(step), optax.tree.norm(change)
     # Every finite trial's pair with enough positive curvature enters the memory.
-    keep = finite & (sy > c(pair_tol) * optax.tree.norm(step) * optax.tree.norm(change))
+    keep = finite & (sy > c(pair_tol) * step_norm * change_norm)
     safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     eps = jnp.finfo(dtype).eps
-    lost = finite & (
-      (optax.tree.norm(step) <= c(1024) * eps * optax.tree.norm(params))
-      | (optax.tree.norm(change) == 0)
-    )
+    lost = finite & ((step_norm <= c(1024) * eps * optax.tree.norm(params)) | (change_norm == 0))
     keep = keep & ~lost
     memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep)
     memory = secant_lib.reset(memory, lost)
