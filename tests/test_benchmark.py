@@ -348,6 +348,24 @@ def test_optimistix_rows_count_every_objective_call():
   assert int(again["grad_calls"][0]) == calls == len(seen)
 
 
+def test_optx_bfgs_gives_skipped_rows_above_its_n_cap(tmp_path):
+  """optx.BFGS carries a dense n x n matrix: above its cap a skipped row and no run (the
+  instance below says n is one past the cap; its x0 has 2 entries, so a run would be quick
+  and would show up as a converged row)."""
+  if solvers.optx is None:
+    pytest.skip("optimistix is not installed (pip install -e '.[bench]')")
+  bfgs = solvers.get("optx.BFGS")
+  assert bfgs.max_n == solvers.OPTX_BFGS_MAX_N and solvers.get("optx.LBFGS").max_n is None
+  n = bfgs.max_n + 1
+  inst = suites._instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL, n=n)
+  task = suites.Task("cutest_scale_dev", "big", (None,), lambda: inst)
+  path = tmp_path / "results.csv"
+  assert runner.run_suite([task], [bfgs], path, progress=False) == 1
+  (row,) = _rows(path)
+  assert row["status"] == f"skipped: n = {n} > {bfgs.max_n}", row
+  assert row["solved"] == "0" and row["grad_calls"] == "" and row["n"] == str(n)
+
+
 def test_jobs_split_the_solvers_and_merge_their_rows(tmp_path):
   """--jobs N: solver i in process i mod N, each skipping the rows already in the main CSV;
   merge appends each part's rows once."""
