@@ -485,9 +485,16 @@ def test_stopping_rule_every_k_steps_gives_the_per_step_run(name):
       "non_finite": hdm_optax.Status.NON_FINITE,
     }[name]
   )
-  for k, res in runs.items():
-    same = lambda got, want: assert_same_across_programs(got, want, runs[1].value.dtype)
-    jax.tree.map(same, res, runs[1])  # bit for bit on the CPU, counts too
+  # Elsewhere than the CPU: gradients (and their norms) near a minimizer carry the
+  # rounding of terms of the size of the gradient at x0.
+  g0 = float(jnp.max(jnp.abs(jax.grad(fun)(x0, *fun_args))))
+
+  def same(path, got, want):
+    scale = g0 if "grad" in jax.tree_util.keystr(path) else None
+    assert_same_across_programs(got, want, runs[1].value.dtype, scale=scale)
+
+  for res in runs.values():
+    jax.tree_util.tree_map_with_path(same, res, runs[1])  # bit for bit on the CPU, counts too
 
 
 def test_check_every_must_be_a_positive_int():
