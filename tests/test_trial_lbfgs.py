@@ -175,3 +175,29 @@ def test_transformation_before_is_honoured():
   np.testing.assert_array_equal(zero.params, x0)
   assert float(plain.value) < float(fun(x0))
   assert not np.allclose(clipped.trace.value, plain.trace.value, rtol=1e-6)
+
+
+def test_float32_converges_where_steps_fall_below_1024_eps_of_x():
+  """float32 logistic regression with ||x*|| = 21: near x* the steps are shorter than
+  1024 eps ||x|| (2.6e-3 here) while still moving x. Treating them as below x's resolution
+  restarted the memory at every such step, and the run ended in null steps (473 of 500)."""
+  rng = np.random.default_rng(0)
+  a = (rng.standard_normal((300, 20)) * 2).astype(np.float32)
+  w = (rng.standard_normal(20) * 3).astype(np.float32)
+  y = np.sign(a @ w + 0.5 * rng.standard_normal(300)).astype(np.float32)
+
+  def fun(x, a, y):
+    return jnp.sum(jax.nn.softplus(-y * (a @ x))) + 0.5e-2 * jnp.sum(x * x)
+
+  x0 = jnp.zeros(20, jnp.float32)
+  tol = 3e-6 * float(jnp.max(jnp.abs(jax.grad(fun)(x0, a, y))))
+  res = hdm_optax.solve(
+    hdm_optax.trial_lbfgs(),
+    fun,
+    x0,
+    max_steps=500,
+    tol=tol,
+    fun_args=(jnp.asarray(a), jnp.asarray(y)),
+  )
+  assert bool(res.converged) and int(res.num_steps) < 60
+  assert float(jnp.linalg.norm(res.params)) > 20  # the regime the test is about

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hdm_optax import _common
@@ -38,6 +39,12 @@ class TrialLBFGSState(NamedTuple):
   info: _common.HDMInfo
 
 
+# A step shorter than this, relative to x, is below x's resolution in float64 (1024 eps);
+# in float32, whose eps is 5e8 times larger, a step that leaves x (and so the gradient)
+# unchanged shows it by the gradient's change alone.
+_RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
+
+
 def trial_lbfgs(
   memory_size: int = 10,
   *,
@@ -64,7 +71,13 @@ def trial_lbfgs(
   ``optax.scale_by_lbfgs``). The trial becomes the iterate when
   :func:`hdm_optax.secant.curvature_checked` accepts it; otherwise x stays (HDM's null step).
   alpha starts at 1, halves after a null step or a non-finite trial and grows
-  by ``grow`` (up to 1) after an accepted one.
+  by ``grow`` (up to 1) after an accepted one. A step shorter than
+  :math:`1024\,\epsilon_{64}\|x\|` (float64's eps, in every dtype) or a
+  trial whose gradient equals :math:`\nabla f(x)` carries no curvature: the
+  memory restarts (:math:`\gamma` from the gradient again, alpha = 1). With
+  the dtype's own eps, float32's threshold (1.2e-4 relative) caught the short
+  steps of ordinary convergence near a large x, and every restart ended in
+  null steps.
 
   How it relates to HDM and L-BFGS. From HDM (Algorithm 1 and 4 of Chu et
   al.) it keeps the trial point, the null step and the single oracle call
@@ -159,8 +172,7 @@ def trial_lbfgs(
     safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
-    eps = jnp.finfo(dtype).eps
-    lost = finite & ((step_norm <= c(1024) * eps * optax.tree.norm(params)) | (change_norm == 0))
+    lost = finite & ((step_norm <= c(_RESOLUTION) * optax.tree.norm(params)) | (change_norm == 0))
     keep = keep & ~lost
     memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep)
     memory = secant_lib.reset(memory, lost)
