@@ -17,9 +17,15 @@ The suite runs on any JAX backend. Two things depend on it:
     same bits in these tests, and they stay strict there. XLA:GPU fuses and
     orders the two programs' reductions differently: on one NVIDIA H200 the
     80-step float64 runs of ``hdm(learner="ogd_sqrt")`` and ``hdm_hb`` differed
-    from the 40 + 40 runs in the last bits, and a trial point equal to x (a
-    tie) was accepted by the jitted step and rejected by eager ``update``.
-    Elsewhere than the CPU these comparisons use :func:`cross_program_rtol`.
+    from the 40 + 40 runs (by up to 3.3e-6 relative for ``hdm``, whose
+    learner feeds its own rounding back into P over the 80 steps), a
+    converged ``optax.lbfgs`` run's gradient differed between two values of
+    ``solve``'s ``check_every`` by 6e-16 (entries of 1e-8: the rounding of
+    terms of size 1, so the scale to compare it with is the gradient's at x0,
+    not its own), and a trial point equal to x (a tie) was accepted by the
+    jitted step and rejected by eager ``update``. Elsewhere than the CPU these
+    comparisons use :func:`cross_program_rtol`, relative to each entry and to
+    a stated scale.
   - Against the float64 NumPy reference loops (``tests/reference.py``):
     rtol 1e-10 on the CPU; :func:`reference_rtol` elsewhere (the quadratic
     and diagonal cases reached a relative error of 1.2e-10 on the H200: its
@@ -57,7 +63,7 @@ REFERENCE_RTOL_CPU = 1e-10
 REFERENCE_RTOL_OTHER = 1e-9
 # Two compiled programs of the same run elsewhere than the CPU: last-bit differences
 # grown over a few dozen steps.
-CROSS_PROGRAM_RTOL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
+CROSS_PROGRAM_RTOL = {np.dtype(np.float64): 1e-5, np.dtype(np.float32): 1e-4}
 
 
 def _backend(backend: Optional[str]) -> str:
@@ -97,15 +103,19 @@ def cross_program_rtol(dtype, backend: Optional[str] = None) -> float:
   return 0.0 if is_cpu(backend) else CROSS_PROGRAM_RTOL[np.dtype(dtype)]
 
 
-def assert_same_across_programs(got, want, dtype, backend: Optional[str] = None) -> None:
+def assert_same_across_programs(
+  got, want, dtype, backend: Optional[str] = None, scale: Optional[float] = None
+) -> None:
   """``got == want`` bit for bit on the CPU, within :func:`cross_program_rtol` elsewhere.
 
-  Elsewhere the tolerance is relative to each entry and to the largest one of ``want``
-  (an entry near 0 carries the rounding of the largest).
+  Elsewhere the tolerance is relative to each entry and to ``scale``: the size of
+  the terms whose rounding the entries carry (default: the largest entry of
+  ``want``; an entry near 0 carries the rounding of the largest).
   """
   rtol = cross_program_rtol(dtype, backend)
   if rtol == 0.0 or not np.issubdtype(np.asarray(want).dtype, np.inexact):  # counters, flags
     np.testing.assert_array_equal(got, want)
   else:
-    scale = float(np.max(np.abs(np.asarray(want, np.float64)), initial=0.0))
+    if scale is None:
+      scale = float(np.max(np.abs(np.asarray(want, np.float64)), initial=0.0))
     np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)

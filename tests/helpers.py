@@ -33,8 +33,8 @@ def counting(fun: Callable[..., Any]) -> tuple[Callable[..., Any], list]:
 
 
 # solve's keyword for runs whose calls a counting oracle checks: one test of the
-# stopping rule per step (check_every > 1, the default on accelerators, computes
-# masked steps after the stop, and the callback sees their calls).
+# stopping rule per step (check_every > 1 computes steps after the stop and discards
+# them, and the callback sees their calls).
 EVERY_STEP = {"check_every": 1}
 
 

@@ -492,23 +492,17 @@ def hdm_best_reference(
 def osgm_best_reference(
   f, grad, x0, steps: int, *, directions, horizon: int = 1000, probe_size: float = 1e-4
 ) -> dict:
-  """``steps`` updates of OSGM-Best; the first one is the probe (x stays).
+  """``steps`` updates of OSGM-Best; the first ``len(directions)`` are the probes.
 
-  The probe costs one gradient call per direction (unit vectors); every
-  later update is one iteration: one call at the trial point, plus one per
-  point tried by the lookahead.
+  A probe (one per direction, unit vectors) evaluates the oracle at
+  x + probe_size d_i and leaves x in place; L holds the largest ratio so far,
+  and the last probe sets L_0. Every later update is one iteration: one call
+  at the trial point, plus one per point tried by the lookahead.
   """
   x = np.array(x0, dtype=np.float64)
   n = x.size
   fx, g, _ = _oracle(f, grad, x)
-  ratios0 = []
-  for d in directions:
-    _, g_d, _ = _oracle(f, grad, x + probe_size * np.asarray(d, dtype=np.float64))
-    ratios0.append(float(np.linalg.norm(g_d - g)) / probe_size)
-  L = max(ratios0)
-  if not (math.isfinite(L) and L > 0):
-    L = 1e-5
-  calls = len(directions)
+  L, calls = 0.0, 0
   x_prev = x.copy()
   P = np.zeros(n)  # P_1 = 0 (diagonal)
   beta = 0.95
@@ -536,8 +530,14 @@ def osgm_best_reference(
     ):
       out[key].append(val)
 
-  record(False, False)
-  for _ in range(steps - 1):
+  for i, d in enumerate(directions):
+    _, g_d, _ = _oracle(f, grad, x + probe_size * np.asarray(d, dtype=np.float64))
+    calls += 1
+    L = float(np.maximum(L, np.linalg.norm(g_d - g) / probe_size))  # NaN stays NaN
+    if i == len(directions) - 1 and not (math.isfinite(L) and L > 0):
+      L = 1e-5
+    record(False, False)
+  for _ in range(steps - len(directions)):
     d = x - x_prev
     x_t = x - P * (s * g) + beta * (s * d)
     f_t, g_t, finite = _oracle(f, grad, x_t)

@@ -16,7 +16,7 @@ def test_cpu_is_strict_and_other_backends_have_the_documented_tolerances(monkeyp
   assert backends.reference_rtol("cpu") == 1e-10 and backends.reference_rtol("gpu") == 1e-9
   for dtype in (np.float32, np.float64):
     assert backends.cross_program_rtol(dtype, "cpu") == 0.0
-  assert backends.cross_program_rtol(np.float64, "gpu") == 1e-9
+  assert backends.cross_program_rtol(np.float64, "gpu") == 1e-5
   assert backends.cross_program_rtol(np.float32, "tpu") == 1e-4
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert not backends.is_cpu() and backends.reference_rtol() == 1e-9
@@ -29,7 +29,12 @@ def test_across_programs_bit_exact_on_cpu_within_the_tolerance_elsewhere():
     backends.assert_same_across_programs(last_bit, want, np.float64, "cpu")
   backends.assert_same_across_programs(last_bit, want, np.float64, "gpu")
   with pytest.raises(AssertionError):
-    backends.assert_same_across_programs(want * (1 + 1e-8), want, np.float64, "gpu")
+    backends.assert_same_across_programs(want * (1 + 1e-4), want, np.float64, "gpu")
+  # a gradient near a minimizer: its entries carry the rounding of terms of size 1
+  near_zero = np.array([3e-9, -4e-8])
+  with pytest.raises(AssertionError):
+    backends.assert_same_across_programs(near_zero + 1e-12, near_zero, np.float64, "gpu")
+  backends.assert_same_across_programs(near_zero + 1e-12, near_zero, np.float64, "gpu", scale=1.0)
   flags = np.array([True, False])
   with pytest.raises(AssertionError):  # counters and flags stay exact everywhere
     backends.assert_same_across_programs(~flags, flags, np.float64, "gpu")

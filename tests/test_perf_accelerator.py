@@ -1,14 +1,15 @@
-"""Smoke tests of the accelerator benchmarks (experiments/perf/batched.py, large.py) on the
-CPU at tiny sizes: they run and print their rows. Their numbers are measured by the scripts,
-never asserted here."""
+"""Smoke tests of the accelerator benchmarks (experiments/perf/batched.py, large.py, hlo.py)
+on the CPU at tiny sizes: they run and print their rows. Their numbers are measured by the
+scripts, never asserted here."""
 
 import subprocess
 import types
 
+import jax
 import jax.numpy as jnp
 import pytest
 
-from experiments.perf import batched, large
+from experiments.perf import batched, hlo, large
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
@@ -30,7 +31,8 @@ def test_batched_throughput_rows(capsys):
   assert [(r["batch"], r["solver"]) for r in rows] == [(3, "hdm_auto()"), (3, "optimistix.LBFGS")]
   assert all(r["solved"] == 3 and r["per_second"] > 0 and r["compile_seconds"] > 0 for r in rows)
   out = capsys.readouterr().out
-  assert out.startswith("device: CPU") and "hdm_auto()" in out and "problems/s" in out
+  device = f"device: {batched.device_label()}"
+  assert out.startswith(device) and "hdm_auto()" in out and "problems/s" in out
 
 
 def test_batched_rejects_an_unknown_solver(capsys):
@@ -80,3 +82,21 @@ def test_child_reports_the_last_error_line(monkeypatch):
   assert out is None and err.endswith("RESOURCE_EXHAUSTED: Out of memory")
   fake.stdout = 'noise\n{"n": 10}\n'
   assert large._child(["hdm_auto()", "10", "free", "5"], None, 60) == ({"n": 10}, "")
+
+
+def test_loop_kernels_counts_the_loop_body_and_the_passes_over_n():
+  n = 4096
+
+  def program(x, k):
+    def body(_, x):
+      return jnp.sin(x) * k + jnp.sum(x)  # a reduction over n and an elementwise pass
+
+    return jax.lax.fori_loop(0, 5, body, x)
+
+  text = jax.jit(program).lower(jnp.ones(n), 2.0).compile().as_text()
+  counts = hlo.loop_kernels(text, n)
+  assert 1 <= counts.over_n <= counts.total and sum(counts.kinds.values()) == counts.total
+  assert hlo.loop_kernels(text, 10 * n).over_n == 0  # nothing holds 10 n elements
+  assert "kernels" in str(counts)
+  with pytest.raises(ValueError, match="no while loop"):
+    hlo.loop_kernels(jax.jit(jnp.sin).lower(jnp.ones(n)).compile().as_text(), n)

@@ -212,6 +212,28 @@ def test_random_probes_give_the_same_run_for_any_leaf_layout(name):
   )
 
 
+@pytest.mark.parametrize("name, most", [("hdm_auto", 1), ("osgm_best", 2)])
+def test_probe_and_iteration_share_one_body(name, most):
+  """An update evaluates the oracle at most once (plus osgm_best's lookahead point) in its
+  traced program, probe or iteration alike: under jax.vmap, where a lax.cond runs both
+  branches, a batched update then costs one call, not the probes' and the iteration's."""
+  traced = []
+
+  def fun(x):
+    traced.append(1)  # runs once per evaluation in the traced program
+    return jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x**2)
+
+  opt = getattr(hdm_optax, name)()
+
+  def update(state, x):
+    v, g = jax.value_and_grad(fun)(x)
+    return opt.update(g, state, x, value=v, grad=g, value_fn=fun)
+
+  traced.clear()
+  jax.make_jaxpr(jax.vmap(update))(jax.vmap(opt.init)(jnp.ones((2, 3))), jnp.ones((2, 3)))
+  assert 1 <= len(traced) - 1 <= most  # minus the value_and_grad at x above
+
+
 def test_step_decay_schedule():
   sched = schedules.step_decay(every=2, rate=0.5, floor=0.2)
   state = sched.init(jnp.float64)

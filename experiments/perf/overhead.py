@@ -26,17 +26,21 @@ after a warm-up compile (best of ``--repeats`` runs):
   value (the stopping rule tested once per k steps; the same run, call for call);
 - the ratios ``t_update / t_vg`` and ``t_solve / t_vg`` (target <= 1.15 at n >= 1e5);
 - ``state/params``: bytes of the optimizer state over bytes of the params,
-  and the number of state leaves of size n.
+  and the number of state leaves of size n;
+- with ``--kernels``: the kernels of one loop iteration of each compiled program
+  and how many of them read or write a vector of n (:mod:`experiments.perf.hlo`;
+  a GPU launches each one), and with ``--hlo-dir DIR`` the optimized HLO texts.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 
 import jax
 import numpy as np
 
-from experiments.perf import timing
+from experiments.perf import hlo, timing
 
 
 def _parse():
@@ -52,6 +56,8 @@ def _parse():
     help="solve's check_every values to time, interleaved with the rest (e.g. 1,8); "
     "the first is t_solve",
   )
+  p.add_argument("--kernels", action="store_true", help="print the kernels per iteration")
+  p.add_argument("--hlo-dir", default=None, help="write each program's optimized HLO here")
   p.add_argument(
     "--optimizer",
     default="hdm_best",
@@ -120,6 +126,8 @@ def measure(
   rng,
   optimizer: str = "hdm_best",
   check_every: tuple[int, ...] = (1,),
+  kernels: bool = False,
+  hlo_dir=None,
 ):
   import optax
   import hdm_optax
@@ -177,6 +185,23 @@ def measure(
   }
   for k in check_every[1:]:
     fns[f"solve@{k}"] = lambda k=k: solve_run(w0, data, k)
+  kernel_counts = {}
+  if kernels or hlo_dir:
+    programs = {
+      "vg": (vg_loop, (w0, data)),
+      "update": (update_loop, (w0, data, state0)),
+      "solve": (jax.jit(lambda w, d: solve_run(w, d, check_every[0])), (w0, data)),
+    }
+    for k in check_every[1:]:
+      programs[f"solve@{k}"] = (jax.jit(lambda w, d, k=k: solve_run(w, d, k)), (w0, data))
+    for name, (program, args) in programs.items():
+      text = program.lower(*args).compile().as_text()
+      kernel_counts[name] = hlo.loop_kernels(text, n)
+      if hlo_dir:
+        stem = f"{optimizer}_{name.replace('@', '_every')}_n{n}_{jax.default_backend()}"
+        path = pathlib.Path(hlo_dir) / f"{stem}.hlo"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
   seconds, outs = timing.best_times(fns, repeats)
   t_vg, t_up, t_solve = seconds["vg"], seconds["update"], seconds["solve"]
   (_, state), res = outs["update"], outs["solve"]
@@ -206,6 +231,7 @@ def measure(
     f_end=float(res.value),
     nulls=int(res.state.info.num_null_steps),
     t_solve_k={k: seconds[f"solve@{k}"] / steps for k in check_every[1:]},
+    kernels=kernel_counts,
   )
 
 
@@ -229,7 +255,9 @@ def main():
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
     check_every = tuple(int(k) for k in args.check_every.split(","))
-    r = measure(n, dtype, steps, args.repeats, rng, args.optimizer, check_every)
+    r = measure(
+      n, dtype, steps, args.repeats, rng, args.optimizer, check_every, args.kernels, args.hlo_dir
+    )
     print(
       f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
       f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
@@ -244,6 +272,8 @@ def main():
         f"solve/vg {t / r['t_vg']:.3f}",
         flush=True,
       )
+    for name, counts in r["kernels"].items():
+      print(f"{'':>8} {name} loop, one iteration: {counts}", flush=True)
 
 
 if __name__ == "__main__":

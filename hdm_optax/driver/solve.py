@@ -79,31 +79,43 @@ def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux) -> So
   )
 
 
+def _blocks(run, check_every, body, carry):
+  """Runs blocks of ``check_every`` steps until the stopping rule held inside one.
+
+  The rule is evaluated after every step and tested by the ``while_loop`` once
+  per block; the steps of a block run unmasked. Returns the carry at the start
+  of the block in which the rule first held (the start carry if it holds
+  there): the per-step loop goes on from it and stops where a test at every
+  step stops, so the steps, calls and trace are those of that run.
+  """
+
+  def block(c):
+    current, _, _ = c
+
+    def step(_, inner):
+      carry, held = inner
+      carry = body(carry)
+      return carry, held | run.done(carry[0])
+
+    end, held = jax.lax.fori_loop(0, check_every, step, (current, jnp.asarray(False)))
+    return end, current, held
+
+  _, start, _ = jax.lax.while_loop(lambda c: ~c[2], block, (carry, carry, run.done(carry[0])))
+  return start
+
+
 def _loop(optimizer, fun, max_steps, has_aux, fun_args, limits):
   limits = limits._replace(max_steps=max_steps)
   return loop_lib.loop(optimizer, fun, fun_args=fun_args, has_aux=has_aux, **limits._asdict())
 
 
-# The loop's condition on the backend's devices: a CPU reads it in place; a
-# GPU copies it to the host at every test (about 14 us on an H200, 1.62x the
-# cost of a value-and-gradient call of a 1e5-parameter sparse logistic
-# regression), so there it is tested once per 8 steps: the round trip is paid
-# once per 8 and at most 7 masked steps are computed after the stop.
-DEFAULT_CHECK_EVERY = {"cpu": 1}
-DEFAULT_CHECK_EVERY_ACCELERATOR = 8
-
-
 def _check_every(check_every) -> int:
-  if check_every is None:
-    return DEFAULT_CHECK_EVERY.get(jax.default_backend(), DEFAULT_CHECK_EVERY_ACCELERATOR)
   if (
     not isinstance(check_every, (int, np.integer))
     or isinstance(check_every, bool)
     or check_every < 1
   ):
-    raise ValueError(
-      f"check_every must be an int >= 1 or None (the backend's default), got {check_every!r}"
-    )
+    raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
   return int(check_every)
 
 
@@ -121,18 +133,10 @@ def _solve(
     s = run.step(s)
     return s, _record(trace, s.num_steps, s)
 
-  def masked(_, carry):
-    # A step after the rule held leaves the carry as it was (its entry of the
-    # trace is rewritten with the same values).
-    s, trace = carry
-    s = optax.tree.where(run.done(s), s, run.step(s))
-    return s, _record(trace, s.num_steps, s)
-
-  def body_k(carry):
-    return jax.lax.fori_loop(0, check_every, masked, carry)
-
   carry = (s, _new_trace(s, max_steps))
-  carry = jax.lax.while_loop(lambda c: ~run.done(c[0]), body if check_every == 1 else body_k, carry)
+  if check_every > 1:
+    carry = _blocks(run, check_every, body, carry)
+  carry = jax.lax.while_loop(lambda c: ~run.done(c[0]), body, carry)
   return _finish(run, *carry, fun, fun_args, has_aux)
 
 
@@ -176,7 +180,7 @@ def solve(
   max_null_steps: Optional[int] = DEFAULT_MAX_NULL_STEPS,
   min_value: Optional[float] = -1e20,
   has_aux: bool = False,
-  check_every: Optional[int] = None,
+  check_every: int = 1,
 ) -> SolveResult:
   r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
 
@@ -235,18 +239,20 @@ def solve(
       returned in :attr:`SolveResult.aux` (one more evaluation of ``fun``,
       without gradient, counted in ``num_value_evals``).
     check_every: the ``while_loop`` tests the stopping rule once per
-      ``check_every`` steps (static). Inside, each step is masked: a step
-      after the rule held leaves the run as it was, so the result, trace and
+      ``check_every`` steps (static). The steps of a block run unmasked and
+      the rule is evaluated after each; once it held inside a block, the run
+      goes on step by step from that block's start, so the result, trace and
       counts are those of a test at every step (bit for bit on a CPU, where
       it is tested; on other backends the two are different compiled programs
-      and agree as any two programs do, see ``tests/backends.py``). A masked step is
-      still computed (on a GPU, skipping it would cost the host round trip
-      this option saves): its oracle calls run and are discarded, uncounted,
-      so at most ``check_every - 1`` steps of work are wasted at the end of a
-      run, and a ``jax.debug.callback`` in ``fun`` sees them. ``None``: 1 on
-      a CPU (its loop test costs nothing), 8 on GPUs and TPUs, whose loop test
-      copies the predicate to the host at every iteration (about 14 us on an
-      H200, comparable to a value-and-gradient call at 1e5 parameters).
+      and agree as any two programs do, see ``tests/backends.py``). The steps
+      of the last block are computed twice: their oracle calls after the stop
+      run and are discarded, uncounted (at most ``check_every - 1``), and a
+      ``jax.debug.callback`` in ``fun`` sees them. The loop holds a second
+      copy of its state (the block's start): 21 instead of 15 vectors of n in
+      the compiled ``solve(hdm_auto())``. On a GPU a test of the loop's
+      condition is a round trip to the host, which ``check_every=8`` pays once
+      per 8 steps; that it pays off there is not yet measured
+      (``docs/accelerators.md``), so the default is 1 on every backend.
 
   Returns:
     A :class:`SolveResult`.

@@ -47,13 +47,17 @@ def osgm_best(
   :math:`f(x^+) \le f(x)`, which in float32 decides by rounding near a
   minimizer), and x^- <- x after every iteration.
 
-  - L_0 (the first update, which leaves x in place): the largest of
+  - L_0 (the first ``num_probes`` updates, which leave x in place): the largest of
     :math:`\|\nabla f(x_0 + \delta d_i) - \nabla f(x_0)\| / \delta` over
     ``num_probes`` random unit directions d_i
     (:func:`hdm_optax.curvature.random_probe`, the directions of
     :func:`hdm_optax.curvature.probe_direction` from ``jax.random.key(seed)``),
     delta = ``probe_size``; 1e-5 if that is not finite or 0. One gradient
-    call per direction, all in the first update.
+    call per direction, one direction per update (the authors' code probes
+    all three before its first iteration: the same calls and the same run,
+    counted in updates as hdm_auto counts its probes). Probe and iteration
+    share one traced body, so under ``jax.vmap`` an update costs one
+    gradient call, not the probes' and the iteration's together.
   - While L is being estimated: every 50 iterations
     :math:`\eta_P \leftarrow \max(0.8\,\eta_P, 10^{-3}/L)`; a counter goes up
     by 1 per accepted step and down by 2 (floor 0) per null step; once it
@@ -97,7 +101,7 @@ def osgm_best(
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
     ``grad`` and ``value_fn`` and returns the step to the new iterate (0 on a
-    null step and on the probe).
+    null step and on a probe).
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
@@ -128,6 +132,5 @@ def osgm_best(
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
     schedule=schedules_lib.step_decay(50, 0.8, 1e-3),
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
-    probe_at_once=True,
     lookahead=lookahead_lib.gated_lookahead(2.0),
   )

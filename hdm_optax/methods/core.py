@@ -213,7 +213,6 @@ def momentum_hdm(
   schedule: Optional[schedules_lib.Schedule] = None,
   null_action: Optional[Callable[[Any, jax.Array], Any]] = None,
   probe: Optional[curvature_lib.Probe] = None,
-  probe_at_once: bool = False,
   precond_from_probe: bool = False,
   lookahead: Optional[Callable[..., Any]] = None,
   operator: Optional[Operator] = None,
@@ -253,8 +252,6 @@ def momentum_hdm(
     schedule: the schedule of eta_p's factor (``None``: constant).
     null_action: what a null step does to P (``None``: :func:`keep`).
     probe: how L_0 is measured (``None``: ``lipschitz`` must be given).
-    probe_at_once: make every probe in the first update (one call each),
-      not one probe per update.
     precond_from_probe: the last probe sets P_1 = 1/L_0.
     lookahead: ``lookahead(vg, trial, value, grad, direction, *, finite,
       estimating, grad_norm) -> LookaheadResult`` or ``None``.
@@ -452,27 +449,6 @@ def momentum_hdm(
     )
     return _common.keep_if(accepted, new_step, optax.tree.zeros_like(params)), new_state
 
-  def probe_all(state, params, value, grad, value_fn):
-    """Every probe in this one update (``probe_at_once``); x stays."""
-    dtype = state.value.dtype
-    running = jnp.zeros([], dtype)
-    for i in range(probe.num):
-      offset, delta = probe.offset(i, params, grad, jnp.asarray(True))
-      _, g_i = _common.value_and_grad(value_fn, optax.tree.add(params, offset))
-      ratio = optax.tree.norm(optax.tree.sub(g_i, grad)) / delta
-      running = jnp.maximum(running, ratio)
-    new_state = state._replace(
-      value=jnp.asarray(value, dtype),
-      grad=grad,
-      prev_params=params,
-      lipschitz=probe.finish(running).astype(dtype),
-      num_probes=state.num_probes + probe.num,
-      info=_common.next_info(
-        state.info, accepted=jnp.asarray(False), hypergrad_norm=jnp.zeros([]), calls=probe.num
-      ),
-    )
-    return optax.tree.zeros_like(params), new_state
-
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
@@ -481,12 +457,6 @@ def momentum_hdm(
     no_probe = jnp.asarray(False)
     if probe is None:
       return iterate(updates, state, params, value, grad, value_fn, no_probe, None, None)
-    if probe_at_once:
-      return jax.lax.cond(
-        state.num_probes == 0,
-        lambda: probe_all(state, params, value, grad, value_fn),
-        lambda: iterate(updates, state, params, value, grad, value_fn, no_probe, None, None),
-      )
     probing = state.num_probes < probe.num
     offset, delta = probe.offset(state.num_probes, params, grad, probing)
     return iterate(updates, state, params, value, grad, value_fn, probing, offset, delta)

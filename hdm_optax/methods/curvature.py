@@ -224,8 +224,12 @@ def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 
   r"""``num`` probes along random unit directions (:func:`probe_direction`), as OSGM-Best's.
 
   :math:`o_i = \delta d_i`, :math:`\delta` = ``size``; ``fallback`` if the
-  largest ratio is 0 or not finite. The direction is drawn only where the
-  update probes (under a ``lax.cond``).
+  largest ratio is 0 or not finite. On a CPU the direction is drawn only where
+  the update probes (under a ``lax.cond``); elsewhere it is drawn at every
+  update and selected (``lax.platform_dependent``): a GPU reads a
+  ``lax.cond``'s predicate on the host, a round trip that stalls every
+  iteration, while the draw fuses into the trial point's kernels. Both give the
+  same offsets.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -240,10 +244,11 @@ def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 
   def offset(index, params, grad, active):
     del grad
     delta = _common.cast(size, _common.params_dtype(params))
-    off = jax.lax.cond(
-      active,
-      lambda: optax.tree.scale(delta, probe_direction(key, index, params)),
-      lambda: optax.tree.zeros_like(params),
+    drawn = lambda: optax.tree.scale(delta, probe_direction(key, index, params))
+    zeros = lambda: optax.tree.zeros_like(params)
+    off = jax.lax.platform_dependent(
+      cpu=lambda: jax.lax.cond(active, drawn, zeros),
+      default=lambda: optax.tree.where(active, drawn(), zeros()),
     )
     return off, delta
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The accelerator measurements of docs/accelerators.md, as one command per phase, each
+# sized to about 5 minutes on one H100/H200 (16 cores), so that a 15-minute device
+# session runs both phases with time to spare:
+#
+#   bash experiments/perf/accelerator_check.sh perf  OUTDIR   # GPU timings first, on an idle GPU
+#   bash experiments/perf/accelerator_check.sh suite OUTDIR   # the test suite and the suites
+#
+# Run from the repository root with the package importable (PYTHONPATH=. or installed).
+# `suite` needs sif2jax (importing it takes about 48 s per process on a 2-core CPU: no
+# step imports it before the GPU timings are done) and the LIBSVM files (HDM_DATA_DIR).
+# Every step has its own time limit and writes its log under OUTDIR as it goes, so a
+# step that runs out of time costs only itself; OUTDIR ends with at most 8 files.
+set -u
+phase=${1:?usage: accelerator_check.sh perf|suite OUTDIR}
+out=${2:?usage: accelerator_check.sh perf|suite OUTDIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+start=$(date +%s)
+stamp() { echo "[$(($(date +%s) - start)) s] $*"; }
+py=${PYTHON:-python3}
+
+case "$phase" in
+  perf)
+    # One process on the GPU at a time: these are timings.
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    $py -c "import jax, optax; print('jax', jax.__version__, jax.devices(), 'optax', optax.__version__)"
+    stamp overhead
+    timeout 150 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6,1e7 \
+      --check-every 1,8 --repeats 5 2>&1 | tee "$out/overhead_hdm_auto.txt"
+    timeout 60 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6 \
+      --check-every 1,8 --repeats 1 --steps 10 --kernels 2>&1 | tee "$out/kernels_hdm_auto.txt"
+    stamp batched
+    timeout 120 $py -m experiments.perf.batched --batches 1,1024,16384 \
+      --solvers 'hdm_auto(),osgm_best(),optax.lbfgs()' --repeats 3 2>&1 | tee "$out/batched.txt"
+    stamp large
+    timeout 60 $py -m experiments.perf.large --sizes 1e7 --repeats 3 2>&1 | tee "$out/large.txt"
+    timeout 120 $py -m experiments.perf.large --ceiling --start 2.5e8 --bisect 1 --timeout 60 \
+      2>&1 | tee "$out/ceiling.txt"
+    ;;
+  suite)
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes share the GPU
+    stamp "tests and suites in parallel"
+    (timeout 240 $py -m pytest -n 10 -q -rfs -p no:cacheprovider > "$out/pytest.txt" 2>&1
+      stamp "pytest exit $?" >> "$out/pytest.txt") &
+    (timeout 240 $py -m experiments.benchmark --no-progress --suite libsvm32 --seeds 5 \
+      --solvers 'hdm_auto()' 'optax.lbfgs()' --jobs 2 --out "$out/work/libsvm32" > "$out/libsvm32.txt" 2>&1
+      stamp "libsvm32 exit $?" >> "$out/libsvm32.txt") &
+    (timeout 240 $py -m experiments.benchmark --no-progress --suite user cutest \
+      --problems AKIVA HILBERTB BOX3 rosenbrock-100 --solvers 'hdm_auto()' 'trial_lbfgs()' \
+      'optax.lbfgs()' --out "$out/work/small" > "$out/small.txt" 2>&1
+      stamp "user/cutest exit $?" >> "$out/small.txt") &
+    (timeout 240 $py -m experiments.table1 --datasets w1a heart_scale --out "$out/work/table1" \
+      > "$out/table1.txt" 2>&1; stamp "table1 exit $?" >> "$out/table1.txt") &
+    wait
+    for f in "$out"/*.txt; do echo "== $f"; tail -n 6 "$f"; done
+    # rows, summaries and figures as one file (a device session returns few files)
+    tar czf "$out/suite_outputs.tgz" -C "$out" work && rm -rf "$out/work"
+    ;;
+  *)
+    echo "unknown phase $phase (perf or suite)" >&2
+    exit 2
+    ;;
+esac
+stamp done
