@@ -48,18 +48,15 @@ def init_info(dtype) -> HDMInfo:
 
 
 def oracle_fields(params, dtype) -> dict:
-  """The fields every HDM state shares, as ``init`` sets them.
+  """The fields every state of the package shares, as ``init`` sets them.
 
-  ``count`` 0, ``value`` +inf and ``grad`` 0 (nothing evaluated yet),
-  ``prev_params`` = x_0 (no momentum at the first step), ``trial_scale`` 1
-  and fresh ``info``.
+  ``count`` 0, ``value`` +inf and ``grad`` 0 (nothing evaluated yet) and
+  fresh ``info``.
   """
   return dict(
     count=jnp.zeros([], jnp.int32),
     value=jnp.asarray(jnp.inf, dtype),
     grad=optax.tree.zeros_like(params),
-    prev_params=copy_tree(params),
-    trial_scale=jnp.ones([], dtype),
     info=init_info(dtype),
   )
 

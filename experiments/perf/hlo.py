@@ -17,6 +17,7 @@ programs with each other.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 
@@ -41,15 +42,24 @@ _SHAPE = re.compile(r"\b(?:pred|[suf]\d+|bf16|c64|c128)\[([\d,]*)\]")
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-  """Kernels of one loop iteration: all, those over n, and their opcodes / fusion kinds."""
+  """Kernels of one loop iteration: how many of each opcode / fusion kind, how many over n."""
 
-  total: int
+  kinds: collections.Counter
   over_n: int
-  kinds: dict
+
+  @property
+  def total(self) -> int:
+    return sum(self.kinds.values())
+
+  def __add__(self, other: "Kernels") -> "Kernels":
+    return Kernels(self.kinds + other.kinds, self.over_n + other.over_n)
 
   def __str__(self) -> str:
-    kinds = ", ".join(f"{k} {v}" for k, v in sorted(self.kinds.items(), key=lambda kv: -kv[1]))
+    kinds = ", ".join(f"{k} {v}" for k, v in self.kinds.most_common())
     return f"{self.total} kernels ({self.over_n} over n: {kinds})"
+
+
+_NONE = Kernels(collections.Counter(), 0)
 
 
 def _computations(text: str) -> tuple[dict[str, list[str]], str]:
@@ -84,46 +94,37 @@ def _called(rest: str, key: str) -> list[str]:
   return [c.strip().lstrip("%") for c in m.group(1).split(",")]
 
 
-def _count(comps, name, n, seen=()) -> tuple[int, int, dict]:
-  total = over = 0
-  kinds: dict = {}
+def _callees(op: str, rest: str) -> list[list[str]]:
+  """The computations a control instruction runs per iteration: groups, of which a
+  conditional runs one (its larger branch is counted), the others all."""
+  if op == "conditional":
+    branches = _called(rest, "branch_computations") or (
+      _called(rest, "true_computation") + _called(rest, "false_computation")
+    )
+    return [branches]
+  keys = ("body", "condition") if op == "while" else ("to_apply",)
+  return [[c] for key in keys for c in _called(rest, key)]
+
+
+def _count(comps, name, n, seen=()) -> Kernels:
+  counted = _NONE
   for line in comps.get(name, []):
     m = _INSTRUCTION.match(line)
-    if not m:
+    if not m or m.group(4) in _BOOKKEEPING:
       continue
     op, rest = m.group(4), m.group(3) + " " + m.group(5)
-    if op in _BOOKKEEPING:
-      continue
     if op in _CONTROL:
-      keys = {"while": ("body", "condition"), "call": ("to_apply",), "conditional": None}[op]
-      if keys is None:
-        subs = _called(rest, "branch_computations") or (
-          _called(rest, "true_computation") + _called(rest, "false_computation")
-        )
-        parts = [_count(comps, c, n, seen + (name,)) for c in subs if c not in seen]
-        if parts:
-          t, o, k = max(parts, key=lambda p: p[0])
-          total, over = total + t, over + o
-          for key, v in k.items():
-            kinds[key] = kinds.get(key, 0) + v
-        continue
-      for key in keys:
-        for c in _called(rest, key):
-          if c not in seen:
-            t, o, k = _count(comps, c, n, seen + (name,))
-            total, over = total + t, over + o
-            for kk, v in k.items():
-              kinds[kk] = kinds.get(kk, 0) + v
+      for group in _callees(op, rest):
+        parts = [_count(comps, c, n, seen + (name,)) for c in group if c not in seen]
+        counted += max(parts, key=lambda k: k.total, default=_NONE)
       continue
     kind = op
     if op == "fusion":
       km = re.search(r"kind=(k\w+)", rest)
       kind = km.group(1) if km else "fusion"
-    total += 1
-    kinds[kind] = kinds.get(kind, 0) + 1
-    if any(_size(d) >= n for d in _SHAPE.findall(rest)):
-      over += 1
-  return total, over, kinds
+    over = any(_size(d) >= n for d in _SHAPE.findall(rest))
+    counted += Kernels(collections.Counter([kind]), int(over))
+  return counted
 
 
 def loop_kernels(hlo_text: str, n: int) -> Kernels:
@@ -143,13 +144,5 @@ def loop_kernels(hlo_text: str, n: int) -> Kernels:
     m = _INSTRUCTION.match(line)
     if m and m.group(4) == "while":
       rest = m.group(3) + " " + m.group(5)
-      total = over = 0
-      kinds: dict = {}
-      for key in ("body", "condition"):
-        for c in _called(rest, key):
-          t, o, k = _count(comps, c, n, (entry,))
-          total, over = total + t, over + o
-          for kk, v in k.items():
-            kinds[kk] = kinds.get(kk, 0) + v
-      return Kernels(total, over, kinds)
+      return sum((_count(comps, c, n, (entry,)) for [c] in _callees("while", rest)), _NONE)
   raise ValueError("hlo_text: no while loop in the entry computation; pass a looped program")

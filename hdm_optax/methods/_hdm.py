@@ -143,13 +143,10 @@ def hdm(
     dtype = _common.params_dtype(params)
     precond = cand.project(cand.init(params, init_precond), precond_min, precond_max)
     return HDMState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       precond=precond,
       precond_learner_state=learn.init(precond),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
       trial_scale=jnp.ones([], dtype),
-      info=_common.init_info(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):

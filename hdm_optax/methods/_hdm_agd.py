@@ -135,14 +135,11 @@ def hdm_agd(
     dtype = _common.params_dtype(params)
     precond = cand.project(cand.init(params, init_precond), precond_min, precond_max)
     return HDMAGDState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       precond=precond,
       precond_learner_state=learn.init(precond),
       z=_common.copy_tree(params),
       weight_sum=jnp.ones([], dtype),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
-      info=_common.init_info(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):

@@ -151,16 +151,13 @@ def hdm_hb(
     precond = cand_p.project(cand_p.init(params, init_precond), precond_min, precond_max)
     momentum = cand_b.project(cand_b.init(params, init_momentum), momentum_min, momentum_max)
     return HDMHBState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       precond=precond,
       momentum=momentum,
       precond_learner_state=learn.init(precond),
       momentum_learner_state=learn.init(momentum),
       prev_params=_common.copy_tree(params),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
       trial_scale=jnp.ones([], dtype),
-      info=_common.init_info(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):

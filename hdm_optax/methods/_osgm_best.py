@@ -54,10 +54,11 @@ def osgm_best(
     :func:`hdm_optax.curvature.probe_direction` from ``jax.random.key(seed)``),
     delta = ``probe_size``; 1e-5 if that is not finite or 0. One gradient
     call per direction, one direction per update (the authors' code probes
-    all three before its first iteration: the same calls and the same run,
-    counted in updates as hdm_auto counts its probes). Probe and iteration
-    share one traced body, so under ``jax.vmap`` an update costs one
-    gradient call, not the probes' and the iteration's together.
+    all three before its first iteration: the same calls, and the same run up
+    to the rounding of L_0, counted in updates as hdm_auto counts its
+    probes). Probe and iteration share one traced body, so under
+    ``jax.vmap`` an update costs the iteration's calls (one, and the
+    lookahead's), not the probes' as well.
   - While L is being estimated: every 50 iterations
     :math:`\eta_P \leftarrow \max(0.8\,\eta_P, 10^{-3}/L)`; a counter goes up
     by 1 per accepted step and down by 2 (floor 0) per null step; once it

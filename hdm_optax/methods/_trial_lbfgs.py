@@ -135,13 +135,10 @@ def trial_lbfgs(
   def init_fn(params):
     dtype = _common.params_dtype(params)
     return TrialLBFGSState(
-      count=jnp.zeros([], jnp.int32),
+      **_common.oracle_fields(params, dtype),
       memory=secant_lib.secant_memory(params, memory_size),
       gamma=jnp.zeros([], dtype),
       step_size=jnp.ones([], dtype),
-      value=jnp.asarray(jnp.inf, dtype),
-      grad=optax.tree.zeros_like(params),
-      info=_common.init_info(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):

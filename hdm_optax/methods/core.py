@@ -303,6 +303,8 @@ def momentum_hdm(
     eta_p, _, _ = precond_rule(jnp.where(lip > 0, lip, 1), curvature, sched.factor)
     return MomentumHDMState(
       **_common.oracle_fields(params, dtype),
+      prev_params=_common.copy_tree(params),
+      trial_scale=jnp.ones([], dtype),
       precond=precond,
       momentum=momentum,
       precond_learner_state=learner.init(precond),
