@@ -502,6 +502,22 @@ def _assert_same_runs(got, want, grad_scale):
   jax.tree_util.tree_map_with_path(same, got, want)
 
 
+def test_check_every_blocks_stop_short_of_max_steps():
+  """A run that ends at ``max_steps`` makes no call past it: no block crosses the limit
+  (the steps of the last, partial block are tested one by one), so the oracle sees the
+  K + 1 calls of the per-step run, not those of a block past it and its replay."""
+  fun, calls = counting(quadratic)
+  opt = optax.sgd(1e-4)
+  for k in (1, 8, 64):
+    calls.clear()
+    res = hdm_optax.solve(
+      opt, fun, jnp.ones(3), max_steps=50, fun_args=(A,), tol=0.0, check_every=k
+    )
+    jax.effects_barrier()
+    assert int(res.num_steps) == 50 and int(res.num_grad_evals) == 51
+    assert len(calls) == 51, k
+
+
 def test_check_every_must_be_a_positive_int():
   for bad in (0, -1, 2.0, True):
     with pytest.raises(ValueError, match="check_every must be an int >= 1"):
