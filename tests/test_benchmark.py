@@ -311,7 +311,10 @@ def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
   for r in rows.values():
     assert not r["status"].startswith("error"), r
     calls, grad_inf = int(r["grad_calls"]), float(r["final_grad_inf"])
-    assert 1 <= calls <= runner.BUDGET, r
+    # The budget is checked before each update, and an update that starts under it
+    # finishes: a run that reaches it ends up to one update's calls past it (a line
+    # search's trials; on an H200, one AKIVA row ended at 1002). Never solved then.
+    assert 1 <= calls <= runner.BUDGET + solvers.LINESEARCH_STEPS, r
     solved = grad_inf <= runner.TOL and calls < runner.BUDGET - 1
     assert r["solved"] == str(int(solved)), r
   for p in CUTEST:
