@@ -106,3 +106,33 @@ def test_importing_the_experiments_leaves_jax_in_its_precision():
   )
   env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
   subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
+
+
+def test_entry_points_compute_float32_products_in_float32():
+  """enable_float64 also asks for float32 matrix products in float32 (HIGHEST precision):
+  JAX's default lets an NVIDIA GPU round their inputs to TF32 (experiments/tf32.py)."""
+  code = (
+    "import jax, jax.numpy as jnp\n"
+    "from experiments import protocol\n"
+    "a, w = jnp.ones((3, 2), jnp.float32), jnp.ones(2, jnp.float32)\n"
+    "before = jax.jit(lambda a, w: a @ w).lower(a, w).as_text()\n"
+    "protocol.enable_float64()\n"
+    "after = jax.jit(lambda a, w: a @ w).lower(a, w).as_text()\n"
+    "assert 'HIGHEST' not in before and 'HIGHEST' in after, (before, after)\n"
+    "assert jax.config.jax_enable_x64\n"
+  )
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION")
+  }
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
+
+
+def test_tf32_rounding_keeps_ten_bits_of_mantissa():
+  from experiments import tf32
+
+  x = jnp.asarray([1.0 + 2.0**-10, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 1.0 + 2.0**-12], jnp.float32)
+  # representable; a tie rounds to even (1.0); a tie rounds to even (1 + 2^-9); below half
+  np.testing.assert_array_equal(tf32.tf32(x), [1.0 + 2.0**-10, 1.0, 1.0 + 2.0**-9, 1.0])
+  assert tf32.tf32(jnp.ones(2, jnp.float64)).dtype == jnp.float64  # other dtypes pass through
