@@ -7,6 +7,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments.perf import batched, hlo, large
@@ -100,3 +101,15 @@ def test_loop_kernels_counts_the_loop_body_and_the_passes_over_n():
   assert "kernels" in str(counts)
   with pytest.raises(ValueError, match="no while loop"):
     hlo.loop_kernels(jax.jit(jnp.sin).lower(jnp.ones(n)).compile().as_text(), n)
+
+
+def test_overhead_rows_are_per_oracle_call():
+  """experiments/perf/overhead.py at a tiny size: each time is per value-and-gradient call
+  (solve's K + 1 calls and hdm_auto's 3 probes counted), solve@k beside solve."""
+  from experiments.perf import overhead
+
+  r = overhead.measure(1000, np.float32, 5, 1, np.random.default_rng(0), "hdm_auto", (1, 3))
+  assert r["ratio_solve"] == pytest.approx(r["t_solve"] / r["t_vg"])
+  assert r["ratio_update"] == pytest.approx(r["t_update"] / r["t_vg"])
+  assert set(r["t_solve_k"]) == {3} and r["n_vectors"] == 4
+  assert np.isfinite(r["f_end"]) and r["f_end"] < r["f0"]

@@ -5,6 +5,7 @@
 #
 #   bash experiments/perf/accelerator_check.sh perf  OUTDIR   # GPU timings first, on an idle GPU
 #   bash experiments/perf/accelerator_check.sh suite OUTDIR   # the test suite and the suites
+#   bash experiments/perf/accelerator_check.sh ceiling OUTDIR # the memory ceiling
 #
 # Run from the repository root with the package importable (PYTHONPATH=. or installed).
 # `suite` needs sif2jax (importing it takes about 48 s per process on a 2-core CPU: no
@@ -12,8 +13,8 @@
 # Every step has its own time limit and writes its log under OUTDIR as it goes, so a
 # step that runs out of time costs only itself; OUTDIR ends with at most 8 files.
 set -u
-phase=${1:?usage: accelerator_check.sh perf|suite OUTDIR}
-out=${2:?usage: accelerator_check.sh perf|suite OUTDIR}
+phase=${1:?usage: accelerator_check.sh perf|suite|ceiling OUTDIR}
+out=${2:?usage: accelerator_check.sh perf|suite|ceiling OUTDIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
@@ -26,31 +27,45 @@ case "$phase" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     $py -c "import jax, optax; print('jax', jax.__version__, jax.devices(), 'optax', optax.__version__)"
     stamp overhead
-    timeout 150 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6,1e7 \
-      --check-every 1,8 --repeats 5 2>&1 | tee "$out/overhead_hdm_auto.txt"
+    timeout 60 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6,1e7 \
+      --check-every 1,8 --repeats 3 2>&1 | tee "$out/overhead_hdm_auto.txt"
+    # XLA:GPU's command buffers (CUDA graphs) with the loops in them: the loop's
+    # predicate is then decided on the device, not read by the host each iteration
+    stamp "overhead, command buffers"
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" \
+      timeout 60 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6,1e7 \
+      --check-every 1,8 --repeats 3 2>&1 | tee "$out/overhead_hdm_auto_cmdbuf.txt"
+    timeout 45 $py -m experiments.perf.overhead --optimizer trial_lbfgs --sizes 1e6,1e7 \
+      --repeats 3 2>&1 | tee "$out/overhead_trial_lbfgs.txt"
     timeout 60 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6 \
-      --check-every 1,8 --repeats 1 --steps 10 --kernels 2>&1 | tee "$out/kernels_hdm_auto.txt"
+      --check-every 1,8 --repeats 1 --steps 10 --kernels --hlo-dir "$out/hlo" 2>&1 \
+      | tee "$out/kernels_hdm_auto.txt"
     stamp batched
-    timeout 120 $py -m experiments.perf.batched --batches 1,1024,16384 \
-      --solvers 'hdm_auto(),osgm_best(),optax.lbfgs()' --repeats 3 2>&1 | tee "$out/batched.txt"
+    timeout 80 $py -m experiments.perf.batched --batches 1,1024,16384 \
+      --solvers 'hdm_auto(),osgm_best(),trial_lbfgs(),optax.lbfgs()' --repeats 3 2>&1 \
+      | tee "$out/batched.txt"
     stamp large
-    timeout 60 $py -m experiments.perf.large --sizes 1e7 --repeats 3 2>&1 | tee "$out/large.txt"
-    timeout 120 $py -m experiments.perf.large --ceiling --start 2.5e8 --bisect 1 --timeout 60 \
+    timeout 45 $py -m experiments.perf.large --sizes 1e7 --repeats 3 \
+      --solvers 'hdm_auto(),trial_lbfgs(),optax.lbfgs()' 2>&1 | tee "$out/large.txt"
+    ;;
+  ceiling)
+    # the largest n each solver runs at (GBs per run; last, with the GPU to itself)
+    timeout 100 $py -m experiments.perf.large --ceiling --start 2.5e8 --bisect 1 --timeout 45 \
       2>&1 | tee "$out/ceiling.txt"
     ;;
   suite)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes share the GPU
     stamp "tests and suites in parallel"
-    (timeout 240 $py -m pytest -n 10 -q -rfs -p no:cacheprovider > "$out/pytest.txt" 2>&1
+    (timeout 200 $py -m pytest -n 10 -q -rfs -p no:cacheprovider > "$out/pytest.txt" 2>&1
       stamp "pytest exit $?" >> "$out/pytest.txt") &
-    (timeout 240 $py -m experiments.benchmark --no-progress --suite libsvm32 --seeds 5 \
+    (timeout 200 $py -m experiments.benchmark --no-progress --suite libsvm32 --seeds 5 \
       --solvers 'hdm_auto()' 'optax.lbfgs()' --jobs 2 --out "$out/work/libsvm32" > "$out/libsvm32.txt" 2>&1
       stamp "libsvm32 exit $?" >> "$out/libsvm32.txt") &
-    (timeout 240 $py -m experiments.benchmark --no-progress --suite user cutest \
+    (timeout 200 $py -m experiments.benchmark --no-progress --suite user cutest \
       --problems AKIVA HILBERTB BOX3 rosenbrock-100 --solvers 'hdm_auto()' 'trial_lbfgs()' \
       'optax.lbfgs()' --out "$out/work/small" > "$out/small.txt" 2>&1
       stamp "user/cutest exit $?" >> "$out/small.txt") &
-    (timeout 240 $py -m experiments.table1 --datasets w1a heart_scale --out "$out/work/table1" \
+    (timeout 200 $py -m experiments.table1 --datasets w1a heart_scale --out "$out/work/table1" \
       > "$out/table1.txt" 2>&1; stamp "table1 exit $?" >> "$out/table1.txt") &
     wait
     for f in "$out"/*.txt; do echo "== $f"; tail -n 6 "$f"; done
@@ -58,7 +73,7 @@ case "$phase" in
     tar czf "$out/suite_outputs.tgz" -C "$out" work && rm -rf "$out/work"
     ;;
   *)
-    echo "unknown phase $phase (perf or suite)" >&2
+    echo "unknown phase $phase (perf, suite or ceiling)" >&2
     exit 2
     ;;
 esac

@@ -113,6 +113,7 @@ def _solvers() -> dict[str, Callable]:
   return {
     "hdm_auto()": _optax(lambda lip: hdm_optax.hdm_auto()),
     "osgm_best()": _optax(lambda lip: hdm_optax.osgm_best()),
+    "trial_lbfgs()": _optax(lambda lip: hdm_optax.trial_lbfgs()),
     "optax.lbfgs()": _optax(lambda lip: optax.lbfgs()),
     "hdm_best(L)": _optax(lambda lip: hdm_optax.hdm_best(lipschitz=lip)),
     "optimistix.BFGS": _optimistix("BFGS"),

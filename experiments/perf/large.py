@@ -24,7 +24,8 @@ program: the parameters and the solver's own vectors are all the memory
 there is). n doubles from ``--start`` until a run fails or passes
 ``--max-n`` (halves, if ``--start`` fails), then ``--bisect`` halvings of
 the gap refine it; each run is a
-subprocess with ``--timeout`` seconds. A failure prints its last error line
+subprocess with ``--timeout`` seconds, allocating on demand
+(``XLA_PYTHON_CLIENT_PREALLOCATE=false`` unless set). A failure prints its last error line
 (``RESOURCE_EXHAUSTED: Out of memory ...``). On a CPU the machine's memory is
 shared: ``--memory-gib`` (default 2 on a CPU) caps each run's data segment
 (``RLIMIT_DATA``), the CPU's stand-in for a device's memory.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -60,11 +62,12 @@ def _solvers():
   return {
     "hdm_auto()": hdm_optax.hdm_auto,
     "osgm_best()": hdm_optax.osgm_best,
+    "trial_lbfgs()": hdm_optax.trial_lbfgs,
     "optax.lbfgs()": optax.lbfgs,
   }
 
 
-SOLVERS = ("hdm_auto()", "osgm_best()", "optax.lbfgs()")
+SOLVERS = ("hdm_auto()", "osgm_best()", "trial_lbfgs()", "optax.lbfgs()")
 
 
 def data_free(x):
@@ -145,8 +148,10 @@ def _child(args: list[str], memory_gib: float | None, timeout: float) -> tuple[d
   command = [sys.executable, "-m", "experiments.perf.large", "--one", *args]
   if memory_gib:
     command += ["--memory-gib", str(memory_gib)]
+  # The whole device for the run: JAX's GPU allocator takes 75 % up front by default.
+  env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", **os.environ}
   try:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
   except subprocess.TimeoutExpired:
     return None, f"timed out after {timeout:g} s"
   for line in reversed(proc.stdout.splitlines()):

@@ -12,7 +12,10 @@ x64). The data are arguments of the compiled programs (never constants):
   ``k = 10`` nonzeros per row (nnz = 5 n, about the ratio of news20 or url).
 
 For each n it prints, all measured inside compiled loops of K iterations
-after a warm-up compile (best of ``--repeats`` runs):
+after a warm-up compile (best of ``--repeats`` runs), per oracle call (the
+loops' time over their value-and-gradient calls: K + 1 for ``vg`` and
+``solve``, plus the probes in ``solve``; K for ``update``, whose probes run
+before the loop):
 
 - ``t_vg``: one ``jax.value_and_grad`` call (a loop ``w <- w - c grad f(w)``, so
   also one axpy per iteration, needed to keep the loop data-dependent);
@@ -62,8 +65,8 @@ def _parse():
     "--optimizer",
     default="hdm_best",
     choices=tuple(OPTIMIZERS),
-    help="hdm_best(lipschitz=L), or hdm_auto() (no argument; its 3 probe updates, one call "
-    "each, run before the timed loop of update and inside solve's)",
+    help="hdm_best(lipschitz=L), hdm_auto() (no argument; its 3 probe updates, one call "
+    "each, run before the timed loop of update and inside solve's) or trial_lbfgs()",
   )
   return p.parse_args()
 
@@ -75,6 +78,7 @@ RIDGE = 1e-2
 OPTIMIZERS = {
   "hdm_best": (lambda hdm_optax, lip: hdm_optax.hdm_best(lipschitz=lip), 0),
   "hdm_auto": (lambda hdm_optax, lip: hdm_optax.hdm_auto(), 3),
+  "trial_lbfgs": (lambda hdm_optax, lip: hdm_optax.trial_lbfgs(), 0),
 }
 
 
@@ -89,7 +93,7 @@ def make_problem(n: int, dtype, rng):
 
   if n <= 10_000:
     m = max(1_000_000 // n, 100)
-    A = rng.standard_normal((m, n)).astype(dtype) / np.sqrt(n)
+    A = (rng.standard_normal((m, n)) / np.sqrt(n)).astype(dtype)
     y = _labels(A @ rng.standard_normal(n), rng).astype(dtype)
     lip = 0.25 * (np.sqrt(m / n) + 1) ** 2 + RIDGE  # ~ 0.25 sigma_max^2 for Gaussian A
     data = (jnp.asarray(A), jnp.asarray(y))
@@ -215,22 +219,25 @@ def measure(
   state_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
   param_bytes = w0.size * w0.dtype.itemsize
   big = [leaf for leaf in leaves if leaf.size >= n]
+  # per oracle call: the vg loop makes K + 1 calls, the update loop K, solve K + 1 + probes
+  vg_calls, solve_calls = steps + 1, steps + 1 + probe_calls
+  per_vg, per_up, per_solve = t_vg / vg_calls, t_up / steps, t_solve / solve_calls
   return dict(
     n=n,
     kind=kind,
     steps=steps,
-    t_vg=t_vg / steps,
-    t_update=t_up / steps,
-    t_solve=t_solve / steps,
-    ratio_update=t_up / t_vg,
-    ratio_solve=t_solve / t_vg,
+    t_vg=per_vg,
+    t_update=per_up,
+    t_solve=per_solve,
+    ratio_update=per_up / per_vg,
+    ratio_solve=per_solve / per_vg,
     state_ratio=state_bytes / param_bytes,
     n_vectors=len(big),
     n_leaves=len(leaves),
     f0=float(fun(w0, *data)),
     f_end=float(res.value),
     nulls=int(res.state.info.num_null_steps),
-    t_solve_k={k: seconds[f"solve@{k}"] / steps for k in check_every[1:]},
+    t_solve_k={k: seconds[f"solve@{k}"] / solve_calls for k in check_every[1:]},
     kernels=kernel_counts,
   )
 
@@ -244,7 +251,7 @@ def main():
   sizes = [int(float(s)) for s in args.sizes.split(",")]
   print(
     f"{args.optimizer}: jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
-    f"best of {args.repeats} runs; times per iteration"
+    f"best of {args.repeats} runs; times per oracle call"
   )
   header = (
     f"{'n':>8} {'data':>28} {'K':>4} {'t_vg':>9} {'t_update':>9} {'t_solve':>9} "
