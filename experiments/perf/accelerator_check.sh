@@ -32,7 +32,7 @@ case "$phase" in
     # XLA:GPU's command buffers (CUDA graphs) with the loops in them: the loop's
     # predicate is then decided on the device, not read by the host each iteration
     stamp "overhead, command buffers"
-    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL" \
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL --xla_gpu_graph_min_graph_size=1" \
       timeout 60 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes 1e6,1e7 \
       --check-every 1,8 --repeats 3 2>&1 | tee "$out/overhead_hdm_auto_cmdbuf.txt"
     timeout 45 $py -m experiments.perf.overhead --optimizer trial_lbfgs --sizes 1e6,1e7 \
