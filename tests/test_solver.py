@@ -1,5 +1,7 @@
 """solve and sweep: budgets, status codes and the early-stopping sweep."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -541,3 +543,29 @@ def test_check_every_under_vmap_gives_each_problem_its_per_step_run():
   blocks = jax.vmap(lambda x0: run(x0, 8))(starts)
   g0 = float(jnp.max(jnp.abs(jax.grad(quadratic)(starts[2], A))))
   _assert_same_runs(blocks, per_step, g0)
+
+
+def test_float32_products_at_default_precision_are_warned_of_on_a_gpu(monkeypatch):
+  """On a GPU (the backend faked here), a float32 f with matrix products at JAX's default
+  precision (TF32 on NVIDIA GPUs) gets a warning once per compiled program, with the fix;
+  float32 products asked for at HIGHEST precision, float64 params and the CPU do not."""
+  from hdm_optax.driver import loop as loop_lib
+
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
+  fun = lambda w, a: jnp.sum(jax.nn.softplus(a @ w)) + jnp.vdot(w, w)
+  run = lambda x0, **kw: hdm_optax.solve(
+    hdm_optax.hdm_auto(), fun, x0, fun_args=(a.astype(x0.dtype),), max_steps=4, **kw
+  )
+  x0 = jnp.full(3, 0.5, jnp.float32)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    run(x0)  # the CPU: no warning
+    monkeypatch.setattr(loop_lib, "_backend", lambda: "gpu")
+    run(jnp.full(3, 0.5, jnp.float64))  # float64 params
+    with jax.default_matmul_precision("highest"):
+      run(x0 + 1)
+  with pytest.warns(UserWarning, match=r"1 float32 matrix product.*TF32.*'highest'"):
+    res = run(x0 + 2)
+  with pytest.warns(UserWarning, match="TF32"):  # under vmap too
+    batched = jax.vmap(lambda x: run(x))(jnp.stack([x0, x0 + 1]))
+  assert int(res.num_steps) == 4 and batched.num_steps.shape == (2,)

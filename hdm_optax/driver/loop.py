@@ -192,6 +192,51 @@ def _check_value_dtype(value, params):
     )
 
 
+def _backend() -> str:
+  return jax.default_backend()
+
+
+def _default_precision_products(fun, params) -> int:
+  """The float32 matrix products ``fun`` makes at JAX's default precision (traced once)."""
+  import jax.extend.core as jex
+
+  def count(jaxpr) -> int:
+    found = 0
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        precision = eqn.params.get("precision")
+        default = precision is None or all(
+          p in (None, jax.lax.Precision.DEFAULT)
+          for p in (precision if isinstance(precision, tuple) else (precision,))
+        )
+        matrix = max(v.aval.ndim for v in eqn.invars) >= 2  # not a dot of two vectors
+        found += default and matrix and any(v.aval.dtype == jnp.float32 for v in eqn.invars)
+    return found + sum(count(sub) for sub in jex.subjaxprs(jaxpr))
+
+  return count(jax.make_jaxpr(fun)(params).jaxpr)
+
+
+def _warn_tf32(fun, params) -> None:
+  """On a GPU, warns of float32 products that JAX's default precision lets run in TF32."""
+  if _backend() != "gpu" or _common.params_dtype(params) != jnp.float32:
+    return
+  try:
+    products = _default_precision_products(fun, params)
+  except Exception:  # advisory only: a fun this check cannot trace is left to the run
+    return
+  if products:
+    warnings.warn(
+      f"fun makes {products} float32 matrix product(s) at JAX's default precision, which "
+      "an NVIDIA GPU (Ampere or later) may compute in TF32 (inputs rounded to 10 bits of "
+      "mantissa): f then carries errors near 1e-3 of its terms, far above float32's "
+      "rounding, and a test that compares values of f (HDM's acceptance, a line search) "
+      "compares that noise. Compute them in float32: jax.config.update("
+      "'jax_default_matmul_precision', 'highest') or precision='highest' on the products "
+      "(docs/pitfalls.md).",
+      stacklevel=2,
+    )
+
+
 def _inf_norm(tree):
   return optax.tree.norm(tree, ord=jnp.inf)
 
@@ -283,6 +328,7 @@ def loop(
     return value, grad
 
   def start(params, opt_state=None) -> LoopState:
+    _warn_tf32(fun_and_aux, params)
     opt_state = optimizer.init(params) if opt_state is None else opt_state
     value, grad = evaluate(params)
     if cache_lib.cache_at_params(opt_state) is not None:
