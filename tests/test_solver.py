@@ -551,6 +551,17 @@ def test_float32_products_at_default_precision_are_warned_of_on_a_gpu(monkeypatc
   float32 products asked for at HIGHEST precision, float64 params and the CPU do not."""
   from hdm_optax.driver import loop as loop_lib
 
+  # JAX's default precision (the experiments' entry points, run in-process by other tests,
+  # set it to "highest")
+  before = jax.config.jax_default_matmul_precision
+  jax.config.update("jax_default_matmul_precision", None)
+  try:
+    _warned_of_on_a_gpu(monkeypatch, loop_lib)
+  finally:
+    jax.config.update("jax_default_matmul_precision", before)
+
+
+def _warned_of_on_a_gpu(monkeypatch, loop_lib):
   a = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
   fun = lambda w, a: jnp.sum(jax.nn.softplus(a @ w)) + jnp.vdot(w, w)
   run = lambda x0, **kw: hdm_optax.solve(
