@@ -570,6 +570,7 @@ def _warned_of_on_a_gpu(monkeypatch, loop_lib):
   x0 = jnp.full(3, 0.5, jnp.float32)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
+    monkeypatch.setattr(loop_lib, "_backend", lambda: "cpu")
     run(x0)  # the CPU: no warning
     monkeypatch.setattr(loop_lib, "_backend", lambda: "gpu")
     run(jnp.full(3, 0.5, jnp.float64))  # float64 params
