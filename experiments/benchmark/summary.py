@@ -68,7 +68,9 @@ def cost_matrix(rows, solvers, field="grad_calls"):
 
 
 def solved_table(suites: dict) -> list[str]:
-  """Solvers x suites: solved / rows (LIBSVM suites: the mean over seeds)."""
+  """Solvers x suites: solved / rows run (LIBSVM suites: the mean over seeds); rows the
+  solver skips (``skipped: ...``, e.g. a dense n x n matrix past its size cap) are named
+  beside the count, not counted as unsolved."""
   names = list(suites)
   all_solvers = list(dict.fromkeys(s for rows in suites.values() for s in _solvers(rows)))
   lines = [
@@ -78,17 +80,20 @@ def solved_table(suites: dict) -> list[str]:
   for solver in all_solvers:
     cells = []
     for suite in names:
-      mine = [r for r in suites[suite] if r["solver"] == solver]
-      if not mine:
+      every = [r for r in suites[suite] if r["solver"] == solver]
+      mine = [r for r in every if not r["status"].startswith("skipped")]
+      if not every:
         cells.append("n/a")
         continue
-      seeds = sorted({r["seed"] for r in mine})
+      seeds = sorted({r["seed"] for r in mine}) or [None]
       solved = sum(r["solved"] == "1" for r in mine)
       if len(seeds) > 1:
         per = len(mine) / len(seeds)
-        cells.append(f"{solved / len(seeds):.1f}/{per:g}")
+        cell = f"{solved / len(seeds):.1f}/{per:g}"
       else:
-        cells.append(f"{solved}/{len(mine)}")
+        cell = f"{solved}/{len(mine)}"
+      skipped = len(every) - len(mine)
+      cells.append(cell + (f" ({skipped} skipped)" if skipped else ""))
     lines.append(f"| `{solver}` | " + " | ".join(cells) + " |")
   return lines
 
