@@ -407,3 +407,10 @@ def test_libsvm32_instance_on_an_accelerator_is_float32_bcoo(monkeypatch):
     value, grad = jax.jit(jax.value_and_grad(inst.fun))(inst.x0[0], *inst.fun_args)
   assert value.dtype == grad.dtype == jnp.float32
   assert np.isfinite(float(value))
+
+
+def test_solved_table_names_skipped_rows_apart():
+  row = lambda p, solved, status: dict(problem=p, solver="s", seed="", solved=solved, status=status)
+  rows = [row("a", "1", "converged"), row("b", "0", "budget"), row("c", "0", "skipped: n = 9")]
+  assert summary.solved_table({"scale": rows})[-1] == "| `s` | 1/2 (1 skipped) |"
+  assert summary.solved_table({"scale": rows[:2]})[-1] == "| `s` | 1/2 |"
