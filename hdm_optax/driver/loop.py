@@ -29,6 +29,7 @@ import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
+import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -198,7 +199,6 @@ def _backend() -> str:
 
 def _default_precision_products(fun, params) -> int:
   """The float32 matrix products ``fun`` makes at JAX's default precision (traced once)."""
-  import jax.extend.core as jex
 
   def count(jaxpr) -> int:
     found = 0
