@@ -2,41 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import acceptance as acceptance_lib
-from hdm_optax.methods import candidates as candidates_lib
-from hdm_optax.methods import hypergradient as hypergradient_lib
-from hdm_optax.methods import learners as learners_lib
-from hdm_optax.methods import trial as trial_lib
-
-
-class HDMState(NamedTuple):
-  """State of :func:`hdm`.
-
-  Attributes:
-    count: number of updates k - 1 taken so far.
-    precond: P_k, the stepsize (its shape depends on the candidate set).
-    precond_learner_state: the online learner's state for P (AdaGrad: U_k).
-    value: f(x^k) at the current iterate (+inf before the first update).
-    grad: grad f(x^k) at the current iterate.
-    trial_scale: s, the damping of the trial step (1 unless the last trial was
-      not finite; see the docstring of :func:`hdm`).
-    info: :class:`hdm_optax.HDMInfo` diagnostics of the last update.
-  """
-
-  count: jax.Array
-  precond: Any
-  precond_learner_state: Any
-  value: jax.Array
-  grad: Any
-  trial_scale: jax.Array
-  info: _common.HDMInfo
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import candidates as candidates_lib
+from hdm_optax.pieces import directions as directions_lib
+from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import step_control as step_control_lib
 
 
 def hdm(
@@ -73,7 +49,7 @@ def hdm(
   x^+ = x - s P g) until a trial is finite. That trial was the one of sP: its
   hypergradient is taken there and the learner continues from sP (s back
   to 1), so the too-long trial does not return after every finite one (a
-  safeguard that is not in the paper; :func:`hdm_optax.trial.kept_scale`).
+  safeguard that is not in the paper; :func:`hdm_optax.step_control.kept_scale`).
   When ``grad f(x) = 0`` the hypergradient is 0.
 
   The null step accepts, by default, a decrease of f where f resolves it and
@@ -139,67 +115,12 @@ def hdm(
   if acceptance is None:
     acceptance = acceptance_lib.resolved_decrease()
 
-  def init_fn(params):
-    dtype = _common.params_dtype(params)
-    precond = cand.project(cand.init(params, init_precond), precond_min, precond_max)
-    return HDMState(
-      **_common.oracle_fields(params, dtype),
-      precond=precond,
-      precond_learner_state=learn.init(precond),
-      trial_scale=jnp.ones([], dtype),
-    )
-
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-    del extra_args
-    value, grad = _common.require_oracle(
-      "hdm", value, grad, value_fn, updates, params=params, state_grad=state.grad
-    )
-    dtype = state.value.dtype
-    # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k).
-    direction = optax.tree.scale(state.trial_scale, updates)  # s grad f(x^k)
-    step = trial_lib.trial_step(cand, state.precond, direction)
-    trial = optax.tree.add(params, step)
-    trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
-    finite = _common.all_finite(trial_value, trial_grad)
-    # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2.
-    den = optax.tree.vdot(grad, grad)
-    # The hypergradient at the damped P of this trial, sP, where the learner
-    # continues from (trial.kept_scale).
-    hypergrad = hypergradient_lib.hypergradient(cand, trial_grad, updates, den=den)
-    lr = _common.cast(precond_lr, dtype)
-    kept = trial_lib.kept_scale(state.trial_scale, finite)
-    new_precond, new_learner = learners_lib.learn(
-      cand,
-      learn,
-      optax.tree.scale(kept, state.precond),
-      hypergrad,
-      state.precond_learner_state,
-      lr,
-      precond_min,
-      precond_max,
-    )
-    precond, learner_state = _common.keep_if(
-      finite, (new_precond, new_learner), (state.precond, state.precond_learner_state)
-    )
-    # Line 3: the null step keeps x^k unless f decreases.
-    if null_step:
-      accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
-    else:
-      accepted = finite
-    new_value = jnp.where(accepted, trial_value, value).astype(dtype)
-    new_grad = _common.keep_if(accepted, trial_grad, grad)
-    out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
-    new_state = HDMState(
-      count=state.count + 1,
-      precond=precond,
-      precond_learner_state=learner_state,
-      value=new_value,
-      grad=new_grad,
-      trial_scale=trial_lib.next_trial_scale(state.trial_scale, finite),
-      info=_common.next_info(
-        state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=1
-      ),
-    )
-    return out, new_state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  direction = directions_lib.preconditioned(
+    directions_lib.Learnable(cand, learn, precond_lr, init_precond, precond_min, precond_max)
+  )
+  return iteration_lib.iteration(
+    "hdm",
+    direction,
+    acceptance=acceptance if null_step else acceptance_lib.always(),
+    step_control=step_control_lib.damping(),
+  )

@@ -9,11 +9,10 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import acceptance as acceptance_lib
-from hdm_optax.methods import candidates as candidates_lib
-from hdm_optax.methods import hypergradient as hypergradient_lib
-from hdm_optax.methods import learners as learners_lib
-from hdm_optax.methods import trial as trial_lib
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import candidates as candidates_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import learners as learners_lib
 
 
 class HDMAGDState(NamedTuple):
@@ -164,7 +163,7 @@ def hdm_agd(
     # Line 4: the three candidates.
     x_lip = optax.tree.add_scale(y, -1 / lip, y_grad)
     lip_value, lip_grad = _common.value_and_grad(value_fn, x_lip)
-    x_pre = optax.tree.add(y, trial_lib.trial_step(cand, state.precond, y_grad))
+    x_pre = optax.tree.add(y, candidates_lib.trial_step(cand, state.precond, y_grad))
     pre_value, pre_grad = _common.value_and_grad(value_fn, x_pre)
     pre_ok = y_ok & _common.all_finite(pre_value, pre_grad)
     # Line 5: P_{k+1} from grad h_{y^k}(P_k) = -grad f(x_P) grad f(y)^T / ||grad f(y)||^2.

@@ -7,17 +7,14 @@ from typing import Any
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import core as core_lib
-from hdm_optax.methods import acceptance as acceptance_lib
-from hdm_optax.methods import curvature as curvature_lib
-from hdm_optax.methods import hypergradient as hypergradient_lib
-from hdm_optax.methods import learners as learners_lib
+from hdm_optax.pieces import momentum as momentum_lib
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import curvature as curvature_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import learners as learners_lib
 
 # The smallest entry of P, so that log P stays finite.
 _MIN_PRECOND = 1e-30
-
-# The state of every configuration of the core.
-HDMAutoState = core_lib.MomentumHDMState
 
 
 def hdm_auto(
@@ -78,7 +75,7 @@ def hdm_auto(
   updates are the probes (each evaluates the oracle at :math:`x + \delta d_i`
   and leaves x in place; the last sets P_1), every later one an iteration.
   Probe and iteration share one traced body (no ``lax.cond`` over the state).
-  A configuration of :func:`hdm_optax.core_lib.momentum_hdm`.
+  A configuration of :func:`hdm_optax.momentum_lib.momentum_hdm`.
 
   Args:
     precond_lr: eta, the step of log P.
@@ -126,15 +123,15 @@ def hdm_auto(
     c = lambda x: _common.cast(x, lip.dtype)
     return c(precond_lr), c(_MIN_PRECOND), c(1e10) / lip
 
-  return core_lib.momentum_hdm(
+  return momentum_lib.momentum_hdm(
     "hdm_auto",
-    learner=core_lib.log_space(learners_lib.decayed_adagrad(precond_decay, _MIN_PRECOND)),
+    learner=momentum_lib.log_space(learners_lib.decayed_adagrad(precond_decay, _MIN_PRECOND)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
     acceptance=acceptance_lib.resolved_decrease(),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
-    null_action=core_lib.shrink(null_shrink, _MIN_PRECOND),
+    null_action=momentum_lib.shrink(null_shrink, _MIN_PRECOND),
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
     precond_from_probe=True,
   )

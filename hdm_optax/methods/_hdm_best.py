@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import core as core_lib
-from hdm_optax.methods import acceptance as acceptance_lib
-from hdm_optax.methods import curvature as curvature_lib
-from hdm_optax.methods import hypergradient as hypergradient_lib
-from hdm_optax.methods import learners as learners_lib
-from hdm_optax.methods import schedules as schedules_lib
+from hdm_optax.pieces import momentum as momentum_lib
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import curvature as curvature_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import decay as decay_lib
 
 # The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR:
 # of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}),
@@ -22,10 +22,6 @@ from hdm_optax.methods import schedules as schedules_lib
 # when each dataset's point is chosen on the others; results/fidelity.txt).
 DEFAULT_PRECOND_LR_TIMES_L = 100.0
 DEFAULT_MOMENTUM_LR = 1.0
-
-
-# The state of every configuration of the core (symbols of Algorithm 4).
-HDMBestState = core_lib.MomentumHDMState
 
 
 def hdm_best(
@@ -51,7 +47,7 @@ def hdm_best(
   probe_size: Any = 1e-4,
   acceptance: Optional[acceptance_lib.AcceptanceRule] = None,
   denominator: Optional[hypergradient_lib.Denominator] = None,
-  schedule: Optional[schedules_lib.Schedule] = None,
+  schedule: Optional[decay_lib.Schedule] = None,
   curvature_estimate: Optional[curvature_lib.CurvatureEstimate] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""HDM-Best: diagonal HDM with heavy-ball momentum and AdaGrad (Algorithm 4).
@@ -164,7 +160,7 @@ def hdm_best(
     >>> bool(result.converged)
     True
 
-  A configuration of :func:`hdm_optax.core_lib.momentum_hdm` (the additive
+  A configuration of :func:`hdm_optax.momentum_lib.momentum_hdm` (the additive
   AdaGrad learner, the L-relative bound, null steps that keep P, the
   gradient probe). Each of ``acceptance=``, ``denominator=``, ``schedule=``
   and ``curvature_estimate=`` replaces the piece its knobs build; passing a
@@ -227,9 +223,9 @@ def hdm_best(
     )
   if schedule is None:
     schedule = (
-      schedules_lib.step_decay(decay_every, decay_rate, decay_floor)
+      decay_lib.step_decay(decay_every, decay_rate, decay_floor)
       if lr_decay
-      else schedules_lib.constant()
+      else decay_lib.constant()
     )
   if curvature_estimate is None:
     curvature_estimate = curvature_lib.running_mean(
@@ -251,9 +247,9 @@ def hdm_best(
     return eta_p, 0.0, upper
 
   momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
-  return core_lib.momentum_hdm(
+  return momentum_lib.momentum_hdm(
     "hdm_best",
-    learner=core_lib.additive(learners_lib.adagrad(adagrad_eps)),
+    learner=momentum_lib.additive(learners_lib.adagrad(adagrad_eps)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
     acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,

@@ -2,46 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Optional, Union
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import acceptance as acceptance_lib
-from hdm_optax.methods import candidates as candidates_lib
-from hdm_optax.methods import hypergradient as hypergradient_lib
-from hdm_optax.methods import learners as learners_lib
-from hdm_optax.methods import trial as trial_lib
-
-
-class HDMHBState(NamedTuple):
-  """State of :func:`hdm_hb`.
-
-  Attributes:
-    count: number of updates taken so far.
-    precond: P_k, the learned stepsize.
-    momentum: B_k, the learned momentum (0-d for scalar, like params for diagonal).
-    precond_learner_state: online learner state for P (AdaGrad: its U).
-    momentum_learner_state: online learner state for B.
-    prev_params: x^{k-1} (x^0 = x^1 at init).
-    value: f(x^k) (+inf before the first update).
-    grad: grad f(x^k).
-    trial_scale: s, the damping of the trial step (see :func:`hdm_hb`).
-    info: :class:`hdm_optax.HDMInfo` diagnostics.
-  """
-
-  count: jax.Array
-  precond: Any
-  momentum: Any
-  precond_learner_state: Any
-  momentum_learner_state: Any
-  prev_params: Any
-  value: jax.Array
-  grad: Any
-  trial_scale: jax.Array
-  info: _common.HDMInfo
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import candidates as candidates_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import directions as directions_lib
+from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import step_control as step_control_lib
 
 
 def hdm_hb(
@@ -82,7 +54,7 @@ def hdm_hb(
   s <- s/2) until a trial is finite; that trial's hypergradient is taken at
   (sP, sB) and the learners continue from there (s back to 1), so the
   too-long trial does not return (a safeguard that is not in the paper;
-  :func:`hdm_optax.trial.kept_scale`). The null step accepts, by default, a
+  :func:`hdm_optax.step_control.kept_scale`). The null step accepts, by default, a
   strict decrease of psi or a tie at the dtype's resolution with a smaller
   gradient (:func:`hdm_optax.acceptance.tie_tolerant`, a departure;
   ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed rule).
@@ -144,94 +116,13 @@ def hdm_hb(
   _common.check_finite("init_precond", init_precond)
   if acceptance is None:
     acceptance = acceptance_lib.tie_tolerant()
-  denominator = hypergradient_lib.fixed_tau(tau)
 
-  def init_fn(params):
-    dtype = _common.params_dtype(params)
-    precond = cand_p.project(cand_p.init(params, init_precond), precond_min, precond_max)
-    momentum = cand_b.project(cand_b.init(params, init_momentum), momentum_min, momentum_max)
-    return HDMHBState(
-      **_common.oracle_fields(params, dtype),
-      precond=precond,
-      momentum=momentum,
-      precond_learner_state=learn.init(precond),
-      momentum_learner_state=learn.init(momentum),
-      prev_params=_common.copy_tree(params),
-      trial_scale=jnp.ones([], dtype),
-    )
-
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-    del extra_args
-    value, grad = _common.require_oracle(
-      "hdm_hb", value, grad, value_fn, updates, params=params, state_grad=state.grad
-    )
-    dtype = state.value.dtype
-    om = _common.cast(omega, dtype)
-    diff = optax.tree.sub(params, state.prev_params)  # x^k - x^{k-1}
-    s = state.trial_scale
-    direction, s_diff = optax.tree.scale(s, updates), optax.tree.scale(s, diff)
-    # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k grad f(x^k) + B_k (x^k - x^{k-1}).
-    step = trial_lib.trial_step(cand_p, state.precond, direction, cand_b, state.momentum, s_diff)
-    trial = optax.tree.add(params, step)
-    trial_value, trial_grad = _common.value_and_grad(value_fn, trial)
-    finite = _common.all_finite(trial_value, trial_grad)
-    # Lines 4-5, with the gradients of Appendix D.1.
-    diff_sq = optax.tree.vdot(diff, diff)
-    den = denominator(optax.tree.vdot(grad, grad), diff_sq, None)
-    resid = optax.tree.add_scale(trial_grad, om, step)  # grad f(x^+) + omega (x^+ - x)
-    # At the damped (sP, sB) of this trial, where the learners continue from
-    # (trial.kept_scale).
-    grad_p = hypergradient_lib.hypergradient(cand_p, resid, updates, den=den)
-    grad_b = hypergradient_lib.hypergradient(cand_b, resid, diff, den=den, negate=False)
-    kept = trial_lib.kept_scale(s, finite)
-    new_p, new_lp = learners_lib.learn(
-      cand_p,
-      learn,
-      optax.tree.scale(kept, state.precond),
-      grad_p,
-      state.precond_learner_state,
-      _common.cast(precond_lr, dtype),
-      precond_min,
-      precond_max,
-    )
-    new_b, new_lb = learners_lib.learn(
-      cand_b,
-      learn,
-      optax.tree.scale(kept, state.momentum),
-      grad_b,
-      state.momentum_learner_state,
-      _common.cast(momentum_lr, dtype),
-      momentum_min,
-      momentum_max,
-    )
-    precond, momentum, lp, lb = _common.keep_if(
-      finite,
-      (new_p, new_b, new_lp, new_lb),
-      (state.precond, state.momentum, state.precond_learner_state, state.momentum_learner_state),
-    )
-    # Line 6: the null step on the potential psi.
-    psi_new = trial_value + 0.5 * om * optax.tree.vdot(step, step)
-    psi_old = value + 0.5 * om * diff_sq
-    # psi is not f, so the rule gets no step to estimate f's decrease from.
-    accepted = finite & acceptance.accept(psi_new, psi_old, trial_grad, grad, step=None)
-    new_state = HDMHBState(
-      count=state.count + 1,
-      precond=precond,
-      momentum=momentum,
-      precond_learner_state=lp,
-      momentum_learner_state=lb,
-      prev_params=_common.keep_if(accepted, params, state.prev_params),
-      value=jnp.where(accepted, trial_value, value).astype(dtype),
-      grad=_common.keep_if(accepted, trial_grad, grad),
-      trial_scale=trial_lib.next_trial_scale(s, finite),
-      info=_common.next_info(
-        state.info,
-        accepted=accepted,
-        hypergrad_norm=jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + optax.tree.vdot(grad_b, grad_b)),
-        calls=1,
-      ),
-    )
-    out = _common.keep_if(accepted, step, optax.tree.zeros_like(params))
-    return out, new_state
-
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  direction = directions_lib.heavy_ball(
+    directions_lib.Learnable(cand_p, learn, precond_lr, init_precond, precond_min, precond_max),
+    directions_lib.Learnable(cand_b, learn, momentum_lr, init_momentum, momentum_min, momentum_max),
+    omega=omega,
+    denominator=hypergradient_lib.fixed_tau(tau),
+  )
+  return iteration_lib.iteration(
+    "hdm_hb", direction, acceptance=acceptance, step_control=step_control_lib.damping()
+  )

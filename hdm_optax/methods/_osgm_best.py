@@ -6,16 +6,13 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import core as core_lib
-from hdm_optax.methods import acceptance as acceptance_lib
-from hdm_optax.methods import curvature as curvature_lib
-from hdm_optax.methods import hypergradient as hypergradient_lib
-from hdm_optax.methods import learners as learners_lib
-from hdm_optax.methods import lookahead as lookahead_lib
-from hdm_optax.methods import schedules as schedules_lib
-
-# The state of every configuration of the core.
-OSGMBestState = core_lib.MomentumHDMState
+from hdm_optax.pieces import momentum as momentum_lib
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import curvature as curvature_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import backtracking as backtracking_lib
+from hdm_optax.pieces import decay as decay_lib
 
 
 def osgm_best(
@@ -123,15 +120,15 @@ def osgm_best(
     """lr_P = factor / L while L is being estimated, then 1/L_hat; P in [0, 1e5/L]."""
     return jnp.where(curvature.active, factor, 1) / lip, 0.0, 1e5 / lip
 
-  return core_lib.momentum_hdm(
+  return momentum_lib.momentum_hdm(
     "osgm_best",
-    learner=core_lib.additive(learners_lib.adagrad(1e-12)),
+    learner=momentum_lib.additive(learners_lib.adagrad(1e-12)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: jnp.minimum(1, lip),
     acceptance=acceptance_lib.resolved_decrease(),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
-    schedule=schedules_lib.step_decay(50, 0.8, 1e-3),
+    schedule=decay_lib.step_decay(50, 0.8, 1e-3),
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
-    lookahead=lookahead_lib.gated_lookahead(2.0),
+    lookahead=backtracking_lib.gated_lookahead(2.0),
   )

@@ -5,9 +5,7 @@ Every trial of an HDM-style iteration evaluates the gradient at a trial point;
 exact curvature information along s, free whether the trial is accepted or
 not. :class:`SecantMemory` keeps the last m of them, :func:`two_loop` applies
 the L-BFGS inverse-Hessian operator :math:`H_m` they define (O(mn), no n x n
-matrix; a preconditioner operator ``P v = two_loop(memory, gamma, v)``), and
-:func:`curvature_checked` is the acceptance rule that
-:func:`hdm_optax.trial_lbfgs` uses with it.
+matrix; a preconditioner operator ``P v = two_loop(memory, gamma, v)``).
 
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
@@ -26,11 +24,9 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.methods import acceptance as acceptance_lib
 
 __all__ = (
   "SecantMemory",
-  "curvature_checked",
   "reset",
   "secant_memory",
   "secant_record",
@@ -164,50 +160,3 @@ def two_loop(memory: SecantMemory, gamma, vector):
     return optax.tree.add_scale(r, alphas[i] - beta, at(memory.s, i))
 
   return jax.lax.fori_loop(0, size, second, r)
-
-
-def curvature_checked(
-  band: float = 1e-10, curvature: float = 0.9, ulps: float = 1024.0
-) -> acceptance_lib.AcceptanceRule:
-  r"""No increase, or an increase within rounding along which the slope shrank.
-
-  .. math::
-    f(x^+) \le f(x) \quad\text{or}\quad
-    \bigl(f(x^+) \le f(x) + \max(b, u\epsilon)\,|f(x)| \ \text{and}\
-    |\langle \nabla f(x^+), s\rangle| \le c\,|\langle \nabla f(x), s\rangle|\bigr),
-
-  s = x+ - x, b = ``band``, c = ``curvature`` (the strong Wolfe constant),
-  u = ``ulps`` and :math:`\epsilon` the dtype's machine epsilon. Where f's
-  change is below its rounding, the values cannot rank the two points, but
-  the directional derivative can: a trial whose slope along the step fell by
-  the Wolfe factor has passed the minimum along the step or come close to it.
-
-  Args:
-    band: b, the relative increase of f still treated as rounding (float64).
-    curvature: c, in (0, 1).
-    ulps: u, the band in units of the dtype's eps (float32's b).
-
-  Returns:
-    An :class:`hdm_optax.acceptance.AcceptanceRule` (it needs ``step=``).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant
-    >>> rule = secant.curvature_checked()
-    >>> f = jnp.asarray(1.0, jnp.float32)  # float32: the band is 1024 eps = 1.2e-4
-    >>> g, s = jnp.array([-1.0], jnp.float32), jnp.array([1.0], jnp.float32)
-    >>> bool(rule.accept(f + 1e-5, f, jnp.array([0.1], jnp.float32), g, step=s))
-    True
-    >>> bool(rule.accept(f + 1e-5, f, jnp.array([-0.95], jnp.float32), g, step=s))
-    False
-  """
-
-  def accept(trial_value, value, trial_grad, grad, step=None):
-    eps = jnp.finfo(jnp.result_type(value)).eps
-    width = jnp.maximum(jnp.asarray(band, value.dtype), ulps * eps) * jnp.abs(value)
-    near = trial_value <= value + width
-    slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
-    flat = jnp.abs(trial_slope) <= curvature * jnp.abs(slope)
-    return (trial_value <= value) | (near & flat)
-
-  return acceptance_lib.AcceptanceRule(accept=accept)

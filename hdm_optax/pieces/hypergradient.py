@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from hdm_optax import _common
-from hdm_optax.methods import candidates as candidates_lib
+from hdm_optax.pieces import candidates as candidates_lib
 
 __all__ = (
   "Denominator",

@@ -21,7 +21,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,7 @@ import optax
 
 from hdm_optax import _common
 
-__all__ = ("CANDIDATE_SETS", "CandidateSet", "diagonal", "full", "get", "scalar")
+__all__ = ("CANDIDATE_SETS", "CandidateSet", "diagonal", "full", "get", "scalar", "trial_step")
 
 
 class CandidateSet(NamedTuple):
@@ -153,6 +153,42 @@ CANDIDATE_SETS: dict[str, Callable[[], CandidateSet]] = {
   "diagonal": diagonal,
   "full": full,
 }
+
+
+def trial_step(
+  precond_set: CandidateSet,
+  precond: Any,
+  direction: Any,
+  momentum_set: Optional[CandidateSet] = None,
+  momentum: Any = None,
+  momentum_direction: Any = None,
+) -> Any:
+  r"""The trial step :math:`x^+ - x = -P d + B m`.
+
+  Args:
+    precond_set: the candidate set of P (its ``apply``).
+    precond: P.
+    direction: d, shaped like the params (usually s times the gradient).
+    momentum_set: the candidate set of B (``None``: no momentum term).
+    momentum: B.
+    momentum_direction: m, shaped like the params (usually s (x - x^-)).
+
+  Returns:
+    The step, a pytree shaped like ``direction``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import candidates
+    >>> step = candidates.trial_step(
+    ...   candidates.diagonal(), jnp.array([0.5, 0.25]), jnp.array([2.0, 4.0]),
+    ...   candidates.scalar(), jnp.asarray(0.5), jnp.array([1.0, 0.0]))
+    >>> [float(v) for v in step]
+    [-0.5, -1.0]
+  """
+  step = optax.tree.scale(-1.0, precond_set.apply(precond, direction))
+  if momentum_set is None:
+    return step
+  return optax.tree.add(step, momentum_set.apply(momentum, momentum_direction))
 
 
 def get(candidate, *, allowed=tuple(CANDIDATE_SETS)) -> CandidateSet:

@@ -1,0 +1,344 @@
+r"""Directions of the one-call iteration: HDM's, HDM-HB's and the secant pairs' L-BFGS operator.
+
+A :class:`hdm_optax.pieces.iteration.Direction` proposes the trial step and
+learns from the trial. This module holds
+
+- :func:`preconditioned`: HDM's :math:`-P u` with P learned online from the
+  hypergradient (Algorithm 1);
+- :func:`heavy_ball`: HDM-HB's :math:`-P u + B (x - x^-)` with (P, B) learned
+  from the heavy-ball feedback (Algorithm 2);
+- :func:`secant`: :math:`-\alpha H_m u` with :math:`H_m` the L-BFGS operator
+  of the trials' secant pairs (:func:`hdm_optax.trial_lbfgs`).
+
+Algorithm 4's direction, with its curvature estimate, probes and decay, is
+:func:`hdm_optax.pieces.momentum.momentum_direction`.
+
+References:
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
+  with Hypergradient Descent*, arXiv:2502.11229, 2025: Algorithms 1 and 2,
+  Appendix D.1; Liu and Nocedal, *On the limited memory BFGS method for large
+  scale optimization*, Math. Programming 45, 1989.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hdm_optax import _common
+from hdm_optax.pieces import candidates as candidates_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import secant as secant_lib
+from hdm_optax.pieces import step_control as step_control_lib
+
+__all__ = (
+  "HeavyBallState",
+  "Learnable",
+  "PrecondState",
+  "SecantState",
+  "heavy_ball",
+  "preconditioned",
+  "secant",
+)
+
+
+class Learnable(NamedTuple):
+  """A quantity learned online (P or B): its candidate set, learner, step, start and bounds.
+
+  Attributes:
+    candidate: the :class:`~hdm_optax.pieces.candidates.CandidateSet` (its shape).
+    learner: the :class:`~hdm_optax.pieces.learners.OnlineLearner`.
+    lr: the learner's step size.
+    init: the start value, times the identity of the candidate set.
+    lower: lower bound of every entry (``None``: unbounded).
+    upper: upper bound of every entry (``None``: unbounded).
+  """
+
+  candidate: candidates_lib.CandidateSet
+  learner: learners_lib.OnlineLearner
+  lr: Any
+  init: Any = 0.0
+  lower: Optional[Any] = None
+  upper: Optional[Any] = None
+
+  def start(self, params) -> tuple[Any, Any]:
+    """The projected start value and its learner's state."""
+    value = self.candidate.project(self.candidate.init(params, self.init), self.lower, self.upper)
+    return value, self.learner.init(value)
+
+  def learn(self, value, hypergrad, learner_state, kept, dtype) -> tuple[Any, Any]:
+    """One round from ``kept`` times the value (the damped trial's), projected."""
+    return learners_lib.learn(
+      self.candidate,
+      self.learner,
+      optax.tree.scale(kept, value),
+      hypergrad,
+      learner_state,
+      _common.cast(self.lr, dtype),
+      self.lower,
+      self.upper,
+    )
+
+
+class PrecondState(NamedTuple):
+  """State of :func:`preconditioned`.
+
+  Attributes:
+    precond: P_k, the stepsize (its shape depends on the candidate set).
+    learner_state: the online learner's state for P (AdaGrad: U_k).
+  """
+
+  precond: Any
+  learner_state: Any
+
+
+def preconditioned(precond: Learnable) -> iteration_lib.Direction:
+  r"""HDM's direction: :math:`-P u`, P learned online from the hypergradient (Algorithm 1).
+
+  The trial step is :math:`-P (s u)` with s the step control's damping; after
+  the trial, P learns from
+
+  .. math::
+    \nabla h_x(P) = -\frac{\nabla f(x^+) u^\top}{\|\nabla f(x)\|^2},
+
+  taken at the damped sP of the trial, where the learner continues from
+  (:func:`hdm_optax.pieces.step_control.kept_scale`). A non-finite trial
+  leaves P and the learner as they are.
+
+  Args:
+    precond: P as a :class:`Learnable`.
+
+  Returns:
+    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`PrecondState`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import candidates, directions, learners
+    >>> d = directions.preconditioned(
+    ...   directions.Learnable(candidates.scalar(), learners.adagrad(), lr=0.1, init=0.5))
+    >>> float(d.init(jnp.zeros(3)).precond)
+    0.5
+  """
+
+  def init(params):
+    value, learner_state = precond.start(params)
+    return PrecondState(precond=value, learner_state=learner_state)
+
+  def propose(state, ctx):
+    # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k), damped by s.
+    direction = optax.tree.scale(ctx.scale, ctx.updates)
+    return candidates_lib.trial_step(precond.candidate, state.precond, direction), None
+
+  def learn(state, trial, accepted, ctx):
+    del accepted
+    # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2, at sP.
+    den = optax.tree.vdot(ctx.grad, ctx.grad)
+    hypergrad = hypergradient_lib.hypergradient(precond.candidate, trial.grad, ctx.updates, den=den)
+    kept = step_control_lib.kept_scale(ctx.scale, trial.finite)
+    new = precond.learn(state.precond, hypergrad, state.learner_state, kept, ctx.value.dtype)
+    learned = _common.keep_if(trial.finite, new, (state.precond, state.learner_state))
+    return iteration_lib.Learned(
+      PrecondState(*learned), jnp.asarray(False), optax.tree.norm(hypergrad)
+    )
+
+  return iteration_lib.Direction(init=init, propose=propose, learn=learn)
+
+
+class HeavyBallState(NamedTuple):
+  """State of :func:`heavy_ball`.
+
+  Attributes:
+    precond: P_k, the learned stepsize.
+    momentum: B_k, the learned momentum (0-d for scalar, like params for diagonal).
+    precond_learner_state: online learner state for P (AdaGrad: its U).
+    momentum_learner_state: online learner state for B.
+    prev_params: x^{k-1} (x^0 = x^1 at init).
+  """
+
+  precond: Any
+  momentum: Any
+  precond_learner_state: Any
+  momentum_learner_state: Any
+  prev_params: Any
+
+
+def heavy_ball(
+  precond: Learnable,
+  momentum: Learnable,
+  *,
+  omega: Any = 0.0,
+  denominator: Optional[hypergradient_lib.Denominator] = None,
+) -> iteration_lib.Direction:
+  r"""HDM-HB's direction: :math:`-P u + B (x - x^-)`, (P, B) learned jointly (Algorithm 2).
+
+  With :math:`r = \nabla f(x^+) + \omega (x^+ - x)` and den the
+  ``denominator`` of :math:`\|\nabla f(x)\|^2` and :math:`\|x - x^-\|^2`, the
+  learners see (Appendix D.1)
+
+  .. math::
+    \nabla_P h = -\frac{r\, u^\top}{den}, \qquad \nabla_B h = \frac{r\,(x - x^-)^\top}{den},
+
+  at the damped (sP, sB) of the trial. The acceptance test compares the
+  potential :math:`\psi(x, x^-) = f(x) + \frac{\omega}{2}\|x - x^-\|^2`
+  (line 6), and x^- moves only with an accepted trial.
+
+  Args:
+    precond: P as a :class:`Learnable`.
+    momentum: B as a :class:`Learnable`.
+    omega: omega >= 0 of the potential.
+    denominator: the feedback's denominator (``None``: ``fixed_tau(0)``).
+
+  Returns:
+    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`HeavyBallState`).
+  """
+  denominator = hypergradient_lib.fixed_tau(0.0) if denominator is None else denominator
+
+  def init(params):
+    p, p_state = precond.start(params)
+    b, b_state = momentum.start(params)
+    return HeavyBallState(p, b, p_state, b_state, _common.copy_tree(params))
+
+  def propose(state, ctx):
+    diff = optax.tree.sub(ctx.params, state.prev_params)  # x^k - x^{k-1}
+    direction, s_diff = optax.tree.scale(ctx.scale, ctx.updates), optax.tree.scale(ctx.scale, diff)
+    # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k grad f(x^k) + B_k (x^k - x^{k-1}).
+    step = candidates_lib.trial_step(
+      precond.candidate, state.precond, direction, momentum.candidate, state.momentum, s_diff
+    )
+    return step, None
+
+  def merit(state, trial, ctx):
+    # Line 6: the null step on the potential psi, which is not f (no step for the rule).
+    om = _common.cast(omega, ctx.value.dtype)
+    diff = optax.tree.sub(ctx.params, state.prev_params)
+    psi_new = trial.value + 0.5 * om * optax.tree.vdot(trial.step, trial.step)
+    return psi_new, ctx.value + 0.5 * om * optax.tree.vdot(diff, diff), None
+
+  def learn(state, trial, accepted, ctx):
+    dtype = ctx.value.dtype
+    diff = optax.tree.sub(ctx.params, state.prev_params)
+    # Lines 4-5, with the gradients of Appendix D.1, at the damped (sP, sB).
+    den = denominator(optax.tree.vdot(ctx.grad, ctx.grad), optax.tree.vdot(diff, diff), None)
+    resid = optax.tree.add_scale(trial.grad, _common.cast(omega, dtype), trial.step)
+    grad_p = hypergradient_lib.hypergradient(precond.candidate, resid, ctx.updates, den=den)
+    grad_b = hypergradient_lib.hypergradient(momentum.candidate, resid, diff, den=den, negate=False)
+    kept = step_control_lib.kept_scale(ctx.scale, trial.finite)
+    new_p, new_lp = precond.learn(state.precond, grad_p, state.precond_learner_state, kept, dtype)
+    new_b, new_lb = momentum.learn(
+      state.momentum, grad_b, state.momentum_learner_state, kept, dtype
+    )
+    learned = _common.keep_if(
+      trial.finite,
+      (new_p, new_b, new_lp, new_lb),
+      (state.precond, state.momentum, state.precond_learner_state, state.momentum_learner_state),
+    )
+    prev_params = _common.keep_if(accepted, ctx.params, state.prev_params)
+    hypergrad_norm = jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + optax.tree.vdot(grad_b, grad_b))
+    return iteration_lib.Learned(
+      HeavyBallState(*learned, prev_params), jnp.asarray(False), hypergrad_norm
+    )
+
+  return iteration_lib.Direction(init=init, propose=propose, learn=learn, merit=merit)
+
+
+class SecantState(NamedTuple):
+  """State of :func:`secant`.
+
+  Attributes:
+    memory: the last m secant pairs (:class:`hdm_optax.pieces.secant.SecantMemory`),
+      from every finite trial.
+    gamma: the scalar of :math:`H_0 = \\gamma I`, from the newest accepted pair
+      (0 before the first: then :math:`\\min(1, 1/\\|u\\|)`).
+  """
+
+  memory: secant_lib.SecantMemory
+  gamma: jax.Array
+
+
+# A step shorter than this, relative to x, is below x's resolution in float64 (1024 eps);
+# in float32, whose eps is 5e8 times larger, a step that leaves x (and so the gradient)
+# unchanged shows it by the gradient's change alone.
+_RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
+
+
+def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Direction:
+  r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
+
+  :math:`H_m` is the two-loop operator (:func:`hdm_optax.pieces.secant.two_loop`)
+  of the last m pairs :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))`
+  of finite trials, accepted or not, kept when :math:`\langle s, y\rangle >
+  \epsilon_p \|s\|\|y\|`; :math:`H_0 = \gamma I` with :math:`\gamma =
+  \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
+  (:math:`\min(1, 1/\|u\|)` before one exists); alpha is the step control's
+  factor. A step shorter than :math:`1024\,\epsilon_{64}\|x\|` or a trial
+  whose gradient equals :math:`\nabla f(x)` carries no curvature: the memory
+  empties, gamma comes from the gradient again and the step control restarts.
+
+  Args:
+    memory_size: m, the number of pairs kept.
+    pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+
+  Returns:
+    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`SecantState`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import directions
+    >>> state = directions.secant(5).init(jnp.zeros(3))
+    >>> state.memory.s.shape, float(state.gamma)
+    ((5, 3), 0.0)
+  """
+  if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
+    raise ValueError(
+      f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
+    )
+  _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+
+  def init(params):
+    memory = secant_lib.secant_memory(params, memory_size)
+    return SecantState(memory=memory, gamma=jnp.zeros([], _common.params_dtype(params)))
+
+  def propose(state, ctx):
+    dtype = ctx.value.dtype
+    # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
+    grad_norm = optax.tree.norm(ctx.updates)
+    first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
+    first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
+    gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
+    # x+ = x - alpha H_m u.
+    step = optax.tree.scale(-ctx.scale, secant_lib.two_loop(state.memory, gamma, ctx.updates))
+    return step, None
+
+  def observe(state, trial, ctx):
+    sy = optax.tree.vdot(trial.step, optax.tree.sub(trial.grad, ctx.grad))
+    finite = trial.finite & jnp.isfinite(sy) & _common.all_finite(trial.grad)
+    return state, trial._replace(finite=finite)
+
+  def learn(state, trial, accepted, ctx):
+    c = lambda x: _common.cast(x, ctx.value.dtype)
+    step, finite = trial.step, trial.finite
+    change = optax.tree.sub(trial.grad, ctx.grad)
+    sy = optax.tree.vdot(step, change)
+    step_norm, change_norm = optax.tree.norm(step), optax.tree.norm(change)
+    # Every finite trial's pair with enough positive curvature enters the memory.
+    keep = finite & (sy > c(pair_tol) * step_norm * change_norm)
+    safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
+    # A step below the resolution of x (or one that left the gradient as it was) carries
+    # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
+    short = step_norm <= c(_RESOLUTION) * optax.tree.norm(ctx.params)
+    lost = finite & (short | (change_norm == 0))
+    keep = keep & ~lost
+    memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep)
+    memory = secant_lib.reset(memory, lost)
+    yy = optax.tree.vdot(change, change)
+    gamma = jnp.where(keep & accepted, _common.safe_div(sy, yy), state.gamma)
+    gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
+    return iteration_lib.Learned(SecantState(memory, gamma), lost, jnp.zeros([], ctx.value.dtype))
+
+  return iteration_lib.Direction(init=init, propose=propose, learn=learn, observe=observe)

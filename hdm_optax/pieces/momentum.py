@@ -1,0 +1,460 @@
+r"""Algorithm 4's direction, written once, for the diagonal-P, scalar-beta family.
+
+:func:`hdm_optax.hdm_best`, :func:`hdm_optax.hdm_auto` and
+:func:`hdm_optax.osgm_best` are configurations of :func:`momentum_hdm`, the direction
+:func:`momentum_direction` in :func:`hdm_optax.pieces.iteration.iteration` with
+HDM's damping (:func:`hdm_optax.pieces.step_control.damping`): they differ only
+in the pieces passed to it,
+
+- ``learner``: how P learns from its hypergradient (:func:`additive`, the
+  paper's AdaGrad on P; :func:`log_space`, the learner on log P);
+- ``precond_rule``: eta_p and the bounds of P from L, the curvature estimate
+  and the schedule's factor;
+- ``null_action``: what a null step does to P (:func:`keep`, :func:`shrink`);
+- ``probe``: how L_0 is measured when no L is given
+  (:func:`hdm_optax.curvature.gradient_probe`,
+  :func:`hdm_optax.curvature.random_probe`);
+- ``lookahead``: an optional step from the trial point before the acceptance
+  test (:func:`hdm_optax.lookahead.gated_lookahead`);
+- ``acceptance``, ``denominator``, ``schedule``, ``curvature_estimate``
+  (:mod:`hdm_optax.acceptance`, :mod:`hdm_optax.hypergradient`,
+  :mod:`hdm_optax.schedules`, :mod:`hdm_optax.curvature`);
+
+Rules every configuration shares: the trial step acts on the incoming
+``updates`` u (grad f(x) when the variant is first or alone in a chain); a
+non-finite trial leaves P, beta and the learners as they are and the next
+trial is damped by s (halved each time); once a damped trial is finite, P,
+beta and the schedule's factor continue from sP, s beta and s
+(:func:`hdm_optax.pieces.step_control.kept_scale`); probes leave x, P, beta and the learners
+in place (the last one may set P_1 = 1/L_0); every update is counted in
+``info``.
+
+References:
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
+  with Hypergradient Descent*, arXiv:2502.11229, 2025: Algorithm 4 and
+  Appendix A; *Gradient Methods with Online Scaling Part II*, arXiv:2509.11007,
+  2025.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hdm_optax import _common
+from hdm_optax.pieces import acceptance as acceptance_lib
+from hdm_optax.pieces import candidates as candidates_lib
+from hdm_optax.pieces import curvature as curvature_lib
+from hdm_optax.pieces import decay as decay_lib
+from hdm_optax.pieces import hypergradient as hypergradient_lib
+from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import step_control as step_control_lib
+
+__all__ = (
+  "MomentumState",
+  "PrecondLearner",
+  "additive",
+  "keep",
+  "log_space",
+  "momentum_direction",
+  "momentum_hdm",
+  "shrink",
+)
+
+_DIAG = candidates_lib.diagonal()
+_SCALAR = candidates_lib.scalar()
+
+
+class MomentumState(NamedTuple):
+  """State of Algorithm 4's direction (symbols of Algorithm 4).
+
+  Attributes:
+    precond: P_k, the diagonal preconditioner, shaped like the params.
+    momentum: beta_k, the scalar momentum.
+    precond_learner_state: the state of P's learner (``sum_sq`` is U_k).
+    momentum_learner_state: AdaGrad state of beta (``sum_sq`` is v_k).
+    curvature: the curvature estimate (:class:`hdm_optax.pieces.curvature.CurvatureState`;
+      ``curvature.l_hat`` is L_hat, 0 until it is formed).
+    schedule: the decay of eta_p (:class:`hdm_optax.pieces.decay.DecayState`).
+    prev_params: x^{k-1} (x^0 = x^1).
+    lipschitz: L: the caller's, else 0 before the probe, the largest probe
+      ratio while probing, then L_0; L_hat once it is formed.
+    precond_lr: eta_p used by the last update.
+    num_probes: probes made so far.
+  """
+
+  precond: Any
+  momentum: jax.Array
+  precond_learner_state: Any
+  momentum_learner_state: learners_lib.AdagradState
+  curvature: curvature_lib.CurvatureState
+  schedule: decay_lib.DecayState
+  prev_params: Any
+  lipschitz: jax.Array
+  precond_lr: jax.Array
+  num_probes: jax.Array
+
+
+class PrecondLearner(NamedTuple):
+  """How P learns from its hypergradient G_P.
+
+  Attributes:
+    init: ``init(P) -> state``.
+    learn: ``learn(P, G, state, lr, lower, upper) -> (P, state)``: one round,
+      P projected onto [lower, upper] (``None``: unbounded).
+  """
+
+  init: Callable[[Any], Any]
+  learn: Callable[..., tuple[Any, Any]]
+
+
+def additive(learner: learners_lib.OnlineLearner) -> PrecondLearner:
+  """The paper's learner on P itself (Algorithm 4, lines 5-7; :func:`hdm_optax.pieces.learners.learn`)."""
+
+  def learn(p, g, state, lr, lower, upper):
+    # G is finite by construction and |G| / sqrt(U) <= 1: no finiteness check.
+    return learners_lib.learn(_DIAG, learner, p, g, state, lr, lower, upper, check_finite=False)
+
+  return PrecondLearner(init=learner.init, learn=learn)
+
+
+def log_space(learner: learners_lib.OnlineLearner) -> PrecondLearner:
+  """The learner on log P (:func:`hdm_optax.pieces.learners.learn_log`): P moves by factors."""
+
+  def learn(p, g, state, lr, lower, upper):
+    return learners_lib.learn_log(_DIAG, learner, p, g, state, lr, lower, upper)
+
+  return PrecondLearner(init=learner.init, learn=learn)
+
+
+def keep() -> Callable[[Any, jax.Array], Any]:
+  """A null step leaves P as its learner made it (Algorithm 4)."""
+  return lambda precond, accepted: precond
+
+
+def shrink(factor: Any, floor: Any) -> Callable[[Any, jax.Array], Any]:
+  """A null step (or a non-finite trial) multiplies P by ``factor``; P >= ``floor`` always."""
+
+  def action(precond, accepted):
+    dtype = jax.tree.leaves(precond)[0].dtype
+    shrunk = optax.tree.scale(_common.cast(factor, dtype), precond)
+    return _DIAG.project(
+      _common.keep_if(accepted, precond, shrunk), _common.cast(floor, dtype), None
+    )
+
+  return action
+
+
+class _Observed(NamedTuple):
+  """What ``observe`` hands to ``learn`` (in :attr:`hdm_optax.pieces.iteration.Trial.aux`)."""
+
+  start: Any  # P after a probe: P_1 = 1/L_0 after the last one, else P as it was
+  lipschitz: jax.Array  # L of this update
+  grad_change: jax.Array  # ||grad f(x+) - grad f(x)|| of the (looked-ahead) trial
+  hypergrad_norm: jax.Array
+
+
+def momentum_direction(
+  *,
+  learner: PrecondLearner,
+  precond_rule: Callable[..., tuple[Any, Any, Any]],
+  momentum_lr: Callable[[jax.Array], jax.Array],
+  denominator: hypergradient_lib.Denominator,
+  curvature_estimate: curvature_lib.CurvatureEstimate,
+  schedule: Optional[decay_lib.Schedule] = None,
+  null_action: Optional[Callable[[Any, jax.Array], Any]] = None,
+  probe: Optional[curvature_lib.Probe] = None,
+  precond_from_probe: bool = False,
+  lookahead: Optional[Callable[..., Any]] = None,
+  lipschitz: Optional[Any] = None,
+  init_precond: Any = 0.0,
+  init_momentum: Any = 0.95,
+  momentum_bounds: tuple[Any, Any] = (0.0, 0.9995),
+  adagrad_eps: float = 1e-12,
+) -> iteration_lib.Direction:
+  r"""Algorithm 4's direction: :math:`-s P u + s \beta (x - x^-)`, (P, beta) learned online.
+
+  The arguments are those of :func:`momentum_hdm`. Until L is known the
+  updates are the ``probe``'s: the trial is :math:`x + o_i` (one oracle call
+  each), not an iteration, and x stays.
+
+  Returns:
+    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`MomentumState`).
+  """
+  schedule = decay_lib.constant() if schedule is None else schedule
+  null_action = keep() if null_action is None else null_action
+  momentum_learner = learners_lib.adagrad(adagrad_eps)
+  beta_lo, beta_hi = momentum_bounds
+
+  def init(params):
+    dtype = _common.params_dtype(params)
+    lip = jnp.zeros([], dtype) if lipschitz is None else _common.cast(lipschitz, dtype)
+    precond = _DIAG.init(params, init_precond)
+    momentum = _SCALAR.project(_SCALAR.init(params, init_momentum), beta_lo, beta_hi)
+    curvature = curvature_estimate.init(dtype)
+    sched = schedule.init(dtype)
+    eta_p, _, _ = precond_rule(jnp.where(lip > 0, lip, 1), curvature, sched.factor)
+    return MomentumState(
+      precond=precond,
+      momentum=momentum,
+      precond_learner_state=learner.init(precond),
+      momentum_learner_state=momentum_learner.init(momentum),
+      curvature=curvature,
+      schedule=sched,
+      prev_params=_common.copy_tree(params),
+      lipschitz=lip,
+      precond_lr=jnp.asarray(eta_p, dtype),
+      num_probes=jnp.zeros([], jnp.int32),
+    )
+
+  def probing(state):
+    return jnp.asarray(False) if probe is None else state.num_probes < probe.num
+
+  def propose(state, ctx):
+    diff = optax.tree.sub(ctx.params, state.prev_params)  # x - x^-
+    # Algorithm 4, line 2: x^+ = x - P u + beta (x - x^-), damped by s.
+    direction, s_diff = optax.tree.scale(ctx.scale, ctx.updates), optax.tree.scale(ctx.scale, diff)
+    step = candidates_lib.trial_step(
+      _DIAG, state.precond, direction, _SCALAR, state.momentum, s_diff
+    )
+    if probe is None:
+      return step, None
+    offset, delta = probe.offset(state.num_probes, ctx.params, ctx.grad, probing(state))
+    return optax.tree.where(probing(state), offset, step), delta
+
+  def lipschitz_now(state, grad_change, delta):
+    """L of this update (a probe's ratio enters it) and whether the probe was the last."""
+    dtype = state.lipschitz.dtype
+    if lipschitz is None:
+      lip = state.lipschitz
+    else:
+      l_hat = state.curvature.l_hat
+      lip = jnp.where(l_hat > 0, l_hat, _common.cast(lipschitz, dtype)).astype(dtype)
+    if probe is None:
+      return lip, jnp.asarray(False)
+    running = jnp.where(probing(state), jnp.maximum(lip, grad_change / delta), lip).astype(dtype)
+    last_probe = probing(state) & (state.num_probes == probe.num - 1)
+    return jnp.where(last_probe, probe.finish(running), running).astype(dtype), last_probe
+
+  def learn_online(state, trial, ctx, lip, live):
+    """Lines 3-8: the hypergradients at the damped sP, s beta and the learners' round.
+
+    On a probe or a non-finite trial 1/den is 0, so G = 0, and the learners keep
+    their state. Returns the state with P, beta, the learners, the schedule and
+    eta_p updated, and the hypergradient's norm.
+    """
+    diff = optax.tree.sub(ctx.params, state.prev_params)
+    grad_sq = optax.tree.vdot(ctx.grad, ctx.grad)
+    den = denominator(grad_sq, optax.tree.vdot(diff, diff), state.curvature.l_hat)
+    inv_den = hypergradient_lib.reciprocal(den, live)
+    grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
+      _DIAG, _SCALAR, trial.grad, ctx.updates, diff, inv_den, live
+    )
+    count = ctx.count + (~probing(state)).astype(jnp.int32)
+    lr_schedule = schedule.update(state.schedule, count, state.curvature.active & ~probing(state))
+    kept = step_control_lib.kept_scale(ctx.scale, live)
+    lr_schedule = lr_schedule._replace(factor=lr_schedule.factor * kept)
+    eta_p, lower, upper = precond_rule(lip, state.curvature, lr_schedule.factor)
+    precond, precond_learner_state = learner.learn(
+      optax.tree.scale(kept, state.precond),
+      grad_p,
+      state.precond_learner_state,
+      eta_p,
+      lower,
+      upper,
+    )
+    momentum, momentum_learner_state = learners_lib.learn(
+      _SCALAR,
+      momentum_learner,
+      kept * state.momentum,
+      grad_b,
+      state.momentum_learner_state,
+      momentum_lr(lip),
+      beta_lo,
+      beta_hi,
+      check_finite=False,
+    )
+    momentum, precond_learner_state, momentum_learner_state = _common.keep_if(
+      live,
+      (momentum, precond_learner_state, momentum_learner_state),
+      (state.momentum, state.precond_learner_state, state.momentum_learner_state),
+    )
+    learned = state._replace(
+      precond=precond,
+      momentum=momentum,
+      precond_learner_state=precond_learner_state,
+      momentum_learner_state=momentum_learner_state,
+      schedule=lr_schedule,
+      precond_lr=jnp.asarray(eta_p, ctx.value.dtype),
+    )
+    return learned, jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + grad_b**2)
+
+  def observe(state, trial, ctx):
+    grad_change = optax.tree.norm(optax.tree.sub(trial.grad, ctx.grad))
+    lip, last_probe = lipschitz_now(state, grad_change, trial.aux)
+    finite = trial.finite & jnp.isfinite(grad_change)
+    live = finite & ~probing(state)
+    learned, hypergrad_norm = learn_online(state, trial, ctx, lip, live)
+    start = state.precond
+    if precond_from_probe:
+      start = _common.keep_if(last_probe, optax.tree.full_like(state.precond, 1 / lip), start)
+    observed = _Observed(start, lip, grad_change, hypergrad_norm)
+    trial = trial._replace(finite=finite, iteration=~probing(state), aux=observed)
+    if lookahead is None:
+      return learned, trial
+    look = lookahead(
+      ctx.value_and_grad,
+      optax.tree.add(ctx.params, trial.step),
+      trial.value,
+      trial.grad,
+      _DIAG.apply(learned.precond, trial.grad),
+      finite=live,
+      estimating=state.curvature.active,
+      grad_norm=jnp.sqrt(optax.tree.vdot(ctx.grad, ctx.grad)),
+    )
+    observed = observed._replace(grad_change=optax.tree.norm(optax.tree.sub(look.grad, ctx.grad)))
+    trial = trial._replace(
+      step=optax.tree.sub(look.params, ctx.params),
+      value=look.value,
+      grad=look.grad,
+      calls=1 + look.calls,
+      aux=observed,
+    )
+    return learned, trial
+
+  def learn(state, trial, accepted, ctx):
+    observed = trial.aux
+    # Line 9: the null step's action on P; a probe leaves P (the last one sets P_1 = 1/L_0).
+    precond = null_action(state.precond, accepted)
+    precond = _common.keep_if(probing(state), observed.start, precond)
+    curv = curvature_estimate.record(
+      state.curvature,
+      accepted=accepted,
+      step_norm=optax.tree.norm(trial.step),
+      grad_change=observed.grad_change,
+      frozen=probing(state),
+    )
+    curv, fired = curvature_estimate.fire(curv)
+    learned = state._replace(
+      precond=precond,
+      precond_learner_state=_common.keep_if(
+        fired, learner.init(precond), state.precond_learner_state
+      ),
+      curvature=curv,
+      prev_params=ctx.params,
+      lipschitz=jnp.where(fired, curv.l_hat, observed.lipschitz).astype(state.lipschitz.dtype),
+      num_probes=state.num_probes + probing(state).astype(jnp.int32),
+    )
+    return iteration_lib.Learned(learned, jnp.asarray(False), observed.hypergrad_norm)
+
+  return iteration_lib.Direction(init=init, propose=propose, learn=learn, observe=observe)
+
+
+def momentum_hdm(
+  name: str,
+  *,
+  learner: PrecondLearner,
+  precond_rule: Callable[..., tuple[Any, Any, Any]],
+  momentum_lr: Callable[[jax.Array], jax.Array],
+  acceptance: acceptance_lib.AcceptanceRule,
+  denominator: hypergradient_lib.Denominator,
+  curvature_estimate: curvature_lib.CurvatureEstimate,
+  schedule: Optional[decay_lib.Schedule] = None,
+  null_action: Optional[Callable[[Any, jax.Array], Any]] = None,
+  probe: Optional[curvature_lib.Probe] = None,
+  precond_from_probe: bool = False,
+  lookahead: Optional[Callable[..., Any]] = None,
+  lipschitz: Optional[Any] = None,
+  init_precond: Any = 0.0,
+  init_momentum: Any = 0.95,
+  momentum_bounds: tuple[Any, Any] = (0.0, 0.9995),
+  adagrad_eps: float = 1e-12,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Algorithm 4 (diagonal P, scalar beta) with its variation points passed in.
+
+  .. math::
+    x^+ &= x - s\,H u + s\,\beta (x - x^-), \qquad
+    G_P = -\frac{\nabla f(x^+) \circ u}{den}, \qquad
+    G_\beta = \frac{\langle \nabla f(x^+), x - x^-\rangle}{den}, \\
+    P &\leftarrow \text{learner}(sP, G_P, \eta_p) \text{ on }
+      [\text{lower}, \text{upper}], \qquad
+    \beta \leftarrow \Pi[s\beta - \eta_\beta v^{-1/2} G_\beta], \\
+    x &\leftarrow x^+ \text{ if accepted, else } x, \quad P \leftarrow
+      \text{null\_action}(P), \qquad x^- \leftarrow x,
+
+  with u the incoming updates, H u = P u, s the trial damping
+  (:func:`hdm_optax.pieces.step_control.damping`) and den the ``denominator``. Until L is known the
+  updates are the ``probe``'s (one oracle call each; x stays).
+
+  Args:
+    name: the variant's name, for error messages.
+    learner: P's learner (:func:`additive`, :func:`log_space`).
+    precond_rule: ``rule(lip, curvature_state, factor) -> (eta_p, lower,
+      upper)``: eta_p and P's bounds from L, the curvature estimate's state
+      and the schedule's factor.
+    momentum_lr: ``momentum_lr(lip) -> eta_beta``.
+    acceptance: the null-step rule.
+    denominator: the feedback's denominator.
+    curvature_estimate: the L_hat estimator; its learner state restarts when
+      L_hat is formed.
+    schedule: the schedule of eta_p's factor (``None``: constant).
+    null_action: what a null step does to P (``None``: :func:`keep`).
+    probe: how L_0 is measured (``None``: ``lipschitz`` must be given).
+    precond_from_probe: the last probe sets P_1 = 1/L_0.
+    lookahead: ``lookahead(vg, trial, value, grad, direction, *, finite,
+      estimating, grad_norm) -> LookaheadResult`` or ``None``.
+    lipschitz: the caller's L (``None``: probed).
+    init_precond: P_1 (when the probe does not set it).
+    init_momentum: beta_1.
+    momentum_bounds: the interval of beta.
+    adagrad_eps: added to sqrt(v) in beta's AdaGrad.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
+    ``grad`` and ``value_fn`` and returns the step to the new iterate.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> from hdm_optax import acceptance, core, curvature, hypergradient, learners
+    >>> opt = core.momentum_hdm(
+    ...   "example",
+    ...   learner=core.additive(learners.adagrad()),
+    ...   precond_rule=lambda lip, curv, factor: (10 / lip, 0.0, None),
+    ...   momentum_lr=lambda lip: jnp.ones([], lip.dtype),
+    ...   acceptance=acceptance.strict_decrease(),
+    ...   denominator=hypergradient.curvature_tau(),
+    ...   curvature_estimate=curvature.running_mean(),
+    ...   lipschitz=200.0)
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x ** 2)
+    >>> bool(hdm_optax.solve(opt, fun, jnp.ones(3), max_steps=500).converged)
+    True
+
+  References:
+    Chu, Gao, Ye, Udell, arXiv:2502.11229, 2025: Algorithm 4 and Appendix A.
+  """
+  if (probe is None) == (lipschitz is None):
+    raise TypeError(f"{name}: pass exactly one of lipschitz= and probe=.")
+  direction = momentum_direction(
+    learner=learner,
+    precond_rule=precond_rule,
+    momentum_lr=momentum_lr,
+    denominator=denominator,
+    curvature_estimate=curvature_estimate,
+    schedule=schedule,
+    null_action=null_action,
+    probe=probe,
+    precond_from_probe=precond_from_probe,
+    lookahead=lookahead,
+    lipschitz=lipschitz,
+    init_precond=init_precond,
+    init_momentum=init_momentum,
+    momentum_bounds=momentum_bounds,
+    adagrad_eps=adagrad_eps,
+  )
+  return iteration_lib.iteration(
+    name, direction, acceptance=acceptance, step_control=step_control_lib.damping()
+  )
