@@ -87,7 +87,7 @@ def make_hdm_best(pm, mb, lip):
     lipschitz=lip,
     precond_lr=pm / lip,
     momentum_lr=mb,
-    acceptance=hdm_optax.acceptance.strict_decrease(),
+    acceptance=hdm_optax.pieces.acceptance.strict_decrease(),
   )
 
 

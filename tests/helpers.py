@@ -80,3 +80,12 @@ def run_page(page: str) -> None:
   namespace = {}
   for block in blocks:
     exec(compile(block, page, "exec"), namespace)  # pylint: disable=exec-used
+
+
+def replace_fields(state, **fields):
+  """``state`` with ``fields`` replaced where they live: the direction's state
+  (``IterationState.direction``) or, for HDM-AGD's own state, the state itself."""
+  inner = getattr(state, "direction", None)
+  if inner is not None and all(k in inner._fields for k in fields):
+    return state._replace(direction=inner._replace(**fields))
+  return state._replace(**fields)

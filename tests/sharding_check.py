@@ -63,16 +63,21 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
   assert int(res.num_steps) == int(ref.num_steps)
   for leaf in (
     res.params,
-    res.state.precond,
-    res.state.prev_params,
+    res.state.direction.precond,
+    res.state.direction.prev_params,
     res.state.grad,
-    res.state.precond_learner_state.sum_sq,
+    res.state.direction.precond_learner_state.sum_sq,
   ):
     assert same_sharding(leaf, x_sh), (name, leaf.sharding, x_sh)
 
   # A hand-written jitted update loop; init inherits the params' sharding.
   state = opt.init(x_s)
-  for leaf in (state.precond, state.prev_params, state.grad, state.precond_learner_state.sum_sq):
+  for leaf in (
+    state.direction.precond,
+    state.direction.prev_params,
+    state.grad,
+    state.direction.precond_learner_state.sum_sq,
+  ):
     assert same_sharding(leaf, x_sh), (name, leaf.sharding, x_sh)
 
   @jax.jit
@@ -87,10 +92,10 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
     x, state = step(x, state, a_s, y_s)
   err_loop = rel_err(x, ref.params)
   assert err_loop < 1e-6, (name, err_loop)
-  assert same_sharding(x, x_sh) and same_sharding(state.precond, x_sh)
+  assert same_sharding(x, x_sh) and same_sharding(state.direction.precond, x_sh)
   print(
     f"{name}: solve rel err {err:.1e}, loop rel err {err_loop:.1e}, "
-    f"precond sharding {state.precond.sharding.spec}"
+    f"precond sharding {state.direction.precond.sharding.spec}"
   )
 
 

@@ -118,7 +118,7 @@ def test_hdm_hb_potential_nonincreasing():
         value, grad = vg(x, state=state)
         upd, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=vf)
         x = optax.apply_updates(x, upd)
-        psi = state.value + 0.5 * omega * jnp.sum((x - state.prev_params) ** 2)
+        psi = state.value + 0.5 * omega * jnp.sum((x - state.direction.prev_params) ** 2)
         return (x, state), (psi, state.value, state.info.accepted)
 
       psi0 = vf(x0)  # x^0 = x^1
@@ -159,7 +159,7 @@ def test_diagonal_precond_converges_to_inverse_hessian():
     jnp.asarray(x0),
     jnp.asarray(A),
   )
-  err = np.linalg.norm(np.asarray(res.state.precond) - 1 / a) / np.linalg.norm(1 / a)
+  err = np.linalg.norm(np.asarray(res.state.direction.precond) - 1 / a) / np.linalg.norm(1 / a)
   assert err < 1e-3, err  # starts at 1 (P_1 = 0)
 
 
@@ -189,7 +189,7 @@ def test_full_precond_converges_to_inverse_hessian():
       res = hdm_optax.solve(
         opt, quadratic, x0, max_steps=10, tol=0.0, init_state=state, fun_args=(A,)
       )
-      return res.state, res.state.precond
+      return res.state, res.state.direction.precond
 
     _, precs = jax.lax.scan(restart, state0, starts)
     return precs

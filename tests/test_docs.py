@@ -16,22 +16,24 @@ from hdm_optax.methods import (
   _hdm_hb,
   _osgm_best,
   _trial_lbfgs,
-  core,
 )
-from hdm_optax.methods import acceptance, candidates, curvature, hypergradient, learners, lookahead
-from hdm_optax.methods import schedules, secant, trial
+from hdm_optax.pieces import acceptance, backtracking, candidates, curvature, decay, directions
+from hdm_optax.pieces import hypergradient, iteration, learners, momentum, secant, step_control
 from hdm_optax.driver import cache, loop, solve
 
 PIECES = [
   acceptance,
+  backtracking,
   candidates,
   curvature,
+  decay,
+  directions,
   hypergradient,
+  iteration,
   learners,
-  lookahead,
-  schedules,
+  momentum,
   secant,
-  trial,
+  step_control,
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +71,6 @@ def test_every_docs_page_is_in_the_index():
     _hdm_auto,
     _osgm_best,
     _trial_lbfgs,
-    core,
     cache,
     loop,
     solve,

@@ -24,8 +24,10 @@ import hdm_optax  # noqa: E402
 
 try:
   import reference as ref  # noqa: E402
+  from helpers import replace_fields  # noqa: E402
 except ImportError:  # pragma: no cover
   from tests import reference as ref  # noqa: E402
+  from tests.helpers import replace_fields  # noqa: E402
 
 N = 5
 N_PROBLEMS = 4  # random problems per configuration
@@ -82,13 +84,13 @@ def package_hypergrad(opt, A, b, x, replace):
     return 0.5 * z @ A @ z - b @ z
 
   state = opt.init(x)
-  state = state._replace(**{k: jnp.asarray(v) for k, v in replace.items()})
+  state = replace_fields(state, **{k: jnp.asarray(v) for k, v in replace.items()})
   v, g = jax.value_and_grad(f)(x)
   _, new = opt.update(g, state, x, value=v, grad=g, value_fn=f)
-  G_P = (np.asarray(state.precond) - np.asarray(new.precond)) / ETA
+  G_P = (np.asarray(state.direction.precond) - np.asarray(new.direction.precond)) / ETA
   G_B = None
-  if hasattr(state, "momentum"):
-    G_B = (np.asarray(state.momentum) - np.asarray(new.momentum)) / ETA
+  if hasattr(state.direction, "momentum"):
+    G_B = (np.asarray(state.direction.momentum) - np.asarray(new.direction.momentum)) / ETA
   return G_P, G_B
 
 

@@ -73,14 +73,16 @@ def test_trial_on_the_current_batch():
   step = hdm_optax.minibatch_step(opt, loss)
   p, state = params0(), opt.init(params0())
   for batch in list(batches(1))[:3]:
-    trial_is_x = all(bool(jnp.all(leaf == 0)) for leaf in jax.tree.leaves(state.precond))
+    trial_is_x = all(bool(jnp.all(leaf == 0)) for leaf in jax.tree.leaves(state.direction.precond))
     value_fn = lambda q, b=batch: loss(q, b)
     value, grad = jax.value_and_grad(value_fn)(p)
     updates, want_state = opt.update(grad, state, p, value=value, grad=grad, value_fn=value_fn)
     want = optax.apply_updates(p, updates)
     p, state, _ = step(p, state, batch)
     np.testing.assert_allclose(p["w"], want["w"], rtol=1e-12, atol=1e-15)
-    np.testing.assert_allclose(state.precond["w"], want_state.precond["w"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+      state.direction.precond["w"], want_state.precond["w"], rtol=1e-12, atol=1e-15
+    )
     if backends.is_cpu() or not trial_is_x:
       assert bool(state.info.accepted) == bool(want_state.info.accepted)
 
@@ -114,7 +116,7 @@ def test_float32_stays_float32():
   for batch in batches(1, np.float32):
     p, state, stats = step(p, state, batch)
   assert p["w"].dtype == jnp.float32 and stats.loss.dtype == jnp.float32
-  assert state.precond["w"].dtype == jnp.float32
+  assert state.direction.precond["w"].dtype == jnp.float32
 
 
 def test_unjitted_step_inside_scan():

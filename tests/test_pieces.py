@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import hdm_optax
-from hdm_optax import acceptance, candidates, curvature, hypergradient, learners, schedules, trial
+from hdm_optax.pieces import acceptance, candidates, curvature, decay, hypergradient, learners
+from hdm_optax.pieces import step_control
 
 
 RNG = np.random.default_rng(0)
@@ -61,8 +62,8 @@ def test_hypergradient_is_the_gradient_of_the_feedback():
   for name in ("scalar", "diagonal", "full"):
     cand = candidates.get(name)
     p = cand.init(x, 0.1)
-    h = lambda p: f(x + trial.trial_step(cand, p, g))
-    trial_grad = A @ np.asarray(x + trial.trial_step(cand, p, g))
+    h = lambda p: f(x + candidates.trial_step(cand, p, g))
+    trial_grad = A @ np.asarray(x + candidates.trial_step(cand, p, g))
     got = hypergradient.hypergradient(cand, jnp.asarray(trial_grad), g, den=1.0)
     np.testing.assert_allclose(got, jax.grad(h)(p), rtol=1e-12)
 
@@ -79,14 +80,14 @@ def test_denominators():
 
 def test_trial_step_with_and_without_momentum():
   d = jnp.asarray(W)
-  step = trial.trial_step(candidates.diagonal(), jnp.asarray(P), jnp.asarray(U))
+  step = candidates.trial_step(candidates.diagonal(), jnp.asarray(P), jnp.asarray(U))
   np.testing.assert_array_equal(step, -(P * U))
-  step = trial.trial_step(
+  step = candidates.trial_step(
     candidates.diagonal(), jnp.asarray(P), jnp.asarray(U), candidates.scalar(), 0.5, d
   )
   np.testing.assert_allclose(step, -(P * U) + 0.5 * W, rtol=1e-15)
-  assert float(trial.next_trial_scale(jnp.asarray(0.25), jnp.asarray(True))) == 1.0
-  assert float(trial.next_trial_scale(jnp.asarray(0.25), jnp.asarray(False))) == 0.125
+  assert float(step_control.next_trial_scale(jnp.asarray(0.25), jnp.asarray(True))) == 1.0
+  assert float(step_control.next_trial_scale(jnp.asarray(0.25), jnp.asarray(False))) == 0.125
 
 
 # ---------------------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_acceptance_rules_on_decrease_tie_and_increase(dtype):
 
 
 # ---------------------------------------------------------------------------
-# Curvature estimate, probe, schedules.
+# Curvature estimate, probe, decay.
 # ---------------------------------------------------------------------------
 
 
@@ -235,14 +236,14 @@ def test_probe_and_iteration_share_one_body(name, most):
 
 
 def test_step_decay_schedule():
-  sched = schedules.step_decay(every=2, rate=0.5, floor=0.2)
+  sched = decay.step_decay(every=2, rate=0.5, floor=0.2)
   state = sched.init(jnp.float64)
   factors = []
   for k in range(1, 9):
     state = sched.update(state, jnp.asarray(k), jnp.asarray(k < 7))
     factors.append(float(state.factor))
   assert factors == [1.0, 0.5, 0.5, 0.25, 0.25, 0.2, 0.2, 0.2]
-  const = schedules.constant()
+  const = decay.constant()
   assert float(const.update(const.init(jnp.float32), 50, True).factor) == 1.0
 
 
@@ -254,19 +255,22 @@ def test_hdm_best_takes_pieces_in_place_of_their_knobs():
     lipschitz=20.0,
     acceptance=always,
     denominator=hypergradient.fixed_tau(1.0),
-    schedule=schedules.constant(),
+    schedule=decay.constant(),
     curvature_estimate=curvature.running_mean(enabled=False),
   )
   res = hdm_optax.solve(opt, fun, jnp.array([1.0, 1.0]), max_steps=50)
   assert int(res.state.info.num_null_steps) == 0
-  assert float(res.state.schedule.factor) == 1.0 and float(res.state.curvature.l_hat) == 0.0
+  assert (
+    float(res.state.direction.schedule.factor) == 1.0
+    and float(res.state.direction.curvature.l_hat) == 0.0
+  )
 
 
 @pytest.mark.parametrize(
   "kwargs,drop",
   [
     (dict(denominator=hypergradient.fixed_tau(1.0), tau=2.0), "tau="),
-    (dict(schedule=schedules.constant(), decay_every=10, decay_rate=0.5), "decay_every= and"),
+    (dict(schedule=decay.constant(), decay_every=10, decay_rate=0.5), "decay_every= and"),
     (dict(curvature_estimate=curvature.running_mean(), horizon=50), "horizon="),
   ],
 )

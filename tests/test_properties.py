@@ -113,7 +113,7 @@ def test_hdm_properties(prob, make, lr, precond_min, p_span, init):
   )
   res = compiled_solve(make)(hp, x0, data)
   check_run(res, monotone=True)
-  assert_within(res.state.precond, precond_min * (1 - 1e-12), precond_max * (1 + 1e-12))
+  assert_within(res.state.direction.precond, precond_min * (1 - 1e-12), precond_max * (1 + 1e-12))
 
 
 def _hdm_hb(**hp):
@@ -147,8 +147,8 @@ def test_hdm_hb_properties(prob, lr, mlr, omega, tau, b_lo, b_span, b_init):
   )
   res = compiled_solve(_hdm_hb)(hp, x0, data)
   check_run(res, monotone=False)  # monotone in the potential psi, not in f
-  assert_within(res.state.precond, 0.0, 10.0 / lip * (1 + 1e-12))
-  assert_within(res.state.momentum, b_lo, b_hi)
+  assert_within(res.state.direction.precond, 0.0, 10.0 / lip * (1 + 1e-12))
+  assert_within(res.state.direction.momentum, b_lo, b_hi)
 
 
 def _hdm_agd(**hp):
@@ -173,7 +173,7 @@ def test_hdm_agd_properties(prob, l_factor, theta, lr):
   )
   res = compiled_solve(_hdm_agd)(hp, x0, data)
   check_run(res, monotone=True)
-  assert_within(res.state.precond, 0.0, 10.0 / lip * (1 + 1e-12))
+  assert_within(res.state.direction.precond, 0.0, 10.0 / lip * (1 + 1e-12))
 
 
 def _hdm_best(**hp):

@@ -32,9 +32,11 @@ import hdm_optax  # noqa: E402
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends  # noqa: E402
   import reference as ref  # noqa: E402
+  from helpers import replace_fields  # noqa: E402
 except ImportError:  # pragma: no cover - tests/ turned into a package
   from tests import backends  # noqa: E402
   from tests import reference as ref  # noqa: E402
+  from tests.helpers import replace_fields  # noqa: E402
 
 # These tiny programs run a few dozen steps each: XLA's backend optimisations
 # cost more compile time than they save (about 40% of each compilation).
@@ -161,7 +163,7 @@ def run_package(opt, stepper, data, x0, steps, extract, replace=None):
   x = jnp.asarray(x0)
   state = opt.init(x)
   if replace:
-    state = state._replace(**{k: jnp.asarray(v) for k, v in replace.items()})
+    state = replace_fields(state, **{k: jnp.asarray(v) for k, v in replace.items()})
   recs = []
   for _ in range(steps):
     v, g = state.value, state.grad
@@ -204,7 +206,7 @@ HDM_P1 = 2.5
 def _hdm_extract(x, state):
   return dict(
     x=x,
-    P=_np(state.precond),
+    P=_np(state.direction.precond),
     value=float(state.value),
     accepted=bool(state.info.accepted),
   )
@@ -358,9 +360,9 @@ HB_STEPS = 35
 def _hb_extract(x, state):
   return dict(
     x=x,
-    P=_np(state.precond),
-    B=_np(state.momentum),
-    x_prev=_np(state.prev_params),
+    P=_np(state.direction.precond),
+    B=_np(state.direction.momentum),
+    x_prev=_np(state.direction.prev_params),
     value=float(state.value),
     accepted=bool(state.info.accepted),
   )
@@ -566,13 +568,13 @@ def _check_agd(candidate, learner, lr, theta, precond_max, L, x0, runs):
 def _best_extract(x, state):
   return dict(
     x=x,
-    P=_np(state.precond),
-    beta=float(state.momentum),
-    x_prev=_np(state.prev_params),
-    U=_np(state.precond_learner_state.sum_sq),  # AdaGrad state of P: U_k
-    v=float(state.momentum_learner_state.sum_sq),  # AdaGrad state of beta: v_k
-    eta_p=float(state.precond_lr),
-    L_hat=float(state.curvature.l_hat),  # 0 until the estimate exists
+    P=_np(state.direction.precond),
+    beta=float(state.direction.momentum),
+    x_prev=_np(state.direction.prev_params),
+    U=_np(state.direction.precond_learner_state.sum_sq),  # AdaGrad state of P: U_k
+    v=float(state.direction.momentum_learner_state.sum_sq),  # AdaGrad state of beta: v_k
+    eta_p=float(state.direction.precond_lr),
+    L_hat=float(state.direction.curvature.l_hat),  # 0 until the estimate exists
     value=float(state.value),
     accepted=bool(state.info.accepted),
   )
@@ -652,10 +654,10 @@ def test_hdm_best_precond_lr_decay_matches_reference():
 def _osgm_extract(x, state):
   return dict(
     x=x,
-    P=_np(state.precond),
-    beta=float(state.momentum),
+    P=_np(state.direction.precond),
+    beta=float(state.direction.momentum),
     value=float(state.value),
-    L=float(state.lipschitz),
+    L=float(state.direction.lipschitz),
     accepted=bool(state.info.accepted),
     calls=int(state.info.num_grad_evals),
   )
@@ -699,7 +701,9 @@ def _check_osgm(kind, seed, steps, horizon, R2=math.inf):
   want = _check_tuning_free(
     hdm_optax.osgm_best,
     ref.osgm_best_reference,
-    lambda x0: [hdm_optax.curvature.probe_direction(jax.random.key(3), i, x0) for i in range(3)],
+    lambda x0: [
+      hdm_optax.pieces.curvature.probe_direction(jax.random.key(3), i, x0) for i in range(3)
+    ],
     _osgm_extract,
     ("x", "P", "beta", "value", "L"),
     kind,
@@ -752,7 +756,9 @@ def _check_auto(kind, seed, steps, horizon, R2=math.inf):
   return _check_tuning_free(
     hdm_optax.hdm_auto,
     ref.hdm_auto_reference,
-    lambda x0: [hdm_optax.curvature.probe_direction(jax.random.key(3), i, x0) for i in range(3)],
+    lambda x0: [
+      hdm_optax.pieces.curvature.probe_direction(jax.random.key(3), i, x0) for i in range(3)
+    ],
     _auto_extract,
     ("x", "P", "beta", "value", "L", "U"),
     kind,
@@ -766,11 +772,11 @@ def _check_auto(kind, seed, steps, horizon, R2=math.inf):
 def _auto_extract(x, state):
   return dict(
     x=x,
-    P=_np(state.precond),
-    beta=float(state.momentum),
+    P=_np(state.direction.precond),
+    beta=float(state.direction.momentum),
     value=float(state.value),
-    L=float(state.lipschitz),
-    U=_np(state.precond_learner_state.sum_sq),
+    L=float(state.direction.lipschitz),
+    U=_np(state.direction.precond_learner_state.sum_sq),
     accepted=bool(state.info.accepted),
     calls=int(state.info.num_grad_evals),
   )

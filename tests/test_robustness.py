@@ -14,8 +14,10 @@ import hdm_optax  # noqa: E402
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends  # noqa: E402
+  from helpers import replace_fields  # noqa: E402
 except ImportError:  # pragma: no cover - tests/ turned into a package
   from tests import backends  # noqa: E402
+  from tests.helpers import replace_fields  # noqa: E402
 
 H = hdm_optax
 
@@ -361,7 +363,7 @@ def test_huge_logits_stay_finite(dtype):
     assert all_leaves_finite(res.state) and all_leaves_finite(res.params)
     vals = np.asarray(res.trace.value)
     assert np.all(np.isfinite(vals)) and np.all(np.diff(vals) <= 0)
-    assert res.params.dtype == dtype and res.state.precond.dtype == dtype
+    assert res.params.dtype == dtype and res.state.direction.precond.dtype == dtype
   assert vals[-1] <= vals[0]
   # A starting point with huge logits (the naive f is inf there) is reported.
   res = H.solve(
@@ -510,7 +512,7 @@ def test_float32_hdm_best_keeps_accepting_steps_on_ties():
   res = H.solve(H.hdm_best(), fun, w0, max_steps=3000, tol=1e-4, fun_args=args)
   assert res.params.dtype == jnp.float32
   assert bool(res.converged), (int(res.num_steps), float(res.grad_norm))
-  strict = H.hdm_best(acceptance=H.acceptance.strict_decrease())
+  strict = H.hdm_best(acceptance=H.pieces.acceptance.strict_decrease())
   res = H.solve(strict, fun, w0, max_steps=3000, tol=1e-4, fun_args=args)
   accepted = np.asarray(res.trace.accepted)
   assert not bool(res.converged) and not accepted[1000:].any()  # the stall the rule removes
@@ -585,9 +587,10 @@ def test_every_variant_accepts_a_float32_tie_with_a_smaller_gradient(make):
   opt = make()
   state = opt.init(x0)
   value, grad = jax.value_and_grad(fun)(x0)
-  state = state._replace(precond=jax.tree.map(lambda p: jnp.full_like(p, 1e5), state.precond))
-  if hasattr(state, "lipschitz"):
-    state = state._replace(lipschitz=jnp.asarray(10.0, jnp.float32))
+  big = jax.tree.map(lambda p: jnp.full_like(p, 1e5), state.direction.precond)
+  state = replace_fields(state, precond=big)
+  if hasattr(state.direction, "lipschitz"):
+    state = replace_fields(state, lipschitz=jnp.asarray(10.0, jnp.float32))
   _, new = opt.update(grad, state, x0, value=value, grad=grad, value_fn=fun)
   assert bool(new.info.accepted)
 
@@ -639,5 +642,5 @@ def test_a_finite_damped_trial_carries_the_damping_into_p(name):
     value, grad = jax.value_and_grad(fun)(x)
     updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
     x = x + updates
-  assert bool(state.info.accepted) and float(state.trial_scale) == 1.0
-  np.testing.assert_allclose(jnp.max(state.precond), 0.5, rtol=1e-6)
+  assert bool(state.info.accepted) and float(state.control) == 1.0
+  np.testing.assert_allclose(jnp.max(state.direction.precond), 0.5, rtol=1e-6)

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.methods import secant as tl
+from hdm_optax.pieces import secant as tl
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends
@@ -77,10 +77,12 @@ def test_negative_curvature_pair_is_not_kept():
   # A concave start: the first trial's pair has <s, y> < 0 and stays out of the memory.
   fun = lambda x: -jnp.sum(x**2) + 0.25 * jnp.sum(x**4)
   (_, state), _ = _run(hdm_optax.trial_lbfgs(), fun, jnp.array([0.1, -0.2]), 1)
-  assert int(state.memory.head) == 0 and not np.any(np.asarray(state.memory.rho))
+  assert int(state.direction.memory.head) == 0 and not np.any(
+    np.asarray(state.direction.memory.rho)
+  )
   (_, state), _ = _run(hdm_optax.trial_lbfgs(), fun, jnp.array([0.1, -0.2]), 40)
-  s, y = np.asarray(state.memory.s), np.asarray(state.memory.y)
-  rho = np.asarray(state.memory.rho)
+  s, y = np.asarray(state.direction.memory.s), np.asarray(state.direction.memory.y)
+  rho = np.asarray(state.direction.memory.rho)
   assert np.all(np.einsum("ij,ij->i", s, y)[rho > 0] > 0)
 
 

@@ -125,9 +125,9 @@ def main(argv=None):
   log(f"          {t_run:.3f} s per solve ({t_first:.1f} s with compilation)")
   log(f"params sharding:        {res.params.sharding.spec}")
   log(
-    f"state.precond sharding: {res.state.precond.sharding.spec}, "
+    f"state.direction.precond sharding: {res.state.direction.precond.sharding.spec}, "
     f"state.grad: {res.state.grad.sharding.spec}, "
-    f"state.prev_params: {res.state.prev_params.sharding.spec}"
+    f"state.direction.prev_params: {res.state.direction.prev_params.sharding.spec}"
   )
 
   if jax.process_count() == 1:

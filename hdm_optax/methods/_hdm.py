@@ -49,15 +49,15 @@ def hdm(
   x^+ = x - s P g) until a trial is finite. That trial was the one of sP: its
   hypergradient is taken there and the learner continues from sP (s back
   to 1), so the too-long trial does not return after every finite one (a
-  safeguard that is not in the paper; :func:`hdm_optax.step_control.kept_scale`).
+  safeguard that is not in the paper; :func:`hdm_optax.pieces.step_control.kept_scale`).
   When ``grad f(x) = 0`` the hypergradient is 0.
 
   The null step accepts, by default, a decrease of f where f resolves it and
   a decrease of the gradients' estimate 0.5 <g + g+, x+ - x> where f's
   difference is below its rounding
-  (:func:`hdm_optax.acceptance.resolved_decrease`; a departure that keeps
+  (:func:`hdm_optax.pieces.acceptance.resolved_decrease`; a departure that keeps
   float32 runs from stalling on rounding;
-  ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed rule).
+  ``acceptance=hdm_optax.pieces.acceptance.strict_decrease()`` is the printed rule).
 
   Each update costs one value-and-gradient call (at the trial point); f and
   grad f at the accepted point are kept in the state, so with
@@ -65,9 +65,9 @@ def hdm(
 
   Args:
     candidate: ``"scalar"``, ``"diagonal"`` or ``"full"`` (an n x n matrix
-      over the flattened params; for small n), see :mod:`hdm_optax.candidates`.
+      over the flattened params; for small n), see :mod:`hdm_optax.pieces.candidates`.
     learner: ``"ogd"`` (constant step), ``"ogd_sqrt"`` (step eta/sqrt(k)) or
-      ``"adagrad"``, see :mod:`hdm_optax.learners`.
+      ``"adagrad"``, see :mod:`hdm_optax.pieces.learners`.
     precond_lr: eta, the online learner's step size.
     null_step: take the argmin of Algorithm 1, line 3 (``True``) or always
       move (``False``, vanilla HDM).
@@ -75,11 +75,11 @@ def hdm(
     precond_min: lower bound of every entry of P (``None``: unbounded).
     precond_max: upper bound of every entry of P (``None``: unbounded).
     adagrad_eps: added to sqrt(U) in AdaGrad.
-    acceptance: the rule of the null step (:mod:`hdm_optax.acceptance`;
+    acceptance: the rule of the null step (:mod:`hdm_optax.pieces.acceptance`;
       ``None``:
-      :func:`~hdm_optax.acceptance.resolved_decrease`, a decrease of f where
+      :func:`~hdm_optax.pieces.acceptance.resolved_decrease`, a decrease of f where
       f resolves it, of the gradients' estimate where it does not; pass
-      :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
+      :func:`~hdm_optax.pieces.acceptance.strict_decrease` for the paper's rule).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs the

@@ -95,8 +95,8 @@ def hdm_agd(
     precond_max: upper bound of the entries of P (``None``: unbounded).
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: whether the better trial point replaces x^k
-      (:mod:`hdm_optax.acceptance`; ``None``:
-      :func:`~hdm_optax.acceptance.resolved_decrease`: the argmin of line 4
+      (:mod:`hdm_optax.pieces.acceptance`; ``None``:
+      :func:`~hdm_optax.pieces.acceptance.resolved_decrease`: the argmin of line 4
       by f where f resolves the difference, by the gradients' estimate of
       the decrease where it does not).
 

@@ -37,7 +37,7 @@ def hdm_auto(
   iteration), and four departures, each chosen on the development problems
   (``docs/robust_default.md``):
 
-  - P is learned in log space (:func:`hdm_optax.learners.learn_log`): the
+  - P is learned in log space (:func:`hdm_optax.pieces.learners.learn_log`): the
     learner sees :math:`P \circ G_P` and P moves by factors,
 
     .. math::
@@ -46,19 +46,19 @@ def hdm_auto(
         (P \circ G_P) / \sqrt{U})\bigr],
 
     :math:`\eta` = ``precond_lr``, :math:`\rho` = ``precond_decay``
-    (:func:`hdm_optax.learners.decayed_adagrad`). The step of log P does not
+    (:func:`hdm_optax.pieces.learners.decayed_adagrad`). The step of log P does not
     depend on the scale of f or on L, so no eta_p has to be chosen and no
     decay schedule is needed; P_1 = 1/L_0.
   - On a null step (or a non-finite trial) P <- ``null_shrink`` P: a null
     step says P is too long, and the additive AdaGrad step of the paper
     shrinks P by at most eta_p per step.
   - L_0 from ``num_probes`` random unit directions (as OSGM-Best:
-    :func:`hdm_optax.curvature.random_probe`, one counted gradient call each)
+    :func:`hdm_optax.pieces.curvature.random_probe`, one counted gradient call each)
     instead of one probe along -grad f, which sees the curvature of one
     direction only.
   - Where f's difference is below its rounding, the decrease is the
     gradients' estimate 0.5 <g + g+, x+ - x>
-    (:func:`hdm_optax.acceptance.resolved_decrease`): at float32 resolution
+    (:func:`hdm_optax.pieces.acceptance.resolved_decrease`): at float32 resolution
     the values of distinct points near a minimizer coincide, or differ by
     the rounding of the sum that computes f, and a test on f alone then
     rejects trials at random; every rejection shrinks P, and P collapses

@@ -64,7 +64,7 @@ def hdm_best(
 
   with AdaGrad accumulators :math:`U_{k+1} = U_k + (\nabla_P h)^2` and
   :math:`v_{k+1} = v_k + (\nabla_\beta h)^2` (the shared
-  :func:`hdm_optax.learners.adagrad`). Departures from the printed algorithm:
+  :func:`hdm_optax.pieces.learners.adagrad`). Departures from the printed algorithm:
 
   - Sign: Algorithm 4 prints :math:`\nabla_P h` without the minus sign; the
     gradient of h (Section 1, Appendix D.1) has it, and it is used here.
@@ -89,10 +89,10 @@ def hdm_best(
   - Null step on f (Appendix A), not on the heavy-ball potential, accepting
     by default a decrease of f where f resolves it and a decrease of the
     gradients' estimate 0.5 <g + g+, x+ - x> where f's difference is below
-    its rounding (:func:`hdm_optax.acceptance.resolved_decrease`: in float32
+    its rounding (:func:`hdm_optax.pieces.acceptance.resolved_decrease`: in float32
     a comparison of values near a minimizer is decided by rounding; in
     float64 the paper's runs are unchanged;
-    ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed
+    ``acceptance=hdm_optax.pieces.acceptance.strict_decrease()`` is the printed
     rule).
   - The trial step acts on the incoming ``updates`` u (grad f(x) when
     ``hdm_best`` is first or alone in a chain; ``docs/pitfalls.md``). A
@@ -102,9 +102,9 @@ def hdm_best(
     of (sP, s beta): its hypergradients are taken there, P and beta continue
     from sP and s beta, and eta_p0's decay factor is multiplied by s (s back
     to 1), so the too-long trial does not return after every finite one (a
-    safeguard, not in the paper; :func:`hdm_optax.trial.kept_scale`).
+    safeguard, not in the paper; :func:`hdm_optax.pieces.step_control.kept_scale`).
   - Without ``lipschitz``, the first update is a probe
-    (:func:`hdm_optax.curvature.gradient_probe`): it evaluates f at
+    (:func:`hdm_optax.pieces.curvature.gradient_probe`): it evaluates f at
     x - delta g/||g||, delta = ``probe_size`` max(1, ||x||), takes
     L = ||grad f(probe) - g|| / delta (1 if that is 0 or not finite), and
     leaves x, P and beta unchanged (one extra oracle call per run). With P_1 = 0
@@ -134,17 +134,17 @@ def hdm_best(
       P <= precond_max_times_lipschitz / L (L_hat once it exists; ``None``: no
       bound).
     probe_size: relative probe length when ``lipschitz`` is ``None``.
-    acceptance: the null-step rule (:mod:`hdm_optax.acceptance`; ``None``:
-      :func:`~hdm_optax.acceptance.resolved_decrease`, a decrease of f where
+    acceptance: the null-step rule (:mod:`hdm_optax.pieces.acceptance`; ``None``:
+      :func:`~hdm_optax.pieces.acceptance.resolved_decrease`, a decrease of f where
       f resolves it, of the gradients' estimate where it does not; pass
-      :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
-    denominator: the feedback's denominator (:mod:`hdm_optax.hypergradient`;
+      :func:`~hdm_optax.pieces.acceptance.strict_decrease` for the paper's rule).
+    denominator: the feedback's denominator (:mod:`hdm_optax.pieces.hypergradient`;
       ``None``: ``fixed_tau(tau)`` if ``tau`` is given, else
       ``curvature_tau(denominator_eps)``).
     schedule: the schedule of eta_p until L_hat exists
-      (:mod:`hdm_optax.schedules`; ``None``: ``step_decay(decay_every,
+      (:mod:`hdm_optax.pieces.decay`; ``None``: ``step_decay(decay_every,
       decay_rate, decay_floor)`` if ``lr_decay``, else ``constant()``).
-    curvature_estimate: the L_hat estimator (:mod:`hdm_optax.curvature`;
+    curvature_estimate: the L_hat estimator (:mod:`hdm_optax.pieces.curvature`;
       ``None``: ``running_mean(horizon, curvature_min_step,
       estimate_curvature)``).
 

@@ -54,10 +54,10 @@ def hdm_hb(
   s <- s/2) until a trial is finite; that trial's hypergradient is taken at
   (sP, sB) and the learners continue from there (s back to 1), so the
   too-long trial does not return (a safeguard that is not in the paper;
-  :func:`hdm_optax.step_control.kept_scale`). The null step accepts, by default, a
+  :func:`hdm_optax.pieces.step_control.kept_scale`). The null step accepts, by default, a
   strict decrease of psi or a tie at the dtype's resolution with a smaller
-  gradient (:func:`hdm_optax.acceptance.tie_tolerant`, a departure;
-  ``acceptance=hdm_optax.acceptance.strict_decrease()`` is the printed rule).
+  gradient (:func:`hdm_optax.pieces.acceptance.tie_tolerant`, a departure;
+  ``acceptance=hdm_optax.pieces.acceptance.strict_decrease()`` is the printed rule).
   One value-and-gradient call per update.
 
   Args:
@@ -77,10 +77,10 @@ def hdm_hb(
     momentum_max: upper bound of the entries of B, in [-1, 1).
     adagrad_eps: added to sqrt(U) in AdaGrad.
     acceptance: the rule of the null step, applied to the potential psi
-      (:mod:`hdm_optax.acceptance`; ``None``:
-      :func:`~hdm_optax.acceptance.tie_tolerant`, a strict decrease or a tie at
+      (:mod:`hdm_optax.pieces.acceptance`; ``None``:
+      :func:`~hdm_optax.pieces.acceptance.tie_tolerant`, a strict decrease or a tie at
       the dtype's resolution with a smaller gradient; pass
-      :func:`~hdm_optax.acceptance.strict_decrease` for the paper's rule).
+      :func:`~hdm_optax.pieces.acceptance.strict_decrease` for the paper's rule).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,

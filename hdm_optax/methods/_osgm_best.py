@@ -40,15 +40,15 @@ def osgm_best(
   :math:`\eta_P = 1/L`, :math:`\eta_\beta = \min(1, L)`; x^+ is accepted when
   :math:`f(x^+) < f(x)` where f resolves the difference and when the
   gradients' estimate of the decrease is negative where it does not
-  (:func:`hdm_optax.acceptance.resolved_decrease`; the authors' code accepts
+  (:func:`hdm_optax.pieces.acceptance.resolved_decrease`; the authors' code accepts
   :math:`f(x^+) \le f(x)`, which in float32 decides by rounding near a
   minimizer), and x^- <- x after every iteration.
 
   - L_0 (the first ``num_probes`` updates, which leave x in place): the largest of
     :math:`\|\nabla f(x_0 + \delta d_i) - \nabla f(x_0)\| / \delta` over
     ``num_probes`` random unit directions d_i
-    (:func:`hdm_optax.curvature.random_probe`, the directions of
-    :func:`hdm_optax.curvature.probe_direction` from ``jax.random.key(seed)``),
+    (:func:`hdm_optax.pieces.curvature.random_probe`, the directions of
+    :func:`hdm_optax.pieces.curvature.probe_direction` from ``jax.random.key(seed)``),
     delta = ``probe_size``; 1e-5 if that is not finite or 0. One gradient
     call per direction, one direction per update (the authors' code probes
     all three before its first iteration: the same calls, and the same run up
@@ -63,14 +63,14 @@ def osgm_best(
     mean of :math:`\|\nabla f(x^+) - \nabla f(x)\| / \|x^+ - x\|` over the
     accepted steps longer than 1e-3, :math:`\eta_P` and :math:`\eta_\beta` are
     reset from it, U <- 0, and the lookahead is switched on
-    (:func:`hdm_optax.curvature.running_mean`).
+    (:func:`hdm_optax.pieces.curvature.running_mean`).
   - Lookahead: when :math:`\|\nabla f(x^+)\| > 2 \|\nabla f(x)\|`, Armijo
     backtracking from x^+ along :math:`-P \nabla f(x^+)` (the P just
     updated; eta = 1, 0.8, ... down to 1e-6, sufficient decrease 0.5;
-    :func:`hdm_optax.lookahead.gated_lookahead`) replaces x^+ by the point
+    :func:`hdm_optax.pieces.backtracking.gated_lookahead`) replaces x^+ by the point
     it finds before the acceptance test.
 
-  A configuration of :func:`hdm_optax.core.momentum_hdm`.
+  A configuration of :func:`hdm_optax.pieces.momentum.momentum_hdm`.
 
   Departures from the authors' code:
 

@@ -28,7 +28,7 @@ def trial_lbfgs(
   .. math::
     x^+ = x - \alpha H_m \nabla f(x),
 
-  where :math:`H_m` is the L-BFGS inverse-Hessian operator (:func:`hdm_optax.secant.two_loop`)
+  where :math:`H_m` is the L-BFGS inverse-Hessian operator (:func:`hdm_optax.pieces.secant.two_loop`)
   of the last m secant pairs :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla
   f(x))`, one from every finite trial, accepted or not, kept when
   :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` (nonconvex problems give
@@ -38,7 +38,7 @@ def trial_lbfgs(
   curvature would otherwise shrink every step outside the pairs' span), and
   :math:`\gamma = \min(1, 1/\|\nabla f(x_0)\|)` before one exists (as
   ``optax.scale_by_lbfgs``). The trial becomes the iterate when
-  :func:`hdm_optax.acceptance.curvature_checked` accepts it; otherwise x stays (HDM's null step).
+  :func:`hdm_optax.pieces.acceptance.curvature_checked` accepts it; otherwise x stays (HDM's null step).
   alpha starts at 1, halves after a null step or a non-finite trial and grows
   by ``grow`` (up to 1) after an accepted one. A step shorter than
   :math:`1024\,\epsilon_{64}\|x\|` (float64's eps, in every dtype) or a

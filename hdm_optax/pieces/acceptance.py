@@ -85,7 +85,7 @@ def always() -> AcceptanceRule:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import acceptance
+    >>> from hdm_optax.pieces import acceptance
     >>> bool(acceptance.always().accept(jnp.asarray(2.0), jnp.asarray(1.0), None, None))
     True
   """
@@ -100,7 +100,7 @@ def strict_decrease() -> AcceptanceRule:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import acceptance
+    >>> from hdm_optax.pieces import acceptance
     >>> rule = acceptance.strict_decrease()
     >>> bool(rule.accept(jnp.asarray(1.0), jnp.asarray(1.0), None, None))
     False
@@ -118,7 +118,7 @@ def no_increase() -> AcceptanceRule:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import acceptance
+    >>> from hdm_optax.pieces import acceptance
     >>> rule = acceptance.no_increase()
     >>> bool(rule.accept(jnp.asarray(1.0), jnp.asarray(1.0), None, None))
     True
@@ -153,7 +153,7 @@ def tie_tolerant(ulps: float = 4.0, base: AcceptanceRule | None = None) -> Accep
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import acceptance
+    >>> from hdm_optax.pieces import acceptance
     >>> rule = acceptance.tie_tolerant()
     >>> f = jnp.asarray(0.3, jnp.float32)
     >>> f_trial = jnp.nextafter(f, jnp.float32(1))  # one ulp above f
@@ -214,7 +214,7 @@ def resolved_decrease(ulps: float = 64.0) -> AcceptanceRule:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import acceptance
+    >>> from hdm_optax.pieces import acceptance
     >>> rule = acceptance.resolved_decrease()
     >>> f = jnp.asarray(1000.0, jnp.float32)
     >>> f_trial = jnp.nextafter(f, jnp.float32(2000))  # one ulp above f: rounding
@@ -272,7 +272,7 @@ def curvature_checked(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import acceptance
+    >>> from hdm_optax.pieces import acceptance
     >>> rule = acceptance.curvature_checked()
     >>> f = jnp.asarray(1.0, jnp.float32)  # float32: the band is 1024 eps = 1.2e-4
     >>> g, s = jnp.array([-1.0], jnp.float32), jnp.array([1.0], jnp.float32)

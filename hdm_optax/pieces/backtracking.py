@@ -81,10 +81,10 @@ def armijo_lookahead(
 
   Examples:
     >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import lookahead
+    >>> from hdm_optax.pieces import backtracking
     >>> fun = lambda x: jnp.sum(x ** 2)
     >>> x = jnp.array([1.0, -2.0])
-    >>> out = lookahead.armijo_lookahead(
+    >>> out = backtracking.armijo_lookahead(
     ...   jax.value_and_grad(fun), x, fun(x), 2 * x, 0.8 * x, enabled=jnp.asarray(True))
     >>> [round(float(v), 6) for v in out.params], int(out.calls)
     ([0.2, -0.4], 1)
@@ -135,10 +135,10 @@ def gated_lookahead(growth: Any = 2.0) -> Callable[..., LookaheadResult]:
 
   Examples:
     >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import lookahead
+    >>> from hdm_optax.pieces import backtracking
     >>> fun = lambda x: jnp.sum(x ** 2)
     >>> x = jnp.array([1.0, -2.0])
-    >>> look = lookahead.gated_lookahead()(jax.value_and_grad(fun), x, fun(x), 2 * x, 0.8 * x,
+    >>> look = backtracking.gated_lookahead()(jax.value_and_grad(fun), x, fun(x), 2 * x, 0.8 * x,
     ...   finite=jnp.asarray(True), estimating=jnp.asarray(False), grad_norm=jnp.asarray(1.0))
     >>> [round(float(v), 6) for v in look.params], int(look.calls)
     ([0.2, -0.4], 1)

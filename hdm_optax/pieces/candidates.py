@@ -71,7 +71,7 @@ def scalar() -> CandidateSet:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates
+    >>> from hdm_optax.pieces import candidates
     >>> cand = candidates.scalar()
     >>> p = cand.init(jnp.zeros(2), 0.5)
     >>> [float(v) for v in cand.apply(p, jnp.array([2.0, 4.0]))]
@@ -99,7 +99,7 @@ def diagonal() -> CandidateSet:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates
+    >>> from hdm_optax.pieces import candidates
     >>> cand = candidates.diagonal()
     >>> p = cand.init(jnp.zeros(2), 0.5)
     >>> [float(v) for v in cand.apply(p, jnp.array([2.0, 4.0]))]
@@ -125,7 +125,7 @@ def full() -> CandidateSet:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates
+    >>> from hdm_optax.pieces import candidates
     >>> cand = candidates.full()
     >>> p = cand.init(jnp.zeros(2), 0.5)
     >>> p.shape
@@ -178,7 +178,7 @@ def trial_step(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates
+    >>> from hdm_optax.pieces import candidates
     >>> step = candidates.trial_step(
     ...   candidates.diagonal(), jnp.array([0.5, 0.25]), jnp.array([2.0, 4.0]),
     ...   candidates.scalar(), jnp.asarray(0.5), jnp.array([1.0, 0.0]))
@@ -202,7 +202,7 @@ def get(candidate, *, allowed=tuple(CANDIDATE_SETS)) -> CandidateSet:
     A :class:`CandidateSet`.
 
   Examples:
-    >>> from hdm_optax import candidates
+    >>> from hdm_optax.pieces import candidates
     >>> cand = candidates.get("diagonal")
   """
   if isinstance(candidate, CandidateSet):

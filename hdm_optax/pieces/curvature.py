@@ -101,7 +101,7 @@ def running_mean(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import curvature
+    >>> from hdm_optax.pieces import curvature
     >>> est = curvature.running_mean(horizon=40)  # threshold 20
     >>> state = est.init(jnp.float32)
     >>> for _ in range(21):
@@ -182,7 +182,7 @@ def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import curvature
+    >>> from hdm_optax.pieces import curvature
     >>> probe = curvature.gradient_probe(1e-2)
     >>> offset, delta = probe.offset(0, jnp.array([3.0, 4.0]), jnp.array([1.5, 2.0]), True)
     >>> [round(float(v), 6) for v in offset], round(float(delta), 6)
@@ -209,7 +209,7 @@ def probe_direction(key: jax.Array, index: Any, params: Any) -> Any:
 
   Examples:
     >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import curvature
+    >>> from hdm_optax.pieces import curvature
     >>> d = curvature.probe_direction(jax.random.key(0), 2, {"w": jnp.zeros(3), "b": jnp.zeros(())})
     >>> round(float(jnp.sqrt(jnp.sum(d["w"] ** 2) + d["b"] ** 2)), 6)
     1.0
@@ -233,7 +233,7 @@ def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 
 
   Examples:
     >>> import jax, jax.numpy as jnp
-    >>> from hdm_optax import curvature
+    >>> from hdm_optax.pieces import curvature
     >>> probe = curvature.random_probe(num=2, size=0.5)
     >>> offset, delta = probe.offset(1, jnp.zeros(3), jnp.zeros(3), jnp.asarray(True))
     >>> round(float(jnp.linalg.norm(offset)), 6), float(delta)

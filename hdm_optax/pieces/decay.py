@@ -52,8 +52,8 @@ def constant() -> Schedule:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import schedules
-    >>> sched = schedules.constant()
+    >>> from hdm_optax.pieces import decay
+    >>> sched = decay.constant()
     >>> state = sched.update(sched.init(jnp.float32), jnp.asarray(50), jnp.asarray(True))
     >>> float(state.factor)
     1.0
@@ -80,8 +80,8 @@ def step_decay(every: int = 50, rate: Any = 0.8, floor: Any = 1e-3) -> Schedule:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import schedules
-    >>> sched = schedules.step_decay(every=50, rate=0.5)
+    >>> from hdm_optax.pieces import decay
+    >>> sched = decay.step_decay(every=50, rate=0.5)
     >>> state = sched.init(jnp.float32)
     >>> for k in range(1, 101):
     ...   state = sched.update(state, jnp.asarray(k), jnp.asarray(True))

@@ -196,6 +196,16 @@ def heavy_ball(
 
   Returns:
     A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`HeavyBallState`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import candidates, directions, learners
+    >>> d = directions.heavy_ball(
+    ...   directions.Learnable(candidates.diagonal(), learners.adagrad(), lr=0.1),
+    ...   directions.Learnable(candidates.scalar(), learners.adagrad(), lr=1.0, init=0.5))
+    >>> state = d.init(jnp.zeros(3))
+    >>> state.precond.shape, float(state.momentum)
+    ((3,), 0.5)
   """
   denominator = hypergradient_lib.fixed_tau(0.0) if denominator is None else denominator
 

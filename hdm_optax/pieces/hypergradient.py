@@ -10,7 +10,7 @@ feedback function h, e.g. for HDM (Section 2.2)
 and for the heavy-ball variants (Appendix D.1) the denominator
 :math:`\|\nabla f(x)\|^2 + \frac{\tau}{2}\|x - x^-\|^2`. The matrix
 :math:`u w^\top` is reduced to the shape of P by the candidate set's ``outer``
-(:mod:`hdm_optax.candidates`); :func:`hypergradient` does that and divides by
+(:mod:`hdm_optax.pieces.candidates`); :func:`hypergradient` does that and divides by
 the denominator. A *denominator* is a function
 ``den(grad_sq, diff_sq, curvature) -> den`` of :math:`\|\nabla f(x)\|^2`,
 :math:`\|x - x^-\|^2` and the current curvature estimate (0 while there is
@@ -74,7 +74,7 @@ def hypergradient(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates, hypergradient
+    >>> from hdm_optax.pieces import candidates, hypergradient
     >>> g, g_trial = jnp.array([1.0, 2.0]), jnp.array([0.5, -1.0])
     >>> G = hypergradient.hypergradient(candidates.diagonal(), g_trial, g, den=5.0)
     >>> [round(float(v), 6) for v in G]
@@ -123,7 +123,7 @@ def momentum_hypergradients(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates, hypergradient
+    >>> from hdm_optax.pieces import candidates, hypergradient
     >>> g_p, g_b = hypergradient.momentum_hypergradients(
     ...   candidates.diagonal(), candidates.scalar(), jnp.array([1.0, 2.0]),
     ...   jnp.array([3.0, 1.0]), jnp.array([1.0, 1.0]), jnp.asarray(0.5), jnp.asarray(True))
@@ -142,7 +142,7 @@ def reciprocal(den: jax.Array, valid: jax.Array) -> jax.Array:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import hypergradient
+    >>> from hdm_optax.pieces import hypergradient
     >>> float(hypergradient.reciprocal(jnp.asarray(4.0), jnp.asarray(True)))
     0.25
   """
@@ -160,7 +160,7 @@ def fixed_tau(tau: Any) -> Denominator:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import hypergradient
+    >>> from hdm_optax.pieces import hypergradient
     >>> den = hypergradient.fixed_tau(2.0)
     >>> float(den(jnp.asarray(1.0), jnp.asarray(3.0), jnp.asarray(0.0)))
     4.0
@@ -192,7 +192,7 @@ def curvature_tau(eps: Any = 1e-12) -> Denominator:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import hypergradient
+    >>> from hdm_optax.pieces import hypergradient
     >>> den = hypergradient.curvature_tau(0.0)
     >>> float(den(jnp.asarray(1.0), jnp.asarray(3.0), jnp.asarray(2.0)))
     4.0

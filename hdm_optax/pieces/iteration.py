@@ -17,12 +17,12 @@ chain) and one value-and-gradient call at :math:`x^+`:
   whether the trial was accepted): HDM's learned P
   (:func:`hdm_optax.hdm`), HDM-HB's (P, B) (:func:`hdm_optax.hdm_hb`), the
   diagonal-P, scalar-beta family of Algorithm 4
-  (:func:`hdm_optax.core.momentum_hdm`), the L-BFGS operator of the trials'
+  (:func:`hdm_optax.pieces.momentum.momentum_hdm`), the L-BFGS operator of the trials'
   secant pairs (:func:`hdm_optax.trial_lbfgs`);
-- an acceptance rule (:mod:`hdm_optax.acceptance`) decides the null step;
+- an acceptance rule (:mod:`hdm_optax.pieces.acceptance`) decides the null step;
 - a :class:`StepControl` scales the next proposal from what the trial
-  revealed (:func:`hdm_optax.step_control.damping`: HDM's halving after a
-  non-finite trial; :func:`hdm_optax.step_control.halve_or_grow`:
+  revealed (:func:`hdm_optax.pieces.step_control.damping`: HDM's halving after a
+  non-finite trial; :func:`hdm_optax.pieces.step_control.halve_or_grow`:
   trial_lbfgs's alpha).
 
 The shell does what every method shares: it requires the oracle, evaluates the
@@ -216,7 +216,7 @@ def iteration(
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
-    >>> from hdm_optax import acceptance, iteration, step_control
+    >>> from hdm_optax.pieces import acceptance, iteration, step_control
     >>> gd = iteration.Direction(
     ...   init=lambda params: (),
     ...   propose=lambda state, ctx: (-0.01 * ctx.scale * ctx.updates, None),

@@ -83,7 +83,7 @@ def ogd() -> OnlineLearner:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import learners
+    >>> from hdm_optax.pieces import learners
     >>> learner = learners.ogd()
     >>> delta, state = learner.step(jnp.array([1.0, -2.0]), learner.init(None), 0.5)
     >>> [float(v) for v in delta]
@@ -103,7 +103,7 @@ def ogd_sqrt() -> OnlineLearner:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import learners
+    >>> from hdm_optax.pieces import learners
     >>> learner = learners.ogd_sqrt()
     >>> state = learner.init(None)
     >>> _, state = learner.step(jnp.array([1.0]), state, 1.0)
@@ -134,7 +134,7 @@ def adagrad(eps: float = 1e-12) -> OnlineLearner:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import learners
+    >>> from hdm_optax.pieces import learners
     >>> learner = learners.adagrad(eps=0.0)
     >>> state = learner.init(jnp.zeros(2))
     >>> delta, state = learner.step(jnp.array([3.0, -4.0]), state, 0.1)
@@ -176,7 +176,7 @@ def decayed_adagrad(decay: Any = 0.9, eps: float = 1e-12) -> OnlineLearner:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import learners
+    >>> from hdm_optax.pieces import learners
     >>> learner = learners.decayed_adagrad(decay=0.5, eps=0.0)
     >>> state = learner.init(jnp.zeros(1))
     >>> _, state = learner.step(jnp.array([2.0]), state, 1.0)
@@ -220,7 +220,7 @@ def get(learner, *, eps: float = 1e-12) -> OnlineLearner:
     An :class:`OnlineLearner`.
 
   Examples:
-    >>> from hdm_optax import learners
+    >>> from hdm_optax.pieces import learners
     >>> learner = learners.get("adagrad", eps=1e-8)
   """
   if isinstance(learner, OnlineLearner):
@@ -239,7 +239,7 @@ def learn(
   over P.
 
   Args:
-    candidate: the :class:`~hdm_optax.candidates.CandidateSet` of P (its
+    candidate: the :class:`~hdm_optax.pieces.candidates.CandidateSet` of P (its
       ``project``).
     learner: the :class:`OnlineLearner`.
     p: P.
@@ -255,7 +255,7 @@ def learn(
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates, learners
+    >>> from hdm_optax.pieces import candidates, learners
     >>> p, state = learners.learn(candidates.scalar(), learners.ogd(), jnp.asarray(0.5),
     ...                           jnp.asarray(-1.0), None, 1.0, 0.0, 1.0)
     >>> float(p)
@@ -281,7 +281,7 @@ def learn_log(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper):
   zero). A departure from the paper, whose learners act on P itself.
 
   Args:
-    candidate: the :class:`~hdm_optax.candidates.CandidateSet` of P (its ``project``;
+    candidate: the :class:`~hdm_optax.pieces.candidates.CandidateSet` of P (its ``project``;
       ``scalar`` or ``diagonal``).
     learner: the :class:`OnlineLearner` of log P.
     p: P, positive.
@@ -296,7 +296,7 @@ def learn_log(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper):
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import candidates, learners
+    >>> from hdm_optax.pieces import candidates, learners
     >>> learner = learners.adagrad(eps=0.0)
     >>> p = jnp.array([1.0, 1e-3])
     >>> g = jnp.array([2.0, -500.0])  # dh/dP; dh/dlogP = P G = [2, -0.5]

@@ -12,13 +12,13 @@ in the pieces passed to it,
   and the schedule's factor;
 - ``null_action``: what a null step does to P (:func:`keep`, :func:`shrink`);
 - ``probe``: how L_0 is measured when no L is given
-  (:func:`hdm_optax.curvature.gradient_probe`,
-  :func:`hdm_optax.curvature.random_probe`);
+  (:func:`hdm_optax.pieces.curvature.gradient_probe`,
+  :func:`hdm_optax.pieces.curvature.random_probe`);
 - ``lookahead``: an optional step from the trial point before the acceptance
-  test (:func:`hdm_optax.lookahead.gated_lookahead`);
+  test (:func:`hdm_optax.pieces.backtracking.gated_lookahead`);
 - ``acceptance``, ``denominator``, ``schedule``, ``curvature_estimate``
-  (:mod:`hdm_optax.acceptance`, :mod:`hdm_optax.hypergradient`,
-  :mod:`hdm_optax.schedules`, :mod:`hdm_optax.curvature`);
+  (:mod:`hdm_optax.pieces.acceptance`, :mod:`hdm_optax.pieces.hypergradient`,
+  :mod:`hdm_optax.pieces.decay`, :mod:`hdm_optax.pieces.curvature`);
 
 Rules every configuration shares: the trial step acts on the incoming
 ``updates`` u (grad f(x) when the variant is first or alone in a chain); a
@@ -113,7 +113,16 @@ class PrecondLearner(NamedTuple):
 
 
 def additive(learner: learners_lib.OnlineLearner) -> PrecondLearner:
-  """The paper's learner on P itself (Algorithm 4, lines 5-7; :func:`hdm_optax.pieces.learners.learn`)."""
+  """The paper's learner on P itself (Algorithm 4, lines 5-7; :func:`hdm_optax.pieces.learners.learn`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import learners, momentum
+    >>> rule = momentum.additive(learners.ogd())
+    >>> p, _ = rule.learn(jnp.array([1.0]), jnp.array([-2.0]), rule.init(None), 0.5, 0.0, None)
+    >>> float(p[0])
+    2.0
+  """
 
   def learn(p, g, state, lr, lower, upper):
     # G is finite by construction and |G| / sqrt(U) <= 1: no finiteness check.
@@ -123,7 +132,16 @@ def additive(learner: learners_lib.OnlineLearner) -> PrecondLearner:
 
 
 def log_space(learner: learners_lib.OnlineLearner) -> PrecondLearner:
-  """The learner on log P (:func:`hdm_optax.pieces.learners.learn_log`): P moves by factors."""
+  """The learner on log P (:func:`hdm_optax.pieces.learners.learn_log`): P moves by factors.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import learners, momentum
+    >>> rule = momentum.log_space(learners.ogd())
+    >>> p, _ = rule.learn(jnp.array([1.0]), jnp.array([0.0]), rule.init(None), 0.5, 0.0, None)
+    >>> float(p[0])
+    1.0
+  """
 
   def learn(p, g, state, lr, lower, upper):
     return learners_lib.learn_log(_DIAG, learner, p, g, state, lr, lower, upper)
@@ -132,12 +150,26 @@ def log_space(learner: learners_lib.OnlineLearner) -> PrecondLearner:
 
 
 def keep() -> Callable[[Any, jax.Array], Any]:
-  """A null step leaves P as its learner made it (Algorithm 4)."""
+  """A null step leaves P as its learner made it (Algorithm 4).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import momentum
+    >>> float(momentum.keep()(jnp.asarray(0.5), jnp.asarray(False)))
+    0.5
+  """
   return lambda precond, accepted: precond
 
 
 def shrink(factor: Any, floor: Any) -> Callable[[Any, jax.Array], Any]:
-  """A null step (or a non-finite trial) multiplies P by ``factor``; P >= ``floor`` always."""
+  """A null step (or a non-finite trial) multiplies P by ``factor``; P >= ``floor`` always.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import momentum
+    >>> [float(v) for v in momentum.shrink(0.5, 0.3)(jnp.array([1.0, 0.4]), jnp.asarray(False))]
+    [0.5, 0.3]
+  """
 
   def action(precond, accepted):
     dtype = jax.tree.leaves(precond)[0].dtype
@@ -184,6 +216,20 @@ def momentum_direction(
 
   Returns:
     A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`MomentumState`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import curvature, hypergradient, learners, momentum
+    >>> d = momentum.momentum_direction(
+    ...   learner=momentum.additive(learners.adagrad()),
+    ...   precond_rule=lambda lip, curv, factor: (1 / lip, 0.0, None),
+    ...   momentum_lr=lambda lip: jnp.ones([], lip.dtype),
+    ...   denominator=hypergradient.curvature_tau(),
+    ...   curvature_estimate=curvature.running_mean(),
+    ...   lipschitz=10.0)
+    >>> state = d.init(jnp.zeros(2))
+    >>> float(state.lipschitz), float(state.momentum)
+    (10.0, 0.95)
   """
   schedule = decay_lib.constant() if schedule is None else schedule
   null_action = keep() if null_action is None else null_action
@@ -419,10 +465,10 @@ def momentum_hdm(
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
-    >>> from hdm_optax import acceptance, core, curvature, hypergradient, learners
-    >>> opt = core.momentum_hdm(
+    >>> from hdm_optax.pieces import acceptance, momentum, curvature, hypergradient, learners
+    >>> opt = momentum.momentum_hdm(
     ...   "example",
-    ...   learner=core.additive(learners.adagrad()),
+    ...   learner=momentum.additive(learners.adagrad()),
     ...   precond_rule=lambda lip, curv, factor: (10 / lip, 0.0, None),
     ...   momentum_lr=lambda lip: jnp.ones([], lip.dtype),
     ...   acceptance=acceptance.strict_decrease(),

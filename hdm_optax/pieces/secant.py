@@ -55,7 +55,7 @@ def secant_memory(params, size: int) -> SecantMemory:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant
+    >>> from hdm_optax.pieces import secant
     >>> mem = secant.secant_memory(jnp.zeros(3), 10)
     >>> mem.s.shape, int(mem.head)
     ((10, 3), 0)
@@ -78,7 +78,7 @@ def secant_record(memory: SecantMemory, s, y, keep) -> SecantMemory:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant
+    >>> from hdm_optax.pieces import secant
     >>> mem = secant.secant_memory(jnp.zeros(2), 2)
     >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
     >>> float(mem.rho[0]), int(mem.head)
@@ -103,7 +103,7 @@ def reset(memory: SecantMemory, where) -> SecantMemory:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant
+    >>> from hdm_optax.pieces import secant
     >>> mem = secant.secant_memory(jnp.zeros(2), 2)
     >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
     >>> float(secant.reset(mem, True).rho[0])
@@ -134,7 +134,7 @@ def two_loop(memory: SecantMemory, gamma, vector):
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import secant
+    >>> from hdm_optax.pieces import secant
     >>> mem = secant.secant_memory(jnp.zeros(2), 3)
     >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
     >>> [float(v) for v in secant.two_loop(mem, 0.5, jnp.array([4.0, 2.0]))]

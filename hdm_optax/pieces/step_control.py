@@ -1,6 +1,6 @@
 r"""Step controls: the factor of each proposal, from what the trials revealed.
 
-A :class:`hdm_optax.iteration.StepControl` keeps a small state and scales the
+A :class:`hdm_optax.pieces.iteration.StepControl` keeps a small state and scales the
 direction's next proposal:
 
 - :func:`damping`: HDM's s, halved after a non-finite trial and 1 after a
@@ -34,11 +34,11 @@ def damping() -> iteration_lib.StepControl:
   A probe (``trial.iteration`` False) leaves s as it is.
 
   Returns:
-    A :class:`hdm_optax.iteration.StepControl` whose state is s.
+    A :class:`hdm_optax.pieces.iteration.StepControl` whose state is s.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import iteration, step_control
+    >>> from hdm_optax.pieces import iteration, step_control
     >>> control = step_control.damping()
     >>> trial = iteration.Trial(None, None, None, jnp.asarray(False), jnp.asarray(True))
     >>> float(control.update(control.init(jnp.float32), trial, accepted=False, restart=False,
@@ -68,11 +68,11 @@ def halve_or_grow(shrink: Any = 0.5, grow: Any = 1.5) -> iteration_lib.StepContr
     grow: the factor after an accepted step, >= 1.
 
   Returns:
-    A :class:`hdm_optax.iteration.StepControl` whose state is alpha.
+    A :class:`hdm_optax.pieces.iteration.StepControl` whose state is alpha.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import step_control
+    >>> from hdm_optax.pieces import step_control
     >>> control = step_control.halve_or_grow()
     >>> alpha = control.update(control.init(jnp.float32), None, accepted=False, restart=False,
     ...                        ctx=None)
@@ -112,8 +112,8 @@ def next_trial_scale(scale: jax.Array, finite: jax.Array) -> jax.Array:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import trial
-    >>> float(trial.next_trial_scale(jnp.asarray(1.0), jnp.asarray(False)))
+    >>> from hdm_optax.pieces import step_control
+    >>> float(step_control.next_trial_scale(jnp.asarray(1.0), jnp.asarray(False)))
     0.5
   """
   return jax.numpy.where(finite, 1, 0.5 * scale).astype(scale.dtype)
@@ -139,10 +139,10 @@ def kept_scale(scale: jax.Array, finite: jax.Array) -> jax.Array:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax import trial
-    >>> float(trial.kept_scale(jnp.asarray(0.25), jnp.asarray(True)))
+    >>> from hdm_optax.pieces import step_control
+    >>> float(step_control.kept_scale(jnp.asarray(0.25), jnp.asarray(True)))
     0.25
-    >>> float(trial.kept_scale(jnp.asarray(0.25), jnp.asarray(False)))
+    >>> float(step_control.kept_scale(jnp.asarray(0.25), jnp.asarray(False)))
     1.0
   """
   return jax.numpy.where(finite, scale, 1).astype(scale.dtype)
