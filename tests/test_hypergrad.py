@@ -87,10 +87,11 @@ def package_hypergrad(opt, A, b, x, replace):
   state = replace_fields(state, **{k: jnp.asarray(v) for k, v in replace.items()})
   v, g = jax.value_and_grad(f)(x)
   _, new = opt.update(g, state, x, value=v, grad=g, value_fn=f)
-  G_P = (np.asarray(state.direction.precond) - np.asarray(new.direction.precond)) / ETA
+  old, new = getattr(state, "direction", state), getattr(new, "direction", new)  # AGD: its own
+  G_P = (np.asarray(old.precond) - np.asarray(new.precond)) / ETA
   G_B = None
-  if hasattr(state.direction, "momentum"):
-    G_B = (np.asarray(state.direction.momentum) - np.asarray(new.direction.momentum)) / ETA
+  if hasattr(old, "momentum"):
+    G_B = (np.asarray(old.momentum) - np.asarray(new.momentum)) / ETA
   return G_P, G_B
 
 

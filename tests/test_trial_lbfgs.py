@@ -96,8 +96,8 @@ def test_non_finite_trial_changes_nothing_but_alpha():
   upd, new = opt.update(grad, state, x0, value=value, grad=grad, value_fn=fun)
   assert not np.any(np.asarray(upd))
   assert float(new.value) == float(value) and np.array_equal(new.grad, grad)
-  assert int(new.memory.head) == 0 and not np.any(np.asarray(new.memory.rho))
-  assert float(new.step_size) == 0.5 and not bool(new.info.accepted)
+  assert int(new.direction.memory.head) == 0 and not np.any(np.asarray(new.direction.memory.rho))
+  assert float(new.control) == 0.5 and not bool(new.info.accepted)
   res = hdm_optax.solve(opt, fun, x0, max_steps=200, tol=1e-8)
   assert bool(res.converged)
 
