@@ -302,10 +302,10 @@ def check_at_least(name: str, value, lower):
   _require(name, value, lambda a: a >= lower, f">= {lower}", f"pass a value >= {lower}")
 
 
-def check_momentum_bounds(lo, hi):
-  for name, val in (("momentum_min", lo), ("momentum_max", hi)):
+def check_momentum_bounds(lo, hi, names=("momentum_min", "momentum_max")):
+  for name, val in zip(names, (lo, hi)):
     check_interval(name, val, -1, 1, hi_open=True)
-  check_bounds("momentum_min", lo, "momentum_max", hi)
+  check_bounds(names[0], lo, names[1], hi)
 
 
 def check_init_momentum(value, lo, hi):
@@ -319,31 +319,6 @@ def check_init_momentum(value, lo, hi):
       f"init_momentum must lie in [momentum_min, momentum_max] = [{_show(lo_arr)}, "
       f"{_show(hi_arr)}], got {_show(arr)}; pass a value in that interval or widen the bounds."
     )
-
-
-def exclusive(name: str, piece_name: str, piece, **knobs):
-  """Raises a ``TypeError`` when ``piece`` is passed with knobs that build it.
-
-  ``knobs`` maps each knob's name to ``(value, default)``; a knob counts as
-  passed when its value differs from its default.
-  """
-  if piece is None:
-    return
-  passed = [k for k, (value, default) in knobs.items() if not _same(value, default)]
-  if passed:
-    raise TypeError(
-      f"{name}: {piece_name}= replaces the piece that {', '.join(passed)} configure; "
-      f"drop {' and '.join(f'{k}=' for k in passed)} or drop {piece_name}=."
-    )
-
-
-def _same(value, default) -> bool:
-  if value is default:
-    return True
-  try:
-    return bool(value == default)
-  except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-    return False
 
 
 def lookup(kind: str, name, registry: dict, allowed=None):

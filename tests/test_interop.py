@@ -311,7 +311,9 @@ DTYPE_OPTS = {
   "hdm_hb": lambda: hdm_optax.hdm_hb(momentum_candidate="diagonal"),
   "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=10.0),
   "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP),
-  "hdm_best_lip": lambda: hdm_optax.hdm_best(lipschitz=10.0, tau=1.0),
+  "hdm_best_lip": lambda: hdm_optax.hdm_best(
+    lipschitz=10.0, denominator=hdm_optax.pieces.hypergradient.fixed_tau(1.0)
+  ),
 }
 
 

@@ -266,16 +266,6 @@ def test_hdm_best_takes_pieces_in_place_of_their_knobs():
   )
 
 
-@pytest.mark.parametrize(
-  "kwargs,drop",
-  [
-    (dict(denominator=hypergradient.fixed_tau(1.0), tau=2.0), "tau="),
-    (dict(schedule=decay.constant(), decay_every=10, decay_rate=0.5), "decay_every= and"),
-    (dict(curvature_estimate=curvature.running_mean(), horizon=50), "horizon="),
-  ],
-)
-def test_a_piece_and_its_knobs_together_is_an_error(kwargs, drop):
-  with pytest.raises(TypeError, match=f"drop {drop}"):
-    hdm_optax.hdm_best(**kwargs)
-  knobs_at_default = {k: v for k, v in kwargs.items() if k in ("denominator", "schedule")}
-  hdm_optax.hdm_best(**knobs_at_default, horizon=1000)
+def test_hdm_best_refuses_a_probe_beside_a_given_lipschitz():
+  with pytest.raises(TypeError, match="probe= measures L when lipschitz= is not given"):
+    hdm_optax.hdm_best(lipschitz=1.0, probe=curvature.gradient_probe())

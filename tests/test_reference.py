@@ -585,9 +585,10 @@ def _check_best(kind, seed, steps, horizon, R2=math.inf, vacuity=True):
   data, _ = make_problem(kind, seed, R2=R2)
   f, grad = np_oracle(data)
   x0 = x_start(5)
-  kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0, horizon=horizon)
-  opt, stepper = compiled(hdm_optax.hdm_best, **kw)
-  want = ref.hdm_best_reference(f, grad, x0, steps, **kw)
+  kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0)
+  estimate = hdm_optax.pieces.curvature.running_mean(horizon)
+  opt, stepper = compiled(hdm_optax.hdm_best, curvature_estimate=estimate, **kw)
+  want = ref.hdm_best_reference(f, grad, x0, steps, horizon=horizon, **kw)
   # vacuity checks on the reference run first (they do not depend on the package)
   if vacuity:
     k_set = next((k for k, Lh in enumerate(want["L_hats"]) if Lh is not None), None)

@@ -390,7 +390,8 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
   def make(precond_lr, decay_every, lr_decay_on):
     seen.update(p=precond_lr.dtype, every=decay_every.dtype, on=lr_decay_on.dtype)
     lr = jnp.where(lr_decay_on, precond_lr, 0.5 * precond_lr)
-    return hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr, decay_every=decay_every)
+    schedule = hdm_optax.pieces.decay.step_decay(every=decay_every)
+    return hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr, schedule=schedule)
 
   grid = {"precond_lr": [1e-3, 1e-2], "decay_every": [5, 50], "lr_decay_on": [True, False]}
   x = jnp.ones(3, jnp.float32)
@@ -401,7 +402,8 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
   # Each point is the run of its own optimizer, integers and booleans included.
   for i, point in enumerate(out.points):
     lr = point["precond_lr"] * (1.0 if point["lr_decay_on"] else 0.5)
-    opt = hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr, decay_every=point["decay_every"])
+    schedule = hdm_optax.pieces.decay.step_decay(every=point["decay_every"])
+    opt = hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr, schedule=schedule)
     res = hdm_optax.solve(opt, quadratic, x, max_steps=60, fun_args=(A.astype(jnp.float32),))
     assert int(res.num_steps) == int(out.results.num_steps[i])
     np.testing.assert_allclose(out.results.params[i], res.params, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ import optax
 import pytest
 
 import hdm_optax
+from hdm_optax import pieces
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +38,12 @@ VARIANTS = {
   "hdm_full_ogd": lambda: hdm_optax.hdm(candidate="full", learner="ogd", precond_max=10.0),
   "hdm_hb": lambda: hdm_optax.hdm_hb(precond_lr=1.0, tau=1.0, omega=0.1),
   "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=30.0, precond_lr=1.0),
-  "hdm_best": lambda: hdm_optax.hdm_best(horizon=40),
-  "hdm_best_fixed": lambda: hdm_optax.hdm_best(lipschitz=30.0, tau=1.0, lr_decay=False),
+  "hdm_best": lambda: hdm_optax.hdm_best(curvature_estimate=pieces.curvature.running_mean(40)),
+  "hdm_best_fixed": lambda: hdm_optax.hdm_best(
+    lipschitz=30.0,
+    denominator=pieces.hypergradient.fixed_tau(1.0),
+    schedule=pieces.decay.constant(),
+  ),
   "hdm_auto": lambda: hdm_optax.hdm_auto(horizon=40),
   "osgm_best": lambda: hdm_optax.osgm_best(horizon=40),
 }

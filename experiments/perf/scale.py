@@ -66,7 +66,7 @@ def main(argv=None):
 
   # A crude upper bound on L: ||A||_F^2 / 4.
   lip = float(jnp.sum(a.data**2)) / 4
-  opt = hdm_optax.hdm_best(lipschitz=lip, horizon=1000)
+  opt = hdm_optax.hdm_best(lipschitz=lip)
   x = jnp.zeros(n, jnp.float32)
   # x and the state are donated to the compiled iteration, so no two of them
   # may share a buffer (init stores x as x^0 and eta_p as eta_p0): copy.

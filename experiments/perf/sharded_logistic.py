@@ -103,7 +103,9 @@ def main(argv=None):
     return jnp.sum(jax.nn.softplus(-y * (a @ w)))
 
   lip = float(np.linalg.norm(a_np, 2) ** 2 / 4)
-  opt = hdm_optax.hdm_best(lipschitz=lip, horizon=args.steps)
+  opt = hdm_optax.hdm_best(
+    lipschitz=lip, curvature_estimate=hdm_optax.pieces.curvature.running_mean(args.steps)
+  )
 
   run = jax.jit(
     lambda x, a, y: hdm_optax.solve(

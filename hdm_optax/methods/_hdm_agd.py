@@ -82,6 +82,10 @@ def hdm_agd(
   Oracle cost: three value-and-gradient calls per update (at y^k and at the
   two trial points; the gradient of the kept point is cached in the state so
   ``optax.value_and_grad_from_state`` costs nothing).
+  That is why HDM-AGD keeps its own update rather than the one-call shell
+  of the other methods (:func:`hdm_optax.pieces.iteration.iteration`): its
+  trial is an argmin over two points taken from an extrapolated y^k, not one
+  point from x^k.
 
   Args:
     lipschitz: L, the smoothness constant (required).
@@ -141,6 +145,33 @@ def hdm_agd(
       weight_sum=jnp.ones([], dtype),
     )
 
+  def learn_precond(state, pre_grad, y_grad, y_ok, pre_ok):
+    """Line 5: P_{k+1} from grad h_{y^k}(P_k) = -grad f(x_P) grad f(y)^T / ||grad f(y)||^2.
+
+    A non-finite trial y - P g (y finite) halves P, so that the same too-long
+    trial does not return (a safeguard, not in the paper).
+    """
+    dtype = state.value.dtype
+    den = optax.tree.vdot(y_grad, y_grad)
+    hypergrad = hypergradient_lib.hypergradient(cand, pre_grad, y_grad, den=den)
+    new_p, new_l = learners_lib.learn(
+      cand,
+      learn,
+      state.precond,
+      hypergrad,
+      state.precond_learner_state,
+      _common.cast(precond_lr, dtype),
+      precond_min,
+      precond_max,
+    )
+    halved = cand.project(optax.tree.scale(0.5, state.precond), precond_min, precond_max)
+    precond, learner_state = _common.keep_if(
+      pre_ok,
+      (new_p, new_l),
+      (_common.keep_if(y_ok, halved, state.precond), state.precond_learner_state),
+    )
+    return precond, learner_state, hypergrad
+
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
@@ -166,27 +197,7 @@ def hdm_agd(
     x_pre = optax.tree.add(y, candidates_lib.trial_step(cand, state.precond, y_grad))
     pre_value, pre_grad = _common.value_and_grad(value_fn, x_pre)
     pre_ok = y_ok & _common.all_finite(pre_value, pre_grad)
-    # Line 5: P_{k+1} from grad h_{y^k}(P_k) = -grad f(x_P) grad f(y)^T / ||grad f(y)||^2.
-    den = optax.tree.vdot(y_grad, y_grad)
-    hypergrad = hypergradient_lib.hypergradient(cand, pre_grad, y_grad, den=den)
-    new_p, new_l = learners_lib.learn(
-      cand,
-      learn,
-      state.precond,
-      hypergrad,
-      state.precond_learner_state,
-      _common.cast(precond_lr, dtype),
-      precond_min,
-      precond_max,
-    )
-    # A non-finite trial y - P g (y finite) halves P, so that the same
-    # too-long trial does not return (a safeguard, not in the paper).
-    halved = cand.project(optax.tree.scale(0.5, state.precond), precond_min, precond_max)
-    precond, learner_state = _common.keep_if(
-      pre_ok,
-      (new_p, new_l),
-      (_common.keep_if(y_ok, halved, state.precond), state.precond_learner_state),
-    )
+    precond, learner_state, hypergrad = learn_precond(state, pre_grad, y_grad, y_ok, pre_ok)
     # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf):
     # the better trial point (ties go to the first), then the acceptance rule
     # against x^k.
@@ -195,14 +206,14 @@ def hdm_agd(
     pre_v = jnp.where(pre_ok, pre_value, inf)
     use_pre = pre_v < lip_v
     best_value = jnp.where(use_pre, pre_v, lip_v)
-    best_grad = _common.keep_if(use_pre, pre_grad, lip_grad)
-    best = _common.keep_if(use_pre, x_pre, x_lip)
+    best_grad, best = _common.keep_if(use_pre, (pre_grad, x_pre), (lip_grad, x_lip))
     accepted = y_ok & acceptance.accept(
       best_value, jnp.asarray(value, dtype), best_grad, grad, step=optax.tree.sub(best, params)
     )
     new_params = _common.keep_if(accepted, best, params)
     new_grad = _common.keep_if(accepted, best_grad, grad)
     # Line 6: v_k from h_{y^k}(P_k) = (f(x_P) - f(y)) / ||grad f(y)||^2.
+    den = optax.tree.vdot(y_grad, y_grad)
     h = jnp.where(pre_ok, _common.safe_div(pre_value - y_value, den), inf)
     v = jnp.maximum(
       1 / (2 * jnp.maximum(-h, 1 / (2 * lip))), lip / (2 * _common.cast(theta, dtype))

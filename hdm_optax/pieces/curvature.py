@@ -111,6 +111,8 @@ def running_mean(
     >>> bool(fired), float(state.l_hat), bool(state.active)
     (True, 2.0, False)
   """
+  _common.check_positive("horizon", horizon)
+  _common.check_nonnegative("min_step", min_step)
 
   def init(dtype):
     return CurvatureState(
@@ -191,6 +193,8 @@ def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
     1.0
   """
 
+  _common.check_positive("size", size)
+
   def offset(index, params, grad, active):
     del index, active
     grad_sq = optax.tree.vdot(grad, grad)
@@ -239,6 +243,8 @@ def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 
     >>> round(float(jnp.linalg.norm(offset)), 6), float(delta)
     (0.5, 0.5)
   """
+  _common.check_positive("size", size)
+  _common.check_positive("num", num)
   key = jax.random.key(seed)
 
   def offset(index, params, grad, active):

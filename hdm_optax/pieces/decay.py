@@ -89,6 +89,10 @@ def step_decay(every: int = 50, rate: Any = 0.8, floor: Any = 1e-3) -> Schedule:
     0.25
   """
 
+  _common.check_positive("every", every)
+  _common.check_interval("rate", rate, 0, 1, lo_open=True)
+  _common.check_nonnegative("floor", floor)
+
   def update(state, count, active):
     factor = state.factor
     dtype = factor.dtype

@@ -166,6 +166,8 @@ def fixed_tau(tau: Any) -> Denominator:
     4.0
   """
 
+  _common.check_nonnegative("tau", tau)
+
   def den(grad_sq, diff_sq, curvature):
     del curvature
     return grad_sq + 0.5 * _common.cast(tau, grad_sq.dtype) * diff_sq
@@ -197,6 +199,8 @@ def curvature_tau(eps: Any = 1e-12) -> Denominator:
     >>> float(den(jnp.asarray(1.0), jnp.asarray(3.0), jnp.asarray(2.0)))
     4.0
   """
+
+  _common.check_nonnegative("eps", eps)
 
   def den(grad_sq, diff_sq, curvature):
     return jnp.where(
