@@ -81,7 +81,7 @@ def test_trial_on_the_current_batch():
     p, state, _ = step(p, state, batch)
     np.testing.assert_allclose(p["w"], want["w"], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(
-      state.direction.precond["w"], want_state.precond["w"], rtol=1e-12, atol=1e-15
+      state.direction.precond["w"], want_state.direction.precond["w"], rtol=1e-12, atol=1e-15
     )
     if backends.is_cpu() or not trial_is_x:
       assert bool(state.info.accepted) == bool(want_state.info.accepted)
