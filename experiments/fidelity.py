@@ -12,7 +12,7 @@ Reads ``<results>/<problem>/<dataset>_hdm_best_grid.csv`` (written by
 2. over every dataset and problem in the results, prints the number of
    instances each grid point solves (and its total gradient calls): the
    default of ``hdm_best`` is the point that solves the most (ties: fewest
-   calls), see ``hdm_optax.DEFAULT_PRECOND_LR_TIMES_L`` / ``DEFAULT_MOMENTUM_LR``.
+   calls), see ``hdm_optax.methods.DEFAULT_PRECOND_LR_TIMES_L`` / ``DEFAULT_MOMENTUM_LR``.
 """
 
 from __future__ import annotations
@@ -120,7 +120,10 @@ def main(argv=None):
   print(f"{'eta_p L':>8} {'eta_b':>6} {'solved':>8} {'grad calls':>11}")
   for (pm, mb), (solved, calls, n) in rank_points(grids):
     mark = ""
-    if (pm, mb) == (hdm_optax.DEFAULT_PRECOND_LR_TIMES_L, hdm_optax.DEFAULT_MOMENTUM_LR):
+    if (pm, mb) == (
+      hdm_optax.methods.DEFAULT_PRECOND_LR_TIMES_L,
+      hdm_optax.methods.DEFAULT_MOMENTUM_LR,
+    ):
       mark = "  <- hdm_best default"
     print(f"{pm:>8g} {mb:>6g} {solved:>4}/{n:<3} {calls:>11}{mark}")
   loo, n = leave_one_out(grids)

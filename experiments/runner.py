@@ -178,7 +178,11 @@ def jax_algorithms(lip):
   lrs = [1.0 / lip if v == "1/L" else v for v in LR_GRID]
   lr_labels = [{"lr": v} for v in LR_GRID]
   best = [dict(pm=pm, mb=mb, lip=lip) for pm in HDM_BEST_PM for mb in HDM_BEST_MB]
-  default = dict(pm=hdm_optax.DEFAULT_PRECOND_LR_TIMES_L, mb=hdm_optax.DEFAULT_MOMENTUM_LR, lip=lip)
+  default = dict(
+    pm=hdm_optax.methods.DEFAULT_PRECOND_LR_TIMES_L,
+    mb=hdm_optax.methods.DEFAULT_MOMENTUM_LR,
+    lip=lip,
+  )
   return [
     (
       "first-order",

@@ -173,11 +173,12 @@ def test_hdm_agd_properties(prob, l_factor, theta, lr):
   )
   res = compiled_solve(_hdm_agd)(hp, x0, data)
   check_run(res, monotone=True)
-  assert_within(res.state.direction.precond, 0.0, 10.0 / lip * (1 + 1e-12))
+  assert_within(res.state.precond, 0.0, 10.0 / lip * (1 + 1e-12))
 
 
 def _hdm_best(**hp):
-  return hdm_optax.hdm_best(**hp)
+  estimate = hdm_optax.pieces.curvature.running_mean(horizon=STEPS)
+  return hdm_optax.hdm_best(curvature_estimate=estimate, **hp)
 
 
 @SETTINGS
@@ -196,10 +197,8 @@ def test_hdm_best_properties(prob, l_factor, lr, mlr, b_lo, b_hi, b_init):
     lipschitz=l_factor * lip,
     precond_lr=lr / lip,
     momentum_lr=mlr,
-    momentum_min=b_lo,
-    momentum_max=b_hi,
+    momentum_bounds=(b_lo, b_hi),
     init_momentum=b_init,
-    horizon=STEPS,
   )
   res = compiled_solve(_hdm_best)(hp, x0, data)
   check_run(res, monotone=True)

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple, Union
 
 import jax
 import numpy as np
+import optax
 
 __all__ = (
   "SolveResult",
@@ -161,7 +162,11 @@ class SolveResult(NamedTuple):
     nulls = np.broadcast_to(np.asarray(self.null_run), codes.shape).ravel()
     steps = np.broadcast_to(np.asarray(self.num_steps), codes.shape).ravel()
     accepted = np.asarray(self.trace.accepted).reshape(codes.size, -1)
-    leaves = jax.tree.leaves(getattr(self.state, "precond", None))
+    leaves = [
+      leaf
+      for _, p in optax.tree.get_all_with_path(self.state, "precond")
+      for leaf in jax.tree.leaves(p)
+    ]
     precond = (
       np.concatenate([np.asarray(p).reshape(codes.size, -1) for p in leaves], axis=1)
       if leaves
