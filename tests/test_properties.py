@@ -202,7 +202,7 @@ def test_hdm_best_properties(prob, l_factor, lr, mlr, b_lo, b_hi, b_init):
   )
   res = compiled_solve(_hdm_best)(hp, x0, data)
   check_run(res, monotone=True)
-  st_ = res.state
+  st_ = res.state.direction
   l_now = jnp.where(st_.curvature.l_hat > 0, st_.curvature.l_hat, st_.lipschitz)
   assert_within(st_.precond, 0.0, None)
   assert float(jnp.max(st_.precond)) <= float(1e10 / l_now) * (1 + 1e-12)
