@@ -28,14 +28,15 @@ def hdm_auto(
   num_probes: int = 3,
   probe_size: Any = 1e-4,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""HDM-Best that needs no argument: the recommended entry point.
+  r"""HDM-Best that needs no argument: the tuning-free method built of HDM's own pieces.
 
   Algorithm 4's iteration (diagonal P, scalar beta, hypergradient feedback,
   null step), with the refinements of :func:`hdm_optax.hdm_best` (P_1 from L,
   beta_1 = 0.95, the curvature estimate L_hat and its denominator
   :math:`\|g\|^2 + \frac{\hat L^2}{4}\|x - x^-\|^2`, x^- <- x after every
   iteration), and four departures, each chosen on the development problems
-  (``docs/robust_default.md``):
+  (``docs/robust_default.md``). Where a quasi-Newton model is welcome,
+  :func:`hdm_optax.trial_lbfgs` (also without arguments) solves more.
 
   - P is learned in log space (:func:`hdm_optax.pieces.learners.learn_log`): the
     learner sees :math:`P \circ G_P` and P moves by factors,
