@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import protocol
 from experiments.perf import timing
 
 __all__ = ["SOLVERS", "device_label", "make_batch", "batched_solve", "main"]
@@ -186,6 +187,7 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--tol", type=float, default=1e-4)
   p.add_argument("--repeats", type=int, default=3)
   args = p.parse_args(argv)
+  protocol.float32_products()
   if args.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   solvers = SOLVERS if args.solvers == "all" else tuple(args.solvers.split(","))

@@ -160,10 +160,11 @@ def trial_lbfgs(
     trial_value, trial_grad = _common.value_and_grad(value_fn, optax.tree.add(params, step))
     trial_value = jnp.asarray(trial_value, dtype)
     change = optax.tree.sub(trial_grad, grad)
-    sy = optax.tree.vdot(step, change)
+    products = secant_lib.pair_products(step, change)  # one pass over s and y
+    sy = products.sy
     finite = jnp.isfinite(trial_value) & jnp.isfinite(sy) & _common.all_finite(trial_grad)
     accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
-    step_norm, change_norm = optax.tree.norm(step), optax.tree.norm(change)
+    step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
     # Every finite trial's pair with enough positive curvature enters the memory.
     keep = finite & (sy > c(pair_tol) * step_norm * change_norm)
     safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
@@ -171,10 +172,9 @@ def trial_lbfgs(
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     lost = finite & ((step_norm <= c(_RESOLUTION) * optax.tree.norm(params)) | (change_norm == 0))
     keep = keep & ~lost
-    memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep)
+    memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep, sy=sy)
     memory = secant_lib.reset(memory, lost)
-    yy = optax.tree.vdot(change, change)
-    new_gamma = jnp.where(keep & accepted, _common.safe_div(sy, yy), state.gamma)
+    new_gamma = jnp.where(keep & accepted, _common.safe_div(sy, products.yy), state.gamma)
     new_gamma = jnp.where(lost, 0, new_gamma)
     step_size = jnp.where(
       accepted, jnp.minimum(1, state.step_size * c(grow)), state.step_size * c(shrink)
