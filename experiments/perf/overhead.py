@@ -41,16 +41,17 @@ before the loop):
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 
 import jax
 import numpy as np
 
 from experiments import protocol
-from experiments.perf import hlo, timing
+from experiments.perf import batched, hlo, timing
 
 
-def _parse():
+def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sizes", default="1e3,1e4,1e5,1e6")
   p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -65,6 +66,7 @@ def _parse():
   )
   p.add_argument("--kernels", action="store_true", help="print the kernels per iteration")
   p.add_argument("--hlo-dir", default=None, help="write each program's optimized HLO here")
+  p.add_argument("--json", default=None, help="also write the rows to this JSON file")
   p.add_argument(
     "--optimizer",
     default="hdm_best",
@@ -78,7 +80,7 @@ def _parse():
     help=f"comma-separated of {', '.join(PEERS)}: their K-iteration solves, timed "
     "interleaved with the rest, per oracle call (line-search calls counted)",
   )
-  args = p.parse_args()
+  args = p.parse_args(argv)
   peers = tuple(filter(None, args.peers.split(",")))
   unknown = set(peers) - set(PEERS)
   if unknown:
@@ -296,16 +298,54 @@ def measure(
   )
 
 
-def main():
-  args = _parse()
+def _print_row(r, args, check_every) -> None:
+  print(
+    f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
+    f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
+    f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
+    f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
+    f"({r['nulls']})",
+    flush=True,
+  )
+  for k, t in r["t_solve_k"].items():
+    print(
+      f"{'':>8} solve with check_every={k} (vs {check_every[0]}): {t * 1e3:.3f}ms, "
+      f"solve/vg {t / r['t_vg']:.3f}",
+      flush=True,
+    )
+  for name, (t, calls) in r["peers"].items():
+    print(
+      f"{'':>8} {name}: {t * 1e3:.3f}ms per call ({calls} calls in {r['steps']} iterations), "
+      f"/vg {t / r['t_vg']:.3f}; {args.optimizer} solve per call / {name}'s: "
+      f"{r['t_solve'] / t:.3f}",
+      flush=True,
+    )
+  for name, (counts, by_trips) in r["kernels"].items():
+    print(f"{'':>8} {name} loop, one iteration: {counts}", flush=True)
+    if by_trips != counts:
+      print(f"{'':>8}   nested loops by their trip counts: {by_trips}", flush=True)
+
+
+def _json_row(r) -> dict:
+  """``r`` with its kernel counts as numbers (nested loops by their trip counts)."""
+  kernels = {
+    name: dict(total=k.total, over_n=k.over_n, vectors=k.vectors, kinds=dict(k.kinds))
+    for name, (_, k) in r["kernels"].items()
+  }
+  return {**r, "kernels": kernels}
+
+
+def main(argv=None) -> list[dict]:
+  args = _parse(argv)
   if args.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   protocol.float32_products()
   dtype = np.dtype(args.dtype)
   rng = np.random.default_rng(args.seed)
   sizes = [int(float(s)) for s in args.sizes.split(",")]
+  device = batched.device_label()
   print(
-    f"{args.optimizer}: jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
+    f"{args.optimizer}: jax {jax.__version__}, {device}, {dtype}, "
     f"best of {args.repeats} runs; times per oracle call"
   )
   header = (
@@ -314,9 +354,10 @@ def main():
     f"{'leaves':>6}  f0 -> f_K (null steps)"
   )
   print(header)
+  rows = []
+  check_every = tuple(int(k) for k in args.check_every.split(","))
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
-    check_every = tuple(int(k) for k in args.check_every.split(","))
     r = measure(
       n,
       dtype,
@@ -329,31 +370,11 @@ def main():
       args.hlo_dir,
       args.peers,
     )
-    print(
-      f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
-      f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
-      f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
-      f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
-      f"({r['nulls']})",
-      flush=True,
-    )
-    for k, t in r["t_solve_k"].items():
-      print(
-        f"{'':>8} solve with check_every={k} (vs {check_every[0]}): {t * 1e3:.3f}ms, "
-        f"solve/vg {t / r['t_vg']:.3f}",
-        flush=True,
-      )
-    for name, (t, calls) in r["peers"].items():
-      print(
-        f"{'':>8} {name}: {t * 1e3:.3f}ms per call ({calls} calls in {steps} iterations), "
-        f"/vg {t / r['t_vg']:.3f}; {args.optimizer} solve per call / {name}'s: "
-        f"{r['t_solve'] / t:.3f}",
-        flush=True,
-      )
-    for name, (counts, by_trips) in r["kernels"].items():
-      print(f"{'':>8} {name} loop, one iteration: {counts}", flush=True)
-      if by_trips != counts:
-        print(f"{'':>8}   nested loops by their trip counts: {by_trips}", flush=True)
+    _print_row(r, args, check_every)
+    rows.append(dict(_json_row(r), optimizer=args.optimizer, device=device))
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+  return rows
 
 
 if __name__ == "__main__":

@@ -166,9 +166,11 @@ def _newest_column(memory: SecantMemory) -> jax.Array:
 
 def _with_newest(memory: SecantMemory, column) -> tuple[jax.Array, jax.Array]:
   """``(sy, yy)`` of ``memory`` with the newest pair's column (and yy's row) set."""
-  k = _newest(memory)
-  yy = memory.yy.at[:, k].set(column[1]).at[k].set(column[1])
-  return memory.sy.at[:, k].set(column[0]), yy
+  slots = jnp.arange(memory.rho.shape[0], dtype=jnp.int32)
+  col, row = slots[None, :] == _newest(memory), slots[:, None] == _newest(memory)
+  sy = jnp.where(col, column[0][:, None], memory.sy)
+  yy = jnp.where(col, column[1][:, None], jnp.where(row, column[1][None, :], memory.yy))
+  return sy, yy
 
 
 def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
