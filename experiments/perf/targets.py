@@ -50,7 +50,9 @@ def _overhead_targets(rows: list[dict]) -> list[dict]:
       r = by_n.get(n)
       out.append(_row(f"update / vg at n = {n:.0e}", r and r["ratio_update"], limit))
     kernels = [r["kernels"]["update"]["total"] for r in rows if "update" in r["kernels"]]
-    out.append(_row("kernels per update (most over the sizes)", max(kernels, default=None), MAX_KERNELS))
+    out.append(
+      _row("kernels per update (most over the sizes)", max(kernels, default=None), MAX_KERNELS)
+    )
   for n, limit in (PER_CALL_CPU if on_cpu else PER_CALL_GPU).items():
     r = by_n.get(n)
     peer = r and r["peers"].get(PEER)
