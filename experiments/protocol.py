@@ -49,6 +49,7 @@ __all__ = [
   "Row",
   "best_point",
   "enable_float64",
+  "float32_products",
   "initial_point",
   "is_solved",
   "outcome",
@@ -81,6 +82,12 @@ def enable_float64() -> None:
   data) and sets ``jax_default_matmul_precision`` to :data:`MATMUL_PRECISION`.
   """
   jax.config.update("jax_enable_x64", True)
+  float32_products()
+
+
+def float32_products() -> None:
+  """float32 matrix products in float32 on every backend (:data:`MATMUL_PRECISION`): the
+  float32 measurement scripts call it first."""
   jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
 
 

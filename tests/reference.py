@@ -758,3 +758,28 @@ def trial_lbfgs_reference(
     ):
       out[key].append(val)
   return out
+
+
+def two_loop_reference(s, y, rho, head: int, gamma: float, v) -> np.ndarray:
+  """H_m v by the two-loop recursion (Nocedal and Wright, Algorithm 7.4) over a ring buffer.
+
+  ``s``, ``y`` (m, n) by slot, ``rho`` (m,) with 0 marking an empty slot, ``head`` the slot
+  after the newest pair: newest to oldest, ``q <- q - alpha_i y_i``; ``r = gamma q``; oldest
+  to newest, ``r <- r + (alpha_i - beta_i) s_i``. Empty slots are skipped.
+  """
+  s, y, rho = (np.asarray(a, dtype=np.float64) for a in (s, y, rho))
+  m = rho.size
+  q = np.array(v, dtype=np.float64)
+  alphas = {}
+  for k in range(m):
+    i = (head - 1 - k) % m
+    if rho[i] != 0:
+      alphas[i] = rho[i] * float(s[i] @ q)
+      q = q - alphas[i] * y[i]
+  r = gamma * q
+  for k in range(m):
+    i = (head + k) % m
+    if rho[i] != 0:
+      beta = rho[i] * float(y[i] @ r)
+      r = r + (alphas[i] - beta) * s[i]
+  return r

@@ -414,3 +414,40 @@ def test_solved_table_names_skipped_rows_apart():
   rows = [row("a", "1", "converged"), row("b", "0", "budget"), row("c", "0", "skipped: n = 9")]
   assert summary.solved_table({"scale": rows})[-1] == "| `s` | 1/2 (1 skipped) |"
   assert summary.solved_table({"scale": rows[:2]})[-1] == "| `s` | 1/2 |"
+
+
+def test_a_row_the_machine_fails_is_named_apart_and_retried(tmp_path, monkeypatch):
+  """A GPU held by another process ("Unable to initialize backend", faked here at build
+  time) gives an env_error row: the solved table names it apart instead of counting it
+  unsolved, and a re-run retries it; the summary reads the retry."""
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  inst = suites._instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
+
+  def held():
+    raise RuntimeError("Unable to initialize backend 'cuda': INTERNAL: no memory left")
+
+  path = tmp_path / "results.csv"
+  lbfgs = [solvers.get("optax.lbfgs()")]
+  good = suites.Task("user", "quad", (None,), lambda: inst)
+  assert runner.run_suite([suites.Task("user", "quad", (None,), held)], lbfgs, path) == 1
+  assert runner.run_suite([good], lbfgs, tmp_path / "other.csv", progress=False) == 1
+  (row,) = _rows(path)
+  assert row["status"].startswith("env_error: RuntimeError: Unable to initialize backend")
+  other = _rows(tmp_path / "other.csv")
+  table = summary.solved_table({"user": summary.read_rows(path) + other})
+  assert table[-1] == "| `optax.lbfgs()` | 1/1 (1 env errors) |"
+  assert runner.run_suite([good], lbfgs, path, progress=False) == 1  # retried
+  rows = summary.read_rows(path)
+  assert [r["status"] for r in rows] == ["converged"] and len(_rows(path)) == 2
+  assert summary.solved_table({"user": rows})[-1] == "| `optax.lbfgs()` | 1/1 |"
+  exc = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 18.63GiB")
+  assert runner._error(good, "s", None, exc).status.startswith("env_error: ")
+  assert runner._error(good, "s", None, ValueError("bad")).status == "error: ValueError: bad"
+
+
+def test_jobs_share_the_gpu():
+  env = cli.child_environment({"PATH": "/bin"})
+  assert env == {"PATH": "/bin", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  assert cli.child_environment({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}) == {
+    "XLA_PYTHON_CLIENT_PREALLOCATE": "true"
+  }

@@ -2,6 +2,8 @@
 on the CPU at tiny sizes: they run and print their rows. Their numbers are measured by the
 scripts, never asserted here."""
 
+import importlib.util
+import json
 import subprocess
 import types
 
@@ -113,3 +115,55 @@ def test_overhead_rows_are_per_oracle_call():
   assert r["ratio_update"] == pytest.approx(r["t_update"] / r["t_vg"])
   assert set(r["t_solve_k"]) == {3} and r["n_vectors"] == 4
   assert np.isfinite(r["f_end"]) and r["f_end"] < r["f0"]
+
+
+def test_overhead_peers_and_the_targets_of_issue_28(tmp_path, capsys):
+  """trial_lbfgs beside optax.lbfgs() and optx.LBFGS in one run (per oracle call, the
+  peers' line-search calls counted), written as JSON that experiments/perf/targets.py reads."""
+  if importlib.util.find_spec("optimistix") is None:
+    pytest.skip("optimistix is not installed (pip install -e '.[bench]')")
+  from experiments.perf import overhead, targets
+
+  path = tmp_path / "overhead.json"
+  argv = ["--optimizer", "trial_lbfgs", "--sizes", "1000", "--steps", "4", "--repeats", "1"]
+  argv += ["--dtype", "float64"]  # the tests run with x64 (optx.LBFGS fails on float32 there)
+  overhead.main(argv + ["--peers", "optax.lbfgs(),optx.LBFGS", "--kernels", "--json", str(path)])
+  (row,) = json.loads(path.read_text())
+  (t_lbfgs, calls_lbfgs), (t_optx, calls_optx) = (
+    row["peers"]["optax.lbfgs()"],
+    row["peers"]["optx.LBFGS"],
+  )
+  assert calls_lbfgs >= 5 and calls_optx == 4 and t_lbfgs > 0 and t_optx > 0
+  assert row["kernels"]["update"]["total"] > 0 and row["device"].startswith("CPU")
+  assert "optax.lbfgs(): " in capsys.readouterr().out
+  cpu = dict(row, n=100_000)
+  (met,) = [r for r in targets.check([cpu]) if r["target"].endswith("1e+05")]
+  assert met["value"] == pytest.approx(row["t_solve"] / t_lbfgs) and met["limit"] == 1.0
+  gpu = [dict(row, n=10_000_000, device="NVIDIA H100 (gpu)", ratio_update=1.2)]
+  batched_rows = [
+    dict(batch=1024, solver="trial_lbfgs()", per_second=300.0),
+    dict(batch=1024, solver="optax.lbfgs()", per_second=100.0),
+  ]
+  verdicts = {r["target"]: r["met"] for r in targets.check(gpu, batched_rows)}
+  assert verdicts["update / vg at n = 1e+07"] is True
+  assert verdicts["update / vg at n = 1e+06"] is None  # not measured
+  assert verdicts["batched problems/s / optax.lbfgs()'s at B = 1024"] is True
+  assert verdicts["batched problems/s / optax.lbfgs()'s at B = 16384"] is None
+
+
+def test_loop_kernels_by_trips_and_vectors_moved():
+  """A nested loop of 3 trips over a 4 x n buffer: by trips it counts 3 times; each trip
+  reads one row (a dynamic slice, 1 vector) and writes the accumulator."""
+  n = 4096
+
+  def program(buf, x):
+    def body(_, x):
+      inner = lambda i, acc: acc + jnp.sin(jax.lax.dynamic_index_in_dim(buf, i, 0, False))
+      return jax.lax.fori_loop(0, 3, inner, x)
+
+    return jax.lax.fori_loop(0, 5, body, x)
+
+  text = jax.jit(program).lower(jnp.ones((4, n)), jnp.ones(n)).compile().as_text()
+  once, by_trips = hlo.loop_kernels(text, n), hlo.loop_kernels(text, n, by_trips=True)
+  assert by_trips.total > once.total and by_trips.vectors > once.vectors > 0
+  assert once.vectors < 4 * once.total  # the 4 x n buffer is read a row at a time

@@ -68,6 +68,113 @@ def test_trial_lbfgs_matches_reference(kind):
   assert max(want["pairs"]) == 3
 
 
+def _tree_pairs(rng, shapes, count, dtype):
+  """``count`` pairs (s, y = A s) as dicts of leaves with A symmetric positive definite."""
+  n = sum(int(np.prod(shape)) for shape in shapes.values())
+  q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+  a = (q * np.geomspace(1e-2, 1e2, n)) @ q.T
+  split = np.cumsum([int(np.prod(shape)) for shape in shapes.values()])[:-1]
+
+  def tree(flat):
+    parts = np.split(flat, split)
+    return {k: jnp.asarray(p.reshape(shape), dtype) for (k, shape), p in zip(shapes.items(), parts)}
+
+  return [(tree(s), tree(a @ s)) for s in rng.standard_normal((count, n))]
+
+
+def _flat(tree):
+  return np.concatenate([np.ravel(np.asarray(leaf, np.float64)) for leaf in jax.tree.leaves(tree)])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+@pytest.mark.parametrize(
+  "history",
+  [
+    "",  # no pair: gamma v
+    "kk",  # two of five slots filled
+    "kkkkkkkk",  # eight pairs in five slots: the head has wrapped
+    "kkdkkdkkkk",  # declined pairs (keep False) in between
+    "kkkkkkkrkk",  # a reset, then two pairs over the stale slots of the old ones
+  ],
+)
+def test_compact_two_loop_matches_the_recursion(history, dtype):
+  """two_loop (compact form) against the two-loop recursion on random pairs of a dict pytree
+  (leaves (3, 4), (5,), ()), memory m = 5: empty slots, a wrapped head, declined pairs, reset."""
+  rng = np.random.default_rng(len(history))
+  shapes = {"w": (3, 4), "b": (5,), "c": ()}
+  pairs = _tree_pairs(rng, shapes, len(history), dtype)
+  params = (
+    jax.tree.map(jnp.zeros_like, pairs[0][0])
+    if pairs
+    else {k: jnp.zeros(shape, dtype) for k, shape in shapes.items()}
+  )
+  mem = tl.secant_memory(params, 5)
+  record = jax.jit(tl.secant_record)
+  for event, (s, y) in zip(history, pairs):
+    mem = tl.reset(mem, True) if event == "r" else record(mem, s, y, event == "k")
+  v = {k: jnp.asarray(rng.standard_normal(shape), dtype) for k, shape in shapes.items()}
+  got = jax.jit(tl.two_loop)(mem, jnp.asarray(0.7, dtype), v)
+  assert jax.tree.structure(got) == jax.tree.structure(v)
+  assert all(
+    g.dtype == dtype and g.shape == x.shape
+    for g, x in zip(jax.tree.leaves(got), jax.tree.leaves(v))
+  )
+  stacked = lambda tree: np.stack([_flat({k: a[i] for k, a in tree.items()}) for i in range(5)])
+  want = ref.two_loop_reference(
+    stacked(mem.s), stacked(mem.y), mem.rho, int(mem.head), 0.7, _flat(v)
+  )
+  rtol = 1e-11 if dtype == jnp.float64 else 2e-4
+  np.testing.assert_allclose(_flat(got), want, rtol=rtol, atol=rtol * np.max(np.abs(want)))
+  if "k" in history:  # the secant equation for the newest pair
+    newest = (int(mem.head) - 1) % 5
+    h_y = jax.jit(tl.two_loop)(mem, 0.7, {k: a[newest] for k, a in mem.y.items()})
+    s_k = _flat({k: a[newest] for k, a in mem.s.items()})
+    np.testing.assert_allclose(_flat(h_y), s_k, rtol=rtol, atol=rtol * np.max(np.abs(s_k)))
+
+
+def test_two_loop_is_the_recursion_where_n_is_at_most_m():
+  """JENSMP (CUTEst, n = 2) with m = 10: more pairs than dimensions, so the compact form's
+  triangular matrix is singular up to rounding (its H g erred by 1.7e-3 relative on these
+  states); two_loop takes the recursion there and matches the NumPy recursion."""
+
+  def jensmp(x):
+    i = jnp.arange(1.0, 11.0)
+    return jnp.sum((2 + 2 * i - jnp.exp(i * x[0]) - jnp.exp(i * x[1])) ** 2)
+
+  opt = hdm_optax.trial_lbfgs()
+
+  def step(carry, _):
+    x, state = carry
+    upd, state = opt.update(
+      state.grad, state, x, value=state.value, grad=state.grad, value_fn=jensmp
+    )
+    return (x + upd, state), state
+
+  x0 = jnp.array([0.3, 0.4])
+  value, grad = jax.value_and_grad(jensmp)(x0)
+  start = (x0, opt.init(x0)._replace(value=value, grad=grad))
+  _, states = jax.jit(lambda c: jax.lax.scan(step, c, None, length=150))(start)
+  two_loop = jax.jit(tl.two_loop)
+  checked = 0
+  for k in range(150):
+    mem = jax.tree.map(lambda a: a[k], states.memory)
+    if np.count_nonzero(np.asarray(mem.rho)) < 2:
+      continue
+    gamma, g = float(states.gamma[k]) or 1.0, states.grad[k]
+    want = ref.two_loop_reference(mem.s, mem.y, mem.rho, int(mem.head), gamma, g)
+    got = np.asarray(two_loop(mem, gamma, g))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.max(np.abs(want)))
+    checked += 1
+  assert checked > 50
+
+
+def test_pair_products_sum_over_leaves():
+  s = {"a": jnp.array([1.0, 2.0]), "b": jnp.array([[3.0]])}
+  y = {"a": jnp.array([0.5, -1.0]), "b": jnp.array([[2.0]])}
+  p = tl.pair_products(s, y)
+  assert (float(p.ss), float(p.yy), float(p.sy)) == (14.0, 5.25, 4.5)
+
+
 def test_negative_curvature_pair_is_not_kept():
   mem = tl.secant_memory(jnp.zeros(2), 4)
   s, y = jnp.array([1.0, 0.0]), jnp.array([-2.0, 1.0])  # <s, y> < 0

@@ -286,11 +286,16 @@ def _seed_cell(seed) -> str:
 
 
 def done_keys(path: Path) -> set:
-  """(suite, problem, solver, seed) of the rows already in the CSV."""
+  """(suite, problem, solver, seed) of the rows already in the CSV (an ``env_error`` row is
+  not done: a re-run retries it, and the summary reads the newer row)."""
   if not path.exists():
     return set()
   with open(path, newline="") as f:
-    return {(r["suite"], r["problem"], r["solver"], r["seed"]) for r in csv.DictReader(f)}
+    return {
+      (r["suite"], r["problem"], r["solver"], r["seed"])
+      for r in csv.DictReader(f)
+      if not r["status"].startswith(ENV_ERROR)
+    }
 
 
 def merge(parts: Sequence[Path], csv_path: Path) -> int:
@@ -314,10 +319,19 @@ def merge(parts: Sequence[Path], csv_path: Path) -> int:
   return written
 
 
+# Errors of the machine, not of the run: a GPU that another process holds ("Unable to
+# initialize backend 'cuda'"), memory taken by other processes (RESOURCE_EXHAUSTED).
+ENV_ERRORS = ("Unable to initialize backend", "RESOURCE_EXHAUSTED", "CUDA_ERROR_OUT_OF_MEMORY")
+ENV_ERROR = "env_error"
+
+
 def _error(task, solver_name, seed, exc, n=None, dtype="") -> Row:
+  """An error row: ``env_error: ...`` where the machine failed (:data:`ENV_ERRORS`; the
+  summary names these apart and a re-run retries them), ``error: ...`` otherwise."""
   message = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+  kind = ENV_ERROR if any(e in message for e in ENV_ERRORS) else "error"
   where = dict(suite=task.suite, problem=task.name, n=n, dtype=dtype, seed=seed)
-  return Row(solver_name, status=f"error: {message}", **where)
+  return Row(solver_name, status=f"{kind}: {message}", **where)
 
 
 class CsvLog:

@@ -13,6 +13,7 @@ import numpy as np
 from experiments.benchmark import profiles
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
+from experiments.benchmark.runner import ENV_ERROR
 
 REFERENCE_TSV = suites_lib.CUTEST_DEV_LIST.parent / "cutest_dev_reference.tsv"
 # Our solver names -> the reference file's.
@@ -27,8 +28,12 @@ DETERMINISTIC = ("optax.lbfgs()", "scipy-lbfgsb-m5", "scipy-lbfgsb-m10", "scipy-
 
 
 def read_rows(path: Path) -> list[dict]:
+  """The CSV's rows; of the rows of one (suite, problem, solver, seed) the last (a re-run
+  appends the retry of an ``env_error`` row after it)."""
   with open(path, newline="") as f:
-    return list(csv.DictReader(f))
+    rows = list(csv.DictReader(f))
+  last = {(r["suite"], r["problem"], r["solver"], r["seed"]): r for r in rows}
+  return [r for r in rows if last[(r["suite"], r["problem"], r["solver"], r["seed"])] is r]
 
 
 def _float(text, default=math.inf):
@@ -69,8 +74,9 @@ def cost_matrix(rows, solvers, field="grad_calls"):
 
 def solved_table(suites: dict) -> list[str]:
   """Solvers x suites: solved / rows run (LIBSVM suites: the mean over seeds); rows the
-  solver skips (``skipped: ...``, e.g. a dense n x n matrix past its size cap) are named
-  beside the count, not counted as unsolved."""
+  solver skips (``skipped: ...``, e.g. a dense n x n matrix past its size cap) and rows the
+  machine failed (``env_error: ...``, e.g. a GPU held by another process) are named beside
+  the count, not counted as unsolved."""
   names = list(suites)
   all_solvers = list(dict.fromkeys(s for rows in suites.values() for s in _solvers(rows)))
   lines = [
@@ -81,7 +87,7 @@ def solved_table(suites: dict) -> list[str]:
     cells = []
     for suite in names:
       every = [r for r in suites[suite] if r["solver"] == solver]
-      mine = [r for r in every if not r["status"].startswith("skipped")]
+      mine = [r for r in every if not r["status"].startswith(("skipped", ENV_ERROR))]
       if not every:
         cells.append("n/a")
         continue
@@ -92,8 +98,10 @@ def solved_table(suites: dict) -> list[str]:
         cell = f"{solved / len(seeds):.1f}/{per:g}"
       else:
         cell = f"{solved}/{len(mine)}"
-      skipped = len(every) - len(mine)
-      cells.append(cell + (f" ({skipped} skipped)" if skipped else ""))
+      env = sum(r["status"].startswith(ENV_ERROR) for r in every)
+      apart = [(len(every) - len(mine) - env, "skipped"), (env, "env errors")]
+      notes = ", ".join(f"{k} {what}" for k, what in apart if k)
+      cells.append(cell + (f" ({notes})" if notes else ""))
     lines.append(f"| `{solver}` | " + " | ".join(cells) + " |")
   return lines
 
@@ -234,7 +242,8 @@ def protocol_notes(budget, tol) -> list[str]:
     f"gradient); solved: finite f and gradient, f >= -1e20, `||grad f||_inf <= {tol:g}` with "
     f"fewer than {budget - 1} calls (`experiments.protocol.is_solved`). `status` says why a run "
     "ended (`budget`, `non_finite`, `unbounded`, `stalled`, `stopped: <SciPy's message>`, "
-    "`skipped: ...`, `error: ...`).",
+    "`skipped: ...`, `error: ...`, `env_error: ...`: the machine failed, e.g. a GPU held by "
+    "another process; named apart in the solved counts and retried by a re-run).",
     "- `cutest`: the 66 problems of `../shared/benchmarks/cutest_dev.txt` (sif2jax 0.0.8), each "
     "from its own `y0` with its `args`, float64. L is unknown there, so the rows that need L "
     "do not run.",

@@ -6,6 +6,7 @@
 #   bash experiments/perf/accelerator_check.sh perf  OUTDIR   # GPU timings first, on an idle GPU
 #   bash experiments/perf/accelerator_check.sh suite OUTDIR   # the test suite and the suites
 #   bash experiments/perf/accelerator_check.sh ceiling OUTDIR # the memory ceiling
+#   bash experiments/perf/accelerator_check.sh trial OUTDIR   # issue 28: trial_lbfgs's targets
 #
 # Run from the repository root with the package importable (PYTHONPATH=. or installed).
 # `suite` needs sif2jax (importing it takes about 48 s per process on a 2-core CPU: no
@@ -13,8 +14,8 @@
 # Every step has its own time limit and writes its log under OUTDIR as it goes, so a
 # step that runs out of time costs only itself; OUTDIR ends with at most 8 files.
 set -u
-phase=${1:?usage: accelerator_check.sh perf|suite|ceiling OUTDIR}
-out=${2:?usage: accelerator_check.sh perf|suite|ceiling OUTDIR}
+phase=${1:?usage: accelerator_check.sh perf|suite|ceiling|trial OUTDIR}
+out=${2:?usage: accelerator_check.sh perf|suite|ceiling|trial OUTDIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 start=$(date +%s)
@@ -48,6 +49,31 @@ case "$phase" in
     timeout 45 $py -m experiments.perf.large --sizes 1e7 --repeats 3 \
       --solvers 'hdm_auto(),trial_lbfgs(),optax.lbfgs()' 2>&1 | tee "$out/large.txt"
     ;;
+  trial)
+    # Issue 28's targets for trial_lbfgs() (experiments/perf/targets.py says which), each
+    # ratio from one process with its peers in the same interleaved rounds; under 8 minutes
+    # on one H100 (the step limits add up to 450 s). Outputs: 7 files. TRIAL_SIZES and
+    # TRIAL_BATCHES replace the sizes and batches (a smoke run on a CPU).
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    $py -c "import jax, optax, optimistix; print('jax', jax.__version__, jax.devices(), 'optax', optax.__version__, 'optimistix', optimistix.__version__)"
+    stamp "overhead: trial_lbfgs, optax.lbfgs, optx.LBFGS; kernels"
+    timeout 300 $py -m experiments.perf.overhead --optimizer trial_lbfgs --sizes "${TRIAL_SIZES:-1e5,1e6,1e7}" \
+      --repeats 3 --peers 'optax.lbfgs(),optx.LBFGS' --kernels --hlo-dir "$out/hlo" \
+      --json "$out/overhead_trial_lbfgs.json" 2>&1 | tee "$out/overhead_trial_lbfgs.txt"
+    stamp batched
+    timeout 90 $py -m experiments.perf.batched --batches "${TRIAL_BATCHES:-1,1024,16384}" \
+      --solvers 'trial_lbfgs(),optax.lbfgs()' --repeats 3 --json "$out/batched.json" 2>&1 \
+      | tee "$out/batched.txt"
+    stamp targets
+    $py -m experiments.perf.targets --overhead "$out/overhead_trial_lbfgs.json" \
+      --batched "$out/batched.json" 2>&1 | tee "$out/targets.txt"
+    stamp "tests/test_trial_lbfgs.py"
+    timeout 60 $py -m pytest tests/test_trial_lbfgs.py -q -p no:cacheprovider \
+      -k "compact or matches_reference or pair_products or strict" \
+      > "$out/pytest_trial_lbfgs.txt" 2>&1
+    tail -n 3 "$out/pytest_trial_lbfgs.txt"
+    tar czf "$out/hlo.tgz" -C "$out" hlo && rm -rf "$out/hlo"
+    ;;
   ceiling)
     # the largest n each solver runs at (GBs per run; last, with the GPU to itself)
     timeout 100 $py -m experiments.perf.large --ceiling --start 2.5e8 --bisect 1 --timeout 45 \
@@ -73,7 +99,7 @@ case "$phase" in
     tar czf "$out/suite_outputs.tgz" -C "$out" work && rm -rf "$out/work"
     ;;
   *)
-    echo "unknown phase $phase (perf, suite or ceiling)" >&2
+    echo "unknown phase $phase (perf, suite, ceiling or trial)" >&2
     exit 2
     ;;
 esac

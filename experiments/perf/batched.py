@@ -27,6 +27,7 @@ its slowest problem stops). ``--dtype float64`` enables x64.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -36,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import protocol
 from experiments.perf import timing
 
 __all__ = ["SOLVERS", "device_label", "make_batch", "batched_solve", "main"]
@@ -185,7 +187,9 @@ def main(argv=None) -> list[dict]:
   p.add_argument("--calls", type=int, default=1000)
   p.add_argument("--tol", type=float, default=1e-4)
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--json", default=None, help="also write the rows to this JSON file")
   args = p.parse_args(argv)
+  protocol.float32_products()
   if args.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   solvers = SOLVERS if args.solvers == "all" else tuple(args.solvers.split(","))
@@ -193,7 +197,7 @@ def main(argv=None) -> list[dict]:
   if unknown:
     p.error(f"--solvers: unknown {sorted(unknown)}; choose from {', '.join(SOLVERS)}")
   batches = [int(float(b)) for b in args.batches.split(",")]
-  return run(
+  rows = run(
     batches,
     solvers,
     jnp.dtype(args.dtype),
@@ -203,6 +207,11 @@ def main(argv=None) -> list[dict]:
     args.tol,
     args.repeats,
   )
+  if args.json:
+    device = device_label()
+    with open(args.json, "w") as f:
+      json.dump([dict(row, device=device) for row in rows], f, indent=1)
+  return rows
 
 
 if __name__ == "__main__":

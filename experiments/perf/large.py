@@ -44,6 +44,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from experiments import protocol
 from experiments.perf import timing
 from experiments.perf.batched import device_label
 
@@ -225,6 +226,7 @@ def main(argv=None):
     "--one", nargs=4, metavar=("SOLVER", "N", "PROBLEM", "CALLS"), help=argparse.SUPPRESS
   )
   args = p.parse_args(argv)
+  protocol.float32_products()
   if args.memory_gib and args.one:
     limit = int(args.memory_gib * 2**30)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))

@@ -30,6 +30,9 @@ before the loop):
 - the ratios ``t_update / t_vg`` and ``t_solve / t_vg`` (target <= 1.15 at n >= 1e5);
 - ``state/params``: bytes of the optimizer state over bytes of the params,
   and the number of state leaves of size n;
+- with ``--peers optax.lbfgs(),optx.LBFGS``: each peer's K-iteration solve from the same
+  start, timed in the same interleaved rounds, per oracle call (its line search's calls
+  counted), and the ratio of ``t_solve`` to it;
 - with ``--kernels``: the kernels of one loop iteration of each compiled program
   and how many of them read or write a vector of n (:mod:`experiments.perf.hlo`;
   a GPU launches each one), and with ``--hlo-dir DIR`` the optimized HLO texts.
@@ -38,15 +41,17 @@ before the loop):
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 
 import jax
 import numpy as np
 
-from experiments.perf import hlo, timing
+from experiments import protocol
+from experiments.perf import batched, hlo, timing
 
 
-def _parse():
+def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--sizes", default="1e3,1e4,1e5,1e6")
   p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
@@ -61,6 +66,7 @@ def _parse():
   )
   p.add_argument("--kernels", action="store_true", help="print the kernels per iteration")
   p.add_argument("--hlo-dir", default=None, help="write each program's optimized HLO here")
+  p.add_argument("--json", default=None, help="also write the rows to this JSON file")
   p.add_argument(
     "--optimizer",
     default="hdm_best",
@@ -68,7 +74,19 @@ def _parse():
     help="hdm_best(lipschitz=L), hdm_auto() (no argument; its 3 probe updates, one call "
     "each, run before the timed loop of update and inside solve's) or trial_lbfgs()",
   )
-  return p.parse_args()
+  p.add_argument(
+    "--peers",
+    default="",
+    help=f"comma-separated of {', '.join(PEERS)}: their K-iteration solves, timed "
+    "interleaved with the rest, per oracle call (line-search calls counted)",
+  )
+  args = p.parse_args(argv)
+  peers = tuple(filter(None, args.peers.split(",")))
+  unknown = set(peers) - set(PEERS)
+  if unknown:
+    p.error(f"--peers: unknown {sorted(unknown)}; choose from {', '.join(PEERS)}")
+  args.peers = peers
+  return args
 
 
 RIDGE = 1e-2
@@ -80,6 +98,39 @@ OPTIMIZERS = {
   "hdm_auto": (lambda hdm_optax, lip: hdm_optax.hdm_auto(), 3),
   "trial_lbfgs": (lambda hdm_optax, lip: hdm_optax.trial_lbfgs(), 0),
 }
+
+
+PEERS = ("optax.lbfgs()", "optx.LBFGS")
+
+
+def _peer_runs(peers, fun, data, w0, steps) -> dict:
+  """name -> (run of no argument, its oracle calls from its output) for each peer: K
+  iterations from w0. ``optax.lbfgs()`` runs through ``hdm_optax.solve(tol=0)``, which
+  counts its zoom line search's calls; ``optx.LBFGS`` (its Cauchy test off) through
+  ``optimistix.minimise``, one call per step (``experiments/benchmark/runner.py``)."""
+  import optax
+
+  import hdm_optax
+
+  runs = {}
+  if "optax.lbfgs()" in peers:
+    solve = jax.jit(
+      lambda w, d: hdm_optax.solve(optax.lbfgs(), fun, w, max_steps=steps, tol=0.0, fun_args=d)
+    )
+    runs["optax.lbfgs()"] = (lambda: solve(w0, data), lambda res: int(res.num_grad_evals))
+  if "optx.LBFGS" in peers:
+    import optimistix as optx
+
+    solver = optx.LBFGS(rtol=0.0, atol=0.0)
+
+    @jax.jit
+    def minimise(w, d):
+      fn = lambda x, args: fun(x, *args)
+      sol = optx.minimise(fn, solver, w, args=d, max_steps=steps, throw=False)
+      return sol.value, sol.stats["num_steps"]
+
+    runs["optx.LBFGS"] = (lambda: minimise(w0, data), lambda out: int(out[1]))
+  return runs
 
 
 def _labels(margin, rng):
@@ -132,6 +183,7 @@ def measure(
   check_every: tuple[int, ...] = (1,),
   kernels: bool = False,
   hlo_dir=None,
+  peers: tuple[str, ...] = (),
 ):
   import optax
   import hdm_optax
@@ -189,6 +241,8 @@ def measure(
   }
   for k in check_every[1:]:
     fns[f"solve@{k}"] = lambda k=k: solve_run(w0, data, k)
+  peer_runs = _peer_runs(peers, fun, data, w0, steps)
+  fns.update({name: run for name, (run, _) in peer_runs.items()})
   kernel_counts = {}
   if kernels or hlo_dir:
     programs = {
@@ -200,7 +254,7 @@ def measure(
       programs[f"solve@{k}"] = (jax.jit(lambda w, d, k=k: solve_run(w, d, k)), (w0, data))
     for name, (program, args) in programs.items():
       text = program.lower(*args).compile().as_text()
-      kernel_counts[name] = hlo.loop_kernels(text, n)
+      kernel_counts[name] = (hlo.loop_kernels(text, n), hlo.loop_kernels(text, n, by_trips=True))
       if hlo_dir:
         stem = f"{optimizer}_{name.replace('@', '_every')}_n{n}_{jax.default_backend()}"
         path = pathlib.Path(hlo_dir) / f"{stem}.hlo"
@@ -222,6 +276,7 @@ def measure(
   # per oracle call: the vg loop makes K + 1 calls, the update loop K, solve K + 1 + probes
   vg_calls, solve_calls = steps + 1, steps + 1 + probe_calls
   per_vg, per_up, per_solve = t_vg / vg_calls, t_up / steps, t_solve / solve_calls
+  peer_calls = {name: calls(outs[name]) for name, (_, calls) in peer_runs.items()}
   return dict(
     n=n,
     kind=kind,
@@ -239,18 +294,58 @@ def measure(
     nulls=int(res.state.info.num_null_steps),
     t_solve_k={k: seconds[f"solve@{k}"] / solve_calls for k in check_every[1:]},
     kernels=kernel_counts,
+    peers={name: (seconds[name] / c, c) for name, c in peer_calls.items()},
   )
 
 
-def main():
-  args = _parse()
+def _print_row(r, args, check_every) -> None:
+  print(
+    f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
+    f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
+    f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
+    f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
+    f"({r['nulls']})",
+    flush=True,
+  )
+  for k, t in r["t_solve_k"].items():
+    print(
+      f"{'':>8} solve with check_every={k} (vs {check_every[0]}): {t * 1e3:.3f}ms, "
+      f"solve/vg {t / r['t_vg']:.3f}",
+      flush=True,
+    )
+  for name, (t, calls) in r["peers"].items():
+    print(
+      f"{'':>8} {name}: {t * 1e3:.3f}ms per call ({calls} calls in {r['steps']} iterations), "
+      f"/vg {t / r['t_vg']:.3f}; {args.optimizer} solve per call / {name}'s: "
+      f"{r['t_solve'] / t:.3f}",
+      flush=True,
+    )
+  for name, (counts, by_trips) in r["kernels"].items():
+    print(f"{'':>8} {name} loop, one iteration: {counts}", flush=True)
+    if by_trips != counts:
+      print(f"{'':>8}   nested loops by their trip counts: {by_trips}", flush=True)
+
+
+def _json_row(r) -> dict:
+  """``r`` with its kernel counts as numbers (nested loops by their trip counts)."""
+  kernels = {
+    name: dict(total=k.total, over_n=k.over_n, vectors=k.vectors, kinds=dict(k.kinds))
+    for name, (_, k) in r["kernels"].items()
+  }
+  return {**r, "kernels": kernels}
+
+
+def main(argv=None) -> list[dict]:
+  args = _parse(argv)
   if args.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
+  protocol.float32_products()
   dtype = np.dtype(args.dtype)
   rng = np.random.default_rng(args.seed)
   sizes = [int(float(s)) for s in args.sizes.split(",")]
+  device = batched.device_label()
   print(
-    f"{args.optimizer}: jax {jax.__version__}, {jax.devices()[0].platform}, {dtype}, "
+    f"{args.optimizer}: jax {jax.__version__}, {device}, {dtype}, "
     f"best of {args.repeats} runs; times per oracle call"
   )
   header = (
@@ -259,28 +354,27 @@ def main():
     f"{'leaves':>6}  f0 -> f_K (null steps)"
   )
   print(header)
+  rows = []
+  check_every = tuple(int(k) for k in args.check_every.split(","))
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
-    check_every = tuple(int(k) for k in args.check_every.split(","))
     r = measure(
-      n, dtype, steps, args.repeats, rng, args.optimizer, check_every, args.kernels, args.hlo_dir
+      n,
+      dtype,
+      steps,
+      args.repeats,
+      rng,
+      args.optimizer,
+      check_every,
+      args.kernels,
+      args.hlo_dir,
+      args.peers,
     )
-    print(
-      f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
-      f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
-      f"{r['ratio_update']:>7.3f} {r['ratio_solve']:>8.3f} {r['state_ratio']:>12.3f} "
-      f"{r['n_vectors']:>9} {r['n_leaves']:>6}  {r['f0']:.4g} -> {r['f_end']:.4g} "
-      f"({r['nulls']})",
-      flush=True,
-    )
-    for k, t in r["t_solve_k"].items():
-      print(
-        f"{'':>8} solve with check_every={k} (vs {check_every[0]}): {t * 1e3:.3f}ms, "
-        f"solve/vg {t / r['t_vg']:.3f}",
-        flush=True,
-      )
-    for name, counts in r["kernels"].items():
-      print(f"{'':>8} {name} loop, one iteration: {counts}", flush=True)
+    _print_row(r, args, check_every)
+    rows.append(dict(_json_row(r), optimizer=args.optimizer, device=device))
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+  return rows
 
 
 if __name__ == "__main__":

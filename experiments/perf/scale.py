@@ -27,6 +27,7 @@ import optax
 from jax.experimental import sparse as jsparse
 
 import hdm_optax
+from experiments import protocol
 from experiments.perf import timing
 
 
@@ -55,6 +56,7 @@ def main(argv=None):
   parser.add_argument("--nnz-per-row", type=int, default=10)
   parser.add_argument("--iters", type=int, default=20)
   args = parser.parse_args(argv)
+  protocol.float32_products()
   n, m = args.n, args.m
 
   t0 = time.perf_counter()

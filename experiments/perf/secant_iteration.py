@@ -16,6 +16,7 @@ import argparse
 import jax
 import numpy as np
 
+from experiments import protocol
 from experiments.perf import overhead
 from experiments.perf import timing
 
@@ -26,6 +27,7 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=50)
   p.add_argument("--repeats", type=int, default=5)
   args = p.parse_args(argv)
+  protocol.float32_products()
   import optax
 
   import hdm_optax

@@ -58,6 +58,9 @@ def main(argv=None):
 
   if args.multihost:
     jax.distributed.initialize()  # reads JAX_COORDINATOR_ADDRESS etc. / the cluster env
+  from experiments import protocol  # pylint: disable=g-import-not-at-top
+
+  protocol.float32_products()
   if args.float64:
     jax.config.update("jax_enable_x64", True)
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top

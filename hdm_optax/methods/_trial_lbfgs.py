@@ -64,7 +64,7 @@ def trial_lbfgs(
   u`, so a clip or weight decay before it is honoured, while the pairs, the
   acceptance test and the reported values stay those of f
   (``docs/pitfalls.md``). The state is 2m + 1 vectors of n (the pairs and the cached gradient) plus
-  O(m) scalars. A non-finite trial changes nothing but alpha.
+  O(m^2) scalars (the pairs' inner products). A non-finite trial changes nothing but alpha.
 
   Args:
     memory_size: m, the number of pairs kept.

@@ -326,16 +326,18 @@ def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Dir
     return step, None
 
   def observe(state, trial, ctx):
-    sy = optax.tree.vdot(trial.step, optax.tree.sub(trial.grad, ctx.grad))
-    finite = trial.finite & jnp.isfinite(sy) & _common.all_finite(trial.grad)
-    return state, trial._replace(finite=finite)
+    change = optax.tree.sub(trial.grad, ctx.grad)
+    products = secant_lib.pair_products(trial.step, change)  # one pass over s and y
+    finite = trial.finite & jnp.isfinite(products.sy) & _common.all_finite(trial.grad)
+    return state, trial._replace(finite=finite, aux=products)
 
   def learn(state, trial, accepted, ctx):
     c = lambda x: _common.cast(x, ctx.value.dtype)
     step, finite = trial.step, trial.finite
     change = optax.tree.sub(trial.grad, ctx.grad)
-    sy = optax.tree.vdot(step, change)
-    step_norm, change_norm = optax.tree.norm(step), optax.tree.norm(change)
+    products = trial.aux
+    sy = products.sy
+    step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
     # Every finite trial's pair with enough positive curvature enters the memory.
     keep = finite & (sy > c(pair_tol) * step_norm * change_norm)
     safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
@@ -344,10 +346,9 @@ def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Dir
     short = step_norm <= c(_RESOLUTION) * optax.tree.norm(ctx.params)
     lost = finite & (short | (change_norm == 0))
     keep = keep & ~lost
-    memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep)
+    memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep, sy=sy)
     memory = secant_lib.reset(memory, lost)
-    yy = optax.tree.vdot(change, change)
-    gamma = jnp.where(keep & accepted, _common.safe_div(sy, yy), state.gamma)
+    gamma = jnp.where(keep & accepted, _common.safe_div(sy, products.yy), state.gamma)
     gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
     return iteration_lib.Learned(SecantState(memory, gamma), lost, jnp.zeros([], ctx.value.dtype))
 

@@ -26,7 +26,9 @@ import optax
 from hdm_optax import _common
 
 __all__ = (
+  "PairProducts",
   "SecantMemory",
+  "pair_products",
   "reset",
   "secant_memory",
   "secant_record",
@@ -35,19 +37,35 @@ __all__ = (
 
 
 class SecantMemory(NamedTuple):
-  """The last m secant pairs, a circular buffer (the L-BFGS memory).
+  """The last m secant pairs, a circular buffer (the L-BFGS memory), and their inner products.
 
   Attributes:
     s: the steps :math:`s_i = x_i^+ - x_i`, each leaf with a leading axis of size m.
     y: the gradient changes :math:`y_i = \\nabla f(x_i^+) - \\nabla f(x_i)`, like ``s``.
     rho: (m,) :math:`1 / \\langle s_i, y_i \\rangle`; 0 marks an empty slot.
     head: the slot the next pair is written to (the newest pair is in ``head - 1``).
+    sy: (m, m) :math:`\\langle s_i, y_j \\rangle` by slot, for every column j but the
+      newest pair's, which :func:`two_loop` computes where it uses it and
+      :func:`secant_record` stores when the next pair arrives; entries of empty slots are
+      stale and unused.
+    yy: (m, m) :math:`\\langle y_i, y_j \\rangle`, kept as ``sy`` (the newest pair's row
+      and column are computed where used).
   """
 
   s: Any
   y: Any
   rho: jax.Array
   head: jax.Array
+  sy: jax.Array
+  yy: jax.Array
+
+
+class PairProducts(NamedTuple):
+  """The inner products of a pair (s, y) that the pair test and :math:`H_0` use."""
+
+  ss: jax.Array
+  yy: jax.Array
+  sy: jax.Array
 
 
 def secant_memory(params, size: int) -> SecantMemory:
@@ -57,8 +75,8 @@ def secant_memory(params, size: int) -> SecantMemory:
     >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces import secant
     >>> mem = secant.secant_memory(jnp.zeros(3), 10)
-    >>> mem.s.shape, int(mem.head)
-    ((10, 3), 0)
+    >>> mem.s.shape, mem.sy.shape, int(mem.head)
+    ((10, 3), (10, 10), 0)
   """
   zeros = jax.tree.map(lambda p: jnp.zeros((size,) + jnp.shape(p), jnp.result_type(p)), params)
   dtype = _common.params_dtype(params)
@@ -67,14 +85,107 @@ def secant_memory(params, size: int) -> SecantMemory:
     y=jax.tree.map(jnp.copy, zeros),
     rho=jnp.zeros([size], dtype),
     head=jnp.zeros([], jnp.int32),
+    sy=jnp.zeros([size, size], dtype),
+    yy=jnp.zeros([size, size], dtype),
   )
 
 
-def secant_record(memory: SecantMemory, s, y, keep) -> SecantMemory:
+# Matrix products of the pairs in the arrays' own precision (an NVIDIA GPU would compute
+# float32 products in TF32 by default).
+_EXACT = jax.lax.Precision.HIGHEST
+
+
+def _sum_tuples(a, b):
+  return tuple(x + y for x, y in zip(a, b))
+
+
+def _leaf_sums(products, axes) -> jax.Array:
+  """One reduction over ``axes`` of several same-shaped products (one pass over their
+  operands), stacked: (len(products),) + the kept axes."""
+  zeros = tuple(jnp.zeros([], p.dtype) for p in products)
+  return jnp.stack(jax.lax.reduce(tuple(products), zeros, _sum_tuples, tuple(axes)))
+
+
+def _row_dots(stacked, vector, dtype) -> jax.Array:
+  r"""(len(stacked), m): :math:`\langle a_i, v\rangle` for the m rows a_i of each stacked tree.
+
+  Per leaf one matrix-vector product per stacked tree, in the leaf's precision (float32
+  products in float32 on every backend, not TF32); the m-vectors are summed over leaves.
+  """
+
+  def leaf(v, *rows):
+    return jnp.stack([jnp.tensordot(a, v, axes=v.ndim, precision=_EXACT) for a in rows])
+
+  sums = jax.tree.leaves(jax.tree.map(leaf, vector, *stacked))
+  return sum(sums[1:], sums[0]).astype(dtype)
+
+
+def pair_products(step, change) -> PairProducts:
+  r""":math:`\|s\|^2`, :math:`\|y\|^2` and :math:`\langle s, y\rangle` in one pass over s and y.
+
+  Args:
+    step: s, a pytree.
+    change: y, shaped like ``step``.
+
+  Returns:
+    :class:`PairProducts` ``(ss, yy, sy)``, each summed over the leaves.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import secant
+    >>> p = secant.pair_products(jnp.array([1.0, 2.0]), jnp.array([3.0, 0.0]))
+    >>> float(p.ss), float(p.yy), float(p.sy)
+    (5.0, 9.0, 3.0)
+  """
+
+  def leaf(s, y):
+    return _leaf_sums([s * s, y * y, s * y], range(jnp.ndim(s)))
+
+  sums = jax.tree.leaves(jax.tree.map(leaf, step, change))
+  ss, yy, sy = sum(sums[1:], sums[0])
+  return PairProducts(ss=ss, yy=yy, sy=sy)
+
+
+def _newest(memory: SecantMemory) -> jax.Array:
+  return (memory.head - 1) % memory.rho.shape[0]
+
+
+def _newest_column(memory: SecantMemory) -> jax.Array:
+  """(2, m): :math:`S^T y_k` and :math:`Y^T y_k` for the newest pair k.
+
+  :func:`two_loop` and :func:`secant_record` both compute it from the same memory, so
+  XLA's common-subexpression elimination makes it one pass where both run in one
+  program (an update of :func:`hdm_optax.trial_lbfgs`)."""
+  y_k = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, _newest(memory), 0, False), memory.y)
+  return _row_dots((memory.s, memory.y), y_k, memory.rho.dtype)
+
+
+def _with_newest(memory: SecantMemory, column) -> tuple[jax.Array, jax.Array]:
+  """``(sy, yy)`` of ``memory`` with the newest pair's column (and yy's row) set."""
+  slots = jnp.arange(memory.rho.shape[0], dtype=jnp.int32)
+  col, row = slots[None, :] == _newest(memory), slots[:, None] == _newest(memory)
+  sy = jnp.where(col, column[0][:, None], memory.sy)
+  yy = jnp.where(col, column[1][:, None], jnp.where(row, column[1][None, :], memory.yy))
+  return sy, yy
+
+
+def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
   """The memory with the pair (s, y) written over its oldest one where ``keep``.
 
   The caller decides ``keep`` (:func:`hdm_optax.trial_lbfgs`: a finite pair with
   :math:`\\langle s, y\\rangle > \\epsilon_p \\|s\\|\\|y\\|`); s and y must be finite.
+  The products of the pair that was the newest are stored first (``sy``, ``yy``).
+
+  Args:
+    memory: the memory.
+    s: the step, shaped like the params.
+    y: the gradient change, like ``s``.
+    keep: a boolean scalar.
+    sy: :math:`\\langle s, y\\rangle` where the caller has it (:func:`pair_products`);
+      computed otherwise.
+
+  Returns:
+    The new memory.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -85,8 +196,9 @@ def secant_record(memory: SecantMemory, s, y, keep) -> SecantMemory:
     (0.5, 1)
   """
   size = memory.rho.shape[0]
-  sy = optax.tree.vdot(s, y)
+  sy = optax.tree.vdot(s, y) if sy is None else sy
   rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
+  sy_mat, yy_mat = _with_newest(memory, _newest_column(memory))
   put = lambda stacked, new: jax.tree.map(
     lambda a, b: a.at[memory.head].set(jnp.where(keep, b, a[memory.head])), stacked, new
   )
@@ -95,6 +207,8 @@ def secant_record(memory: SecantMemory, s, y, keep) -> SecantMemory:
     y=put(memory.y, y),
     rho=memory.rho.at[memory.head].set(jnp.where(keep, rho, memory.rho[memory.head])),
     head=jnp.where(keep, (memory.head + 1) % size, memory.head).astype(jnp.int32),
+    sy=sy_mat,
+    yy=yy_mat,
   )
 
 
@@ -115,31 +229,36 @@ def reset(memory: SecantMemory, where) -> SecantMemory:
   )
 
 
-def two_loop(memory: SecantMemory, gamma, vector):
-  r"""The L-BFGS inverse-Hessian operator applied to ``vector``: :math:`H_m v`.
+def _compact_coefficients(memory: SecantMemory, sy, yy, products, gamma):
+  r"""``(p, q)`` by slot with :math:`H_m v = \gamma v + S p + Y q` (Byrd et al., eq. 3.13).
 
-  The two-loop recursion (Nocedal and Wright, Algorithm 7.4) over the pairs
-  of ``memory``, newest first, with :math:`H_0 = \gamma I`; empty slots
-  (:math:`\rho_i = 0`) contribute nothing. O(mn) work, no n x n matrix. With
-  no pair it is :math:`\gamma v`; with pairs, :math:`H_m y_i = s_i` for the
-  newest pair :math:`(s_i, y_i)`.
-
-  Args:
-    memory: the pairs (:class:`SecantMemory`).
-    gamma: the scalar of :math:`H_0`.
-    vector: v, shaped like the params.
-
-  Returns:
-    :math:`H_m v`, shaped like ``vector``.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
-    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
-    >>> [float(v) for v in secant.two_loop(mem, 0.5, jnp.array([4.0, 2.0]))]
-    [1.0, 1.0]
+  In the pairs' order, oldest first: :math:`R` = the upper triangle of :math:`S^T Y`,
+  :math:`D` its diagonal, :math:`c = R^{-1} S^T v`,
+  :math:`p = R^{-T}(D c + \gamma Y^T Y c - \gamma Y^T v)`, :math:`q = -\gamma c`. An empty
+  slot gets a unit row and column in R and zeros elsewhere, so its coefficients are 0.
   """
+  size = memory.rho.shape[0]
+  dtype = memory.rho.dtype
+  order = (memory.head + jnp.arange(size, dtype=jnp.int32)) % size  # oldest first
+  rho = memory.rho[order]
+  full = rho != 0
+  both = full[:, None] & full[None, :]
+  take = lambda mat: mat[order][:, order]
+  d = jnp.where(full, 1 / jnp.where(full, rho, 1), 0).astype(dtype)  # <s_i, y_i> as kept
+  upper = both & jnp.triu(jnp.ones([size, size], bool), 1)
+  r = jnp.where(upper, take(sy), jnp.diag(jnp.where(full, d, 1)))
+  sv = jnp.where(full, products[0][order], 0)
+  yv = jnp.where(full, products[1][order], 0)
+  c = jax.scipy.linalg.solve_triangular(r, sv, lower=False)
+  yyc = jnp.sum(jnp.where(both, take(yy), 0) * c, axis=1)
+  p = jax.scipy.linalg.solve_triangular(r, d * c + gamma * (yyc - yv), lower=False, trans="T")
+  by_slot = (jnp.arange(size, dtype=jnp.int32) - memory.head) % size
+  return p[by_slot], (-gamma * c)[by_slot]
+
+
+def _recursion(memory: SecantMemory, gamma, vector):
+  r""":math:`H_m v` by the two-loop recursion (Nocedal and Wright, Algorithm 7.4): newest to
+  oldest, then oldest to newest, skipping empty slots (:math:`\rho_i = 0`)."""
   size = memory.rho.shape[0]
   dtype = memory.rho.dtype
   at = lambda stacked, i: jax.tree.map(lambda a: a[i], stacked)
@@ -160,3 +279,67 @@ def two_loop(memory: SecantMemory, gamma, vector):
     return optax.tree.add_scale(r, alphas[i] - beta, at(memory.s, i))
 
   return jax.lax.fori_loop(0, size, second, r)
+
+
+def _compact(memory: SecantMemory, gamma, vector):
+  """:math:`H_m v` in the compact form: the products in one pass over the pairs, two m x m
+  triangular solves (:func:`_compact_coefficients`), one pass back."""
+  dtype = memory.rho.dtype
+  gamma = jnp.asarray(gamma, dtype)
+  sy, yy = _with_newest(memory, _newest_column(memory))
+  products = _row_dots((memory.s, memory.y), vector, dtype)  # S^T v, Y^T v
+  p, q = _compact_coefficients(memory, sy, yy, products, gamma)
+
+  def leaf(v, s, y):
+    back = lambda c, rows: jnp.tensordot(c.astype(rows.dtype), rows, axes=1, precision=_EXACT)
+    return gamma.astype(v.dtype) * v + (back(p, s) + back(q, y))
+
+  return jax.tree.map(leaf, vector, memory.s, memory.y)
+
+
+def two_loop(memory: SecantMemory, gamma, vector):
+  r"""The L-BFGS inverse-Hessian operator applied to ``vector``: :math:`H_m v`.
+
+  The operator of the two-loop recursion (Nocedal and Wright, Algorithm 7.4)
+  over the pairs of ``memory`` with :math:`H_0 = \gamma I`; empty slots
+  (:math:`\rho_i = 0`) contribute nothing. O(mn) work, no n x n matrix. With
+  no pair it is :math:`\gamma v`; with pairs, :math:`H_m y_i = s_i` for the
+  newest pair :math:`(s_i, y_i)`.
+
+  Where v has more entries than the memory has slots (n > m), it is computed
+  in the compact form of Byrd, Nocedal and Schnabel (1994, eq. 3.13) rather
+  than by the recursion's 2m dependent passes over v: the products
+  :math:`S^T v, Y^T v` (with the newest pair's :math:`S^T y_k, Y^T y_k`) in one
+  pass over the pairs, two m x m triangular solves, and
+  :math:`H_m v = \gamma v + S p + Y q` in one pass back; the same operator up
+  to rounding. Where n <= m the pairs are linearly dependent, the triangular
+  matrix :math:`R` of the compact form is singular up to rounding, and the
+  recursion is used: on CUTEst's JENSMP (n = 2, m = 10) the compact form's
+  :math:`H_m g` had relative errors up to 2.3e-6 against the recursion's
+  2.7e-14 (both against a long-double recursion), while at n >= 50 both stayed
+  within 2e-14.
+
+  Args:
+    memory: the pairs (:class:`SecantMemory`).
+    gamma: the scalar of :math:`H_0`.
+    vector: v, shaped like the params.
+
+  Returns:
+    :math:`H_m v`, shaped like ``vector``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
+    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
+    >>> [float(v) for v in secant.two_loop(mem, 0.5, jnp.array([4.0, 2.0]))]
+    [1.0, 1.0]
+
+  References:
+    Byrd, Nocedal, Schnabel, *Representations of quasi-Newton matrices and
+    their use in limited memory methods*, Math. Programming 63, 1994.
+  """
+  n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(vector))
+  if n <= memory.rho.shape[0]:
+    return _recursion(memory, gamma, vector)
+  return _compact(memory, gamma, vector)
