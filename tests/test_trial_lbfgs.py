@@ -157,10 +157,10 @@ def test_two_loop_is_the_recursion_where_n_is_at_most_m():
   two_loop = jax.jit(tl.two_loop)
   checked = 0
   for k in range(150):
-    mem = jax.tree.map(lambda a: a[k], states.memory)
+    mem = jax.tree.map(lambda a: a[k], states.direction.memory)
     if np.count_nonzero(np.asarray(mem.rho)) < 2:
       continue
-    gamma, g = float(states.gamma[k]) or 1.0, states.grad[k]
+    gamma, g = float(states.direction.gamma[k]) or 1.0, states.grad[k]
     want = ref.two_loop_reference(mem.s, mem.y, mem.rho, int(mem.head), gamma, g)
     got = np.asarray(two_loop(mem, gamma, g))
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.max(np.abs(want)))
