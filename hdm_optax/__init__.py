@@ -11,6 +11,7 @@ OSGM-Best (Part II, arXiv:2509.11007) are configurations of one iteration,
 """
 
 from hdm_optax.methods import acceptance
+from hdm_optax.methods import box
 from hdm_optax.methods import candidates
 from hdm_optax.methods import core
 from hdm_optax.methods import curvature
@@ -50,6 +51,7 @@ from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.loop import loop
 from hdm_optax.driver.minibatch import minibatch_step
+from hdm_optax.driver.minimize import minimize
 from hdm_optax.driver.solve import solve
 from hdm_optax.driver.results import status_message
 from hdm_optax.driver.solve import sweep
@@ -79,6 +81,7 @@ __all__ = (
   "Trace",
   "TrialLBFGSState",
   "acceptance",
+  "box",
   "candidates",
   "core",
   "curvature",
@@ -93,6 +96,7 @@ __all__ = (
   "lookahead",
   "loop",
   "minibatch_step",
+  "minimize",
   "osgm_best",
   "schedules",
   "secant",

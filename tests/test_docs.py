@@ -19,8 +19,8 @@ from hdm_optax.methods import (
   core,
 )
 from hdm_optax.methods import acceptance, candidates, curvature, hypergradient, learners, lookahead
-from hdm_optax.methods import schedules, secant, trial
-from hdm_optax.driver import cache, loop, solve
+from hdm_optax.methods import box, schedules, secant, trial
+from hdm_optax.driver import cache, loop, minimize, solve
 
 PIECES = [
   acceptance,
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # docs/minibatch.md and docs/optimistix.md run in their own modules' tests.
-PAGES = ["README.md", "docs/guide.md"]
+PAGES = ["README.md", "docs/guide.md", "docs/bounds.md"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -73,6 +73,8 @@ def test_every_docs_page_is_in_the_index():
     cache,
     loop,
     solve,
+    minimize,
+    box,
     *PIECES,
   ],
   ids=lambda m: m.__name__,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 from hdm_optax import _common
+from hdm_optax.methods import box as box_lib
 from hdm_optax.methods import secant as secant_lib
 
 __all__ = ("TrialLBFGSState", "trial_lbfgs")
@@ -28,6 +29,7 @@ class TrialLBFGSState(NamedTuple):
     grad: grad f(x).
     info: :class:`hdm_optax.HDMInfo` diagnostics (``hypergrad_norm`` is 0:
       nothing is learned by a hypergradient).
+    box: the :class:`hdm_optax.box.Box` of ``lower=`` / ``upper=`` (``None`` without bounds).
   """
 
   count: jax.Array
@@ -37,6 +39,7 @@ class TrialLBFGSState(NamedTuple):
   value: jax.Array
   grad: Any
   info: _common.HDMInfo
+  box: Optional[box_lib.Box] = None
 
 
 # A step shorter than this, relative to x, is below x's resolution in float64 (1024 eps);
@@ -45,12 +48,25 @@ class TrialLBFGSState(NamedTuple):
 _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 
+def _trial_step(state: TrialLBFGSState, params, direction, gamma, pair_tol):
+  """The trial step: :math:`-\alpha H_m u`, or its two-metric projection in a box."""
+  if state.box is None:
+    return optax.tree.scale(-state.step_size, secant_lib.two_loop(state.memory, gamma, direction))
+  operator = lambda v, free: secant_lib.two_loop(
+    box_lib.restricted_memory(state.memory, free, pair_tol), gamma, v
+  )
+  step, _ = box_lib.two_metric_step(state.box, params, direction, state.step_size, gamma, operator)
+  return step
+
+
 def trial_lbfgs(
   memory_size: int = 10,
   *,
   shrink: Any = 0.5,
   grow: Any = 1.5,
   pair_tol: Any = 1e-10,
+  lower: Any = None,
+  upper: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
@@ -90,6 +106,17 @@ def trial_lbfgs(
   curvature information along an explored direction), and accepts a trial on
   the value and its slope instead of the Wolfe conditions.
 
+  Bounds (``lower=``, ``upper=``; ``docs/bounds.md``): the trial is projected onto the box,
+  :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (those not at a
+  bound with u pushing outward; :math:`H_F` the operator of the pairs restricted to them) and
+  :math:`\gamma u` on the binding ones (:func:`hdm_optax.box.two_metric_step`); the pair's s
+  is the projected step taken; one oracle call and the null step are kept; after an accepted
+  trial of non-positive curvature whose moving variables all have a finite bound ahead,
+  alpha may grow past 1 (:func:`hdm_optax.box.step_cap`). The box is held in the state, where
+  ``solve`` finds it: it projects an infeasible x0 and stops on the projected gradient
+  (status ``CONVERGED_IN_BOX``); the transformation must be last in a chain. Without bounds
+  the program is the unbounded one.
+
   The operator acts on the incoming ``updates`` u (grad f(x) when
   ``trial_lbfgs`` is first or alone in a chain): :math:`x^+ = x - \alpha H_m
   u`, so a clip or weight decay before it is honoured, while the pairs, the
@@ -102,6 +129,10 @@ def trial_lbfgs(
     shrink: the factor of alpha after a null step, in (0, 1).
     grow: the factor of alpha after an accepted step (alpha stays <= 1), >= 1.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    lower: the box's lower bound l: ``None`` (none), a number, or a pytree shaped like the
+      params (leaves: numbers, ``None`` or arrays of the params' dtype); -inf for an open side.
+    upper: the upper bound u, like ``lower``. With either, the iterates stay in the box
+      (see Bounds above and ``docs/bounds.md``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -113,6 +144,10 @@ def trial_lbfgs(
     >>> result = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.ones(3), max_steps=100, tol=1e-6)
     >>> bool(result.converged), int(result.num_grad_evals) < 30
     (True, True)
+    >>> boxed = hdm_optax.trial_lbfgs(lower=0.5, upper=jnp.array([2.0, 2.0, jnp.inf]))
+    >>> result = hdm_optax.solve(boxed, fun, jnp.ones(3), max_steps=100, tol=1e-6)
+    >>> [float(v) for v in result.params], hdm_optax.Status(int(result.status)).name
+    ([0.5, 0.5, 0.5], 'CONVERGED_IN_BOX')
 
   References:
     Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
@@ -120,7 +155,9 @@ def trial_lbfgs(
     point and the null step, Algorithm 1 line 3); Liu and Nocedal, *On the
     limited memory BFGS method for large scale optimization*, Math.
     Programming 45, 1989 (the operator and the scaling of H_0); Nocedal and
-    Wright, *Numerical Optimization*, 2nd ed., Algorithm 7.4.
+    Wright, *Numerical Optimization*, 2nd ed., Algorithm 7.4; Bertsekas, SIAM J.
+    Control Optim. 20(2), 1982 and Kim, Sra, Dhillon, SIAM J. Sci. Comput. 32(6), 2010
+    (the bounded step, :mod:`hdm_optax.box`).
   """
   if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
     raise ValueError(
@@ -130,6 +167,7 @@ def trial_lbfgs(
   _common.check_at_least("grow", grow, 1)
   _common.check_finite("grow", grow)
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  box_lib.check_order(lower, upper)
   acceptance = secant_lib.curvature_checked()
 
   def init_fn(params):
@@ -139,6 +177,7 @@ def trial_lbfgs(
       memory=secant_lib.secant_memory(params, memory_size),
       gamma=jnp.zeros([], dtype),
       step_size=jnp.ones([], dtype),
+      box=box_lib.make_box(params, lower, upper),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
@@ -151,12 +190,12 @@ def trial_lbfgs(
     value = jnp.asarray(value, dtype)
     # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
     direction = grad if updates is None else updates
-    grad_norm = optax.tree.norm(direction)
+    grad_norm = optax.tree.norm(box_lib.free_part(state.box, params, direction))
     first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
     first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
     gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
-    # x+ = x - alpha H_m u.
-    step = optax.tree.scale(-state.step_size, secant_lib.two_loop(state.memory, gamma, direction))
+    # x+ = x - alpha H_m u; in a box, P(x - alpha d) with H_m acting on the free variables.
+    step = _trial_step(state, params, direction, gamma, c(pair_tol))
     trial_value, trial_grad = _common.value_and_grad(value_fn, optax.tree.add(params, step))
     trial_value = jnp.asarray(trial_value, dtype)
     change = optax.tree.sub(trial_grad, grad)
@@ -177,7 +216,9 @@ def trial_lbfgs(
     new_gamma = jnp.where(keep & accepted, _common.safe_div(sy, yy), state.gamma)
     new_gamma = jnp.where(lost, 0, new_gamma)
     step_size = jnp.where(
-      accepted, jnp.minimum(1, state.step_size * c(grow)), state.step_size * c(shrink)
+      accepted,
+      jnp.minimum(box_lib.step_cap(state.box, sy, step), state.step_size * c(grow)),
+      state.step_size * c(shrink),
     )
     step_size = jnp.where(lost, 1, step_size)
     new_state = TrialLBFGSState(
@@ -190,6 +231,7 @@ def trial_lbfgs(
       info=_common.next_info(
         state.info, accepted=accepted, hypergrad_norm=jnp.zeros([], dtype), calls=1
       ),
+      box=state.box,
     )
     return _common.keep_if(accepted, step, optax.tree.zeros_like(params)), new_state
 
