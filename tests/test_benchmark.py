@@ -414,3 +414,47 @@ def test_solved_table_names_skipped_rows_apart():
   rows = [row("a", "1", "converged"), row("b", "0", "budget"), row("c", "0", "skipped: n = 9")]
   assert summary.solved_table({"scale": rows})[-1] == "| `s` | 1/2 (1 skipped) |"
   assert summary.solved_table({"scale": rows[:2]})[-1] == "| `s` | 1/2 |"
+
+
+BOUNDED_ROWS = (
+  "trial_lbfgs(box)",
+  "scipy-lbfgsb-m10",
+  "jaxopt-lbfgsb",
+  "optax-pgd-box-backtracking",
+  "optax.lbfgs()-clip",
+  "trial_lbfgs()-clip",
+)
+
+
+def test_bounded_rows_on_two_bounded_problems(tmp_path, monkeypatch):
+  """Every bounded row runs on HS3 and HS4 (cutest_bounded); solved by the projected gradient
+  at the returned point; the unbounded rows give no row there, the bounded rows none on an
+  unbounded problem; the summary compares medians with SciPy's L-BFGS-B."""
+  if importlib.util.find_spec("sif2jax") is None or importlib.util.find_spec("jaxopt") is None:
+    pytest.skip("sif2jax and jaxopt are needed (pip install -e '.[bench]')")
+  from experiments.benchmark import bounded
+
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  path = tmp_path / "results.csv"
+  names = BOUNDED_ROWS + ("hdm_auto()",)
+  problems = ("HS3", "HS4")
+  tasks = bounded.cutest_bounded_tasks(runner.TOL, problems)
+  tasks += suites.cutest_tasks(runner.TOL, ["HILBERTB"])
+  runner.run_suite(tasks, [solvers.get(n) for n in names], path, progress=False)
+  rows = {(r["problem"], r["solver"]): r for r in _rows(path)}
+  expected = {(p, n) for p in problems for n in BOUNDED_ROWS}
+  expected |= {("HILBERTB", "hdm_auto()"), ("HILBERTB", "scipy-lbfgsb-m10")}
+  assert set(rows) == expected
+  for p in problems:
+    inst = bounded.cutest_bounded_tasks(runner.TOL, [p])[0].build()
+    assert np.all(inst.x0_np >= inst.lower) and np.all(inst.x0_np <= inst.upper)
+    for n in BOUNDED_ROWS:
+      r = rows[(p, n)]
+      assert not r["status"].startswith("error"), r
+      calls, pg = int(r["grad_calls"]), float(r["final_grad_inf"])
+      assert r["solved"] == str(int(pg <= runner.TOL and calls < runner.BUDGET - 1)), r
+  assert rows[("HS4", "trial_lbfgs(box)")]["solved"] == "1"
+  assert rows[("HS4", "scipy-lbfgsb-m10")]["solved"] == "1"
+  summary.write_summary(path, tmp_path, runner.BUDGET, runner.TOL)
+  text = (tmp_path / "summary.md").read_text()
+  assert "Median gradient calls against SciPy's L-BFGS-B" in text
