@@ -286,6 +286,14 @@ def _where(task, inst, seed) -> dict:
   return dict(suite=task.suite, problem=task.name, n=inst.n, dtype=inst.dtype, seed=seed)
 
 
+def _scipy_box(inst: protocol.Instance):
+  """The box on SciPy's variables (``x0_np``'s: a padded problem's box is cut to them)."""
+  if inst.lower is None:
+    return None
+  m = inst.x0_np.shape[1]
+  return inst.lower[:m], inst.upper[:m]
+
+
 def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
   """SciPy from each start of ``seeds``, stopped at the call past ``budget``."""
   rows = []
@@ -300,7 +308,7 @@ def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
       budget=budget,
       stop_at_budget=True,
       maxiter=SCIPY_MAX_ITER,
-      bounds=None if inst.lower is None else (inst.lower, inst.upper),
+      bounds=_scipy_box(inst),
     )
     rows.append(dataclasses.replace(row, algorithm=solver.name, **_where(task, inst, seed)))
   return rows
