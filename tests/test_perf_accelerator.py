@@ -2,6 +2,7 @@
 on the CPU at tiny sizes: they run and print their rows. Their numbers are measured by the
 scripts, never asserted here."""
 
+import importlib.util
 import subprocess
 import types
 
@@ -34,6 +35,29 @@ def test_batched_throughput_rows(capsys):
   out = capsys.readouterr().out
   device = f"device: {batched.device_label()}"
   assert out.startswith(device) and "hdm_auto()" in out and "problems/s" in out
+
+
+def test_batched_bounded_rows(capsys):
+  """B problems with a box each: every solver's row, minimize(bounds) solves all, in the box."""
+  if importlib.util.find_spec("jaxopt") is None:
+    pytest.skip("jaxopt is needed (pip install -e '.[bench]')")
+  from experiments.perf import batched_bounded
+
+  rows = batched_bounded.run(
+    batches=[3],
+    solvers=batched_bounded.SOLVERS,
+    dtype=jnp.dtype("float64"),
+    rows=20,
+    cols=6,
+    calls=200,
+    tol=1e-4,
+    repeats=1,
+    compiler_options=FAST_COMPILE,
+  )
+  assert [r["solver"] for r in rows] == list(batched_bounded.SOLVERS)
+  mine = rows[0]
+  assert mine["solved"] == 3 and mine["outside"] == 0.0
+  assert "outside" in capsys.readouterr().out
 
 
 def test_batched_rejects_an_unknown_solver(capsys):
