@@ -187,6 +187,9 @@ class Instance:
       ``x0_np``'s shape), or None.
     x0_np: (starts, m) float64 starting points for ``fun_np``, or None.
     f_star: the minimum value where it is known, else None.
+    lower: the box's lower bounds (float64, x0's row shape; -inf where open) for a bounded
+      problem, else None.
+    upper: its upper bounds, like ``lower``.
   """
 
   n: int
@@ -199,6 +202,8 @@ class Instance:
   fun_np: Optional[Callable[[np.ndarray], tuple[float, np.ndarray]]] = None
   x0_np: Optional[np.ndarray] = None
   f_star: Optional[float] = None
+  lower: Optional[np.ndarray] = None
+  upper: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass

@@ -20,6 +20,7 @@ from hdm_optax.driver.loop import LoopState
 from hdm_optax.driver.loop import loop
 from hdm_optax.driver.minibatch import MinibatchStats
 from hdm_optax.driver.minibatch import minibatch_step
+from hdm_optax.driver.minimize import minimize
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
@@ -56,6 +57,8 @@ __all__ = (
   "hdm_hb",
   "loop",
   "minibatch_step",
+  "minimize",
+  "minimize",
   "osgm_best",
   "pieces",
   "solve",

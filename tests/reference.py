@@ -693,6 +693,43 @@ def hdm_auto_reference(
   return out
 
 
+def _bfgs_matrix(pairs, gamma0: float, n: int) -> np.ndarray:
+  """The L-BFGS inverse Hessian, explicit: BFGS updates of gamma0 I by ``pairs``, oldest first."""
+  H = gamma0 * np.eye(n)
+  for s, y in pairs:
+    r = 1.0 / float(s @ y)
+    V = np.eye(n) - r * np.outer(y, s)
+    H = V.T @ H @ V + r * np.outer(s, s)
+  return H
+
+
+def _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol):
+  """trial_lbfgs on a finite trial: (accepted, y, <s, y>, whether the pair is kept)."""
+  y = g_t - g
+  sy = float(step @ y)
+  near = f_t <= fx + max(band, 1024 * np.finfo(np.float64).eps) * abs(fx)
+  flat = abs(float(g_t @ step)) <= curvature * abs(float(g @ step))
+  kept = sy > pair_tol * np.linalg.norm(step) * np.linalg.norm(y)
+  return f_t <= fx or (near and flat), y, sy, kept
+
+
+def _remember(pairs, gamma, step, y, sy, scales, kept, memory_size):
+  """The last ``memory_size`` pairs with (step, y) where ``kept``; gamma from it where ``scales``."""
+  if kept:
+    pairs = (pairs + [(step.copy(), y.copy())])[-memory_size:]
+  return pairs, (sy / float(y @ y) if scales else gamma)
+
+
+def _first_gamma(gamma: float, g: np.ndarray) -> float:
+  gn = float(np.linalg.norm(g))
+  return gamma if gamma > 0 else (min(1.0, 1.0 / gn) if gn > 0 else 1.0)
+
+
+def _append(out: dict, **values) -> None:
+  for key, val in values.items():
+    out[key].append(val)
+
+
 def trial_lbfgs_reference(
   f,
   grad,
@@ -715,48 +752,93 @@ def trial_lbfgs_reference(
   |<g+, s>| <= curvature |<g, s>|.
   """
   x = np.array(x0, dtype=np.float64)
-  n = x.size
   fx, g, _ = _oracle(f, grad, x)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
-  gamma = 0.0
-  alpha = 1.0
-  calls = 0
+  gamma, alpha, calls = 0.0, 1.0, 0
   out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[])
   for _ in range(steps):
-    gn = float(np.linalg.norm(g))
-    g0 = gamma if gamma > 0 else (min(1.0, 1.0 / gn) if gn > 0 else 1.0)
-    H = g0 * np.eye(n)
-    for s, y in pairs:
-      r = 1.0 / float(s @ y)
-      V = np.eye(n) - r * np.outer(y, s)
-      H = V.T @ H @ V + r * np.outer(s, s)
-    step = -alpha * (H @ g)
+    step = -alpha * (_bfgs_matrix(pairs, _first_gamma(gamma, g), x.size) @ g)
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1
     accepted = False
     if finite:
-      y = g_t - g
-      sy = float(step @ y)
-      near = f_t <= fx + max(band, 1024 * np.finfo(np.float64).eps) * abs(fx)
-      flat = abs(float(g_t @ step)) <= curvature * abs(float(g @ step))
-      accepted = f_t <= fx or (near and flat)
-      if sy > pair_tol * np.linalg.norm(step) * np.linalg.norm(y):
-        pairs = (pairs + [(step.copy(), y.copy())])[-memory_size:]
-        if accepted:
-          gamma = sy / float(y @ y)
+      accepted, y, sy, kept = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+      pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
     alpha = min(1.0, alpha * grow) if accepted else alpha * shrink
     if accepted:
       x, fx, g = x + step, f_t, g_t
-    for key, val in (
-      ("xs", x.copy()),
-      ("values", fx),
-      ("accepted", accepted),
-      ("calls", calls),
-      ("alphas", alpha),
-      ("gammas", gamma),
-      ("pairs", len(pairs)),
-    ):
-      out[key].append(val)
+    _append(
+      out,
+      xs=x.copy(),
+      values=fx,
+      accepted=accepted,
+      calls=calls,
+      alphas=alpha,
+      gammas=gamma,
+      pairs=len(pairs),
+    )
+  return out
+
+
+def trial_lbfgs_box_reference(
+  f,
+  grad,
+  x0,
+  lower,
+  upper,
+  steps: int,
+  memory_size: int = 10,
+  **rule,
+) -> dict:
+  """``steps`` updates of trial_lbfgs(lower=, upper=): the two-metric projected step.
+
+  x0 is projected onto the box. Free variables F: all but those with x_i <= l_i and
+  g_i > 0 or x_i >= u_i and g_i < 0. H_F is the BFGS matrix (explicit, oldest pair first)
+  of the pairs restricted to F, (s_F, y_F), each kept where <s_F, y_F> > pair_tol
+  ||s_F|| ||y_F||, from H_0 = gamma I; gamma as the unbounded method's, its first value
+  min(1, 1/||g_F||). d = H_F g_F on F and gamma g elsewhere; the step is clip(x - alpha d)
+  - x, or clip(x - alpha gamma g) - x where <g, step> >= 0. Pairs (step, g+ - g) and the
+  acceptance are the unbounded method's; after an accepted trial alpha <- min(cap, grow
+  alpha) with cap = inf where <s, y> <= 0 and each moving variable has a finite bound in
+  its direction, 1 otherwise. ``rule``: ``shrink``, ``grow``, ``pair_tol``, ``band`` and
+  ``curvature``, as :func:`trial_lbfgs_reference`'s.
+  """
+  rule = {**dict(shrink=0.5, grow=1.5, pair_tol=1e-10, band=1e-10, curvature=0.9), **rule}
+  shrink, grow, pair_tol = rule["shrink"], rule["grow"], rule["pair_tol"]
+  band, curvature = rule["band"], rule["curvature"]
+  lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+  x = np.clip(np.array(x0, dtype=np.float64), lower, upper)
+  fx, g, _ = _oracle(f, grad, x)
+  pairs: list[tuple[np.ndarray, np.ndarray]] = []
+  gamma, alpha, calls = 0.0, 1.0, 0
+  out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[])
+  for _ in range(steps):
+    free = ~(((x <= lower) & (g > 0)) | ((x >= upper) & (g < 0)))
+    g_free = np.where(free, g, 0.0)
+    g0 = _first_gamma(gamma, g_free)
+    restricted = [(np.where(free, s, 0.0), np.where(free, y, 0.0)) for s, y in pairs]
+    restricted = [
+      (s, y)
+      for s, y in restricted
+      if float(s @ y) > pair_tol * np.linalg.norm(s) * np.linalg.norm(y)
+    ]
+    d = np.where(free, _bfgs_matrix(restricted, g0, x.size) @ g_free, g0 * g)
+    step = np.clip(x - alpha * d, lower, upper) - x
+    if float(g @ step) >= 0:
+      step = np.clip(x - alpha * g0 * g, lower, upper) - x
+    f_t, g_t, finite = _oracle(f, grad, x + step)
+    calls += 1
+    accepted, cap = False, 1.0
+    if finite:
+      accepted, y, sy, kept = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+      pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
+      up, down = step > 0, step < 0
+      blocked = np.all(~(up | down) | (up & (upper < np.inf)) | (down & (lower > -np.inf)))
+      cap = np.inf if (sy <= 0 and blocked) else 1.0
+    alpha = min(cap, alpha * grow) if accepted else alpha * shrink
+    if accepted:
+      x, fx, g = x + step, f_t, g_t
+    _append(out, xs=x.copy(), values=fx, accepted=accepted, calls=calls, alphas=alpha)
   return out
 
 

@@ -451,3 +451,47 @@ def test_jobs_share_the_gpu():
   assert cli.child_environment({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}) == {
     "XLA_PYTHON_CLIENT_PREALLOCATE": "true"
   }
+
+
+BOUNDED_ROWS = (
+  "trial_lbfgs(box)",
+  "scipy-lbfgsb-m10",
+  "jaxopt-lbfgsb",
+  "optax-pgd-box-backtracking",
+  "optax.lbfgs()-clip",
+  "trial_lbfgs()-clip",
+)
+
+
+def test_bounded_rows_on_two_bounded_problems(tmp_path, monkeypatch):
+  """Every bounded row runs on HS3 and HS4 (cutest_bounded); solved by the projected gradient
+  at the returned point; the unbounded rows give no row there, the bounded rows none on an
+  unbounded problem; the summary compares medians with SciPy's L-BFGS-B."""
+  if importlib.util.find_spec("sif2jax") is None or importlib.util.find_spec("jaxopt") is None:
+    pytest.skip("sif2jax and jaxopt are needed (pip install -e '.[bench]')")
+  from experiments.benchmark import bounded
+
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  path = tmp_path / "results.csv"
+  names = BOUNDED_ROWS + ("hdm_auto()",)
+  problems = ("HS3", "HS4")
+  tasks = bounded.cutest_bounded_tasks(runner.TOL, problems)
+  tasks += suites.cutest_tasks(runner.TOL, ["HILBERTB"])
+  runner.run_suite(tasks, [solvers.get(n) for n in names], path, progress=False)
+  rows = {(r["problem"], r["solver"]): r for r in _rows(path)}
+  expected = {(p, n) for p in problems for n in BOUNDED_ROWS}
+  expected |= {("HILBERTB", "hdm_auto()"), ("HILBERTB", "scipy-lbfgsb-m10")}
+  assert set(rows) == expected
+  for p in problems:
+    inst = bounded.cutest_bounded_tasks(runner.TOL, [p])[0].build()
+    assert np.all(inst.x0_np >= inst.lower) and np.all(inst.x0_np <= inst.upper)
+    for n in BOUNDED_ROWS:
+      r = rows[(p, n)]
+      assert not r["status"].startswith("error"), r
+      calls, pg = int(r["grad_calls"]), float(r["final_grad_inf"])
+      assert r["solved"] == str(int(pg <= runner.TOL and calls < runner.BUDGET - 1)), r
+  assert rows[("HS4", "trial_lbfgs(box)")]["solved"] == "1"
+  assert rows[("HS4", "scipy-lbfgsb-m10")]["solved"] == "1"
+  summary.write_summary(path, tmp_path, runner.BUDGET, runner.TOL)
+  text = (tmp_path / "summary.md").read_text()
+  assert "Median gradient calls against SciPy's L-BFGS-B" in text

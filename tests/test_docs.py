@@ -17,13 +17,14 @@ from hdm_optax.methods import (
   _osgm_best,
   _trial_lbfgs,
 )
-from hdm_optax.pieces import acceptance, backtracking, candidates, curvature, decay, directions
+from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
 from hdm_optax.pieces import hypergradient, iteration, learners, momentum, secant, step_control
-from hdm_optax.driver import cache, loop, solve
+from hdm_optax.driver import cache, loop, minimize, solve
 
 PIECES = [
   acceptance,
   backtracking,
+  box,
   candidates,
   curvature,
   decay,
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # docs/minibatch.md and docs/optimistix.md run in their own modules' tests.
-PAGES = ["README.md", "docs/guide.md"]
+PAGES = ["README.md", "docs/guide.md", "docs/bounds.md"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -74,6 +75,8 @@ def test_every_docs_page_is_in_the_index():
     cache,
     loop,
     solve,
+    minimize,
+    box,
     *PIECES,
   ],
   ids=lambda m: m.__name__,

@@ -15,27 +15,39 @@ import pytest
 from experiments.perf import batched, hlo, large
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# The batched scripts at a tiny size.
+TINY = dict(
+  dtype=jnp.dtype("float64"),
+  rows=20,
+  calls=200,
+  tol=1e-4,
+  repeats=1,
+  compiler_options=FAST_COMPILE,
+)
 
 
 def test_batched_throughput_rows(capsys):
   # float64: the suite enables x64, and optimistix 0.1.0's LBFGS then fails on float32 problems
   # (its scan carry mixes float32 and float64); the script runs float32 without x64.
-  rows = batched.run(
-    batches=[3],
-    solvers=["hdm_auto()", "optimistix.LBFGS"],
-    dtype=jnp.dtype("float64"),
-    rows=20,
-    cols=5,
-    calls=200,
-    tol=1e-4,
-    repeats=1,
-    compiler_options=FAST_COMPILE,
-  )
+  rows = batched.run(batches=[3], solvers=["hdm_auto()", "optimistix.LBFGS"], cols=5, **TINY)
   assert [(r["batch"], r["solver"]) for r in rows] == [(3, "hdm_auto()"), (3, "optimistix.LBFGS")]
   assert all(r["solved"] == 3 and r["per_second"] > 0 and r["compile_seconds"] > 0 for r in rows)
   out = capsys.readouterr().out
   device = f"device: {batched.device_label()}"
   assert out.startswith(device) and "hdm_auto()" in out and "problems/s" in out
+
+
+def test_batched_bounded_rows(capsys):
+  """B problems with a box each: every solver's row, minimize(bounds) solves all, in the box."""
+  if importlib.util.find_spec("jaxopt") is None:
+    pytest.skip("jaxopt is needed (pip install -e '.[bench]')")
+  from experiments.perf import batched_bounded
+
+  rows = batched_bounded.run(batches=[3], solvers=batched_bounded.SOLVERS, cols=6, **TINY)
+  assert [r["solver"] for r in rows] == list(batched_bounded.SOLVERS)
+  mine = rows[0]
+  assert mine["solved"] == 3 and mine["outside"] == 0.0
+  assert "outside" in capsys.readouterr().out
 
 
 def test_batched_rejects_an_unknown_solver(capsys):

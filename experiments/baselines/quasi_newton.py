@@ -60,6 +60,7 @@ def run_baseline(
   budget: int = protocol.BUDGET,
   stop_at_budget: bool = False,
   maxiter: int = MAX_ITER,
+  bounds: Optional[tuple[np.ndarray, np.ndarray]] = None,
 ) -> protocol.Row:
   """Runs one SciPy baseline from ``x0``, counting and recording every call.
 
@@ -74,6 +75,8 @@ def run_baseline(
         reports the last point evaluated, message ``"budget"``); otherwise SciPy
         runs to its own end.
       maxiter: SciPy's iteration limit.
+      bounds: ``(lower, upper)`` arrays for L-BFGS-B; then the recorded and final
+        ``grad_inf`` is the projected gradient's, ``||clip(x - g, lo, hi) - x||_inf``.
 
   Returns:
       The run's row; f and grad f at SciPy's ``x`` are evaluated once more,
@@ -84,13 +87,20 @@ def run_baseline(
   grad_infs: list[float] = []
   last = None
 
+  def stationarity(w, grad):
+    if not np.size(grad):
+      return 0.0
+    if bounds is None:
+      return float(np.max(np.abs(grad)))
+    return float(np.max(np.abs(np.clip(w - grad, bounds[0], bounds[1]) - w)))
+
   def recorded(w):
     nonlocal last
     if stop_at_budget and len(values) >= budget:
       raise BudgetSpent
     value, grad = fun_np(w)
     values.append(float(value))
-    grad_infs.append(float(np.max(np.abs(grad))) if np.size(grad) else 0.0)
+    grad_infs.append(stationarity(w, grad))
     last = (w, value, grad)
     return value, grad
 
@@ -98,8 +108,14 @@ def run_baseline(
   with threadpool_limits(limits=blas_threads, user_api="blas"):
     start = time.perf_counter()
     try:
+      box = None if bounds is None else list(zip(*bounds))
       res = minimize(
-        recorded, np.asarray(x0, dtype=np.float64).copy(), jac=True, method=method, options=options
+        recorded,
+        np.asarray(x0, dtype=np.float64).copy(),
+        jac=True,
+        method=method,
+        options=options,
+        bounds=box,
       )
     except BudgetSpent:
       res = None
@@ -111,7 +127,7 @@ def run_baseline(
     x, iterations, message = res.x, int(res.nit), str(res.message)
     final_value, final_grad = fun_np(res.x)  # not recorded: not part of the run
   calls = len(values)
-  final_grad_inf = float(np.max(np.abs(final_grad))) if np.size(final_grad) else 0.0
+  final_grad_inf = stationarity(np.asarray(x), final_grad)
   solved, status = protocol.outcome(float(final_value), final_grad_inf, calls, tol, budget)
   if not status:
     status = "budget" if message == "budget" else f"stopped: {message}"

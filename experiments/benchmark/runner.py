@@ -29,6 +29,7 @@ import optax
 from experiments import memory
 from experiments import protocol
 from experiments.baselines import quasi_newton
+from experiments.benchmark import bounded as bounded_lib
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
 from experiments.benchmark.solvers import optx
@@ -95,24 +96,46 @@ def _end_status(solver, out, i) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, f_star, tol):
+def _in_box(fun, fun_args, res, box, clip):
+  """f, the projected gradient and the distance outside the box at a bounded run's point.
+
+  The point is ``clip(x)`` for the clipping habit, x itself otherwise (a point outside the
+  box is reported by its distance, not moved); f and grad f there are evaluated once more,
+  uncounted (as SciPy's final point).
+  """
+  lower, upper = box
+  x = jnp.clip(res.params, lower, upper) if clip else res.params
+  value, grad = jax.value_and_grad(fun)(x, *fun_args)
+  outside = jnp.maximum(jnp.max(lower - x, initial=0.0), jnp.max(x - upper, initial=0.0))
+  return value, bounded_lib.projected_gradient_inf(x, grad, lower, upper), outside
+
+
+def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, f_star, box, tol):
+  lower, upper = (None, None) if box is None else box
+  run_fun, run_args = fun, fun_args
+  if solver.clip:  # the clipping habit: the box enters f, not the method
+    run_fun, run_args = bounded_lib.clipped(fun), (lower, upper, *fun_args)
+
   def one(x, t):
     res = hdm_optax.solve(
-      solver.make(lipschitz, f_star),
-      fun,
+      solver.make(lipschitz, f_star, lower, upper),
+      run_fun,
       x,
       max_steps=max_steps,
       tol=t,
-      fun_args=fun_args,
+      fun_args=run_args,
       max_grad_evals=max_steps + 1,
     )
-    return dict(
+    out = dict(
       grad_calls=res.num_grad_evals,
       value_calls=res.num_value_evals,
       value=res.value,
       grad_inf=res.grad_norm,
       status=res.status,
     )
+    if box is not None:
+      out["value"], out["grad_inf"], out["outside"] = _in_box(fun, fun_args, res, box, solver.clip)
+    return out
 
   if x0.shape[0] == 1:  # one start: the program a user's own solve() call compiles
     return jax.tree.map(lambda a: a[None], one(x0[0], tol[0]))
@@ -142,10 +165,14 @@ def _compiled(statics, args, program=_batched_solve_jit):
 
 
 def _constants(inst: protocol.Instance):
-  """The data, L and f* of ``inst`` as the program's arguments (NaN where not known)."""
+  """The data, L, f* and the box of ``inst`` as the program's arguments (NaN where not known,
+  the box ``None`` for an unbounded problem)."""
   dtype = inst.x0.dtype
   known = lambda v: jnp.asarray(np.nan if v is None else v, dtype)
-  return inst.fun_args, known(inst.lipschitz), known(inst.f_star)
+  box = None
+  if inst.lower is not None:
+    box = (jnp.asarray(inst.lower, dtype), jnp.asarray(inst.upper, dtype))
+  return inst.fun_args, known(inst.lipschitz), known(inst.f_star), box
 
 
 def run_optax(solver, inst: protocol.Instance, budget: int):
@@ -203,7 +230,7 @@ def run_optimistix(solver, inst: protocol.Instance, budget: int):
   run seconds).
   """
   statics = (solver, inst.fun, budget)
-  consts = _constants(inst)
+  consts = _constants(inst)[:3]
   tol = jnp.asarray(inst.tol, inst.x0.dtype)
   program, compile_seconds = _compiled(statics, (inst.x0[0], *consts, tol[0]), _minimise_jit)
   outs, seconds = [], 0.0
@@ -236,6 +263,8 @@ def optax_rows(solver, task, inst, budget) -> list[Row]:
     value, grad_inf = float(out["value"][i]), float(out["grad_inf"][i])
     calls = int(out["grad_calls"][i])
     solved, status = outcome(value, grad_inf, calls, float(inst.tol[i]), budget)
+    if "outside" in out and float(out["outside"][i]) > 0:
+      solved, status = False, f"outside the box by {float(out['outside'][i]):.3g}"
     rows.append(
       Row(
         solver.name,
@@ -257,6 +286,14 @@ def _where(task, inst, seed) -> dict:
   return dict(suite=task.suite, problem=task.name, n=inst.n, dtype=inst.dtype, seed=seed)
 
 
+def _scipy_box(inst: protocol.Instance):
+  """The box on SciPy's variables (``x0_np``'s: a padded problem's box is cut to them)."""
+  if inst.lower is None:
+    return None
+  m = inst.x0_np.shape[1]
+  return inst.lower[:m], inst.upper[:m]
+
+
 def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
   """SciPy from each start of ``seeds``, stopped at the call past ``budget``."""
   rows = []
@@ -271,6 +308,7 @@ def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
       budget=budget,
       stop_at_budget=True,
       maxiter=SCIPY_MAX_ITER,
+      bounds=_scipy_box(inst),
     )
     rows.append(dataclasses.replace(row, algorithm=solver.name, **_where(task, inst, seed)))
   return rows
@@ -408,8 +446,10 @@ def run_suite(
         continue
       for solver, missing in todo:
         bar.set_postfix_str(f"{task.name} {solver.name}")
-        if (solver.needs_lipschitz and inst.lipschitz is None) or (
-          solver.needs_f_star and inst.f_star is None
+        if (
+          (solver.needs_lipschitz and inst.lipschitz is None)
+          or (solver.needs_f_star and inst.f_star is None)
+          or not solver.runs_on(inst.lower is not None)
         ):
           bar.update(1)
           continue
@@ -421,7 +461,9 @@ def run_suite(
           bar.update(1)
           continue
         try:
-          if solver.is_scipy:
+          if solver.rows is not None:
+            rows = solver.rows(solver, task, inst, budget, missing)
+          elif solver.is_scipy:
             rows = scipy_rows(solver, task, inst, budget, missing)
           else:
             rows = optax_rows(solver, task, inst, budget)

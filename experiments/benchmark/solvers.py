@@ -5,7 +5,8 @@ Python expression evaluated with every public name of ``hdm_optax`` in scope, pl
 ``hdm_optax``, ``optax``, ``optx`` (optimistix), ``jnp``, ``L`` (the problem's Lipschitz
 constant, traced) and ``F_STAR`` (its minimum value, traced): ``'hdm_best(precond_lr=0.1/L)'``,
 ``'optax.adam(3e-4)'``, ``'optax.polyak_sgd(f_min=F_STAR)'``, ``'optx.BFGS(rtol=0.0,
-atol=0.0)'``. A bare name ``NAME`` means ``NAME()`` (``osgm_best`` ->
+atol=0.0)'``; on a bounded problem also ``LOWER`` and ``UPPER`` (its box, traced):
+``'trial_lbfgs(lower=LOWER, upper=UPPER)'`` runs on bounded problems only. A bare name ``NAME`` means ``NAME()`` (``osgm_best`` ->
 ``hdm_optax.osgm_best()``). A solver that uses ``L`` (``F_STAR``) runs only on problems where
 L (f*) is known. An expression may give an optax transformation (run by ``hdm_optax.solve``)
 or an optimistix minimiser (run by ``optimistix.minimise`` under the protocol's stopping
@@ -51,6 +52,11 @@ class Solver:
     scipy_algorithm: for a SciPy solver, its name in ``experiments.baselines.quasi_newton``
       (``"BFGS"``, ``"L-BFGS-M5"``, ...).
     max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
+    needs_box: ``make`` uses the box (``LOWER``, ``UPPER``): it runs on bounded problems only.
+    clip: the clipping habit: the transformation minimises ``f(clip(x, LOWER, UPPER))``
+      and its point is reported as ``clip(x)`` (bounded problems only).
+    rows: a runner of its own, ``rows(solver, task, inst, budget, seeds) -> [Row]``
+      (jaxopt's LBFGSB; bounded problems only).
   """
 
   name: str
@@ -60,16 +66,27 @@ class Solver:
   is_optimistix: bool = False
   scipy_algorithm: Optional[str] = None
   max_n: Optional[int] = None
+  needs_box: bool = False
+  clip: bool = False
+  rows: Optional[Callable] = None
 
   @property
   def is_scipy(self) -> bool:
     return self.scipy_algorithm is not None
 
+  def runs_on(self, bounded: bool) -> bool:
+    """Whether the row runs on a bounded (or unbounded) problem."""
+    boxed = self.needs_box or self.clip or self.rows is not None
+    return self.is_scipy or boxed == bounded
 
-def namespace(lipschitz=None, f_star=None) -> dict:
+
+def namespace(lipschitz=None, f_star=None, lower=None, upper=None) -> dict:
   """Names an expression may use."""
+  from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
+
   names = {name: getattr(hdm_optax, name) for name in hdm_optax.__all__}
   names.update(hdm_optax=hdm_optax, optax=optax, optx=optx, jnp=jnp, L=lipschitz, F_STAR=f_star)
+  names.update(LOWER=lower, UPPER=upper, project_box=bounded.project_box)
   return names
 
 
@@ -96,10 +113,11 @@ def from_expression(name: str, expression: Optional[str] = None) -> Solver:
     raise ValueError(f"solver {name!r} needs optimistix: pip install -e '.[bench]'")
   code = compile(expression, f"<solver {name}>", "eval")
 
-  def make(lipschitz, f_star=None):
-    return eval(code, namespace(lipschitz, f_star))  # noqa: S307 (the command line's own expression)
+  def make(lipschitz, f_star=None, lower=None, upper=None):
+    names = namespace(lipschitz, f_star, lower, upper)
+    return eval(code, names)  # noqa: S307 (the command line's own expression)
 
-  built = make(1.0, 0.0)
+  built = make(1.0, 0.0, 0.0, 1.0)
   minimiser = _is_minimiser(built)
   if not minimiser and not (hasattr(built, "init") and hasattr(built, "update")):
     raise ValueError(
@@ -112,6 +130,7 @@ def from_expression(name: str, expression: Optional[str] = None) -> Solver:
     needs_lipschitz="L" in used,
     needs_f_star="F_STAR" in used,
     is_optimistix=minimiser,
+    needs_box=bool({"LOWER", "UPPER"} & used),
   )
 
 
@@ -162,7 +181,21 @@ NAMED = {
 # n = 10,000, 121 GB at n = 123,200 (YATP1LS). It runs up to n = 5000.
 OPTX_BFGS_MAX_N = 5000
 NAMED_MAX_N = {"optx.BFGS": OPTX_BFGS_MAX_N}
-REGISTERED = JAX + tuple(NAMED) + tuple(SCIPY)
+# The bounded suites' rows (``experiments.benchmark.bounded``): the box given to the
+# method, the naive projected gradient descent, the clipping habit (an unconstrained solver
+# on f(clip(x)); name -> its expression), and jaxopt's LBFGSB (its own runner). The SciPy
+# rows run there too, with the box.
+BOUNDED = {
+  "trial_lbfgs(box)": "trial_lbfgs(lower=LOWER, upper=UPPER)",
+  "optax-pgd-box-backtracking": (
+    "optax.chain(optax.sgd(1.0), "
+    f"optax.scale_by_backtracking_linesearch({LINESEARCH_STEPS}, store_grad=True), "
+    "project_box(LOWER, UPPER))"
+  ),
+}
+CLIPPED = {"optax.lbfgs()-clip": "optax.lbfgs()", "trial_lbfgs()-clip": "trial_lbfgs()"}
+JAXOPT_LBFGSB = "jaxopt-lbfgsb"
+REGISTERED = JAX + tuple(NAMED) + tuple(SCIPY) + tuple(BOUNDED) + tuple(CLIPPED) + (JAXOPT_LBFGSB,)
 DEFAULT = REGISTERED if optx is not None else tuple(n for n in REGISTERED if "optx" not in n)
 
 
@@ -174,6 +207,14 @@ def get(name: str) -> Solver:
     return Solver(name=name, scipy_algorithm=algorithm, max_n=max_n)
   if name in NAMED:
     return dataclasses.replace(from_expression(name, NAMED[name]), max_n=NAMED_MAX_N.get(name))
+  if name in BOUNDED:
+    return from_expression(name, BOUNDED[name])
+  if name in CLIPPED:
+    return dataclasses.replace(from_expression(name, CLIPPED[name]), clip=True)
+  if name == JAXOPT_LBFGSB:
+    from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
+
+    return Solver(name=name, rows=bounded.jaxopt_rows)
   if name.isidentifier() and name not in namespace():
     return from_expression(name, f"hdm_optax.{name}()")
   if name.isidentifier():

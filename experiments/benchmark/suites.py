@@ -88,23 +88,23 @@ def _instance(fun, fun_args, x0, tol, lipschitz=None, dtype="float64", n=None, f
 
 
 @functools.cache
-def _sif2jax_unconstrained() -> tuple[Path, dict[str, str]]:
-  """Directory of sif2jax's unconstrained problems and class name -> module name.
+def _sif2jax_folder(kind: str = "_unconstrained_minimisation") -> tuple[Path, dict[str, str]]:
+  """Directory of sif2jax's problems of ``kind`` and class name -> module name.
 
   ``import sif2jax`` builds every problem class of the package (1-3 minutes on 2 cores, one
-  constrained module alone 86 s); the benchmark needs only unconstrained ones, so their
-  parent packages are registered as bare namespaces and each problem's module is imported
-  alone (3 s for the 66 of the dev list).
+  constrained module alone 86 s); the benchmark needs only unconstrained (and bounded) ones,
+  so their parent packages are registered as bare namespaces and each problem's module is
+  imported alone (3 s for the 66 of the dev list).
   """
   spec = importlib.util.find_spec("sif2jax")
   if spec is None or not spec.submodule_search_locations:
     raise ImportError("the cutest suite needs sif2jax: pip install -e '.[bench]'")
   root = Path(spec.submodule_search_locations[0])
-  folder = root / "cutest" / "_unconstrained_minimisation"
+  folder = root / "cutest" / kind
   for name, path in (
     ("sif2jax", root),
     ("sif2jax.cutest", root / "cutest"),
-    ("sif2jax.cutest._unconstrained_minimisation", folder),
+    (f"sif2jax.cutest.{kind}", folder),
   ):
     if name not in sys.modules:
       package = types.ModuleType(name)
@@ -118,9 +118,16 @@ def _sif2jax_unconstrained() -> tuple[Path, dict[str, str]]:
   return folder, modules
 
 
-def cutest_problem(name: str):
-  """The sif2jax problem whose CUTEst name is ``name`` (e.g. ``"ROSENBR"``, ``"10FOLDTRLS"``)."""
-  folder, modules = _sif2jax_unconstrained()
+def _sif2jax_unconstrained() -> tuple[Path, dict[str, str]]:
+  return _sif2jax_folder("_unconstrained_minimisation")
+
+
+def cutest_problem(name: str, kind: str = "_unconstrained_minimisation"):
+  """The sif2jax problem whose CUTEst name is ``name`` (e.g. ``"ROSENBR"``, ``"10FOLDTRLS"``).
+
+  ``kind`` is sif2jax's folder (``"_bounded_minimisation"`` for the bounded problems).
+  """
+  folder, modules = _sif2jax_folder(kind)
   candidates = [name] if name in modules else []
   if not candidates:  # names that are not identifiers: the class returns it from ``name``
     candidates = [
@@ -129,11 +136,25 @@ def cutest_problem(name: str):
       if f'"{name}"' in (folder / f"{mod}.py").read_text(errors="replace")
     ]
   for cls in candidates:
-    module = importlib.import_module(f"sif2jax.cutest._unconstrained_minimisation.{modules[cls]}")
+    module = importlib.import_module(f"sif2jax.cutest.{kind}.{modules[cls]}")
     problem = getattr(module, cls)()
     if problem.name == name:
       return problem
-  raise KeyError(f"sif2jax has no unconstrained problem named {name!r}")
+  raise KeyError(f"sif2jax has no problem named {name!r} in {kind}")
+
+
+# sif2jax.bounded_minimisation_problems: the bounded problems and the bounded quadratic ones.
+BOUNDED_FOLDERS = ("_bounded_minimisation", "_quadratic_problems")
+
+
+def cutest_bounded_problem(name: str):
+  """The problem of ``sif2jax.bounded_minimisation_problems`` whose CUTEst name is ``name``."""
+  for kind in BOUNDED_FOLDERS:
+    try:
+      return cutest_problem(name, kind)
+    except KeyError:
+      pass
+  raise KeyError(f"sif2jax has no bounded problem named {name!r}")
 
 
 def cutest_names(path: Path = CUTEST_DEV_LIST) -> list[str]:
@@ -410,7 +431,9 @@ def user_tasks(tol: float) -> list[Task]:
 
 SUITES = ("cutest", "cutest32", "libsvm", "libsvm32", "user")
 # Run on request only (large): the scale dev list, and the package's other problems by size.
-EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale")
+# The bounded suites (experiments.benchmark.bounded): the box given to the bounded rows.
+BOUNDED_SUITES = ("cutest_bounded", "libsvm_bounded")
+EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale") + BOUNDED_SUITES
 
 
 def tasks(
@@ -437,6 +460,14 @@ def tasks(
     out = libsvm_tasks(tol, num_seeds, dtype, datasets, data_dir)
   elif suite == "user":
     out = user_tasks(tol)
+  elif suite == "cutest_bounded":
+    from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
+
+    out = bounded.cutest_bounded_tasks(tol)
+  elif suite == "libsvm_bounded":
+    from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
+
+    out = bounded.libsvm_bounded_tasks(tol, num_seeds, datasets, data_dir)
   else:
     raise ValueError(f"suite must be one of {SUITES + EXTRA_SUITES}, got {suite!r}")
   if problems:

@@ -45,6 +45,9 @@ case "$phase" in
     timeout 80 $py -m experiments.perf.batched --batches 1,1024,16384 \
       --solvers 'hdm_auto(),osgm_best(),trial_lbfgs(),optax.lbfgs()' --repeats 3 2>&1 \
       | tee "$out/batched.txt"
+    stamp batched_bounded
+    timeout 80 $py -m experiments.perf.batched_bounded --batches 1,1024 --repeats 3 2>&1 \
+      | tee "$out/batched_bounded.txt"
     stamp large
     timeout 45 $py -m experiments.perf.large --sizes 1e7 --repeats 3 \
       --solvers 'hdm_auto(),trial_lbfgs(),optax.lbfgs()' 2>&1 | tee "$out/large.txt"

@@ -128,23 +128,40 @@ SOLVERS = tuple(_solvers())
 
 def batched_solve(one: Callable, tol: float, calls: int) -> Callable:
   """``jax.jit`` of ``jax.vmap(one)`` over the problems (tol and calls fixed)."""
-  return jax.jit(jax.vmap(lambda a, y, lip: one(a, y, lip, tol, calls)))
+  return jax.jit(jax.vmap(lambda *data: one(*data, tol, calls)))
 
 
 def run(
-  batches, solvers, dtype, rows, cols, calls, tol, repeats, compiler_options=None
+  batches,
+  solvers,
+  dtype,
+  rows,
+  cols,
+  calls,
+  tol,
+  repeats,
+  compiler_options=None,
+  table=None,
+  make_data=None,
 ) -> list[dict]:
-  """Prints and returns one row per (B, solver) (``compiler_options``: XLA's, for the tests)."""
-  table = _solvers()
+  """Prints and returns one row per (B, solver) (``compiler_options``: XLA's, for the tests).
+
+  ``table`` (name -> ``one(*data, tol, calls)``, default these solvers) and ``make_data``
+  (``(B, rows, cols, dtype) -> data``, default :func:`make_batch`) let another batch of
+  problems reuse the loop (``experiments.perf.batched_bounded``); where ``one`` returns a
+  third value, its largest is printed as ``outside``.
+  """
+  table = _solvers() if table is None else table
+  make_data = make_batch if make_data is None else make_data
   print(f"device: {device_label()}; jax {jax.__version__}; {dtype}, {rows} x {cols}, ")
   print(f"  {calls} calls, tol {tol:g}, ridge {RIDGE:g}")
   print(
     f"{'B':>6} {'solver':<17} {'compile s':>9} {'solve s':>9} {'solved':>12} "
-    f"{'problems/s':>11} {'mean calls':>10} {'max calls':>9}"
+    f"{'problems/s':>11} {'mean calls':>10} {'max calls':>9} {'outside':>8}"
   )
   rows_out = []
   for batch in batches:
-    data = make_batch(batch, rows, cols, dtype)
+    data = make_data(batch, rows, cols, dtype)
     compiled = {}
     compile_s = {}
     for name in solvers:
@@ -156,7 +173,7 @@ def run(
       {name: (lambda c=c: c(*data)) for name, c in compiled.items()}, repeats=repeats
     )
     for name in solvers:
-      solved, num_calls = (np.asarray(v) for v in outputs[name])
+      solved, num_calls, *extra = (np.asarray(v) for v in outputs[name])
       row = dict(
         batch=batch,
         solver=name,
@@ -167,21 +184,24 @@ def run(
         mean_calls=float(num_calls.mean()),
         max_calls=int(num_calls.max()),
       )
+      if extra:
+        row["outside"] = float(extra[0].max())
       rows_out.append(row)
       print(
         f"{batch:>6} {name:<17} {row['compile_seconds']:>9.2f} {row['seconds']:>9.4f} "
         f"{row['solved']:>6}/{batch:<5} {row['per_second']:>11,.0f} {row['mean_calls']:>10.1f} "
-        f"{row['max_calls']:>9}",
+        f"{row['max_calls']:>9}" + (f" {row['outside']:>8.2g}" if extra else ""),
         flush=True,
       )
   return rows_out
 
 
-def main(argv=None) -> list[dict]:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv, names, description):
+  """The command line of a batched script whose solvers are ``names``."""
+  p = argparse.ArgumentParser(description=description)
   p.add_argument("--batches", default="1,1024,16384")
   p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-  p.add_argument("--solvers", default="all", help=f"comma-separated of {', '.join(SOLVERS)}")
+  p.add_argument("--solvers", default="all", help=f"comma-separated of {', '.join(names)}")
   p.add_argument("--rows", type=int, default=200)
   p.add_argument("--cols", type=int, default=50)
   p.add_argument("--calls", type=int, default=1000)
@@ -192,14 +212,19 @@ def main(argv=None) -> list[dict]:
   protocol.float32_products()
   if args.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
-  solvers = SOLVERS if args.solvers == "all" else tuple(args.solvers.split(","))
-  unknown = set(solvers) - set(SOLVERS)
+  args.solvers = names if args.solvers == "all" else tuple(args.solvers.split(","))
+  unknown = set(args.solvers) - set(names)
   if unknown:
-    p.error(f"--solvers: unknown {sorted(unknown)}; choose from {', '.join(SOLVERS)}")
-  batches = [int(float(b)) for b in args.batches.split(",")]
-  rows = run(
-    batches,
-    solvers,
+    p.error(f"--solvers: unknown {sorted(unknown)}; choose from {', '.join(names)}")
+  args.batches = [int(float(b)) for b in args.batches.split(",")]
+  return args
+
+
+def run_args(args, run_fn=None) -> list[dict]:
+  """``run_fn`` (default :func:`run`) with the command line's numbers."""
+  return (run if run_fn is None else run_fn)(
+    args.batches,
+    args.solvers,
     jnp.dtype(args.dtype),
     args.rows,
     args.cols,
@@ -212,6 +237,10 @@ def main(argv=None) -> list[dict]:
     with open(args.json, "w") as f:
       json.dump([dict(row, device=device) for row in rows], f, indent=1)
   return rows
+
+
+def main(argv=None) -> list[dict]:
+  return run_args(parse_args(argv, SOLVERS, __doc__.split("\n")[0]))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   ``step``, ``done``), and the stopping rule.
 - :mod:`~hdm_optax.driver.solve`: :func:`solve` and :func:`sweep`, compiled
   runs of the loop (:mod:`~hdm_optax.driver.staging` shrinks a sweep's batch).
+- :mod:`~hdm_optax.driver.minimize`: :func:`minimize`, SciPy's entry point (bounds as
+  SciPy takes them) over :func:`solve`, one compiled program.
 - :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
   per batch.
 - :mod:`~hdm_optax.driver.optimistix`: the loop as an optimistix minimiser
@@ -21,8 +23,9 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
 from hdm_optax.driver import cache
 from hdm_optax.driver import loop
 from hdm_optax.driver import minibatch
+from hdm_optax.driver import minimize
 from hdm_optax.driver import results
 from hdm_optax.driver import solve
 from hdm_optax.driver import staging
 
-__all__ = ("cache", "loop", "minibatch", "results", "solve", "staging")
+__all__ = ("cache", "loop", "minibatch", "minimize", "results", "solve", "staging")

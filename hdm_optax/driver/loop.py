@@ -37,8 +37,9 @@ import optax
 from hdm_optax import _common
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver.results import Status
+from hdm_optax.pieces import box as box_lib
 
-__all__ = ("Limits", "Loop", "LoopState", "check_limits", "loop")
+__all__ = ("Limits", "Loop", "LoopState", "check_limits", "converged_status", "loop")
 
 
 class LoopState(NamedTuple):
@@ -49,7 +50,8 @@ class LoopState(NamedTuple):
     opt_state: the optimizer state.
     value: f(params), always at ``params``.
     grad: grad f(params).
-    grad_norm: ``||grad||_inf``.
+    grad_norm: ``||grad||_inf``; where the optimizer holds a box (``lower=`` / ``upper=``),
+      the projected gradient ``||P(params - grad) - params||_inf``.
     num_steps: ``update`` calls made.
     num_value_evals: objective evaluations, the one at the first point included.
     num_grad_evals: gradient evaluations, the one at the first point included.
@@ -241,6 +243,21 @@ def _inf_norm(tree):
   return optax.tree.norm(tree, ord=jnp.inf)
 
 
+def _box(opt_state):
+  return box_lib.find_box(opt_state, cache_lib.cache_at_params(opt_state))
+
+
+def converged_status(opt_state) -> Status:
+  """The status of a converged run: ``CONVERGED_IN_BOX`` where the optimizer holds a box."""
+  return Status.CONVERGED if _box(opt_state) is None else Status.CONVERGED_IN_BOX
+
+
+def _stationarity(params, grad, opt_state):
+  """``||grad||_inf``, or the projected gradient's where the optimizer holds a box."""
+  box = _box(opt_state)
+  return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
+
+
 def _moved(new, old) -> jax.Array:
   return jnp.any(jnp.stack(jax.tree.leaves(jax.tree.map(lambda a, b: jnp.any(a != b), new, old))))
 
@@ -266,7 +283,10 @@ def loop(
   after each update when the optimizer's cache is not at the new params
   (:func:`hdm_optax.driver.cache.cache_at_params`; a warning says to put the
   caching transformation last). ``done`` holds once
-  :math:`\|\nabla f(x)\|_\infty \le` ``tol``, after ``max_steps`` updates, once
+  :math:`\|\nabla f(x)\|_\infty \le` ``tol`` (where the optimizer holds a box,
+  ``lower=`` / ``upper=``, once the projected gradient
+  :math:`\|P(x - \nabla f(x)) - x\|_\infty \le` ``tol``, status ``CONVERGED_IN_BOX``;
+  ``start`` projects an infeasible x0 onto the box), after ``max_steps`` updates, once
   ``max_grad_evals`` gradient calls were made (checked before an update: a
   linesearch may end above it), when f or grad f is not finite, when
   f < ``min_value`` or after ``max_null_steps`` consecutive null steps;
@@ -330,6 +350,9 @@ def loop(
   def start(params, opt_state=None) -> LoopState:
     _warn_tf32(fun_and_aux, params)
     opt_state = optimizer.init(params) if opt_state is None else opt_state
+    box = _box(opt_state)
+    if box is not None:  # an infeasible start is projected onto the box
+      params = box_lib.project(box, params)
     value, grad = evaluate(params)
     if cache_lib.cache_at_params(opt_state) is not None:
       opt_state = optax.tree.set(opt_state, value=value, grad=grad)
@@ -340,7 +363,7 @@ def loop(
       opt_state=opt_state,
       value=value,
       grad=grad,
-      grad_norm=_inf_norm(grad),
+      grad_norm=_stationarity(params, grad, opt_state),
       num_steps=zero,
       num_value_evals=one,
       num_grad_evals=one,
@@ -378,7 +401,7 @@ def loop(
       opt_state=opt_state,
       value=jnp.asarray(value, s.value.dtype),
       grad=grad,
-      grad_norm=_inf_norm(grad),
+      grad_norm=_stationarity(params, grad, opt_state),
       num_steps=s.num_steps + 1,
       num_value_evals=s.num_value_evals + values,
       num_grad_evals=s.num_grad_evals + grads,
@@ -395,7 +418,7 @@ def loop(
     return [~finite, unbounded, converged, stalled, spent]
 
   def status(s: LoopState) -> jax.Array:
-    codes = [Status.NON_FINITE, Status.UNBOUNDED, Status.CONVERGED, Status.STALLED]
+    codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_status(s.opt_state), Status.STALLED]
     code = jnp.select(conditions(s), codes + [Status.MAX_STEPS], Status.STOPPED)
     return code.astype(jnp.int32)
 

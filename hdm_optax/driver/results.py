@@ -31,6 +31,8 @@ class Status(enum.IntEnum):
     STALLED: ``max_null_steps`` consecutive null steps (updates that left the iterate
       where it was).
     UNBOUNDED: ``f(params) < min_value``: the objective looks unbounded below.
+    CONVERGED_IN_BOX: the optimizer holds a box (``lower=`` / ``upper=``) and the
+      projected gradient ``||P(params - grad f) - params||_inf <= tol`` (L-BFGS-B's pgtol).
   """
 
   CONVERGED = 0
@@ -39,6 +41,7 @@ class Status(enum.IntEnum):
   STOPPED = 3
   STALLED = 4
   UNBOUNDED = 5
+  CONVERGED_IN_BOX = 6
 
   @property
   def message(self) -> str:
@@ -53,6 +56,8 @@ _MESSAGES = {
   Status.STOPPED: "stopped by sweep(stop_at_first_converged=True) before the end",
   Status.STALLED: "stalled: max_null_steps consecutive null steps (the iterate did not move)",
   Status.UNBOUNDED: "unbounded: f < min_value (the objective looks unbounded below)",
+  Status.CONVERGED_IN_BOX: "converged: ||P(x - grad f) - x||_inf <= tol (the box's projected "
+  "gradient)",
 }
 
 
@@ -121,12 +126,12 @@ class SolveResult(NamedTuple):
     params: the last iterate.
     state: the optimizer state after the last step.
     value: f(params), always evaluated at ``params``.
-    grad_norm: ||grad f(params)||_inf.
+    grad_norm: ||grad f(params)||_inf; with a box, ``||P(params - grad f) - params||_inf``.
     num_steps: number of ``update`` calls made.
     num_value_evals: objective evaluations, the initial one included.
     num_grad_evals: gradient evaluations, the initial one included.
     converged: whether ||grad f(params)||_inf <= max(tol, rtol ||grad f(x0)||_inf)
-      (and f(params) finite and >= ``min_value``).
+      (the projected gradient's with a box; and f(params) finite and >= ``min_value``).
     status: a :class:`Status` code; :attr:`message` says what it means.
     trace: :class:`Trace`, arrays of length ``max_steps + 1``.
     null_run: the number of null steps at the end of the run (consecutive

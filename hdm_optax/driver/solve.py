@@ -16,7 +16,6 @@ from hdm_optax import _common
 from hdm_optax.driver import loop as loop_lib
 from hdm_optax.driver import staging
 from hdm_optax.driver.results import SolveResult
-from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.results import best_index
@@ -71,7 +70,7 @@ def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux) -> So
     num_steps=s.num_steps,
     num_value_evals=num_value_evals,
     num_grad_evals=s.num_grad_evals,
-    converged=status == Status.CONVERGED,
+    converged=status == loop_lib.converged_status(s.opt_state),
     status=status,
     trace=trace,
     null_run=s.null_run,
@@ -345,7 +344,8 @@ def _sweep(
     if not stop_at_first:
       return jnp.asarray(False)
     columns, s, _ = batch
-    return jnp.any(jax.vmap(lambda p, s: run(p).status(s) == Status.CONVERGED)(columns, s))
+    done = lambda p, s: run(p).status(s) == loop_lib.converged_status(s.opt_state)
+    return jnp.any(jax.vmap(done)(columns, s))
 
   s = jax.vmap(lambda point: run(point).start(init_params))(columns)
   trace = jax.vmap(lambda s: _new_trace(s, max_steps))(s)

@@ -20,6 +20,8 @@ def trial_lbfgs(
   shrink: Any = 0.5,
   grow: Any = 1.5,
   pair_tol: Any = 1e-10,
+  lower: Any = None,
+  upper: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
@@ -59,6 +61,17 @@ def trial_lbfgs(
   curvature information along an explored direction), and accepts a trial on
   the value and its slope instead of the Wolfe conditions.
 
+  Bounds (``lower=``, ``upper=``; ``docs/bounds.md``): the trial is projected onto the box,
+  :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (those not at a
+  bound with u pushing outward; :math:`H_F` the operator of the pairs restricted to them) and
+  :math:`\gamma u` on the binding ones (:func:`hdm_optax.pieces.box.two_metric_step`); the
+  pair's s is the projected step taken; one oracle call and the null step are kept; after an
+  accepted trial of non-positive curvature whose moving variables all have a finite bound
+  ahead, alpha may grow past 1 (:func:`hdm_optax.pieces.box.step_cap`). The box is held in the
+  state, where ``solve`` finds it: it projects an infeasible x0 and stops on the projected
+  gradient (status ``CONVERGED_IN_BOX``); the transformation must be last in a chain. Without
+  bounds the program is the unbounded one.
+
   The operator acts on the incoming ``updates`` u (grad f(x) when
   ``trial_lbfgs`` is first or alone in a chain): :math:`x^+ = x - \alpha H_m
   u`, so a clip or weight decay before it is honoured, while the pairs, the
@@ -71,6 +84,10 @@ def trial_lbfgs(
     shrink: the factor of alpha after a null step, in (0, 1).
     grow: the factor of alpha after an accepted step (alpha stays <= 1), >= 1.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    lower: the box's lower bound l: ``None`` (none), a number, or a pytree shaped like the
+      params (leaves: numbers, ``None`` or arrays of the params' dtype); -inf for an open side.
+    upper: the upper bound u, like ``lower``. With either, the iterates stay in the box
+      (see Bounds above and ``docs/bounds.md``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -82,6 +99,10 @@ def trial_lbfgs(
     >>> result = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.ones(3), max_steps=100, tol=1e-6)
     >>> bool(result.converged), int(result.num_grad_evals) < 30
     (True, True)
+    >>> boxed = hdm_optax.trial_lbfgs(lower=0.5, upper=jnp.array([2.0, 2.0, jnp.inf]))
+    >>> result = hdm_optax.solve(boxed, fun, jnp.ones(3), max_steps=100, tol=1e-6)
+    >>> [float(v) for v in result.params], hdm_optax.Status(int(result.status)).name
+    ([0.5, 0.5, 0.5], 'CONVERGED_IN_BOX')
 
   References:
     Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
@@ -89,11 +110,13 @@ def trial_lbfgs(
     point and the null step, Algorithm 1 line 3); Liu and Nocedal, *On the
     limited memory BFGS method for large scale optimization*, Math.
     Programming 45, 1989 (the operator and the scaling of H_0); Nocedal and
-    Wright, *Numerical Optimization*, 2nd ed., Algorithm 7.4.
+    Wright, *Numerical Optimization*, 2nd ed., Algorithm 7.4; Bertsekas, SIAM J.
+    Control Optim. 20(2), 1982 and Kim, Sra, Dhillon, SIAM J. Sci. Comput. 32(6), 2010
+    (the bounded step, :mod:`hdm_optax.pieces.box`).
   """
   return iteration_lib.iteration(
     "trial_lbfgs",
-    directions_lib.secant(memory_size, pair_tol=pair_tol),
+    directions_lib.secant(memory_size, pair_tol=pair_tol, lower=lower, upper=upper),
     acceptance=acceptance_lib.curvature_checked(),
     step_control=step_control_lib.halve_or_grow(shrink, grow),
   )

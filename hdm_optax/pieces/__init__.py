@@ -16,11 +16,14 @@ the slots:
   :mod:`~hdm_optax.pieces.decay` (eta_p's decay), :mod:`~hdm_optax.pieces.backtracking`
   (OSGM-Best's lookahead), :mod:`~hdm_optax.pieces.secant` (the pairs and the
   two-loop operator);
-- :mod:`~hdm_optax.pieces.acceptance` and :mod:`~hdm_optax.pieces.step_control`.
+- :mod:`~hdm_optax.pieces.acceptance` and :mod:`~hdm_optax.pieces.step_control`;
+- :mod:`~hdm_optax.pieces.box`: bounds (projection, free variables, the projected
+  gradient).
 """
 
 from hdm_optax.pieces import acceptance
 from hdm_optax.pieces import backtracking
+from hdm_optax.pieces import box
 from hdm_optax.pieces import candidates
 from hdm_optax.pieces import curvature
 from hdm_optax.pieces import decay
@@ -35,6 +38,7 @@ from hdm_optax.pieces import step_control
 __all__ = (
   "acceptance",
   "backtracking",
+  "box",
   "candidates",
   "curvature",
   "decay",

@@ -30,6 +30,7 @@ import numpy as np
 import optax
 
 from hdm_optax import _common
+from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
 from hdm_optax.pieces import iteration as iteration_lib
@@ -265,10 +266,13 @@ class SecantState(NamedTuple):
       from every finite trial.
     gamma: the scalar of :math:`H_0 = \\gamma I`, from the newest accepted pair
       (0 before the first: then :math:`\\min(1, 1/\\|u\\|)`).
+    box: the :class:`hdm_optax.pieces.box.Box` of ``lower=`` / ``upper=`` (``None``
+      without bounds); ``solve`` finds it here.
   """
 
   memory: secant_lib.SecantMemory
   gamma: jax.Array
+  box: Optional[box_lib.Box] = None
 
 
 # A step shorter than this, relative to x, is below x's resolution in float64 (1024 eps);
@@ -277,7 +281,9 @@ class SecantState(NamedTuple):
 _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 
-def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Direction:
+def secant(
+  memory_size: int = 10, *, pair_tol: Any = 1e-10, lower: Any = None, upper: Any = None
+) -> iteration_lib.Direction:
   r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
 
   :math:`H_m` is the two-loop operator (:func:`hdm_optax.pieces.secant.two_loop`)
@@ -290,9 +296,22 @@ def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Dir
   whose gradient equals :math:`\nabla f(x)` carries no curvature: the memory
   empties, gamma comes from the gradient again and the step control restarts.
 
+  In a box (``lower=``, ``upper=``; ``docs/bounds.md``) the trial is projected,
+  :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables
+  (those not at a bound with u pushing outward; :math:`H_F` the operator of the
+  pairs restricted to them, by the recursion) and :math:`\gamma u` on the binding
+  ones (:func:`hdm_optax.pieces.box.two_metric_step`); the pair's s is the
+  projected step taken; after an accepted trial of non-positive curvature whose
+  moving variables all have a finite bound ahead, the step control's cap is
+  lifted (:func:`hdm_optax.pieces.box.step_cap`). Without bounds the program is
+  the unbounded one.
+
   Args:
     memory_size: m, the number of pairs kept.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
+      the params; -inf for an open side.
+    upper: the upper bound, like ``lower``.
 
   Returns:
     A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`SecantState`).
@@ -309,20 +328,32 @@ def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Dir
       f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
     )
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  box_lib.check_order(lower, upper)
 
   def init(params):
     memory = secant_lib.secant_memory(params, memory_size)
-    return SecantState(memory=memory, gamma=jnp.zeros([], _common.params_dtype(params)))
+    dtype = _common.params_dtype(params)
+    box = box_lib.make_box(params, lower, upper)
+    return SecantState(memory=memory, gamma=jnp.zeros([], dtype), box=box)
 
   def propose(state, ctx):
     dtype = ctx.value.dtype
     # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
-    grad_norm = optax.tree.norm(ctx.updates)
+    grad_norm = optax.tree.norm(box_lib.free_part(state.box, ctx.params, ctx.updates))
     first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
     first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
     gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
-    # x+ = x - alpha H_m u.
-    step = optax.tree.scale(-ctx.scale, secant_lib.two_loop(state.memory, gamma, ctx.updates))
+    if state.box is None:  # x+ = x - alpha H_m u.
+      step = optax.tree.scale(-ctx.scale, secant_lib.two_loop(state.memory, gamma, ctx.updates))
+      return step, None
+    # In a box: P(x - alpha d), H acting on the free variables.
+    tol = _common.cast(pair_tol, dtype)
+    operator = lambda v, free: secant_lib.recursion(
+      box_lib.restricted_memory(state.memory, free, tol), gamma, v
+    )
+    step, _ = box_lib.two_metric_step(
+      state.box, ctx.params, ctx.updates, ctx.scale, gamma, operator
+    )
     return step, None
 
   def observe(state, trial, ctx):
@@ -350,6 +381,11 @@ def secant(memory_size: int = 10, *, pair_tol: Any = 1e-10) -> iteration_lib.Dir
     memory = secant_lib.reset(memory, lost)
     gamma = jnp.where(keep & accepted, _common.safe_div(sy, products.yy), state.gamma)
     gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
-    return iteration_lib.Learned(SecantState(memory, gamma), lost, jnp.zeros([], ctx.value.dtype))
+    return iteration_lib.Learned(
+      SecantState(memory, gamma, state.box),
+      lost,
+      jnp.zeros([], ctx.value.dtype),
+      box_lib.step_cap(state.box, sy, step),
+    )
 
   return iteration_lib.Direction(init=init, propose=propose, learn=learn, observe=observe)

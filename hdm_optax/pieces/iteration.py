@@ -117,11 +117,15 @@ class Learned(NamedTuple):
       curvature along the gradient).
     hypergrad_norm: the norm of the hypergradient the direction learned from
       (0 when it learns none), for ``info``.
+    step_cap: the largest factor the step control may reach after this trial
+      (trial_lbfgs in a box: no cap where the box bounds a step of negative
+      curvature, :func:`hdm_optax.pieces.box.step_cap`).
   """
 
   state: Any
   restart: jax.Array
   hypergrad_norm: jax.Array
+  step_cap: Any = 1
 
 
 def _finite_gradient(state, trial: Trial, ctx: Context):
@@ -167,7 +171,8 @@ class StepControl(NamedTuple):
   Attributes:
     init: ``init(dtype) -> state``.
     scale: ``scale(state) -> factor`` (a 0-d array of the params' dtype).
-    update: ``update(state, trial, *, accepted, restart, ctx) -> state``.
+    update: ``update(state, trial, *, accepted, learned, ctx) -> state``, with
+      ``learned`` the direction's :class:`Learned` (its ``restart`` and ``step_cap``).
   """
 
   init: Callable[[Any], Any]
@@ -270,7 +275,7 @@ def iteration(
       count=state.count + trial.iteration.astype(jnp.int32),
       direction=learned.state,
       control=step_control.update(
-        state.control, trial, accepted=accepted, restart=learned.restart, ctx=ctx
+        state.control, trial, accepted=accepted, learned=learned, ctx=ctx
       ),
       value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
       grad=_common.keep_if(accepted, trial.grad, grad),

@@ -29,6 +29,7 @@ __all__ = (
   "PairProducts",
   "SecantMemory",
   "pair_products",
+  "recursion",
   "reset",
   "secant_memory",
   "secant_record",
@@ -256,9 +257,23 @@ def _compact_coefficients(memory: SecantMemory, sy, yy, products, gamma):
   return p[by_slot], (-gamma * c)[by_slot]
 
 
-def _recursion(memory: SecantMemory, gamma, vector):
-  r""":math:`H_m v` by the two-loop recursion (Nocedal and Wright, Algorithm 7.4): newest to
-  oldest, then oldest to newest, skipping empty slots (:math:`\rho_i = 0`)."""
+def recursion(memory: SecantMemory, gamma, vector):
+  r""":math:`H_m v` by the two-loop recursion (Nocedal and Wright, Algorithm 7.4).
+
+  Newest to oldest, then oldest to newest, skipping empty slots (:math:`\rho_i = 0`);
+  2m dependent passes over v. It reads only ``s``, ``y`` and ``rho``, so it serves pairs
+  changed for one update (the pairs restricted to a box's free variables,
+  :func:`hdm_optax.pieces.box.restricted_memory`), whose stored products
+  ``sy``/``yy`` would be stale for the compact form of :func:`two_loop`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
+    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
+    >>> [float(v) for v in secant.recursion(mem, 0.5, jnp.array([4.0, 2.0]))]
+    [1.0, 1.0]
+  """
   size = memory.rho.shape[0]
   dtype = memory.rho.dtype
   at = lambda stacked, i: jax.tree.map(lambda a: a[i], stacked)
@@ -341,5 +356,5 @@ def two_loop(memory: SecantMemory, gamma, vector):
   """
   n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(vector))
   if n <= memory.rho.shape[0]:
-    return _recursion(memory, gamma, vector)
+    return recursion(memory, gamma, vector)
   return _compact(memory, gamma, vector)

@@ -41,13 +41,13 @@ def damping() -> iteration_lib.StepControl:
     >>> from hdm_optax.pieces import iteration, step_control
     >>> control = step_control.damping()
     >>> trial = iteration.Trial(None, None, None, jnp.asarray(False), jnp.asarray(True))
-    >>> float(control.update(control.init(jnp.float32), trial, accepted=False, restart=False,
+    >>> float(control.update(control.init(jnp.float32), trial, accepted=False, learned=None,
     ...                      ctx=None))
     0.5
   """
 
-  def update(s, trial, *, accepted, restart, ctx):
-    del accepted, restart, ctx
+  def update(s, trial, *, accepted, learned, ctx):
+    del accepted, learned, ctx
     return jnp.where(trial.iteration, next_trial_scale(s, trial.finite), s).astype(s.dtype)
 
   return iteration_lib.StepControl(
@@ -56,12 +56,14 @@ def damping() -> iteration_lib.StepControl:
 
 
 def halve_or_grow(shrink: Any = 0.5, grow: Any = 1.5) -> iteration_lib.StepControl:
-  r"""alpha: times ``shrink`` after a null step, times ``grow`` (up to 1) after an accepted one.
+  r"""alpha: times ``shrink`` after a null step, times ``grow`` (up to a cap) after an accepted one.
 
   .. math::
-    \alpha \leftarrow \begin{cases} \min(1, \text{grow}\,\alpha) & \text{accepted} \\
+    \alpha \leftarrow \begin{cases} \min(c, \text{grow}\,\alpha) & \text{accepted} \\
       \text{shrink}\,\alpha & \text{null step or non-finite trial} \\
-      1 & \text{the direction restarted.} \end{cases}
+      1 & \text{the direction restarted,} \end{cases}
+
+  with c the direction's ``step_cap`` (1 unless a box bounds the step).
 
   Args:
     shrink: the factor after a null step, in (0, 1).
@@ -74,20 +76,23 @@ def halve_or_grow(shrink: Any = 0.5, grow: Any = 1.5) -> iteration_lib.StepContr
     >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces import step_control
     >>> control = step_control.halve_or_grow()
-    >>> alpha = control.update(control.init(jnp.float32), None, accepted=False, restart=False,
+    >>> from hdm_optax.pieces import iteration
+    >>> learned = iteration.Learned(None, False, 0.0)
+    >>> alpha = control.update(control.init(jnp.float32), None, accepted=False, learned=learned,
     ...                        ctx=None)
-    >>> float(alpha), float(control.update(alpha, None, accepted=True, restart=False, ctx=None))
+    >>> float(alpha), float(control.update(alpha, None, accepted=True, learned=learned, ctx=None))
     (0.5, 0.75)
   """
   _common.check_interval("shrink", shrink, 0, 1, lo_open=True, hi_open=True)
   _common.check_at_least("grow", grow, 1)
   _common.check_finite("grow", grow)
 
-  def update(alpha, trial, *, accepted, restart, ctx):
+  def update(alpha, trial, *, accepted, learned, ctx):
     del trial, ctx
     c = lambda x: _common.cast(x, alpha.dtype)
-    alpha = jnp.where(accepted, jnp.minimum(1, alpha * c(grow)), alpha * c(shrink))
-    return jnp.where(restart, 1, alpha).astype(alpha.dtype)
+    grown = jnp.minimum(learned.step_cap, alpha * c(grow))
+    alpha = jnp.where(accepted, grown, alpha * c(shrink))
+    return jnp.where(learned.restart, 1, alpha).astype(alpha.dtype)
 
   return iteration_lib.StepControl(
     init=lambda dtype: jnp.ones([], dtype), scale=lambda alpha: alpha, update=update
