@@ -221,8 +221,8 @@ def parse_args(argv, names, description):
 
 
 def run_args(args, run_fn=None) -> list[dict]:
-  """``run_fn`` (default :func:`run`) with the command line's numbers."""
-  return (run if run_fn is None else run_fn)(
+  """``run_fn`` (default :func:`run`) with the command line's numbers (and ``--json``)."""
+  rows = (run if run_fn is None else run_fn)(
     args.batches,
     args.solvers,
     jnp.dtype(args.dtype),

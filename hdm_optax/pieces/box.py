@@ -18,7 +18,9 @@ The pieces a one-call method needs to stay in a box (:func:`hdm_optax.trial_lbfg
 Every function is pure and traceable, so per-problem boxes run under ``jax.vmap``.
 
 References:
-  Bertsekas, *Projected Newton methods for optimization problems with simple constraints*,
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation with
+  Hypergradient Descent*, arXiv:2502.11229, 2025 (the trial point and null step the box
+  keeps); Bertsekas, *Projected Newton methods for optimization problems with simple constraints*,
   SIAM J. Control Optim. 20(2), 1982 (the binding set, the two-metric projection); Byrd, Lu,
   Nocedal, Zhu, *A limited memory algorithm for bound constrained optimization*, SIAM J. Sci.
   Comput. 16(5), 1995 (L-BFGS-B: the projected gradient test); Kim, Sra, Dhillon, *Tackling
