@@ -171,7 +171,15 @@ def _where(mask, x, y):
 
 
 def project(box: Box, x):
-  """:math:`P(x) = \\min(\\max(x, l), u)`, leaf by leaf."""
+  """:math:`P(x) = \\min(\\max(x, l), u)`, leaf by leaf.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> [float(v) for v in box.project(b, jnp.array([-0.5, 2.0]))]
+    [0.0, 1.0]
+  """
   return jax.tree.map(jnp.clip, x, box.lower, box.upper)
 
 
@@ -197,6 +205,13 @@ def projected_step(box: Box, x, step):
   Computed so that ``x + step`` lies in the box after rounding (``optax.apply_updates``
   adds it to x; :math:`x + (P(x + d) - x)` itself rounds outside the box in about one case
   in eight), for x in the box.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> [float(v) for v in box.projected_step(b, jnp.array([0.0, 0.5]), jnp.array([-1.0, 1.0]))]
+    [0.0, 0.5]
   """
   target = project(box, optax.tree.add(x, step))
   return jax.tree.map(_inside, x, target, box.lower, box.upper)
@@ -210,6 +225,13 @@ def free_mask(box: Box, x, grad):
   the box there (Bertsekas' binding set at distance 0; his :math:`\epsilon`-active set,
   which also holds variables near a bound, took more calls on the bounded dev problems,
   ``docs/bounds.md``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> [bool(v) for v in box.free_mask(b, jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25]))]
+    [False, True]
   """
   return jax.tree.map(
     lambda x, g, lo, hi: ~(((x <= lo) & (g > 0)) | ((x >= hi) & (g < 0))),
@@ -224,6 +246,13 @@ def free_part(box: Optional[Box], x, vector, grad=None):
   """``vector`` on the free variables (:func:`free_mask` of ``grad``, default ``vector``), else 0.
 
   With ``box=None`` it is ``vector`` itself (nothing is traced).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> [float(v) for v in box.free_part(b, jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25]))]
+    [0.0, -0.25]
   """
   if box is None:
     return vector
@@ -278,6 +307,15 @@ def two_metric_step(
 
   Returns:
     ``(s, quasi_newton)``: the step and whether it is the quasi-Newton one.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> x, g = jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25])
+    >>> step, newton = box.two_metric_step(b, x, g, 1.0, 0.5, lambda v, free: v)
+    >>> [float(v) for v in step], bool(newton)
+    ([0.0, 0.25], True)
   """
   free = free_mask(box, x, direction)
   zeros = optax.tree.zeros_like(direction)
@@ -302,6 +340,13 @@ def step_cap(box: Optional[Box], curvature, step):
   gradient path to its last breakpoint. Elsewhere (positive curvature, or a variable moving
   towards an open side) the cap is 1, the unbounded method's; without a box it is the
   number 1 (nothing is traced).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> float(box.step_cap(b, jnp.asarray(-1.0), jnp.array([0.0, 0.5]))), box.step_cap(None, 1.0, None)
+    (inf, 1)
   """
   if box is None:
     return 1
@@ -323,6 +368,15 @@ def restricted_memory(memory: secant_lib.SecantMemory, free, pair_tol=1e-10):
   as L-BFGS-B's subspace minimisation), not :math:`Z^T H Z`. A restricted pair whose
   curvature :math:`\langle s_F, y_F\rangle` is not above ``pair_tol`` times
   :math:`\|s_F\|\|y_F\|` is left out (:math:`\rho = 0`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box, secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 2)
+    >>> mem = secant.secant_record(mem, jnp.array([1.0, 1.0]), jnp.array([2.0, 3.0]), True)
+    >>> restricted = box.restricted_memory(mem, jnp.array([False, True]))
+    >>> [float(v) for v in restricted.s[0]], round(float(restricted.rho[0]), 4)
+    ([0.0, 1.0], 0.3333)
   """
   mask = lambda stacked: jax.tree.map(
     lambda a, f: jnp.where(f, a, jnp.zeros((), a.dtype)), stacked, free
@@ -345,6 +399,13 @@ def find_box(state, last) -> Optional[Box]:
   ``last`` is the state of the transformation whose update reaches the params unchanged
   (:func:`hdm_optax.driver.cache.cache_at_params`). The box must be held there: a later
   transformation could move the iterate out of the box, and then a ``ValueError`` says so.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> from hdm_optax.pieces import box
+    >>> state = hdm_optax.trial_lbfgs(lower=0.0).init(jnp.ones(2))
+    >>> float(box.find_box(state, state).lower)
+    0.0
   """
   found = [b for _, b in optax.tree.get_all_with_path(state, "box") if isinstance(b, Box)]
   if not found:
