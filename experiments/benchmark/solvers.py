@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, Optional
 
 import jax
@@ -30,6 +31,12 @@ try:
   import optimistix as optx
 except ImportError:  # the optimistix rows need the bench extra
   optx = None
+try:
+  with warnings.catch_warnings():  # "JAXopt is no longer maintained": the row is a peer's
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import jaxopt
+except ImportError:  # the jaxopt row needs the bench extra
+  jaxopt = None
 
 ADAM_LR = 1e-3  # optax.adam's row: the learning rate most examples use
 # optax's line searches as their docstrings' examples build gradient descent with them.
@@ -48,6 +55,8 @@ class Solver:
     needs_lipschitz: whether ``make`` uses L.
     needs_f_star: whether ``make`` uses f*.
     is_optimistix: whether ``make`` gives an optimistix minimiser.
+    is_jaxopt: whether ``make`` gives ``fun -> jaxopt solver`` (run by its own ``update``
+      under the protocol's stopping rule: ``runner.run_jaxopt``).
     scipy_algorithm: for a SciPy solver, its name in ``experiments.baselines.quasi_newton``
       (``"BFGS"``, ``"L-BFGS-M5"``, ...).
     max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
@@ -58,6 +67,7 @@ class Solver:
   needs_lipschitz: bool = False
   needs_f_star: bool = False
   is_optimistix: bool = False
+  is_jaxopt: bool = False
   scipy_algorithm: Optional[str] = None
   max_n: Optional[int] = None
 
@@ -124,6 +134,8 @@ SCIPY = {
   "scipy-lbfgsb-m5": ("L-BFGS-M5", None),
   "scipy-lbfgsb-m10": ("L-BFGS-M10", None),
   "scipy-bfgs": ("BFGS", BFGS_MAX_N),
+  # Hager and Zhang's CG_DESCENT 6.8 (pycgdescent), every f and grad f request counted.
+  "cg-descent": ("CG_DESCENT", None),
 }
 JAX = (
   "trial_lbfgs()",
@@ -162,8 +174,14 @@ NAMED = {
 # n = 10,000, 121 GB at n = 123,200 (YATP1LS). It runs up to n = 5000.
 OPTX_BFGS_MAX_N = 5000
 NAMED_MAX_N = {"optx.BFGS": OPTX_BFGS_MAX_N}
-REGISTERED = JAX + tuple(NAMED) + tuple(SCIPY)
-DEFAULT = REGISTERED if optx is not None else tuple(n for n in REGISTERED if "optx" not in n)
+# jaxopt's L-BFGS at its defaults (zoom line search, m = 10): ``make(L, f_star)(fun)`` builds it.
+JAXOPT = {"jaxopt.LBFGS": lambda fun: jaxopt.LBFGS(fun=fun)}
+REGISTERED = JAX + tuple(NAMED) + tuple(SCIPY) + tuple(JAXOPT)
+DEFAULT = tuple(
+  n
+  for n in REGISTERED
+  if not (optx is None and "optx" in n) and not (jaxopt is None and n in JAXOPT)
+)
 
 
 @functools.cache
@@ -172,6 +190,10 @@ def get(name: str) -> Solver:
   if name in SCIPY:
     algorithm, max_n = SCIPY[name]
     return Solver(name=name, scipy_algorithm=algorithm, max_n=max_n)
+  if name in JAXOPT:
+    if jaxopt is None:
+      raise ValueError(f"solver {name!r} needs jaxopt: pip install -e '.[bench]'")
+    return Solver(name=name, make=lambda lipschitz, f_star=None: JAXOPT[name], is_jaxopt=True)
   if name in NAMED:
     return dataclasses.replace(from_expression(name, NAMED[name]), max_n=NAMED_MAX_N.get(name))
   if name.isidentifier() and name not in namespace():
