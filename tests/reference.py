@@ -693,6 +693,65 @@ def hdm_auto_reference(
   return out
 
 
+def _cubic_t(f0, f1, d0, d1):
+  """The minimiser in t of the cubic through (0, f0, d0), (1, f1, d1) (Nocedal-Wright 3.59)."""
+  e1 = d0 + d1 - 3.0 * (f1 - f0)
+  disc = e1 * e1 - d0 * d1
+  if disc < 0:
+    return math.nan
+  e2 = math.sqrt(disc)
+  den = d1 - d0 + 2.0 * e2
+  return 1.0 - (d1 + e2 - e1) / den if den != 0 else math.nan
+
+
+def _secant_t(d0, d1):
+  return d0 / (d0 - d1) if d1 > d0 else math.nan
+
+
+def _agree(f0, f1, d0, d1, factor):
+  ratio = _cubic_t(f0, f1, d0, d1) / _secant_t(d0, d1)
+  return math.isfinite(ratio) and 1.0 / factor <= ratio <= factor
+
+
+def evidence_alpha(
+  alpha,
+  f0,
+  f1,
+  d0,
+  d1,
+  finite,
+  accepted,
+  *,
+  shrink=0.5,
+  grow=1.5,
+  steep=0.9,
+  extrapolate=4.0,
+  max_step=1e6,
+  lo=0.1,
+  hi=0.5,
+  agree=4.0,
+):
+  """hdm_optax.secant.evidence_step's alpha after one trial, written out case by case."""
+  if not finite:
+    return alpha * shrink
+  if accepted:
+    if d1 < steep * d0:  # still steep along s: extrapolate
+      return min(max_step, alpha * extrapolate)
+    if alpha <= 1:
+      return min(1.0, alpha * grow)
+    back = alpha * min(max(_secant_t(d0, d1), lo), 1.0)
+    return max(1.0, back) if d1 > 0 and math.isfinite(back) else alpha
+  t = _cubic_t(f0, f1, d0, d1)
+  if _agree(f0, f1, d0, d1, agree):
+    t = t / _secant_t(d0, d1)
+  return alpha * (min(max(t, lo), hi) if math.isfinite(t) else shrink)
+
+
+def capped_alpha(alpha, f0, f1, d0, d1, finite, accepted, *, shrink=0.5, grow=1.5):
+  """The committed rule before evidence_step: halve, or grow up to 1."""
+  return min(1.0, alpha * grow) if accepted else alpha * shrink
+
+
 def trial_lbfgs_reference(
   f,
   grad,
@@ -700,19 +759,21 @@ def trial_lbfgs_reference(
   steps: int,
   *,
   memory_size: int = 10,
-  shrink: float = 0.5,
-  grow: float = 1.5,
   pair_tol: float = 1e-10,
   band: float = 1e-10,
   curvature: float = 0.9,
+  agree: float = 4.0,
+  alpha_rule=evidence_alpha,
 ) -> dict:
   """``steps`` updates of trial_lbfgs: x+ = x - alpha H g, H from the last pairs of every trial.
 
   H is the L-BFGS inverse-Hessian matrix built explicitly (BFGS updates of
   H_0 = gamma I by the kept pairs, oldest first), not by the two-loop
   recursion. gamma = <s, y>/<y, y> of the newest accepted kept pair, before
-  one min(1, 1/||g||). Accepted: f+ <= f, or f+ <= f + band |f| and
-  |<g+, s>| <= curvature |<g, s>|.
+  one min(1, 1/||g||). A pair is kept when <s, y> > pair_tol ||s|| ||y|| and the
+  trial was accepted or its cubic and secant minimisers along s agree within
+  ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
+  |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule`` (no restart in the steps run).
   """
   x = np.array(x0, dtype=np.float64)
   n = x.size
@@ -734,17 +795,20 @@ def trial_lbfgs_reference(
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1
     accepted = False
+    d0 = d1 = math.nan
     if finite:
       y = g_t - g
       sy = float(step @ y)
+      d0, d1 = float(g @ step), float(g_t @ step)
       near = f_t <= fx + max(band, 1024 * np.finfo(np.float64).eps) * abs(fx)
-      flat = abs(float(g_t @ step)) <= curvature * abs(float(g @ step))
+      flat = abs(d1) <= curvature * abs(d0)
       accepted = f_t <= fx or (near and flat)
-      if sy > pair_tol * np.linalg.norm(step) * np.linalg.norm(y):
+      curved = sy > pair_tol * np.linalg.norm(step) * np.linalg.norm(y)
+      if curved and (accepted or _agree(fx, f_t, d0, d1, agree)):
         pairs = (pairs + [(step.copy(), y.copy())])[-memory_size:]
         if accepted:
           gamma = sy / float(y @ y)
-    alpha = min(1.0, alpha * grow) if accepted else alpha * shrink
+    alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if accepted:
       x, fx, g = x + step, f_t, g_t
     for key, val in (

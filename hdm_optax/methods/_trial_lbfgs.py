@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,12 +45,29 @@ class TrialLBFGSState(NamedTuple):
 _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 
+def _first_gamma(gamma, direction, dtype):
+  """The scalar of H_0: the state's gamma, or min(1, 1/||u||) before a pair set it."""
+  norm = optax.tree.norm(direction)
+  first = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), norm))
+  first = jnp.where(norm > 0, first, 1).astype(dtype)
+  return jnp.where(gamma > 0, gamma, first)
+
+
+def _pair_kept(*, finite, accepted, agreed, sy, step_norm, change_norm, lost, pair_tol):
+  """Whether the trial's pair enters the memory: finite, enough positive curvature, not a
+  restart, and from an accepted trial or one whose values agree with its slopes."""
+  curved = sy > pair_tol * step_norm * change_norm
+  return finite & curved & ~lost & (accepted | agreed)
+
+
 def trial_lbfgs(
   memory_size: int = 10,
   *,
   shrink: Any = 0.5,
   grow: Any = 1.5,
   pair_tol: Any = 1e-10,
+  agree: Any = 4.0,
+  step_control: Optional[secant_lib.StepControl] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
@@ -130,7 +147,11 @@ def trial_lbfgs(
   _common.check_at_least("grow", grow, 1)
   _common.check_finite("grow", grow)
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  _common.check_at_least("agree", agree, 1)
+  _common.check_finite("agree", agree)
   acceptance = secant_lib.curvature_checked()
+  if step_control is None:
+    step_control = secant_lib.evidence_step(shrink=shrink, grow=grow, agree=agree)
 
   def init_fn(params):
     dtype = _common.params_dtype(params)
@@ -138,7 +159,7 @@ def trial_lbfgs(
       **_common.oracle_fields(params, dtype),
       memory=secant_lib.secant_memory(params, memory_size),
       gamma=jnp.zeros([], dtype),
-      step_size=jnp.ones([], dtype),
+      step_size=step_control.init(dtype),
     )
 
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
@@ -151,10 +172,7 @@ def trial_lbfgs(
     value = jnp.asarray(value, dtype)
     # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
     direction = grad if updates is None else updates
-    grad_norm = optax.tree.norm(direction)
-    first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
-    first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
-    gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
+    gamma = _first_gamma(state.gamma, direction, dtype)
     # x+ = x - alpha H_m u.
     step = optax.tree.scale(-state.step_size, secant_lib.two_loop(state.memory, gamma, direction))
     trial_value, trial_grad = _common.value_and_grad(value_fn, optax.tree.add(params, step))
@@ -163,23 +181,38 @@ def trial_lbfgs(
     sy = optax.tree.vdot(step, change)
     finite = jnp.isfinite(trial_value) & jnp.isfinite(sy) & _common.all_finite(trial_grad)
     accepted = finite & acceptance.accept(trial_value, value, trial_grad, grad, step=step)
+    slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
     step_norm, change_norm = optax.tree.norm(step), optax.tree.norm(change)
-    # Every finite trial's pair with enough positive curvature enters the memory.
-    keep = finite & (sy > c(pair_tol) * step_norm * change_norm)
-    safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     lost = finite & ((step_norm <= c(_RESOLUTION) * optax.tree.norm(params)) | (change_norm == 0))
-    keep = keep & ~lost
+    agreed = secant_lib.models_agree(value, trial_value, slope, trial_slope, c(agree))
+    keep = _pair_kept(
+      finite=finite,
+      accepted=accepted,
+      agreed=agreed,
+      sy=sy,
+      step_norm=step_norm,
+      change_norm=change_norm,
+      lost=lost,
+      pair_tol=c(pair_tol),
+    )
+    safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep)
     memory = secant_lib.reset(memory, lost)
     yy = optax.tree.vdot(change, change)
     new_gamma = jnp.where(keep & accepted, _common.safe_div(sy, yy), state.gamma)
     new_gamma = jnp.where(lost, 0, new_gamma)
-    step_size = jnp.where(
-      accepted, jnp.minimum(1, state.step_size * c(grow)), state.step_size * c(shrink)
+    step_size = step_control.update(
+      state.step_size,
+      value=value,
+      trial_value=trial_value,
+      slope=slope,
+      trial_slope=trial_slope,
+      finite=finite,
+      accepted=accepted,
+      restart=lost,
     )
-    step_size = jnp.where(lost, 1, step_size)
     new_state = TrialLBFGSState(
       count=state.count + 1,
       memory=memory,

@@ -19,7 +19,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,10 +30,16 @@ from hdm_optax.methods import acceptance as acceptance_lib
 
 __all__ = (
   "SecantMemory",
+  "StepControl",
+  "capped_step",
+  "cubic_step",
   "curvature_checked",
+  "evidence_step",
+  "models_agree",
   "reset",
   "secant_memory",
   "secant_record",
+  "secant_step",
   "two_loop",
 )
 
@@ -211,3 +217,180 @@ def curvature_checked(
     return (trial_value <= value) | (near & flat)
 
   return acceptance_lib.AcceptanceRule(accept=accept)
+
+
+# ----------------------------------------------------------------------------
+# What a trial says about the line along its step, and the step control built on it
+# ----------------------------------------------------------------------------
+
+
+def secant_step(slope, trial_slope):
+  r"""The minimiser along s of the quadratic with the two slopes: :math:`t_s = d_0 / (d_0 - d_1)`.
+
+  :math:`d_0 = \langle \nabla f(x), s\rangle`, :math:`d_1 = \langle \nabla f(x^+),
+  s\rangle`; t in units of the step (t = 1 is the trial). It is where the L-BFGS operator
+  updated by this pair puts the minimum along s. NaN where the curvature along s,
+  :math:`d_1 - d_0`, is not positive.
+
+  Examples:
+    >>> from hdm_optax import secant
+    >>> float(secant.secant_step(-2.0, 2.0))
+    0.5
+  """
+  slope, trial_slope = jnp.asarray(slope), jnp.asarray(trial_slope)
+  curved = trial_slope > slope
+  return jnp.where(curved, slope / jnp.where(curved, slope - trial_slope, 1), jnp.nan)
+
+
+def cubic_step(value, trial_value, slope, trial_slope):
+  r"""The minimiser in t of the cubic through :math:`(0, f, d_0)` and :math:`(1, f^+, d_1)`.
+
+  Nocedal and Wright, eq. (3.59), on [0, 1]; NaN where the cubic has no local minimiser.
+  Unlike :func:`secant_step` it uses the two values as well, so it sees where the
+  quadratic model along s is wrong (a wall, a flat stretch).
+
+  Examples:
+    >>> from hdm_optax import secant
+    >>> float(secant.cubic_step(1.0, 1.0, -2.0, 2.0))  # f = 1 + 2 t (t - 1): the minimum at 0.5
+    0.5
+  """
+  d1 = slope + trial_slope - 3 * (trial_value - value)
+  disc = d1 * d1 - slope * trial_slope
+  d2 = jnp.sqrt(jnp.where(disc > 0, disc, 0))
+  den = trial_slope - slope + 2 * d2
+  t = 1 - (trial_slope + d2 - d1) / jnp.where(den != 0, den, 1)
+  return jnp.where((disc >= 0) & (den != 0) & jnp.isfinite(t), t, jnp.nan)
+
+
+def models_agree(value, trial_value, slope, trial_slope, factor):
+  """Whether :func:`cubic_step` and :func:`secant_step` agree within ``factor`` (both finite).
+
+  Where they do, the pair's curvature describes f along s; where they do not (a step into
+  an exponential wall: the secant's t is 1e-11, the cubic's 0.1), the pair would make the
+  operator collapse along the gradient.
+
+  Examples:
+    >>> from hdm_optax import secant
+    >>> bool(secant.models_agree(1.0, 1.0, -2.0, 2.0, 4.0))
+    True
+  """
+  ratio = cubic_step(value, trial_value, slope, trial_slope) / secant_step(slope, trial_slope)
+  return jnp.isfinite(ratio) & (ratio >= 1 / factor) & (ratio <= factor)
+
+
+class StepControl(NamedTuple):
+  r"""The factor alpha of a direction's proposal, updated from what each trial revealed.
+
+  Attributes:
+    init: ``init(dtype) -> alpha`` (a scalar of the params' dtype).
+    update: ``update(alpha, *, value, trial_value, slope, trial_slope, finite, accepted,
+      restart) -> alpha``: f(x), f(x+), :math:`\langle \nabla f(x), s\rangle`,
+      :math:`\langle \nabla f(x^+), s\rangle` (s = x+ - x), whether the trial was finite
+      and accepted, and the direction's restart signal (its memory emptied).
+  """
+
+  init: Callable[[Any], jax.Array]
+  update: Callable[..., jax.Array]
+
+
+def _ones(dtype):
+  return jnp.ones([], dtype)
+
+
+def capped_step(shrink: float = 0.5, grow: float = 1.5) -> StepControl:
+  """alpha <= 1: ``shrink`` after a null step or a non-finite trial, ``min(1, grow alpha)``
+  after an accepted one, 1 after a restart (the rule of ``trial_lbfgs`` until it learned
+  from its trials; ``docs/secant.md``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import secant
+    >>> rule = secant.capped_step()
+    >>> a = rule.update(rule.init(jnp.float32), value=1.0, trial_value=2.0, slope=-1.0,
+    ...                 trial_slope=3.0, finite=True, accepted=False, restart=False)
+    >>> float(a)
+    0.5
+  """
+
+  def update(alpha, *, value, trial_value, slope, trial_slope, finite, accepted, restart):
+    del value, trial_value, slope, trial_slope, finite
+    new = jnp.where(accepted, jnp.minimum(1, alpha * grow), alpha * shrink)
+    return jnp.where(restart, 1, new).astype(alpha.dtype)
+
+  return StepControl(init=_ones, update=update)
+
+
+def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, grow, lo):
+  """alpha after an accepted trial (see :func:`evidence_step`)."""
+  steep_still = trial_slope < steep * slope
+  overshot = trial_slope > 0
+  back = jnp.maximum(1, alpha * jnp.clip(secant_step(slope, trial_slope), lo, 1))
+  above = jnp.where(overshot & jnp.isfinite(back), back, alpha)
+  return jnp.where(
+    steep_still, alpha * extrapolate, jnp.where(alpha > 1, above, jnp.minimum(1, alpha * grow))
+  )
+
+
+def _null_factor(value, trial_value, slope, trial_slope, agree, lo, hi, shrink):
+  """The factor of alpha after a finite rejected trial (see :func:`evidence_step`)."""
+  cubic = cubic_step(value, trial_value, slope, trial_slope)
+  agreed = models_agree(value, trial_value, slope, trial_slope, agree)
+  t = jnp.where(agreed, cubic / secant_step(slope, trial_slope), cubic)
+  return jnp.where(jnp.isfinite(t), jnp.clip(t, lo, hi), shrink)
+
+
+def evidence_step(
+  shrink: float = 0.5,
+  grow: float = 1.5,
+  steep: float = 0.9,
+  extrapolate: float = 4.0,
+  max_step: float = 1e6,
+  bracket: tuple = (0.1, 0.5),
+  agree: float = 4.0,
+) -> StepControl:
+  r"""alpha from what each trial revealed: f, f+ and the slopes :math:`d_0, d_1` along s.
+
+  After an accepted trial whose slope is still steep, :math:`d_1 < c\,d_0` (c = ``steep``,
+  the strong Wolfe constant: the trial has not come near the minimum along s), alpha is
+  multiplied by ``extrapolate`` (up to ``max_step``): L-BFGS's line search would have
+  extrapolated there too, and a memory whose pairs were dropped (negative curvature) or a
+  clip before the method scales the quasi-Newton step down by a factor nothing else
+  corrects. After other accepted trials, alpha grows by ``grow`` up to 1; above 1 it stays,
+  or, where the trial passed the minimum along s (:math:`d_1 > 0`), falls by the secant's
+  :math:`t_s` (not below 1). After a rejected trial alpha is multiplied by the minimiser of
+  the cubic through f, f+, :math:`d_0, d_1` (:func:`cubic_step`) relative to the secant's
+  (the operator, updated by this pair, already moves the minimum along s to :math:`t_s`),
+  or by the cubic's own where the two disagree (:func:`models_agree`: the pair is then not
+  kept), clipped to ``bracket``; ``shrink`` where the cubic has no minimiser or the trial
+  was not finite. A restart of the direction's memory sets alpha = 1.
+
+  Args:
+    shrink: the factor after a non-finite trial, or a rejected one without a cubic minimiser.
+    grow: the factor after an accepted trial that is not steep (alpha <= 1).
+    steep: c in (0, 1).
+    extrapolate: the factor while steep, >= 1.
+    max_step: the largest alpha.
+    bracket: (lo, hi), the safeguard of the interpolated factor after a rejected trial.
+    agree: the factor within which the cubic and the secant must agree.
+
+  Returns:
+    A :class:`StepControl`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax import secant
+    >>> rule = secant.evidence_step()
+    >>> one = rule.init(jnp.float32)
+    >>> float(rule.update(one, value=1.0, trial_value=0.5, slope=-1.0, trial_slope=-0.95,
+    ...                   finite=True, accepted=True, restart=False))  # still steep: x4
+    4.0
+  """
+  lo, hi = bracket
+
+  def update(alpha, *, value, trial_value, slope, trial_slope, finite, accepted, restart):
+    up = _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, grow, lo)
+    null = _null_factor(value, trial_value, slope, trial_slope, agree, lo, hi, shrink)
+    new = jnp.where(accepted, jnp.minimum(up, max_step), alpha * jnp.where(finite, null, shrink))
+    return jnp.where(restart, 1, new).astype(alpha.dtype)
+
+  return StepControl(init=_ones, update=update)
