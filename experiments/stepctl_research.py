@@ -321,7 +321,10 @@ def quartics():
   return {
     "quartic-sqrt-i": (lambda x: jnp.sum((x**2 - i) ** 2), 0.5 * ones),
     "quartic-weighted": (lambda x: jnp.sum((i * (x - 1)) ** 4) / QUARTIC_N, 0 * ones),
-    "quartic-chain": (lambda x: jnp.sum((x**2 - 1) ** 2) + jnp.sum((x[1:] - x[:-1]) ** 2), 3 * ones),
+    "quartic-chain": (
+      lambda x: jnp.sum((x**2 - 1) ** 2) + jnp.sum((x[1:] - x[:-1]) ** 2),
+      3 * ones,
+    ),
   }
 
 
@@ -331,8 +334,24 @@ def special_tasks():
   x0 = np.tile([-1.2, 1.0], 5)
   fun = lambda y, scale: suites_lib.rosenbrock(scale * y)
   tasks = [
-    (suites_lib.Task("special", "rosenbrock-10@D", (None,), lambda: suites_lib._instance(fun, (jnp.asarray(d),), x0 / d, protocol.TOL)), None),
-    (suites_lib.Task("special", "rosenbrock-10", (None,), lambda: suites_lib._instance(suites_lib.rosenbrock, (), x0, protocol.TOL)), None),
+    (
+      suites_lib.Task(
+        "special",
+        "rosenbrock-10@D",
+        (None,),
+        lambda: suites_lib._instance(fun, (jnp.asarray(d),), x0 / d, protocol.TOL),
+      ),
+      None,
+    ),
+    (
+      suites_lib.Task(
+        "special",
+        "rosenbrock-10",
+        (None,),
+        lambda: suites_lib._instance(suites_lib.rosenbrock, (), x0, protocol.TOL),
+      ),
+      None,
+    ),
   ]
   for name, (f, start) in quartics().items():
     build = lambda f=f, start=start: suites_lib._instance(f, (), start, protocol.TOL)
@@ -366,7 +385,9 @@ def main(argv=None):
       if suite == "special":
         tasks = special_tasks()
       else:
-        tasks = [(t, None) for t in suites_lib.tasks(suite, tol=protocol.TOL, problems=args.problems)]
+        tasks = [
+          (t, None) for t in suites_lib.tasks(suite, tol=protocol.TOL, problems=args.problems)
+        ]
       for task, clip in tasks:
         start = time.perf_counter()
         try:
