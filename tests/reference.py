@@ -723,13 +723,12 @@ def evidence_alpha(
   accepted,
   *,
   shrink=0.5,
-  grow=1.5,
   steep=0.9,
   extrapolate=4.0,
   max_step=1e6,
   lo=0.1,
   hi=0.5,
-  agree=4.0,
+  agree=3.0,
 ):
   """hdm_optax.secant.evidence_step's alpha after one trial, written out case by case."""
   if not finite:
@@ -738,7 +737,7 @@ def evidence_alpha(
     if d1 < steep * d0:  # still steep along s: extrapolate
       return min(max_step, alpha * extrapolate)
     if alpha <= 1:
-      return min(1.0, alpha * grow)
+      return 1.0
     back = alpha * min(max(_secant_t(d0, d1), lo), 1.0)
     return max(1.0, back) if d1 > 0 and math.isfinite(back) else alpha
   t = _cubic_t(f0, f1, d0, d1)
@@ -762,7 +761,7 @@ def trial_lbfgs_reference(
   pair_tol: float = 1e-10,
   band: float = 1e-10,
   curvature: float = 0.9,
-  agree: float = 4.0,
+  agree: float = 3.0,
   alpha_rule=evidence_alpha,
 ) -> dict:
   """``steps`` updates of trial_lbfgs: x+ = x - alpha H g, H from the last pairs of every trial.

@@ -64,9 +64,8 @@ def trial_lbfgs(
   memory_size: int = 10,
   *,
   shrink: Any = 0.5,
-  grow: Any = 1.5,
   pair_tol: Any = 1e-10,
-  agree: Any = 4.0,
+  agree: Any = 3.0,
   step_control: Optional[secant_lib.StepControl] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
@@ -78,17 +77,28 @@ def trial_lbfgs(
 
   where :math:`H_m` is the L-BFGS inverse-Hessian operator (:func:`hdm_optax.secant.two_loop`)
   of the last m secant pairs :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla
-  f(x))`, one from every finite trial, accepted or not, kept when
+  f(x))`, one from every finite trial, kept when
   :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` (nonconvex problems give
-  pairs of negative curvature). :math:`H_0 = \gamma I` with
+  pairs of negative curvature) and the trial was accepted or, rejected, its values and
+  slopes agree on where the minimum along s lies (the cubic through f, f+ and the two
+  slopes and the secant of the slopes, within a factor ``agree``:
+  :func:`hdm_optax.secant.models_agree`; the pair of a step into an exponential wall
+  says the minimum is 1e-11 of the way, and kept, it collapsed every later step). :math:`H_0 = \gamma I` with
   :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest
   *accepted* kept pair (a long rejected trial in a direction of high
   curvature would otherwise shrink every step outside the pairs' span), and
   :math:`\gamma = \min(1, 1/\|\nabla f(x_0)\|)` before one exists (as
   ``optax.scale_by_lbfgs``). The trial becomes the iterate when
   :func:`hdm_optax.secant.curvature_checked` accepts it; otherwise x stays (HDM's null step).
-  alpha starts at 1, halves after a null step or a non-finite trial and grows
-  by ``grow`` (up to 1) after an accepted one. A step shorter than
+  alpha, the step control (``step_control``, default
+  :func:`hdm_optax.secant.evidence_step`), is updated from what the trial revealed: x4 while
+  an accepted trial's slope along s is still steep (:math:`\langle \nabla f(x^+), s\rangle
+  < 0.9 \langle \nabla f(x), s\rangle`, up to 1e6), back to 1 after other accepted trials
+  (or kept above 1, falling by the secant's minimiser where the trial passed the minimum),
+  and after a null step scaled by the cubic's minimiser along s (relative to the secant's,
+  which the new pair already applies), safeguarded to [0.1, 0.5]; halved after a non-finite
+  trial. :func:`hdm_optax.secant.capped_step` is the former rule (halve, grow x1.5 up to
+  1). A step shorter than
   :math:`1024\,\epsilon_{64}\|x\|` (float64's eps, in every dtype) or a
   trial whose gradient equals :math:`\nabla f(x)` carries no curvature: the
   memory restarts (:math:`\gamma` from the gradient again, alpha = 1). With
@@ -116,9 +126,13 @@ def trial_lbfgs(
 
   Args:
     memory_size: m, the number of pairs kept.
-    shrink: the factor of alpha after a null step, in (0, 1).
-    grow: the factor of alpha after an accepted step (alpha stays <= 1), >= 1.
+    shrink: the factor of alpha after a non-finite trial (or a null step whose cubic has
+      no minimiser), in (0, 1).
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    agree: the factor within which a rejected trial's cubic and secant minimisers along s
+      must agree for its pair to be kept (also the step control's, by default), >= 1.
+    step_control: a :class:`hdm_optax.secant.StepControl` (default
+      ``evidence_step(shrink=shrink, agree=agree)``).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -144,14 +158,12 @@ def trial_lbfgs(
       f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
     )
   _common.check_interval("shrink", shrink, 0, 1, lo_open=True, hi_open=True)
-  _common.check_at_least("grow", grow, 1)
-  _common.check_finite("grow", grow)
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
   _common.check_at_least("agree", agree, 1)
   _common.check_finite("agree", agree)
   acceptance = secant_lib.curvature_checked()
   if step_control is None:
-    step_control = secant_lib.evidence_step(shrink=shrink, grow=grow, agree=agree)
+    step_control = secant_lib.evidence_step(shrink=shrink, agree=agree)
 
   def init_fn(params):
     dtype = _common.params_dtype(params)

@@ -320,15 +320,13 @@ def capped_step(shrink: float = 0.5, grow: float = 1.5) -> StepControl:
   return StepControl(init=_ones, update=update)
 
 
-def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, grow, lo):
+def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, lo):
   """alpha after an accepted trial (see :func:`evidence_step`)."""
   steep_still = trial_slope < steep * slope
   overshot = trial_slope > 0
   back = jnp.maximum(1, alpha * jnp.clip(secant_step(slope, trial_slope), lo, 1))
   above = jnp.where(overshot & jnp.isfinite(back), back, alpha)
-  return jnp.where(
-    steep_still, alpha * extrapolate, jnp.where(alpha > 1, above, jnp.minimum(1, alpha * grow))
-  )
+  return jnp.where(steep_still, alpha * extrapolate, jnp.where(alpha > 1, above, 1))
 
 
 def _null_factor(value, trial_value, slope, trial_slope, agree, lo, hi, shrink):
@@ -341,12 +339,11 @@ def _null_factor(value, trial_value, slope, trial_slope, agree, lo, hi, shrink):
 
 def evidence_step(
   shrink: float = 0.5,
-  grow: float = 1.5,
   steep: float = 0.9,
   extrapolate: float = 4.0,
   max_step: float = 1e6,
   bracket: tuple = (0.1, 0.5),
-  agree: float = 4.0,
+  agree: float = 3.0,
 ) -> StepControl:
   r"""alpha from what each trial revealed: f, f+ and the slopes :math:`d_0, d_1` along s.
 
@@ -355,8 +352,8 @@ def evidence_step(
   multiplied by ``extrapolate`` (up to ``max_step``): L-BFGS's line search would have
   extrapolated there too, and a memory whose pairs were dropped (negative curvature) or a
   clip before the method scales the quasi-Newton step down by a factor nothing else
-  corrects. After other accepted trials, alpha grows by ``grow`` up to 1; above 1 it stays,
-  or, where the trial passed the minimum along s (:math:`d_1 > 0`), falls by the secant's
+  corrects. After other accepted trials, alpha returns to 1 (the quasi-Newton step); above 1
+  it stays, or, where the trial passed the minimum along s (:math:`d_1 > 0`), falls by the secant's
   :math:`t_s` (not below 1). After a rejected trial alpha is multiplied by the minimiser of
   the cubic through f, f+, :math:`d_0, d_1` (:func:`cubic_step`) relative to the secant's
   (the operator, updated by this pair, already moves the minimum along s to :math:`t_s`),
@@ -366,7 +363,6 @@ def evidence_step(
 
   Args:
     shrink: the factor after a non-finite trial, or a rejected one without a cubic minimiser.
-    grow: the factor after an accepted trial that is not steep (alpha <= 1).
     steep: c in (0, 1).
     extrapolate: the factor while steep, >= 1.
     max_step: the largest alpha.
@@ -388,7 +384,7 @@ def evidence_step(
   lo, hi = bracket
 
   def update(alpha, *, value, trial_value, slope, trial_slope, finite, accepted, restart):
-    up = _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, grow, lo)
+    up = _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, lo)
     null = _null_factor(value, trial_value, slope, trial_slope, agree, lo, hi, shrink)
     new = jnp.where(accepted, jnp.minimum(up, max_step), alpha * jnp.where(finite, null, shrink))
     return jnp.where(restart, 1, new).astype(alpha.dtype)
