@@ -730,6 +730,64 @@ def _append(out: dict, **values) -> None:
     out[key].append(val)
 
 
+def _cubic_t(f0, f1, d0, d1):
+  """The minimiser in t of the cubic through (0, f0, d0), (1, f1, d1) (Nocedal-Wright 3.59)."""
+  e1 = d0 + d1 - 3.0 * (f1 - f0)
+  disc = e1 * e1 - d0 * d1
+  if disc < 0:
+    return math.nan
+  e2 = math.sqrt(disc)
+  den = d1 - d0 + 2.0 * e2
+  return 1.0 - (d1 + e2 - e1) / den if den != 0 else math.nan
+
+
+def _secant_t(d0, d1):
+  return d0 / (d0 - d1) if d1 > d0 else math.nan
+
+
+def _agree(f0, f1, d0, d1, factor):
+  ratio = _cubic_t(f0, f1, d0, d1) / _secant_t(d0, d1)
+  return math.isfinite(ratio) and 1.0 / factor <= ratio <= factor
+
+
+def evidence_alpha(
+  alpha,
+  f0,
+  f1,
+  d0,
+  d1,
+  finite,
+  accepted,
+  *,
+  shrink=0.5,
+  steep=0.9,
+  extrapolate=4.0,
+  max_step=1e6,
+  lo=0.1,
+  hi=0.5,
+  agree=3.0,
+):
+  """hdm_optax.pieces.step_control.evidence_step's alpha after one trial, case by case."""
+  if not finite:
+    return alpha * shrink
+  if accepted:
+    if d1 < steep * d0:  # still steep along s: extrapolate
+      return min(max_step, alpha * extrapolate)
+    if alpha <= 1:
+      return 1.0
+    back = alpha * min(max(_secant_t(d0, d1), lo), 1.0)
+    return max(1.0, back) if d1 > 0 and math.isfinite(back) else alpha
+  t = _cubic_t(f0, f1, d0, d1)
+  if _agree(f0, f1, d0, d1, agree):
+    t = t / _secant_t(d0, d1)
+  return alpha * (min(max(t, lo), hi) if math.isfinite(t) else shrink)
+
+
+def capped_alpha(alpha, f0, f1, d0, d1, finite, accepted, *, shrink=0.5, grow=1.5, cap=1.0):
+  """The committed rule before evidence_step: halve, or grow up to ``cap`` (1 unbounded)."""
+  return min(cap, alpha * grow) if accepted else alpha * shrink
+
+
 def trial_lbfgs_reference(
   f,
   grad,
@@ -737,19 +795,21 @@ def trial_lbfgs_reference(
   steps: int,
   *,
   memory_size: int = 10,
-  shrink: float = 0.5,
-  grow: float = 1.5,
   pair_tol: float = 1e-10,
   band: float = 1e-10,
   curvature: float = 0.9,
+  agree: float = 3.0,
+  alpha_rule=evidence_alpha,
 ) -> dict:
   """``steps`` updates of trial_lbfgs: x+ = x - alpha H g, H from the last pairs of every trial.
 
   H is the L-BFGS inverse-Hessian matrix built explicitly (BFGS updates of
   H_0 = gamma I by the kept pairs, oldest first), not by the two-loop
   recursion. gamma = <s, y>/<y, y> of the newest accepted kept pair, before
-  one min(1, 1/||g||). Accepted: f+ <= f, or f+ <= f + band |f| and
-  |<g+, s>| <= curvature |<g, s>|.
+  one min(1, 1/||g||). A pair is kept when <s, y> > pair_tol ||s|| ||y|| and the
+  trial was accepted or its cubic and secant minimisers along s agree within
+  ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
+  |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule`` (no restart in the steps run).
   """
   x = np.array(x0, dtype=np.float64)
   fx, g, _ = _oracle(f, grad, x)
@@ -761,10 +821,13 @@ def trial_lbfgs_reference(
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1
     accepted = False
+    d0 = d1 = math.nan
     if finite:
-      accepted, y, sy, kept = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+      accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+      d0, d1 = float(g @ step), float(g_t @ step)
+      kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
       pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
-    alpha = min(1.0, alpha * grow) if accepted else alpha * shrink
+    alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if accepted:
       x, fx, g = x + step, f_t, g_t
     _append(
@@ -800,12 +863,14 @@ def trial_lbfgs_box_reference(
   - x, or clip(x - alpha gamma g) - x where <g, step> >= 0. Pairs (step, g+ - g) and the
   acceptance are the unbounded method's; after an accepted trial alpha <- min(cap, grow
   alpha) with cap = inf where <s, y> <= 0 and each moving variable has a finite bound in
-  its direction, 1 otherwise. ``rule``: ``shrink``, ``grow``, ``pair_tol``, ``band`` and
-  ``curvature``, as :func:`trial_lbfgs_reference`'s.
+  its direction, 1 otherwise (the capped rule's cap; the default ``alpha_rule``,
+  :func:`evidence_alpha`, has none). ``rule``: ``pair_tol``, ``band``, ``curvature``,
+  ``agree`` and ``alpha_rule``, as :func:`trial_lbfgs_reference`'s.
   """
-  rule = {**dict(shrink=0.5, grow=1.5, pair_tol=1e-10, band=1e-10, curvature=0.9), **rule}
-  shrink, grow, pair_tol = rule["shrink"], rule["grow"], rule["pair_tol"]
-  band, curvature = rule["band"], rule["curvature"]
+  defaults = dict(pair_tol=1e-10, band=1e-10, curvature=0.9, agree=3.0, alpha_rule=evidence_alpha)
+  rule = {**defaults, **rule}
+  pair_tol, band, curvature = rule["pair_tol"], rule["band"], rule["curvature"]
+  agree, alpha_rule = rule["agree"], rule["alpha_rule"]
   lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
   x = np.clip(np.array(x0, dtype=np.float64), lower, upper)
   fx, g, _ = _oracle(f, grad, x)
@@ -829,13 +894,19 @@ def trial_lbfgs_box_reference(
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1
     accepted, cap = False, 1.0
+    d0 = d1 = math.nan
     if finite:
-      accepted, y, sy, kept = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+      accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+      d0, d1 = float(g @ step), float(g_t @ step)
+      kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
       pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
       up, down = step > 0, step < 0
       blocked = np.all(~(up | down) | (up & (upper < np.inf)) | (down & (lower > -np.inf)))
       cap = np.inf if (sy <= 0 and blocked) else 1.0
-    alpha = min(cap, alpha * grow) if accepted else alpha * shrink
+    if alpha_rule is capped_alpha:
+      alpha = capped_alpha(alpha, fx, f_t, d0, d1, finite, accepted, cap=cap)
+    else:
+      alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if accepted:
       x, fx, g = x + step, f_t, g_t
     _append(out, xs=x.copy(), values=fx, accepted=accepted, calls=calls, alphas=alpha)

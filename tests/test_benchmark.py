@@ -495,3 +495,79 @@ def test_bounded_rows_on_two_bounded_problems(tmp_path, monkeypatch):
   summary.write_summary(path, tmp_path, runner.BUDGET, runner.TOL)
   text = (tmp_path / "summary.md").read_text()
   assert "Median gradient calls against SciPy's L-BFGS-B" in text
+
+
+def test_hard_suite_is_the_dev_list_from_far_starts_and_rescaled():
+  """cutest_hard: NAME@10x and NAME@100x start at 10 y0 and 100 y0; NAME@D is x -> f(D x)
+  with D log-spaced over [1e-2, 1e2], from y0 / D (the same f and D-scaled gradients there)."""
+  if importlib.util.find_spec("sif2jax") is None:
+    pytest.skip("sif2jax is not installed (pip install -e '.[bench]')")
+  tasks = suites.tasks("cutest_hard", tol=runner.TOL, problems=["BOX3"])
+  assert [t.name for t in tasks] == ["BOX3@10x", "BOX3@100x", "BOX3@D"]
+  assert {t.suite for t in tasks} == {"cutest_hard"}
+  (plain,) = suites.cutest_tasks(runner.TOL, ["BOX3"])
+  base = plain.build()
+  y0 = np.asarray(base.x0[0])
+  far10, far100, scaled = (t.build() for t in tasks)
+  np.testing.assert_array_equal(far10.x0[0], 10 * y0)
+  np.testing.assert_array_equal(far100.x0[0], 100 * y0)
+  d = suites.hard_scaling(y0.size)
+  np.testing.assert_allclose(d, [1e-2, 1.0, 1e2])
+  np.testing.assert_allclose(scaled.x0[0], y0 / d)
+  value, grad = scaled.fun_np(np.asarray(scaled.x0[0]))
+  value0, grad0 = base.fun_np(y0)
+  np.testing.assert_allclose(value, value0, rtol=1e-12)
+  np.testing.assert_allclose(grad, d * grad0, rtol=1e-10)
+  assert len(suites.tasks("cutest_hard", tol=runner.TOL)) == 3 * len(suites.cutest_names())
+
+
+def _rosenbrock_np(x):
+  value, grad = jax.value_and_grad(suites.rosenbrock)(jnp.asarray(x, jnp.float64))
+  return float(value), np.asarray(grad)
+
+
+def test_cg_descent_row_counts_every_request_and_stops_at_the_budget():
+  """CG_DESCENT asks for f alone, grad f alone or both: each request that evaluates is one
+  call (its f-only line-search trials too); the row stops at the call past the budget."""
+  pytest.importorskip("pycgdescent")
+  from experiments.baselines import quasi_newton
+
+  seen = []
+
+  def counted(x):
+    seen.append(1)
+    return _rosenbrock_np(x)
+
+  x0 = np.tile([-1.2, 1.0], 5)
+  run = lambda budget: quasi_newton.run_baseline(
+    counted, x0, "CG_DESCENT", runner.TOL, budget=budget, stop_at_budget=True, maxiter=10**6
+  )
+  row = run(1000)
+  assert row.solved and row.final_grad_inf <= runner.TOL
+  assert row.grad_calls == len(seen) - 1  # the last: the reported point, uncounted
+  assert row.grad_calls > row.iterations  # line-search trials are counted
+  seen.clear()
+  short = run(30)
+  assert not short.solved and short.status == "budget" and short.grad_calls == len(seen) == 30
+
+
+def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
+  """jaxopt.LBFGS: the calls reported are every evaluation the compiled program made (its
+  zoom line search's included, more than its iterations), seen by the objective's callback."""
+  pytest.importorskip("jaxopt")
+  seen = []
+
+  def rosenbrock(x):
+    jax.debug.callback(lambda: seen.append(1))
+    return suites.rosenbrock(x)
+
+  inst = suites._instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+  solver = solvers.get("jaxopt.LBFGS")
+  assert solver.is_jaxopt and "jaxopt.LBFGS" in solvers.REGISTERED
+  task = suites.Task("user", "rosenbrock-2", (None,), lambda: inst)
+  path = tmp_path / "results.csv"
+  runner.run_suite([task], [solver], path, progress=False)
+  jax.effects_barrier()
+  (row,) = _rows(path)
+  assert row["solved"] == "1" and float(row["final_grad_inf"]) <= runner.TOL, row
+  assert int(row["grad_calls"]) == len(seen) > 20, row

@@ -7,6 +7,7 @@ import optax
 import pytest
 
 import hdm_optax
+from hdm_optax.pieces import iteration, step_control
 from hdm_optax.pieces import secant as tl
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
@@ -256,7 +257,7 @@ def test_float32_and_strict_promotion():
     dict(memory_size=0),
     dict(memory_size=2.5),
     dict(shrink=1.0),
-    dict(grow=0.5),
+    dict(agree=0.5),
     dict(pair_tol=-1.0),
   ],
 )
@@ -310,3 +311,157 @@ def test_float32_converges_where_steps_fall_below_1024_eps_of_x():
   )
   assert bool(res.converged) and int(res.num_steps) < 60
   assert float(jnp.linalg.norm(res.params)) > 20  # the regime the test is about
+
+
+def _update(rule, alpha, *, value, trial_value, slope, trial_slope, finite, accepted, restart):
+  """One update of a step control: a one-variable step s = 1, so <g, s> = g and <g+, s> = g+."""
+  ctx = iteration.Context(None, None, jnp.asarray(value), jnp.array([slope]), 0, alpha, None)
+  trial = iteration.Trial(
+    jnp.array([1.0]), jnp.asarray(trial_value), jnp.array([trial_slope]), finite, True
+  )
+  learned = iteration.Learned(None, jnp.asarray(restart), 0.0)
+  return float(rule.update(jnp.asarray(alpha), trial, accepted=accepted, learned=learned, ctx=ctx))
+
+
+def _trial(alpha=1.0, **kw):
+  """One update of evidence_step from alpha with f = 1, slope -1 unless said."""
+  args = dict(value=1.0, trial_value=0.5, slope=-1.0, trial_slope=-0.5, finite=True)
+  args.update(accepted=True, restart=False)
+  args.update(kw)
+  return _update(step_control.evidence_step(), alpha, **args)
+
+
+def test_evidence_step_extrapolates_only_while_the_slope_stays_steep():
+  assert _trial(1.0, trial_slope=-0.95) == 4.0  # <g+, s> < 0.9 <g, s>: x4
+  assert _trial(1e6, trial_slope=-0.95) == 1e6  # max_step
+  assert _trial(0.5, trial_slope=-0.5) == 1.0  # not steep: back to the quasi-Newton step
+  assert _trial(1.0, trial_slope=-0.5) == 1.0
+  assert _trial(8.0, trial_slope=-0.5) == 8.0  # above 1, before the minimum along s: stays
+  # passed the minimum along s (<g+, s> = 1 > 0): back by the secant's t = 0.5, not below 1
+  assert _trial(8.0, trial_slope=1.0) == 4.0
+  assert _trial(1.5, trial_slope=1.0) == 1.0
+  assert _trial(8.0, restart=True) == 1.0
+
+
+def test_evidence_step_interpolates_after_a_null_step():
+  """f = 1 + t^2 - 2t... along s: the cubic through the trial says where the minimum is."""
+  # A quadratic along s (f+ = f + (d0 + d1)/2): the pair already moves the minimum to the
+  # secant's t, so alpha is kept up to the bracket's top, 0.5.
+  assert _trial(1.0, accepted=False, trial_value=2.0, slope=-1.0, trial_slope=3.0) == 0.5
+  # A wall (f+ = 1e8, <g+, s> = 1e9): the secant says t = 1e-9, the cubic 0.3 or so; they
+  # disagree, so the cubic's own t is used, safeguarded to [0.1, 0.5].
+  wall = _trial(1.0, accepted=False, trial_value=1e8, slope=-1.0, trial_slope=1e9)
+  assert 0.1 <= wall <= 0.5
+  assert _trial(1.0, accepted=False, finite=False) == 0.5  # non-finite: shrink
+  assert not bool(step_control.models_agree(1.0, 1e8, -1.0, 1e9, 4.0))
+  assert bool(step_control.models_agree(1.0, 2.0, -1.0, 3.0, 4.0))
+
+
+def test_capped_step_is_the_former_rule():
+  rule = step_control.capped_step()
+  update = lambda a, acc: _update(
+    rule,
+    a,
+    value=1.0,
+    trial_value=0.5,
+    slope=-1.0,
+    trial_slope=-0.99,
+    finite=True,
+    accepted=acc,
+    restart=False,
+  )
+  assert update(1.0, True) == 1.0 and update(0.5, True) == 0.75 and update(1.0, False) == 0.5
+
+
+def test_the_former_rule_matches_the_reference():
+  """step_control=capped_step(): the reference with the halving rule, 30 float64 steps."""
+  data, _ = problems.make_problem("quadratic", seed=3)
+  f, grad = problems.np_oracle(data)
+  fun = lambda x: problems.jax_objective(data)(x)
+  x0 = 3.0 * problems.x_start(2)
+  want = ref.trial_lbfgs_reference(f, grad, x0, 30, memory_size=3, alpha_rule=ref.capped_alpha)
+  opt = hdm_optax.trial_lbfgs(3, step_control=step_control.capped_step())
+  _, (xs, _, accepted) = _run(opt, fun, jnp.asarray(x0), 30)
+  np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
+  np.testing.assert_allclose(np.asarray(xs), np.asarray(want["xs"]), rtol=1e-8, atol=1e-10)
+
+
+def _cliff(x):
+  """CUTEst's CLIFF: a linear slope ending at an exponential wall."""
+  return (0.01 * x[0] - 0.03) ** 2 - x[0] + x[1] + jnp.exp(20.0 * (x[0] - x[1]))
+
+
+def test_a_trial_into_a_wall_does_not_collapse_the_operator():
+  """CLIFF from (0, -1): the pair of a rejected step into the wall says the minimum along
+  s is at t = 1e-11; kept, it shrank every later step below x's resolution and the run
+  cycled through restarts for its whole budget (||grad f|| 0.99). Refused (its cubic and
+  secant disagree), the run converges."""
+  x0 = jnp.array([0.0, -1.0])
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _cliff, x0, max_steps=300, tol=1e-4)
+  old = hdm_optax.trial_lbfgs(step_control=step_control.capped_step(), agree=1e300)
+  stuck = hdm_optax.solve(old, _cliff, x0, max_steps=300, tol=1e-4)
+  assert bool(res.converged) and int(res.num_grad_evals) < 100
+  assert not bool(stuck.converged)
+
+
+QUARTIC_I = jnp.arange(1.0, 21.0)
+
+
+@pytest.mark.parametrize(
+  "fun, x0",
+  [
+    (lambda x: jnp.sum((x**2 - QUARTIC_I) ** 2), jnp.full(20, 0.5)),
+    (lambda x: jnp.sum((QUARTIC_I * (x - 1)) ** 4) / 20, jnp.zeros(20)),
+  ],
+  ids=["sqrt-i", "weighted"],
+)
+def test_a_clip_before_it_costs_at_most_half_again(fun, x0):
+  """chain(clip_by_global_norm(1), trial_lbfgs()) on 20-variable quartics whose gradient
+  norm at the start is 100-5e4 (the clip is active): the steps are H u with u = g / ||g||,
+  so alpha must grow; with alpha <= 1 the runs took 295 and over 3000 calls (alone 36 / 34)."""
+  kw = dict(max_steps=999, tol=1e-4)
+  alone = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, **kw)
+  clip = optax.chain(optax.clip_by_global_norm(1.0), hdm_optax.trial_lbfgs())
+  clipped = hdm_optax.solve(clip, fun, x0, **kw)
+  assert float(optax.tree.norm(jax.grad(fun)(x0))) > 100
+  assert bool(alone.converged) and bool(clipped.converged)
+  assert int(clipped.num_grad_evals) <= 1.5 * int(alone.num_grad_evals)
+
+
+def _counts(fun, x0, **kw):
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, max_steps=999, tol=1e-6, **kw)
+  return bool(res.converged), int(res.num_grad_evals)
+
+
+def test_counts_do_not_change_when_f_is_scaled_by_1000():
+  """Every decision reads f and the slopes in ratios or signs, and H_0's first scale is
+  1/||grad f|| (its cap of 1 inactive here): f and 1000 f take the same steps."""
+  a, b = _rotated_quadratic(10, 1e2)
+  quad = lambda x: 0.5 * x @ a @ x - b @ x
+  rosen = lambda x: jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+  for fun, x0 in ((quad, jnp.full(10, 3.0)), (rosen, jnp.tile(jnp.array([-1.2, 1.0]), 3))):
+    tol = 1e-6 * float(jnp.max(jnp.abs(jax.grad(fun)(x0))))
+    one = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, max_steps=999, tol=tol)
+    big = hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), lambda x: 1000.0 * fun(x), x0, max_steps=999, tol=1000 * tol
+    )
+    assert bool(one.converged) and int(one.num_grad_evals) == int(big.num_grad_evals)
+
+
+def test_rotation_leaves_the_steps_and_a_diagonal_scaling_does_not():
+  """H_0 = gamma I: the iteration is invariant under x -> f(Q x) for orthogonal Q (the same
+  values and accept flags, step by step), not under x -> f(D x) for a diagonal D spanning
+  1e-2..1e2 (no diagonal H_0: docs/secant.md)."""
+  a, b = _rotated_quadratic(10, 1e2)
+  fun = lambda x: 0.5 * x @ a @ x - b @ x
+  x0 = jnp.full(10, 3.0)
+  q, _ = np.linalg.qr(np.random.default_rng(1).standard_normal((10, 10)))
+  q = jnp.asarray(q)
+  d = jnp.asarray(np.logspace(-2, 2, 10))
+  opt = hdm_optax.trial_lbfgs()
+  _, (_, plain, plain_acc) = _run(opt, fun, x0, 30)
+  _, (_, rotated, rotated_acc) = _run(opt, lambda x: fun(q @ x), q.T @ x0, 30)
+  _, (_, scaled, _) = _run(opt, lambda x: fun(d * x), x0 / d, 30)
+  np.testing.assert_array_equal(np.asarray(rotated_acc), np.asarray(plain_acc))
+  np.testing.assert_allclose(np.asarray(rotated), np.asarray(plain), rtol=1e-9)
+  assert not np.allclose(np.asarray(scaled), np.asarray(plain), rtol=1e-3)

@@ -88,6 +88,8 @@ def _status_name(code: int) -> str:
 def _end_status(solver, out, i) -> str:
   if solver.is_optimistix:
     return f"stopped: {_optimistix_status(out['result'][i])}"
+  if solver.is_jaxopt:
+    return "budget"
   return _status_name(out["status"][i])
 
 
@@ -223,8 +225,8 @@ def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
 _minimise_jit = jax.jit(_minimise, static_argnums=(0, 1, 2))
 
 
-def run_optimistix(solver, inst: protocol.Instance, budget: int):
-  """Runs the seeds of ``inst`` in turn through one compiled single-start program.
+def run_optimistix(solver, inst: protocol.Instance, budget: int, program=_minimise_jit):
+  """Runs the seeds of ``inst`` in turn through one compiled single-start ``program``.
 
   Returns (outputs as NumPy with ``grad_calls`` counted by the host, compile seconds,
   run seconds).
@@ -232,7 +234,7 @@ def run_optimistix(solver, inst: protocol.Instance, budget: int):
   statics = (solver, inst.fun, budget)
   consts = _constants(inst)[:3]
   tol = jnp.asarray(inst.tol, inst.x0.dtype)
-  program, compile_seconds = _compiled(statics, (inst.x0[0], *consts, tol[0]), _minimise_jit)
+  program, compile_seconds = _compiled(statics, (inst.x0[0], *consts, tol[0]), program)
   outs, seconds = [], 0.0
   for x0, t in zip(inst.x0, tol):
     solvers_lib.COUNTER.calls = 0
@@ -247,6 +249,31 @@ def run_optimistix(solver, inst: protocol.Instance, budget: int):
   return out, compile_seconds, seconds
 
 
+def _jaxopt_minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
+  """One jaxopt run from ``x0``: its ``update`` until ``||grad f||_inf <= tol`` or the budget.
+
+  The gradient is the one jaxopt's state holds at its iterate; the loop stops once jaxopt's
+  own count of evaluations reaches ``budget`` (a line search may end past it); the calls
+  reported are ``solvers.COUNTER``'s, every evaluation the program made, line searches included.
+  """
+  minimiser = solver.make(lipschitz, f_star)(solvers_lib.COUNTER.counted(fun))
+  state = minimiser.init_state(x0, fun_args)
+  grad_inf = lambda s: optax.tree.norm(s.grad, ord=jnp.inf)
+
+  def cond(carry):
+    _, s = carry
+    return (grad_inf(s) > tol) & (s.num_fun_eval < budget) & (s.iter_num < budget)
+
+  def body(carry):
+    return tuple(minimiser.update(*carry, fun_args))
+
+  _, state = jax.lax.while_loop(cond, body, (x0, state))
+  return dict(value=state.value, grad_inf=grad_inf(state))
+
+
+_jaxopt_minimise_jit = jax.jit(_jaxopt_minimise, static_argnums=(0, 1, 2))
+
+
 def _optimistix_status(code) -> str:
   name = solvers_lib.RESULT_NAMES.get(int(code), f"result {int(code)}")
   return "budget" if name in ("max_steps_reached", "nonlinear_max_steps_reached") else name
@@ -255,6 +282,8 @@ def _optimistix_status(code) -> str:
 def optax_rows(solver, task, inst, budget) -> list[Row]:
   if solver.is_optimistix:
     out, compile_s, run_s = run_optimistix(solver, inst, budget)
+  elif solver.is_jaxopt:
+    out, compile_s, run_s = run_optimistix(solver, inst, budget, _jaxopt_minimise_jit)
   else:
     out, compile_s, run_s = run_optax(solver, inst, budget)
   rows = []

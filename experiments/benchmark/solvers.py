@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import warnings
 from typing import Any, Callable, Optional
 
 import jax
@@ -31,6 +32,12 @@ try:
   import optimistix as optx
 except ImportError:  # the optimistix rows need the bench extra
   optx = None
+try:
+  with warnings.catch_warnings():  # "JAXopt is no longer maintained": the row is a peer's
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import jaxopt
+except ImportError:  # the jaxopt row needs the bench extra
+  jaxopt = None
 
 ADAM_LR = 1e-3  # optax.adam's row: the learning rate most examples use
 # optax's line searches as their docstrings' examples build gradient descent with them.
@@ -49,6 +56,8 @@ class Solver:
     needs_lipschitz: whether ``make`` uses L.
     needs_f_star: whether ``make`` uses f*.
     is_optimistix: whether ``make`` gives an optimistix minimiser.
+    is_jaxopt: whether ``make`` gives ``fun -> jaxopt solver`` (run by its own ``update``
+      under the protocol's stopping rule: ``runner.run_jaxopt``).
     scipy_algorithm: for a SciPy solver, its name in ``experiments.baselines.quasi_newton``
       (``"BFGS"``, ``"L-BFGS-M5"``, ...).
     max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
@@ -64,6 +73,7 @@ class Solver:
   needs_lipschitz: bool = False
   needs_f_star: bool = False
   is_optimistix: bool = False
+  is_jaxopt: bool = False
   scipy_algorithm: Optional[str] = None
   max_n: Optional[int] = None
   needs_box: bool = False
@@ -143,6 +153,8 @@ SCIPY = {
   "scipy-lbfgsb-m5": ("L-BFGS-M5", None),
   "scipy-lbfgsb-m10": ("L-BFGS-M10", None),
   "scipy-bfgs": ("BFGS", BFGS_MAX_N),
+  # Hager and Zhang's CG_DESCENT 6.8 (pycgdescent), every f and grad f request counted.
+  "cg-descent": ("CG_DESCENT", None),
 }
 JAX = (
   "trial_lbfgs()",
@@ -195,8 +207,23 @@ BOUNDED = {
 }
 CLIPPED = {"optax.lbfgs()-clip": "optax.lbfgs()", "trial_lbfgs()-clip": "trial_lbfgs()"}
 JAXOPT_LBFGSB = "jaxopt-lbfgsb"
-REGISTERED = JAX + tuple(NAMED) + tuple(SCIPY) + tuple(BOUNDED) + tuple(CLIPPED) + (JAXOPT_LBFGSB,)
-DEFAULT = REGISTERED if optx is not None else tuple(n for n in REGISTERED if "optx" not in n)
+# jaxopt's L-BFGS at its defaults (zoom line search, m = 10): ``make(L, f_star)(fun)`` builds it.
+JAXOPT = {"jaxopt.LBFGS": lambda fun: jaxopt.LBFGS(fun=fun)}
+REGISTERED = (
+  JAX
+  + tuple(NAMED)
+  + tuple(SCIPY)
+  + tuple(JAXOPT)
+  + tuple(BOUNDED)
+  + tuple(CLIPPED)
+  + (JAXOPT_LBFGSB,)
+)
+DEFAULT = tuple(
+  n
+  for n in REGISTERED
+  if not (optx is None and "optx" in n)
+  and not (jaxopt is None and (n in JAXOPT or n == JAXOPT_LBFGSB))
+)
 
 
 @functools.cache
@@ -205,6 +232,10 @@ def get(name: str) -> Solver:
   if name in SCIPY:
     algorithm, max_n = SCIPY[name]
     return Solver(name=name, scipy_algorithm=algorithm, max_n=max_n)
+  if name in JAXOPT:
+    if jaxopt is None:
+      raise ValueError(f"solver {name!r} needs jaxopt: pip install -e '.[bench]'")
+    return Solver(name=name, make=lambda lipschitz, f_star=None: JAXOPT[name], is_jaxopt=True)
   if name in NAMED:
     return dataclasses.replace(from_expression(name, NAMED[name]), max_n=NAMED_MAX_N.get(name))
   if name in BOUNDED:

@@ -271,6 +271,52 @@ def cutest_scale_tasks(tol: float, max_n: int, min_n: int = 1000) -> list[Task]:
 
 
 # ----------------------------------------------------------------------------
+# CUTEst made harder: far starts and a diagonal rescaling (suite cutest_hard)
+# ----------------------------------------------------------------------------
+
+# More, Garbow and Hillstrom (ACM TOMS 7(1), 1981) run each problem from x0, 10 x0 and 100 x0.
+HARD_FACTORS = (10, 100)
+# x -> f(D x), D log-spaced over [1e-2, 1e2] (deterministic), started at y0 / D.
+HARD_SCALE_RANGE = (1e-2, 1e2)
+
+
+def hard_scaling(n: int) -> np.ndarray:
+  """D of the rescaled variant: n values log-spaced from 1e-2 to 1e2 (1e-2 where n = 1)."""
+  lo, hi = HARD_SCALE_RANGE
+  return np.logspace(np.log10(lo), np.log10(hi), n)
+
+
+def _far_instance(problem, tol, factor):
+  """The problem from ``factor`` y0 (a zero y0 stays at zero, as in More et al.)."""
+  fun = lambda y, args: problem.objective(y, args)
+  x0 = factor * np.asarray(problem.y0, np.float64)
+  return _instance(fun, (problem.args,), x0, tol, f_star=cutest_f_star(problem))
+
+
+def _scaled_instance(problem, tol):
+  """``x -> f(D x)`` from ``y0 / D`` (D as an argument of the compiled program)."""
+  y0 = np.asarray(problem.y0, np.float64)
+  d = hard_scaling(y0.size).reshape(y0.shape)
+  fun = lambda y, args, scale: problem.objective(scale * y, args)
+  scale = jnp.asarray(d, jnp.result_type(problem.y0))
+  return _instance(fun, (problem.args, scale), y0 / d, tol, f_star=cutest_f_star(problem))
+
+
+def cutest_hard_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task]:
+  """Every dev problem from 10 y0 (``NAME@10x``), 100 y0 (``NAME@100x``) and rescaled
+  (``NAME@D``: :func:`hard_scaling`). The problems from y0 are the ``cutest`` suite."""
+  names = cutest_names() if names is None else list(names)
+  out = []
+  for name in names:
+    for factor in HARD_FACTORS:
+      build = lambda name=name, k=factor: _far_instance(cutest_problem(name), tol, k)
+      out.append(Task("cutest_hard", f"{name}@{factor}x", (None,), build))
+    build = lambda name=name: _scaled_instance(cutest_problem(name), tol)
+    out.append(Task("cutest_hard", f"{name}@D", (None,), build))
+  return out
+
+
+# ----------------------------------------------------------------------------
 # LIBSVM (Table 1's instances) with several starting points
 # ----------------------------------------------------------------------------
 
@@ -430,10 +476,11 @@ def user_tasks(tol: float) -> list[Task]:
 
 
 SUITES = ("cutest", "cutest32", "libsvm", "libsvm32", "user")
-# Run on request only (large): the scale dev list, and the package's other problems by size.
-# The bounded suites (experiments.benchmark.bounded): the box given to the bounded rows.
+# Run on request only: the scale dev list, the dev list made harder (far starts, a diagonal
+# rescaling), the package's other problems by size, and the bounded suites
+# (experiments.benchmark.bounded: the box given to the bounded rows).
 BOUNDED_SUITES = ("cutest_bounded", "libsvm_bounded")
-EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale") + BOUNDED_SUITES
+EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale", "cutest_hard") + BOUNDED_SUITES
 
 
 def tasks(
@@ -449,6 +496,8 @@ def tasks(
   """The tasks of ``suite`` (one of ``SUITES`` or ``EXTRA_SUITES``), optionally only ``problems``."""
   if suite in ("cutest", "cutest32"):
     out = cutest_tasks(tol, dtype="float64" if suite == "cutest" else "float32")
+  elif suite == "cutest_hard":
+    out = cutest_hard_tasks(tol)
   elif suite == "cutest_scale_dev":
     out = cutest_tasks(tol, cutest_names(CUTEST_SCALE_DEV_LIST), suite=suite)
   elif suite == "cutest_scale":
@@ -472,5 +521,5 @@ def tasks(
     raise ValueError(f"suite must be one of {SUITES + EXTRA_SUITES}, got {suite!r}")
   if problems:
     wanted = set(problems)
-    out = [t for t in out if t.name in wanted or t.name.split("/")[0] in wanted]
+    out = [t for t in out if wanted & {t.name, t.name.split("/")[0], t.name.split("@")[0]}]
   return out

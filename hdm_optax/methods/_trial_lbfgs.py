@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import optax
 
@@ -18,8 +18,9 @@ def trial_lbfgs(
   memory_size: int = 10,
   *,
   shrink: Any = 0.5,
-  grow: Any = 1.5,
   pair_tol: Any = 1e-10,
+  agree: Any = 3.0,
+  step_control: Optional[iteration_lib.StepControl] = None,
   lower: Any = None,
   upper: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
@@ -32,17 +33,29 @@ def trial_lbfgs(
 
   where :math:`H_m` is the L-BFGS inverse-Hessian operator (:func:`hdm_optax.pieces.secant.two_loop`)
   of the last m secant pairs :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla
-  f(x))`, one from every finite trial, accepted or not, kept when
+  f(x))`, one from every finite trial, kept when
   :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` (nonconvex problems give
-  pairs of negative curvature). :math:`H_0 = \gamma I` with
+  pairs of negative curvature) and the trial was accepted or, rejected, its values and
+  slopes agree on where the minimum along s lies (within a factor ``agree``:
+  :func:`hdm_optax.pieces.step_control.models_agree`; the pair of a step into an
+  exponential wall says the minimum is 1e-11 of the way, and kept, it collapsed every later
+  step). :math:`H_0 = \gamma I` with
   :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest
   *accepted* kept pair (a long rejected trial in a direction of high
   curvature would otherwise shrink every step outside the pairs' span), and
   :math:`\gamma = \min(1, 1/\|\nabla f(x_0)\|)` before one exists (as
   ``optax.scale_by_lbfgs``). The trial becomes the iterate when
   :func:`hdm_optax.pieces.acceptance.curvature_checked` accepts it; otherwise x stays (HDM's null step).
-  alpha starts at 1, halves after a null step or a non-finite trial and grows
-  by ``grow`` (up to 1) after an accepted one. A step shorter than
+  alpha, the step control (``step_control``, default
+  :func:`hdm_optax.pieces.step_control.evidence_step`), is updated from what the trial
+  revealed: x4 while an accepted trial's slope along s is still steep
+  (:math:`\langle \nabla f(x^+), s\rangle < 0.9 \langle \nabla f(x), s\rangle`, up to
+  1e6), back to 1 after other accepted trials (or kept above 1, falling by the secant's
+  minimiser where the trial passed the minimum), and after a null step scaled by the
+  cubic's minimiser along s (relative to the secant's, which the new pair already
+  applies), safeguarded to [0.1, 0.5]; halved after a non-finite trial.
+  :func:`hdm_optax.pieces.step_control.capped_step` is the former rule (halve, grow x1.5
+  up to 1). A step shorter than
   :math:`1024\,\epsilon_{64}\|x\|` (float64's eps, in every dtype) or a
   trial whose gradient equals :math:`\nabla f(x)` carries no curvature: the
   memory restarts (:math:`\gamma` from the gradient again, alpha = 1). With
@@ -67,7 +80,8 @@ def trial_lbfgs(
   :math:`\gamma u` on the binding ones (:func:`hdm_optax.pieces.box.two_metric_step`); the
   pair's s is the projected step taken; one oracle call and the null step are kept; after an
   accepted trial of non-positive curvature whose moving variables all have a finite bound
-  ahead, alpha may grow past 1 (:func:`hdm_optax.pieces.box.step_cap`). The box is held in the
+  ahead, the former rule's alpha may grow past 1 (:func:`hdm_optax.pieces.box.step_cap`;
+  the default step control extrapolates there on its own). The box is held in the
   state, where ``solve`` finds it: it projects an infeasible x0 and stops on the projected
   gradient (status ``CONVERGED_IN_BOX``); the transformation must be last in a chain. Without
   bounds the program is the unbounded one.
@@ -81,9 +95,14 @@ def trial_lbfgs(
 
   Args:
     memory_size: m, the number of pairs kept.
-    shrink: the factor of alpha after a null step, in (0, 1).
-    grow: the factor of alpha after an accepted step (alpha stays <= 1), >= 1.
+    shrink: the factor of alpha after a non-finite trial (or a null step whose cubic has
+      no minimiser), in (0, 1).
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    agree: the factor within which a rejected trial's cubic and secant minimisers along s
+      must agree for its pair to be kept (also the step control's, by default), >= 1.
+    step_control: a :class:`hdm_optax.pieces.iteration.StepControl` (default
+      ``evidence_step(shrink=shrink, agree=agree)``;
+      :func:`~hdm_optax.pieces.step_control.capped_step` is the former rule).
     lower: the box's lower bound l: ``None`` (none), a number, or a pytree shaped like the
       params (leaves: numbers, ``None`` or arrays of the params' dtype); -inf for an open side.
     upper: the upper bound u, like ``lower``. With either, the iterates stay in the box
@@ -114,9 +133,11 @@ def trial_lbfgs(
     Control Optim. 20(2), 1982 and Kim, Sra, Dhillon, SIAM J. Sci. Comput. 32(6), 2010
     (the bounded step, :mod:`hdm_optax.pieces.box`).
   """
+  if step_control is None:
+    step_control = step_control_lib.evidence_step(shrink=shrink, agree=agree)
   return iteration_lib.iteration(
     "trial_lbfgs",
-    directions_lib.secant(memory_size, pair_tol=pair_tol, lower=lower, upper=upper),
+    directions_lib.secant(memory_size, pair_tol=pair_tol, agree=agree, lower=lower, upper=upper),
     acceptance=acceptance_lib.curvature_checked(),
-    step_control=step_control_lib.halve_or_grow(shrink, grow),
+    step_control=step_control,
   )

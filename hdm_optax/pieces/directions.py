@@ -282,14 +282,24 @@ _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 
 def secant(
-  memory_size: int = 10, *, pair_tol: Any = 1e-10, lower: Any = None, upper: Any = None
+  memory_size: int = 10,
+  *,
+  pair_tol: Any = 1e-10,
+  agree: Any = 3.0,
+  lower: Any = None,
+  upper: Any = None,
 ) -> iteration_lib.Direction:
   r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
 
   :math:`H_m` is the two-loop operator (:func:`hdm_optax.pieces.secant.two_loop`)
   of the last m pairs :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))`
-  of finite trials, accepted or not, kept when :math:`\langle s, y\rangle >
-  \epsilon_p \|s\|\|y\|`; :math:`H_0 = \gamma I` with :math:`\gamma =
+  of finite trials, kept when :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|`
+  (nonconvex problems give pairs of negative curvature) and the trial was accepted or,
+  rejected, its values and slopes agree on where the minimum along s lies (the cubic
+  through f, f+ and the two slopes and the secant of the slopes, within a factor
+  ``agree``: :func:`hdm_optax.pieces.step_control.models_agree`; the pair of a step into
+  an exponential wall says the minimum is 1e-11 of the way, and kept, it collapsed every
+  later step); :math:`H_0 = \gamma I` with :math:`\gamma =
   \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
   (:math:`\min(1, 1/\|u\|)` before one exists); alpha is the step control's
   factor. A step shorter than :math:`1024\,\epsilon_{64}\|x\|` or a trial
@@ -309,6 +319,8 @@ def secant(
   Args:
     memory_size: m, the number of pairs kept.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    agree: the factor within which a rejected trial's cubic and secant minimisers along s
+      must agree for its pair to be kept, >= 1.
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
     upper: the upper bound, like ``lower``.
@@ -328,6 +340,8 @@ def secant(
       f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
     )
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  _common.check_at_least("agree", agree, 1)
+  _common.check_finite("agree", agree)
   box_lib.check_order(lower, upper)
 
   def init(params):
@@ -369,14 +383,17 @@ def secant(
     products = trial.aux
     sy = products.sy
     step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
-    # Every finite trial's pair with enough positive curvature enters the memory.
-    keep = finite & (sy > c(pair_tol) * step_norm * change_norm)
-    safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     short = step_norm <= c(_RESOLUTION) * optax.tree.norm(ctx.params)
     lost = finite & (short | (change_norm == 0))
-    keep = keep & ~lost
+    # A finite trial's pair with enough positive curvature enters the memory: an accepted
+    # trial's, or a rejected one's whose values agree with its slopes.
+    slope, trial_slope = step_control_lib.slopes(trial, ctx)
+    agreed = step_control_lib.models_agree(ctx.value, trial.value, slope, trial_slope, c(agree))
+    curved = sy > c(pair_tol) * step_norm * change_norm
+    keep = finite & curved & ~lost & (accepted | agreed)
+    safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep, sy=sy)
     memory = secant_lib.reset(memory, lost)
     gamma = jnp.where(keep & accepted, _common.safe_div(sy, products.yy), state.gamma)
