@@ -132,6 +132,8 @@ class SolveResult(NamedTuple):
       updates that left the iterate where it was).
     aux: with ``has_aux=True``, the auxiliary output of ``fun`` at ``params``;
       ``None`` otherwise.
+    tol: the threshold the run stopped at, max(tol, rtol ||grad f(x0)||_inf):
+      with ``rtol`` it is known only once x0 is evaluated (docs/pitfalls.md).
   """
 
   params: Any
@@ -146,6 +148,7 @@ class SolveResult(NamedTuple):
   trace: Trace
   null_run: jax.Array
   aux: Any = None
+  tol: Any = None
 
   @property
   def message(self) -> Union[str, list]:

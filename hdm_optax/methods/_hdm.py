@@ -39,6 +39,7 @@ class HDMState(NamedTuple):
   info: _common.HDMInfo
 
 
+@_common.configured
 def hdm(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
@@ -149,6 +150,7 @@ def hdm(
       trial_scale=jnp.ones([], dtype),
     )
 
+  @_common.track_point("hdm")
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(

@@ -42,6 +42,7 @@ class HDMAGDState(NamedTuple):
   info: _common.HDMInfo
 
 
+@_common.configured
 def hdm_agd(
   *,
   lipschitz: Any,
@@ -142,6 +143,7 @@ def hdm_agd(
       weight_sum=jnp.ones([], dtype),
     )
 
+  @_common.track_point("hdm_agd")
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(

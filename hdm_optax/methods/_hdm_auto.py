@@ -20,6 +20,7 @@ _MIN_PRECOND = 1e-30
 HDMAutoState = core_lib.MomentumHDMState
 
 
+@_common.configured
 def hdm_auto(
   *,
   precond_lr: Any = 0.5,

@@ -28,6 +28,7 @@ DEFAULT_MOMENTUM_LR = 1.0
 HDMBestState = core_lib.MomentumHDMState
 
 
+@_common.configured
 def hdm_best(
   *,
   lipschitz: Optional[Any] = None,

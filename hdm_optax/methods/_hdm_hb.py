@@ -44,6 +44,7 @@ class HDMHBState(NamedTuple):
   info: _common.HDMInfo
 
 
+@_common.configured
 def hdm_hb(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
@@ -160,6 +161,7 @@ def hdm_hb(
       trial_scale=jnp.ones([], dtype),
     )
 
+  @_common.track_point("hdm_hb")
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(

@@ -18,6 +18,7 @@ from hdm_optax.methods import schedules as schedules_lib
 OSGMBestState = core_lib.MomentumHDMState
 
 
+@_common.configured
 def osgm_best(
   *,
   seed: int = 0,

@@ -45,6 +45,7 @@ class TrialLBFGSState(NamedTuple):
 _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 
+@_common.configured
 def trial_lbfgs(
   memory_size: int = 10,
   *,
@@ -141,6 +142,7 @@ def trial_lbfgs(
       step_size=jnp.ones([], dtype),
     )
 
+  @_common.track_point("trial_lbfgs")
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(

@@ -451,6 +451,7 @@ def momentum_hdm(
     )
     return _common.keep_if(accepted, new_step, optax.tree.zeros_like(params)), new_state
 
+  @_common.track_point(name)
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(
