@@ -276,27 +276,10 @@ def test_a_shape_setting_gets_a_program_of_its_own():
 
 
 def test_sweep_rtol_is_solves():
-  opt = lambda precond_lr: hdm_optax.hdm(precond_lr=precond_lr)
-  out = hdm_optax.sweep(
-    opt,
-    {"precond_lr": [0.1, 0.3]},
-    logistic,
-    PROBLEM.x0,
-    max_steps=300,
-    tol=0.0,
-    rtol=1e-3,
-    fun_args=ARGS,
-  )
+  kw = dict(max_steps=300, tol=0.0, rtol=1e-3, fun_args=ARGS)
+  out = hdm_optax.sweep(hdm_optax.hdm, {"precond_lr": [0.1, 0.3]}, logistic, PROBLEM.x0, **kw)
   for i, lr in enumerate([0.1, 0.3]):
-    res = hdm_optax.solve(
-      hdm_optax.hdm(precond_lr=lr),
-      logistic,
-      PROBLEM.x0,
-      max_steps=300,
-      tol=0.0,
-      rtol=1e-3,
-      fun_args=ARGS,
-    )
+    res = hdm_optax.solve(hdm_optax.hdm(precond_lr=lr), logistic, PROBLEM.x0, **kw)
     assert int(res.num_steps) == int(out.results.num_steps[i])
     assert float(res.tol) == float(out.results.tol[i])
 

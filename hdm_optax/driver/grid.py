@@ -30,6 +30,7 @@ __all__ = (
   "expand",
   "grid_points",
   "problems",
+  "programs",
   "static_names",
 )
 
@@ -239,8 +240,31 @@ def expand(points: list, count: int) -> tuple[list, np.ndarray]:
   """Every point on every problem: the points (with ``"problem"`` when ``count > 1``) and ids."""
   if count == 1:
     return points, np.zeros(len(points), np.int32)
+  if "problem" in points[0]:
+    raise ValueError(
+      'with in_axes every point gets the key "problem" (its problem\'s index): rename the '
+      'grid setting "problem"'
+    )
   out = [dict(p, problem=b) for p in points for b in range(count)]
   return out, np.tile(np.arange(count, dtype=np.int32), len(points))
+
+
+def programs(make_optimizer, names, points: list, static, float_dtype) -> list:
+  """``(indices, make_optimizer, columns)`` of each program of a sweep over ``points``.
+
+  One program per combination of the static settings' values, with those values
+  bound (:class:`Bound`); the other settings are its traced columns.
+  """
+  groups = {}
+  for i, point in enumerate(points):
+    groups.setdefault(tuple((n, _plain(point[n])) for n in static), []).append(i)
+  out = []
+  for settings, indices in groups.items():
+    make = Bound(make_optimizer, dict(settings)) if static else make_optimizer
+    traced = [n for n in names if n not in static]
+    columns = {n: column(n, [points[i][n] for i in indices], float_dtype) for n in traced}
+    out.append((np.asarray(indices), make, columns))
+  return out
 
 
 def _stacked(trees: list):

@@ -520,34 +520,13 @@ def sweep(
     )
   first = problems.layout.params([a[0] for a in problems.mapped[0]], problems.fixed[0])
   static = grid_lib.static_names(make_optimizer, names, points, first, dtype)
-  parts, points = _programs(make_optimizer, names, points, static, problems, dtype), None
+  points, ids = grid_lib.expand(points, problems.count)
   common = (fun, _trace_size(max_steps), bool(has_aux), bool(stop_at_first_converged))
   results = []
-  for indices, make, columns, ids in parts:
+  for indices, make, columns in grid_lib.programs(make_optimizer, names, points, static, dtype):
     sizes = staging.stage_sizes(len(indices), bool(compact))
-    data = (problems.layout, (columns, ids), problems.mapped, problems.fixed, limits, rtol)
+    batch = (columns, jnp.asarray(ids[indices]))
+    data = (problems.layout, batch, problems.mapped, problems.fixed, limits, rtol)
     results.append((indices, _sweep_jit(make, *common, sizes, *data)))
-  points, _ = grid_lib.expand(grid_lib.grid_points(grid)[1], problems.count)
   results = _cut(grid_lib.combine(results, len(points)), max_steps)
   return SweepResult(points=points, results=results, best=best_index(results))
-
-
-def _programs(make_optimizer, names, points, static, problems, dtype) -> list:
-  """``(indices, make_optimizer, columns, problem ids)`` of each program of a sweep.
-
-  One program per combination of the static settings' values; every point runs on
-  every problem, the point-major order of :func:`grid.expand`.
-  """
-  expanded, ids = grid_lib.expand(points, problems.count)
-  groups = {}
-  for i, point in enumerate(expanded):
-    groups.setdefault(
-      tuple(grid_lib.Bound(make_optimizer, {n: point[n] for n in static}).settings), []
-    ).append(i)
-  parts = []
-  for settings, indices in groups.items():
-    make = grid_lib.Bound(make_optimizer, dict(settings)) if static else make_optimizer
-    traced = [n for n in names if n not in static]
-    columns = {n: grid_lib.column(n, [expanded[i][n] for i in indices], dtype) for n in traced}
-    parts.append((np.asarray(indices), make, columns, jnp.asarray(ids[indices])))
-  return parts
