@@ -414,3 +414,21 @@ def test_solved_table_names_skipped_rows_apart():
   rows = [row("a", "1", "converged"), row("b", "0", "budget"), row("c", "0", "skipped: n = 9")]
   assert summary.solved_table({"scale": rows})[-1] == "| `s` | 1/2 (1 skipped) |"
   assert summary.solved_table({"scale": rows[:2]})[-1] == "| `s` | 1/2 |"
+
+
+def test_rows_of_equal_configuration_share_one_program(monkeypatch):
+  """'trial_lbfgs', 'trial_lbfgs()' and 'trial_lbfgs(memory_size=10)' are one configuration:
+  one compiled program, the same rows; another memory_size and rows that use L keep their own."""
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  inst = _two_start_instance()
+  runner._COMPILED.clear()
+  names = ("trial_lbfgs", "trial_lbfgs()", "trial_lbfgs(memory_size=10)")
+  outs = [runner.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
+  assert len(runner._COMPILED) == 1
+  assert outs[0][1] > 0 and outs[1][1] == outs[2][1] == 0.0  # compile seconds
+  for out, _, _ in outs[1:]:
+    np.testing.assert_array_equal(out["grad_calls"], outs[0][0]["grad_calls"])
+  runner.run_optax(solvers.get("trial_lbfgs(memory_size=5)"), inst, runner.BUDGET)
+  assert len(runner._COMPILED) == 2
+  with_l = solvers.get("hdm_best(lipschitz=L)")
+  assert runner.program_key(with_l) is with_l

@@ -182,9 +182,12 @@ class SweepResult(NamedTuple):
   """Result of :func:`hdm_optax.sweep`.
 
   Attributes:
-    points: the grid, a list of dicts (keyword -> value), in row-major order.
+    points: the grid, a list of dicts (keyword -> value), in row-major order;
+      with ``in_axes``, every grid point once per problem, each with its
+      ``"problem"`` index.
     results: a :class:`SolveResult` whose leaves have a leading axis of
-      length ``len(points)``.
+      length ``len(points)`` (its ``state`` a list of per-point states when a
+      setting, such as ``memory_size``, gives the points states of other shapes).
     best: index of the best point: fewest steps among the converged points,
       then lowest final value (among all points when none converged).
   """
