@@ -38,12 +38,21 @@ def _trace_size(max_steps: int) -> int:
   return 1 << max_steps.bit_length()
 
 
+def _cut_trace(trace: Trace, size: int) -> Trace:
+  return jax.tree.map(lambda a: a[..., :size], trace)
+
+
+# One dispatch for the four arrays (eager slices cost 0.15 ms each on a CPU).
+_cut_trace_jit = jax.jit(_cut_trace, static_argnums=1)
+
+
 def _cut(result: SolveResult, max_steps: int) -> SolveResult:
   """``result`` with its trace (last axis) cut to ``max_steps + 1`` entries."""
   trace = result.trace
   if trace.value.shape[-1] == max_steps + 1:
     return result
-  return result._replace(trace=jax.tree.map(lambda a: a[..., : max_steps + 1], trace))
+  cut = _cut_trace if _under_trace(trace) else _cut_trace_jit
+  return result._replace(trace=cut(trace, max_steps + 1))
 
 
 def _new_trace(s: loop_lib.LoopState, size: int) -> Trace:
