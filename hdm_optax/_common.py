@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -25,6 +28,14 @@ class HDMInfo(NamedTuple):
       stalled (``hdm_optax.solve`` reports it).
     num_value_evals: objective evaluations made by ``update`` so far.
     num_grad_evals: gradient evaluations made by ``update`` so far.
+    num_stale_updates: updates so far that received params other than the
+      point of the cached f and grad f together with the cached ``value``:
+      the value and gradient they were given belong to another point
+      (``hdm_optax._common.track_point``). 0 in every correct loop.
+    point_sum: the fingerprint of the point of the cached f and grad f
+      (a weighted sum of its entries, ``_common.point_fingerprint``).
+    point_scale: the sum of the absolute entries of the params the last
+      update received, the scale of ``point_sum``'s rounding.
   """
 
   accepted: jax.Array
@@ -33,6 +44,9 @@ class HDMInfo(NamedTuple):
   null_run: jax.Array
   num_value_evals: jax.Array
   num_grad_evals: jax.Array
+  num_stale_updates: jax.Array
+  point_sum: jax.Array
+  point_scale: jax.Array
 
 
 def init_info(dtype) -> HDMInfo:
@@ -44,6 +58,9 @@ def init_info(dtype) -> HDMInfo:
     null_run=zero,
     num_value_evals=zero,
     num_grad_evals=zero,
+    num_stale_updates=zero,
+    point_sum=jnp.zeros([], dtype),
+    point_scale=jnp.zeros([], dtype),
   )
 
 
@@ -63,7 +80,7 @@ def oracle_fields(params, dtype) -> dict:
 
 def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
   """Info after one update that made ``calls`` value-and-gradient calls."""
-  return HDMInfo(
+  return info._replace(
     accepted=jnp.asarray(accepted),
     # 0 when the trial point was not finite (no hypergradient was used).
     hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm, 0).astype(
@@ -150,6 +167,248 @@ def require_oracle(name: str, value, grad, value_fn, updates, params=None, state
       if tree is not None:
         check_like(name, what, tree, params)
   return value, grad
+
+
+# The point check's tolerance, in eps of the params' dtype times the sum of |x| over
+# the point before and after the update (the weights are below 1.5): a fused
+# multiply-add in the update's trial point (which XLA uses and ``optax.apply_updates``
+# cannot) moves an entry by an eps of the larger of x and the step, and the two sums
+# reduce in their own kernels.
+_POINT_EPS = 256
+
+
+def point_fingerprint(params) -> tuple[jax.Array, jax.Array]:
+  r"""A point's summary in two scalars: :math:`(\sum_i w_i x_i,\ \sum_i |x_i|)`.
+
+  The weights :math:`w_i \in [0.5, 1.5)` are a fixed hash of each entry's position
+  (over the leaves in order), so a change whose entries sum to zero (a gradient step
+  on a translation-invariant f) still moves the weighted sum. Each leaf is one pass
+  that XLA fuses into the kernel that reads or produces it.
+
+  Args:
+    params: a pytree of float arrays of one dtype.
+
+  Returns:
+    ``(weighted_sum, absolute_sum)``, scalars of the params' dtype.
+  """
+  sums, scales, offset = [], [], 0
+  for leaf in jax.tree.leaves(params):
+    leaf = jnp.asarray(leaf)
+    index = jax.lax.iota(jnp.uint32, leaf.size).reshape(leaf.shape) + jnp.uint32(offset % 2**32)
+    mixed = (index * jnp.uint32(0x9E3779B1)) >> jnp.uint32(8)  # Knuth's multiplicative hash
+    weight = 0.5 + mixed.astype(leaf.dtype) * 2.0**-24
+    sums.append(jnp.sum(weight * leaf))
+    scales.append(jnp.sum(jnp.abs(leaf)))
+    offset += leaf.size
+  return functools.reduce(jnp.add, sums), functools.reduce(jnp.add, scales)
+
+
+# Entries of each leaf of the gradient compared with the cached gradient's, evenly spaced.
+_GRAD_SAMPLES = 8
+
+
+def _sample(tree) -> list:
+  """A few entries of each leaf, evenly spaced (the first and the last among them)."""
+  out = []
+  for leaf in jax.tree.leaves(tree):
+    flat = jnp.reshape(leaf, -1)
+    index = np.unique(np.linspace(0, flat.size - 1, min(flat.size, _GRAD_SAMPLES)).astype(int))
+    out.append(flat[index])
+  return out
+
+
+def _track(state, info: HDMInfo, params, value, grad, updates):
+  """``info`` with the fingerprint of the new cache's point, and whether this update met a stale cache.
+
+  Stale: the params are not the point of the cache (beyond rounding) while the value and
+  gradient received are the cached ones (the value bit for bit, and a few entries of the
+  gradient). A fresh evaluation at the params differs from the cache unless f and grad f
+  agree at the two points, and then nothing is wrong. The gradient's entries are read, not
+  reduced: no pass over the gradient. Before the first update no point is recorded (a
+  cache set from outside, as ``hdm_optax.solve`` sets it at x0, is not checked).
+  """
+  old = state.info
+  dtype = old.point_sum.dtype
+  point_sum, point_scale = point_fingerprint(params)
+  tol = _POINT_EPS * float(jnp.finfo(dtype).eps) * (point_scale + old.point_scale)
+  elsewhere = (old.num_grad_evals > 0) & (jnp.abs(point_sum - old.point_sum) > tol)
+  same_value = jnp.isfinite(state.value) & (jnp.asarray(value).astype(dtype) == state.value)
+  same_grad = jnp.all(
+    jnp.stack([jnp.all(a == b) for a, b in zip(_sample(grad), _sample(state.grad))])
+  )
+  stale = elsewhere & same_value & same_grad
+  next_point, _ = point_fingerprint(optax.apply_updates(params, updates))
+  info = info._replace(
+    num_stale_updates=old.num_stale_updates + stale.astype(jnp.int32),
+    point_sum=next_point.astype(dtype),
+    point_scale=point_scale.astype(dtype),
+  )
+  return info, stale
+
+
+def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+  """Decorates an ``update_fn``: it checks that its params are the point of its cache.
+
+  A transformation caches f and grad f at ``params + u``, ``u`` the update it
+  returns. The next ``update`` must receive that point; when it receives another
+  one (a later transformation in ``optax.chain`` changed ``u``) together with the
+  cached ``value`` (``optax.value_and_grad_from_state`` returns the cache it finds),
+  the value and gradient it was given belong to another point, and the run is
+  silently wrong. The decorated ``update_fn`` then counts it in
+  ``info.num_stale_updates`` and, called outside ``jit`` (its values concrete),
+  warns. The check compares :func:`point_fingerprint` of the params with the one
+  recorded for the cache (two scalars in ``info``, no vector of n kept), within
+  rounding: a change of the point below ``256 eps`` of its entries' magnitudes
+  goes unseen. ``hdm_optax.solve`` and ``hdm_optax.value_and_grad_from_state``
+  evaluate f at the params when the cache is elsewhere, so they never count one.
+
+  Args:
+    name: the transformation's name, for the warning.
+
+  Returns:
+    The decorator.
+  """
+
+  def decorate(update_fn):
+    @functools.wraps(update_fn)
+    def checked(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
+      out, new_state = update_fn(
+        updates, state, params, value=value, grad=grad, value_fn=value_fn, **extra_args
+      )
+      received = updates if grad is None else grad
+      info, stale = _track(state, new_state.info, params, value, received, out)
+      if not isinstance(stale, jax.core.Tracer) and bool(stale):
+        warnings.warn(
+          f"{name}.update received params other than the point where it cached f and grad f, "
+          "together with that cached value: value= and grad= belong to another point, so the "
+          "run is wrong. A transformation after it in optax.chain changed its update (e.g. "
+          f"optax.chain({name}(), optax.scale(0.5))) and optax.value_and_grad_from_state "
+          f"returned the cache. Put {name} last in the chain, or call "
+          "hdm_optax.value_and_grad_from_state(fun), which evaluates f at the params then "
+          "(docs/pitfalls.md). info.num_stale_updates counts such updates.",
+          stacklevel=2,
+        )
+      return out, new_state._replace(info=info)
+
+    return checked
+
+  return decorate
+
+
+class _Identity:
+  """A key that is equal only to itself (an unhashable argument, such as an array)."""
+
+  __slots__ = ("value",)
+
+  def __init__(self, value):
+    self.value = value
+
+  def __eq__(self, other):
+    return isinstance(other, _Identity) and other.value is self.value
+
+  def __hash__(self):
+    return id(self.value)
+
+
+def _config_key(value):
+  """``value`` as part of a hashable key: numbers with their type, containers item by item."""
+  if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
+    return (type(value), value)  # 1, 1.0 and True build different programs
+  if type(value) in (tuple, list):  # pylint: disable=unidiomatic-typecheck
+    return (type(value), tuple(_config_key(v) for v in value))
+  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+    return (dict, tuple((k, _config_key(v)) for k, v in value.items()))
+  try:
+    hash(value)
+  except TypeError:
+    return _Identity(value)
+  return value
+
+
+class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
+  """An optax transformation that knows the factory call that built it.
+
+  Two are equal, and hash alike, when the same factory was called with equal
+  arguments (defaults filled in; numbers compared with their type; an argument
+  that cannot be hashed, such as an array, only with itself), so a cache keyed on
+  the transformation, as :func:`hdm_optax.solve`'s compiled programs are, serves
+  every equal one: ``solve(trial_lbfgs(), ...)`` in a loop compiles once.
+  Otherwise it is the ``optax.GradientTransformationExtraArgs`` of the factory.
+  """
+
+  def __new__(cls, init, update, configuration=None):
+    self = super().__new__(cls, init, update)
+    self.configuration = configuration
+    return self
+
+  def _configuration(self):
+    # None after optax's ``_replace``/``_make``, which build the tuple alone.
+    return getattr(self, "configuration", None)
+
+  def __eq__(self, other):
+    mine = self._configuration()
+    theirs = getattr(other, "configuration", None)
+    if mine is None or theirs is None:
+      return tuple.__eq__(self, other)
+    return mine == theirs
+
+  def __ne__(self, other):
+    return not self == other
+
+  def __hash__(self):
+    mine = self._configuration()
+    return tuple.__hash__(self) if mine is None else hash(mine)
+
+  def __repr__(self):
+    mine = self._configuration()
+    return super().__repr__() if mine is None else repr(mine)
+
+
+class _Call:
+  """A factory and its bound arguments; equal calls are equal keys."""
+
+  __slots__ = ("factory", "arguments", "_key")
+
+  def __init__(self, factory, arguments: dict):
+    self.factory = factory
+    self.arguments = arguments
+    self._key = (factory, tuple((k, _config_key(v)) for k, v in arguments.items()))
+
+  def __eq__(self, other):
+    return isinstance(other, _Call) and self._key == other._key
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __repr__(self):
+    shown = ", ".join(f"{name}={value!r}" for name, value in self.arguments.items())
+    return f"{self.factory.__name__}({shown})"
+
+
+def configured(factory: Callable[..., optax.GradientTransformation]):
+  """Decorates a factory: its transformations carry their configuration.
+
+  The factory returns a :class:`ConfiguredTransformation` that compares equal to
+  every other one built by an equal call (``trial_lbfgs() == trial_lbfgs()``,
+  ``!= trial_lbfgs(memory_size=5)``).
+
+  Args:
+    factory: a function returning an ``optax.GradientTransformationExtraArgs``.
+
+  Returns:
+    The factory, with its name, docstring and signature.
+  """
+  signature = inspect.signature(factory)
+
+  @functools.wraps(factory)
+  def build(*args, **kwargs):
+    transformation = factory(*args, **kwargs)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    configuration = _Call(build, dict(bound.arguments))
+    return ConfiguredTransformation(transformation.init, transformation.update, configuration)
+
+  return build
 
 
 def require_untransformed(name: str, updates, grad, reason: str):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 
@@ -89,3 +90,27 @@ def replace_fields(state, **fields):
   if inner is not None and all(k in inner._fields for k in fields):
     return state._replace(direction=inner._replace(**fields))
   return state._replace(**fields)
+
+
+class Compilations:
+  """Counts XLA compilations while open (``jax.monitoring``'s backend compile events).
+
+  Eager operations compile once per shape too, so a loop that compiles nothing new
+  after its first iteration keeps :attr:`count` where the first iteration left it.
+  """
+
+  EVENT = "/jax/core/compile/backend_compile_duration"
+
+  def __init__(self):
+    self.count = 0
+
+  def _listen(self, event, duration, **kwargs):
+    del duration, kwargs
+    self.count += event == self.EVENT
+
+  def __enter__(self):
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._listen)

@@ -571,3 +571,21 @@ def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
   (row,) = _rows(path)
   assert row["solved"] == "1" and float(row["final_grad_inf"]) <= runner.TOL, row
   assert int(row["grad_calls"]) == len(seen) > 20, row
+
+
+def test_rows_of_equal_configuration_share_one_program(monkeypatch):
+  """'trial_lbfgs', 'trial_lbfgs()' and 'trial_lbfgs(memory_size=10)' are one configuration:
+  one compiled program, the same rows; another memory_size and rows that use L keep their own."""
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  inst = _two_start_instance()
+  runner._COMPILED.clear()
+  names = ("trial_lbfgs", "trial_lbfgs()", "trial_lbfgs(memory_size=10)")
+  outs = [runner.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
+  assert len(runner._COMPILED) == 1
+  assert outs[0][1] > 0 and outs[1][1] == outs[2][1] == 0.0  # compile seconds
+  for out, _, _ in outs[1:]:
+    np.testing.assert_array_equal(out["grad_calls"], outs[0][0]["grad_calls"])
+  runner.run_optax(solvers.get("trial_lbfgs(memory_size=5)"), inst, runner.BUDGET)
+  assert len(runner._COMPILED) == 2
+  with_l = solvers.get("hdm_best(lipschitz=L)")
+  assert runner.program_key(with_l) is with_l

@@ -136,3 +136,10 @@ def test_tf32_rounding_keeps_ten_bits_of_mantissa():
   # representable; a tie rounds to even (1.0); a tie rounds to even (1 + 2^-9); below half
   np.testing.assert_array_equal(tf32.tf32(x), [1.0 + 2.0**-10, 1.0, 1.0 + 2.0**-9, 1.0])
   assert tf32.tf32(jnp.ones(2, jnp.float64)).dtype == jnp.float64  # other dtypes pass through
+
+
+def test_float32_rtol_prints_the_threshold_of_each_run():
+  from experiments import float32_rtol
+
+  lines = list(float32_rtol.rows(300))
+  assert len(lines) == 6 and all("threshold" in line and "CONVERGED" in line for line in lines)

@@ -566,8 +566,11 @@ def test_float32_products_at_default_precision_are_warned_of_on_a_gpu(monkeypatc
 def _warned_of_on_a_gpu(monkeypatch, loop_lib):
   a = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
   fun = lambda w, a: jnp.sum(jax.nn.softplus(a @ w)) + jnp.vdot(w, w)
+  # A new configuration (seed) per call: the warning comes with a compilation, and equal
+  # configurations share one program (the first call compiles it on the faked CPU).
+  seeds = iter(range(100))
   run = lambda x0, **kw: hdm_optax.solve(
-    hdm_optax.hdm_auto(), fun, x0, fun_args=(a.astype(x0.dtype),), max_steps=4, **kw
+    hdm_optax.hdm_auto(seed=next(seeds)), fun, x0, fun_args=(a.astype(x0.dtype),), max_steps=4, **kw
   )
   x0 = jnp.full(3, 0.5, jnp.float32)
   with warnings.catch_warnings():

@@ -5,8 +5,9 @@ one, probes, line-search steps, each SciPy call) and ``||grad f||_inf <= tol``. 
 by ``protocol.outcome``: it ends at a point where f and grad f are finite, f >= the library's
 unbounded threshold and ``||grad f||_inf <= tol``, with fewer than ``budget - 1`` calls.
 The seeds of a problem run as one vmapped, compiled program per optax solver; compiled
-programs are kept per (solver, objective, shapes), so problems that share an objective and
-padded shapes (the LIBSVM ones) share them. Rows are appended (and flushed) as they finish; a
+programs are kept per (solver configuration, objective, shapes), so problems that share an
+objective and padded shapes (the LIBSVM ones) share them, and so do solvers of equal
+configuration (:func:`program_key`). Rows are appended (and flushed) as they finish; a
 re-run skips the rows already in the file; a problem or solver that raises gives error rows.
 """
 
@@ -17,7 +18,7 @@ import dataclasses
 import time
 import traceback
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +97,34 @@ def _end_status(solver, out, i) -> str:
 # ----------------------------------------------------------------------------
 # optax solvers: the seeds of a problem as one vmapped program
 # ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Configured:
+  """An optax solver by its configuration: equal configurations share compiled programs.
+
+  For a solver whose expression uses neither ``L`` nor ``F_STAR`` and builds a
+  transformation that compares by its configuration (every hdm_optax factory), two rows
+  of equal configuration (``'trial_lbfgs'``, ``'trial_lbfgs()'``,
+  ``'trial_lbfgs(memory_size=10)'``) are one program.
+  """
+
+  transformation: Any
+  clip: bool = False
+
+  def make(self, lipschitz, f_star, lower=None, upper=None):
+    del lipschitz, f_star, lower, upper
+    return self.transformation
+
+
+def program_key(solver):
+  """What the compiled program of an optax ``solver`` is keyed on: its configuration or itself."""
+  if solver.needs_lipschitz or solver.needs_f_star or solver.needs_box:
+    return solver
+  built = solver.make(None, None)
+  if getattr(built, "configuration", None) is not None:  # hdm_optax's factories
+    return _Configured(built, solver.clip)
+  return solver
 
 
 def _in_box(fun, fun_args, res, box, clip):
@@ -185,7 +214,7 @@ def run_optax(solver, inst: protocol.Instance, budget: int):
   ``NotImplementedError``), one compiled single-start program runs the seeds in turn.
   """
   dtype = inst.x0.dtype
-  statics = (solver, inst.fun, budget - 1)
+  statics = (program_key(solver), inst.fun, budget - 1)
   consts = _constants(inst)
   tol = jnp.asarray(inst.tol, dtype)
   batches = [(inst.x0, tol)]

@@ -11,7 +11,8 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
 - :mod:`~hdm_optax.driver.loop`: the public loop, :func:`loop` (``start``,
   ``step``, ``done``), and the stopping rule.
 - :mod:`~hdm_optax.driver.solve`: :func:`solve` and :func:`sweep`, compiled
-  runs of the loop (:mod:`~hdm_optax.driver.staging` shrinks a sweep's batch).
+  runs of the loop (:mod:`~hdm_optax.driver.grid` lays out a sweep's points,
+  problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch).
 - :mod:`~hdm_optax.driver.minimize`: :func:`minimize`, SciPy's entry point (bounds as
   SciPy takes them) over :func:`solve`, one compiled program.
 - :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
@@ -21,6 +22,7 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
 """
 
 from hdm_optax.driver import cache
+from hdm_optax.driver import grid
 from hdm_optax.driver import loop
 from hdm_optax.driver import minibatch
 from hdm_optax.driver import minimize
@@ -28,4 +30,4 @@ from hdm_optax.driver import results
 from hdm_optax.driver import solve
 from hdm_optax.driver import staging
 
-__all__ = ("cache", "loop", "minibatch", "minimize", "results", "solve", "staging")
+__all__ = ("cache", "grid", "loop", "minibatch", "minimize", "results", "solve", "staging")

@@ -117,13 +117,18 @@ def value_and_grad_from_state(
   any cache it finds, e.g. the one of ``hdm_best`` inside ``optax.chain(hdm_best(),
   optax.scale(0.5))``, which is at another point.
 
+  The returned function is compiled (``jax.jit``) once per structure of its
+  arguments: called in a Python loop it costs one dispatch, not a new
+  ``lax.cond`` each time. Create it once, outside the loop; ``args`` are
+  arrays (pytrees of arrays), passed to the compiled program.
+
   Args:
     fun: ``fun(params, *args) -> scalar`` (``-> (scalar, aux)`` with ``has_aux``).
     has_aux: as in ``jax.value_and_grad``; the aux output needs an evaluation,
       so the cache is never used with it.
 
   Returns:
-    ``value_and_grad(params, *args, state) -> (value, grad)``.
+    ``value_and_grad(params, *args, state) -> (value, grad)``, jitted.
 
   Examples:
     >>> import jax.numpy as jnp, optax, hdm_optax
@@ -151,4 +156,4 @@ def value_and_grad_from_state(
     fresh = jnp.isfinite(holder.value)
     return jax.lax.cond(fresh, lambda: (holder.value, holder.grad), lambda: evaluate(params, *args))
 
-  return value_and_grad
+  return jax.jit(value_and_grad)

@@ -39,7 +39,17 @@ from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver.results import Status
 from hdm_optax.pieces import box as box_lib
 
-__all__ = ("Limits", "Loop", "LoopState", "check_limits", "converged_status", "loop")
+__all__ = (
+  "Limits",
+  "Loop",
+  "LoopState",
+  "build",
+  "check_limits",
+  "check_tolerance",
+  "converged_status",
+  "loop",
+  "stopping_rule",
+)
 
 
 class LoopState(NamedTuple):
@@ -132,6 +142,34 @@ def _int_or_none(name, value, lower, never, fix):
   return jnp.asarray(int(v), jnp.int32)
 
 
+def check_tolerance(name: str, value: Any, meaning: str, fix: str) -> Any:
+  """Checks a gradient tolerance (``tol``, ``rtol``): a scalar >= 0; traced values pass.
+
+  Args:
+    name: the argument's name.
+    value: its value.
+    meaning: what it stops, for the message.
+    fix: an example of a valid value, for the message.
+
+  Returns:
+    ``value``.
+
+  Raises:
+    TypeError: ``value`` is not a number (a string, a bool, ``None``).
+    ValueError: ``value`` is not a scalar >= 0 (``nan``, negative, an array).
+  """
+  if isinstance(value, (str, bytes, bool)) or value is None:
+    raise TypeError(f"{name} must be a number >= 0 ({meaning}), got {value!r}; {fix}.")
+  if _concrete(value):
+    try:
+      t = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+      raise TypeError(f"{name} must be a number >= 0 ({meaning}), got {value!r}; {fix}.") from None
+    if t.ndim != 0 or not t >= 0:
+      raise ValueError(f"{name} must be a scalar >= 0 ({meaning}), got {value!r}; {fix}.")
+  return value
+
+
 def check_limits(
   *,
   tol: Any = 1e-4,
@@ -157,15 +195,12 @@ def check_limits(
     TypeError: ``tol`` is not a number.
     ValueError: a number out of its range, naming it and the fix.
   """
-  if isinstance(tol, (str, bytes, bool)) or tol is None:
-    raise TypeError(f"tol must be a number >= 0, got {tol!r}")
-  if _concrete(tol):
-    t = np.asarray(tol)
-    if t.ndim != 0 or not t >= 0:
-      raise ValueError(
-        f"tol must be a scalar >= 0 (the run stops once ||grad f||_inf <= tol), got {tol!r}; "
-        "pass e.g. tol=1e-6, or tol=0.0 to run to max_steps."
-      )
+  check_tolerance(
+    "tol",
+    tol,
+    "the run stops once ||grad f||_inf <= tol",
+    "pass e.g. tol=1e-6, or tol=0.0 to run to max_steps",
+  )
   never = np.iinfo(np.int32).max
   if min_value is None:
     min_value = -math.inf
@@ -334,7 +369,18 @@ def loop(
     max_null_steps=max_null_steps,
     min_value=min_value,
   )
-  fun_args = tuple(fun_args)
+  return build(optimizer, fun, tuple(fun_args), bool(has_aux), limits)
+
+
+def build(optimizer, fun, fun_args: tuple, has_aux: bool, limits: Limits) -> Loop:
+  """:func:`loop` from limits already checked (:func:`check_limits`): nothing is checked again."""
+  done, status = stopping_rule(limits)
+  start, update, step = _moves(optimizer, fun, fun_args, has_aux)
+  return Loop(start=start, update=update, step=step, done=done, status=status)
+
+
+def _moves(optimizer, fun, fun_args: tuple, has_aux: bool):
+  """The loop's ``start``, ``update`` and ``step`` (they do not depend on the limits)."""
 
   def fun_and_aux(params):
     return fun(params, *fun_args)
@@ -409,6 +455,19 @@ def loop(
       null_run=jnp.where(moved, 0, s.null_run + 1),
     )
 
+  return start, update, step
+
+
+def stopping_rule(limits: Limits):
+  """``(done, status)`` of :class:`Loop` for these limits (checked by :func:`check_limits`).
+
+  Args:
+    limits: the stopping rule's numbers; any of them may be traced.
+
+  Returns:
+    ``done(s) -> bool`` and ``status(s) -> int32``, as in :class:`Loop`.
+  """
+
   def conditions(s: LoopState):
     finite = jnp.isfinite(s.value) & jnp.isfinite(s.grad_norm)
     unbounded = finite & (s.value < jnp.asarray(limits.min_value, s.value.dtype))
@@ -425,4 +484,4 @@ def loop(
   def done(s: LoopState) -> jax.Array:
     return functools.reduce(jnp.logical_or, conditions(s))
 
-  return Loop(start=start, update=update, step=step, done=done, status=status)
+  return done, status

@@ -138,6 +138,8 @@ class SolveResult(NamedTuple):
       updates that left the iterate where it was).
     aux: with ``has_aux=True``, the auxiliary output of ``fun`` at ``params``;
       ``None`` otherwise.
+    tol: the threshold the run stopped at, max(tol, rtol ||grad f(x0)||_inf):
+      with ``rtol`` it is known only once x0 is evaluated (docs/pitfalls.md).
   """
 
   params: Any
@@ -152,6 +154,7 @@ class SolveResult(NamedTuple):
   trace: Trace
   null_run: jax.Array
   aux: Any = None
+  tol: Any = None
 
   @property
   def message(self) -> Union[str, list]:
@@ -189,9 +192,12 @@ class SweepResult(NamedTuple):
   """Result of :func:`hdm_optax.sweep`.
 
   Attributes:
-    points: the grid, a list of dicts (keyword -> value), in row-major order.
+    points: the grid, a list of dicts (keyword -> value), in row-major order;
+      with ``in_axes``, every grid point once per problem, each with its
+      ``"problem"`` index.
     results: a :class:`SolveResult` whose leaves have a leading axis of
-      length ``len(points)``.
+      length ``len(points)`` (its ``state`` a list of per-point states when a
+      setting, such as ``memory_size``, gives the points states of other shapes).
     best: index of the best point: fewest steps among the converged points,
       then lowest final value (among all points when none converged).
   """

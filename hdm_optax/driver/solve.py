@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
-import numbers
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import grid as grid_lib
 from hdm_optax.driver import loop as loop_lib
 from hdm_optax.driver import staging
 from hdm_optax.driver.results import SolveResult
@@ -29,13 +28,38 @@ def _check_max_steps(max_steps) -> int:
   return int(max_steps)
 
 
-def _new_trace(s: loop_lib.LoopState, max_steps: int) -> Trace:
-  size = [max_steps + 1]
+def _trace_size(max_steps: int) -> int:
+  """The trace's length in the compiled program: max_steps + 1 rounded up to a power of two.
+
+  ``max_steps`` itself is a traced value, so budgets that round up alike share one
+  program; the result's trace is cut to ``max_steps + 1`` outside it (:func:`_cut`).
+  """
+  return 1 << max_steps.bit_length()
+
+
+def _cut_trace(trace: Trace, size: int) -> Trace:
+  return jax.tree.map(lambda a: a[..., :size], trace)
+
+
+# One dispatch for the four arrays (eager slices cost 0.15 ms each on a CPU).
+_cut_trace_jit = jax.jit(_cut_trace, static_argnums=1)
+
+
+def _cut(result: SolveResult, max_steps: int) -> SolveResult:
+  """``result`` with its trace (last axis) cut to ``max_steps + 1`` entries."""
+  trace = result.trace
+  if trace.value.shape[-1] == max_steps + 1:
+    return result
+  cut = _cut_trace if _under_trace(trace) else _cut_trace_jit
+  return result._replace(trace=cut(trace, max_steps + 1))
+
+
+def _new_trace(s: loop_lib.LoopState, size: int) -> Trace:
   return Trace(
-    value=jnp.full(size, s.value),
-    grad_norm=jnp.full(size, s.grad_norm),
-    accepted=jnp.ones(size, bool),
-    grad_evals=jnp.ones(size, jnp.int32),
+    value=jnp.full([size], s.value),
+    grad_norm=jnp.full([size], s.grad_norm),
+    accepted=jnp.ones([size], bool),
+    grad_evals=jnp.ones([size], jnp.int32),
   )
 
 
@@ -48,7 +72,7 @@ def _record(trace: Trace, index, s: loop_lib.LoopState) -> Trace:
   )
 
 
-def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux) -> SolveResult:
+def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux, tol) -> SolveResult:
   # Freeze the tail of the trace at the final values.
   tail = jnp.arange(tr.value.shape[0], dtype=s.num_steps.dtype) > s.num_steps
   trace = Trace(
@@ -75,6 +99,7 @@ def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux) -> So
     trace=trace,
     null_run=s.null_run,
     aux=aux,
+    tol=tol,
   )
 
 
@@ -108,11 +133,6 @@ def _blocks(run, check_every, max_steps, body, carry):
   return jax.lax.cond(held, lambda: start, lambda: end)
 
 
-def _loop(optimizer, fun, max_steps, has_aux, fun_args, limits):
-  limits = limits._replace(max_steps=max_steps)
-  return loop_lib.loop(optimizer, fun, fun_args=fun_args, has_aux=has_aux, **limits._asdict())
-
-
 def _check_every(check_every) -> int:
   if (
     not isinstance(check_every, (int, np.integer))
@@ -123,25 +143,44 @@ def _check_every(check_every) -> int:
   return int(check_every)
 
 
-def _solve(
-  optimizer, fun, max_steps, has_aux, check_every, init_params, fun_args, limits, init_state, rtol
-):
-  s = _loop(optimizer, fun, max_steps, has_aux, fun_args, limits).start(init_params, init_state)
-  # The stopping threshold max(tol, rtol ||grad f(x0)||_inf), known once x0 is evaluated.
+def _check_rtol(rtol):
+  return loop_lib.check_tolerance(
+    "rtol",
+    rtol,
+    "the run stops once ||grad f||_inf <= rtol ||grad f(x0)||_inf",
+    "pass e.g. rtol=1e-6, or rtol=0.0 for tol alone",
+  )
+
+
+def _start(optimizer, fun, fun_args, has_aux, limits, rtol, init_params, init_state=None):
+  """The loop at its first point, its state there and its threshold.
+
+  The threshold is max(tol, rtol ||grad f(x0)||_inf), known once x0 is evaluated;
+  the loop's stopping rule is built with it.
+  """
+  run = loop_lib.build(optimizer, fun, fun_args, has_aux, limits)
+  s = run.start(init_params, init_state)
   norm0 = s.grad_norm
   tol = jnp.maximum(jnp.asarray(limits.tol, norm0.dtype), jnp.asarray(rtol, norm0.dtype) * norm0)
-  run = _loop(optimizer, fun, max_steps, has_aux, fun_args, limits._replace(tol=tol))
+  done, status = loop_lib.stopping_rule(limits._replace(tol=tol))
+  return run._replace(done=done, status=status), s, tol
+
+
+def _solve(
+  optimizer, fun, trace_size, has_aux, check_every, init_params, fun_args, limits, init_state, rtol
+):
+  run, s, tol = _start(optimizer, fun, fun_args, has_aux, limits, rtol, init_params, init_state)
 
   def body(carry):
     s, trace = carry
     s = run.step(s)
     return s, _record(trace, s.num_steps, s)
 
-  carry = (s, _new_trace(s, max_steps))
+  carry = (s, _new_trace(s, trace_size))
   if check_every > 1:
-    carry = _blocks(run, check_every, max_steps, body, carry)
+    carry = _blocks(run, check_every, limits.max_steps, body, carry)
   carry = jax.lax.while_loop(lambda c: ~run.done(c[0]), body, carry)
-  return _finish(run, *carry, fun, fun_args, has_aux)
+  return _finish(run, *carry, fun, fun_args, has_aux, tol)
 
 
 _solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2, 3, 4))
@@ -208,23 +247,41 @@ def solve(
   warning says to put the caching transformation last). See
   :func:`cache_at_params`.
 
-  ``solve`` is traceable: inside ``jax.jit``/``jax.vmap`` it traces inline,
-  so ``jax.jit(jax.vmap(lambda lr: solve(hdm_best(precond_lr=lr), ...)))``
-  compiles one program for a whole grid. Called outside a trace it compiles
-  once per (optimizer object, fun, max_steps, has_aux) and input shapes.
+  Called outside a trace, ``solve`` compiles once per configuration: the
+  program is cached on (optimizer, ``fun``, ``has_aux``, ``check_every``, the
+  trace's length) and the shapes and dtypes of ``init_params``, ``fun_args``
+  and ``init_state``. hdm_optax's factories return transformations equal to
+  every other one built with equal arguments (they carry their
+  ``configuration``: the factory and its arguments), so
+  ``solve(trial_lbfgs(), fun, x0, ...)`` in a loop over datasets compiles once,
+  while ``trial_lbfgs(memory_size=5)`` compiles its own program; other optax
+  transformations (``optax.adam(1e-3)``, ``optax.chain(...)``) are compared by
+  identity: build them once, outside the loop. The limits (``tol``, ``rtol``,
+  ``max_steps``, ``max_grad_evals``, ``max_null_steps``, ``min_value``) are
+  traced values: a new ``tol`` or budget reuses the program. The trace is the
+  one array whose length follows ``max_steps``: the program holds
+  ``max_steps + 1`` rounded up to a power of two entries (budgets of 513 to
+  1023 steps share one program) and the result is cut to ``max_steps + 1``.
+  Inside ``jax.jit``/``jax.vmap`` it traces inline, so
+  ``jax.jit(jax.vmap(lambda lr: solve(hdm_best(precond_lr=lr), ...)))``
+  compiles one program for a whole grid.
 
   Args:
     optimizer: an optax transformation.
     fun: the objective, ``fun(params, *fun_args) -> scalar`` of the params'
       dtype (``-> (scalar, aux)`` with ``has_aux``).
     init_params: x^1, any pytree of float arrays of one dtype.
-    max_steps: the number of updates allowed (static).
+    max_steps: the number of updates allowed (a Python int; traced, and it
+      sets the trace's length as above).
     tol: stop when ||grad f||_inf <= tol (>= 0; 0 runs to the other limits).
     rtol: also stop when ||grad f||_inf <= rtol ||grad f(x0)||_inf (>= 0; 0,
-      the default, leaves ``tol`` alone). In float32 the gradient of a sum of
-      many terms is itself rounded to about 1e-7 of its terms, so an absolute
-      ``tol`` can be out of reach; ``rtol=1e-5`` (about 100 eps of float32)
-      is what the benchmark's float32 suites add (docs/pitfalls.md).
+      the default, leaves ``tol`` alone): a reduction by a factor from x0. The
+      threshold follows ||grad f(x0)||_inf, which grows with the number of
+      terms of f: ``rtol=1e-5`` stopped a float32 logistic regression of 2,000
+      samples at 3.5e-3, 35 times the default ``tol``, which float32 reached
+      there. :attr:`SolveResult.tol` is the threshold a run used;
+      docs/pitfalls.md says when ``rtol`` helps (a float32 run whose gradient
+      cannot get below ``tol``).
     init_state: resume from this optimizer state instead of ``optimizer.init``.
     fun_args: extra arguments of ``fun`` (e.g. the data).
     max_grad_evals: also stop before an update once this many gradient
@@ -285,23 +342,17 @@ def solve(
   limits = loop_lib.check_limits(
     tol=tol, max_grad_evals=max_grad_evals, max_null_steps=max_null_steps, min_value=min_value
   )
-  try:
-    loop_lib.check_limits(tol=rtol)
-  except (TypeError, ValueError):
-    error = TypeError if isinstance(rtol, (str, bytes, bool)) or rtol is None else ValueError
-    raise error(
-      f"rtol must be a scalar >= 0 (the run stops once ||grad f||_inf <= rtol "
-      f"||grad f(x0)||_inf), got {rtol!r}; pass e.g. rtol=1e-5, or rtol=0.0 for tol alone."
-    ) from None
+  limits = limits._replace(max_steps=jnp.asarray(max_steps, jnp.int32))
+  _check_rtol(rtol)
   fun_args = tuple(fun_args)
   _common.params_dtype(init_params)
   check_every = _check_every(check_every)
   traced = _under_trace(init_params, fun_args, tol, rtol, init_state)
   solve_fn = _solve if traced else _solve_jit
-  return solve_fn(
+  result = solve_fn(
     optimizer,
     fun,
-    max_steps,
+    _trace_size(max_steps),
     bool(has_aux),
     check_every,
     init_params,
@@ -310,74 +361,73 @@ def solve(
     init_state,
     rtol,
   )
+  return _cut(result, max_steps)
 
 
 def _sweep(
   make_optimizer,
   fun,
-  max_steps,
+  trace_size,
   has_aux,
   stop_at_first,
   sizes,
-  columns,
-  init_params,
-  fun_args,
+  layout,
+  points,
+  mapped,
+  fixed,
   limits,
+  rtol,
 ):
-  def run(point):
-    return _loop(make_optimizer(**point), fun, max_steps, has_aux, fun_args, limits)
+  def problem(point):
+    columns, _, params, args = point
+    return columns, layout.params(params, fixed[0]), layout.args(args, fixed[1])
+
+  def run(point, tol):
+    columns, _, args = problem(point)
+    limited = limits._replace(tol=tol)
+    return loop_lib.build(make_optimizer(**columns), fun, args, has_aux, limited)
+
+  def start(point):
+    columns, params, args = problem(point)
+    _, s, tol = _start(make_optimizer(**columns), fun, args, has_aux, limits, rtol, params)
+    return s, tol
 
   def active(batch):
-    columns, s, _ = batch
-    return jax.vmap(lambda point, s: ~run(point).done(s))(columns, s)
+    points, tols, s, _ = batch
+    return jax.vmap(lambda p, tol, s: ~run(p, tol).done(s))(points, tols, s)
 
   def advance(batch, t):
     # Points that are done stay frozen (as in a vmapped while_loop); the active
     # ones have made t - 1 steps, so their entry t is step k + 1.
-    columns, s, trace = batch
-    keep = active(batch)
-    s = jax.vmap(optax.tree.where)(keep, jax.vmap(lambda p, s: run(p).step(s))(columns, s), s)
+    points, tols, s, trace = batch
+    moved = jax.vmap(lambda p, tol, s: run(p, tol).step(s))(points, tols, s)
+    s = jax.vmap(optax.tree.where)(active(batch), moved, s)
     trace = jax.vmap(lambda tr, s: _record(tr, t, s))(trace, s)
-    return columns, s, trace
+    return points, tols, s, trace
 
   def stop(batch):
     if not stop_at_first:
       return jnp.asarray(False)
-    columns, s, _ = batch
-    done = lambda p, s: run(p).status(s) == loop_lib.converged_status(s.opt_state)
-    return jnp.any(jax.vmap(done)(columns, s))
+    points, tols, s, _ = batch
+    converged = lambda p, tol, s: run(p, tol).status(s) == loop_lib.converged_status(s.opt_state)
+    return jnp.any(jax.vmap(converged)(points, tols, s))
 
-  s = jax.vmap(lambda point: run(point).start(init_params))(columns)
-  trace = jax.vmap(lambda s: _new_trace(s, max_steps))(s)
-  batch = staging.run_in_stages(
-    sizes, (columns, s, trace), active=active, advance=advance, stop=stop
-  )
-  _, s, trace = batch
-  return jax.vmap(lambda p, s, tr: _finish(run(p), s, tr, fun, fun_args, has_aux))(
-    columns, s, trace
-  )
+  def finish(point, tol, s, trace):
+    _, _, args = problem(point)
+    return _finish(run(point, tol), s, trace, fun, args, has_aux, tol)
+
+  columns, ids = points
+  # Each point's problem data, gathered once (its own copy of the mapped leaves); the
+  # problem ids keep the batch non-empty when nothing else is mapped.
+  points = (columns, ids, [a[ids] for a in mapped[0]], [a[ids] for a in mapped[1]])
+  s, tols = jax.vmap(start)(points)
+  trace = jax.vmap(lambda s: _new_trace(s, trace_size))(s)
+  batch = (points, tols, s, trace)
+  batch = staging.run_in_stages(sizes, batch, active=active, advance=advance, stop=stop)
+  return jax.vmap(finish)(*batch)
 
 
-_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4, 5))
-
-
-def _grid_column(name, values, float_dtype):
-  """One grid column as an array: numbers of a float grid in the params' dtype.
-
-  Booleans and integers keep their dtype (so they can be swept, e.g. a number
-  of steps or an on/off switch); Python floats take the params' dtype (no
-  silent promotion of float32 runs); arrays with a dtype keep it.
-  """
-  if all(isinstance(v, (bool, np.bool_)) for v in values):
-    return jnp.asarray(values, bool)
-  if all(isinstance(v, (numbers.Integral, np.integer)) for v in values):
-    return jnp.asarray(values)
-  if all(isinstance(v, numbers.Real) and not hasattr(v, "dtype") for v in values):
-    return jnp.asarray(values, float_dtype)
-  column = jnp.asarray(values)
-  if column.ndim != 1:
-    raise ValueError(f"grid values of {name!r} must be scalars, got shape {column.shape[1:]}")
-  return column
+_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4, 5, 6))
 
 
 def sweep(
@@ -388,7 +438,9 @@ def sweep(
   *,
   max_steps: int,
   tol: Any = 1e-4,
+  rtol: Any = 0.0,
   fun_args: Sequence[Any] = (),
+  in_axes: Any = (None, None),
   max_grad_evals: Optional[int] = None,
   max_null_steps: Optional[int] = DEFAULT_MAX_NULL_STEPS,
   min_value: Optional[float] = -1e20,
@@ -409,22 +461,35 @@ def sweep(
   batch (large data); on small problems per-step overhead dominates. The
   results are those of the lockstep sweep up to rounding (another compiled
   program). The compiled program is cached on (``make_optimizer``, ``fun``,
-  ``max_steps``) and the shapes and dtypes, so a module-level
-  ``make_optimizer`` reused across problems of the same shapes compiles once;
-  pass problem constants (such as L) as grid columns rather than closing over
-  them.
+  the trace's length as in :func:`solve`) and the shapes and dtypes, so a
+  module-level ``make_optimizer`` (a factory such as ``hdm_optax.hdm_best``)
+  reused across problems of the same shapes compiles once, whatever the
+  limits; pass problem constants (such as L) as grid columns or ``fun_args``
+  rather than closing over them.
 
   Args:
     make_optimizer: ``make_optimizer(**point)`` builds the optimizer; grid
       values arrive as traced scalars: Python floats in the params' dtype,
-      integers and booleans in their own dtype, arrays in theirs.
+      integers and booleans in their own dtype, arrays in theirs. A setting
+      the optimizer cannot be built from as a traced value (a string, or an
+      integer that sizes the state, as ``trial_lbfgs``'s ``memory_size``)
+      arrives as its Python value, one compiled program per value; the
+      results come back in the grid's order (``results.state`` is then a
+      list of per-point states where their shapes differ).
     grid: keyword -> list of values (the grid is their Cartesian product, in
       row-major order), or an explicit list of points (dicts with the same keys).
     fun: the objective, as in :func:`solve`.
-    init_params: the common starting point.
+    init_params: the starting point (of every problem, unless ``in_axes`` maps it).
     max_steps: as in :func:`solve`.
     tol: as in :func:`solve`.
+    rtol: as in :func:`solve`, from each point's own ||grad f(x0)||_inf.
     fun_args: as in :func:`solve`.
+    in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s ``in_axes``
+      for ``init_params`` and ``fun_args``: an int, ``None`` or a pytree prefix
+      per argument. Mapped axes (of one size B) make B problems, and every grid
+      point runs on every problem: ``len(points) == len(grid) * B``, grid-major,
+      each point with its ``"problem"`` index. Each point gets its own copy of
+      the mapped leaves. Default: one problem.
     max_grad_evals: as in :func:`solve`.
     max_null_steps: as in :func:`solve`.
     min_value: as in :func:`solve`.
@@ -446,32 +511,30 @@ def sweep(
     >>> len(out.points), out.results.num_steps.shape
     (4, (4,))
   """
-  if isinstance(grid, Mapping):
-    names = list(grid)
-    points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
-  else:
-    points = [dict(p) for p in grid]
-    names = list(points[0]) if points else []
-    if any(set(p) != set(names) for p in points):
-      raise ValueError("every grid point must have the same keys")
-  if not points:
-    raise ValueError("grid is empty")
+  names, points = grid_lib.grid_points(grid)
   max_steps = _check_max_steps(max_steps)
   limits = loop_lib.check_limits(
     tol=tol, max_grad_evals=max_grad_evals, max_null_steps=max_null_steps, min_value=min_value
   )
+  limits = limits._replace(max_steps=jnp.asarray(max_steps, jnp.int32))
+  _check_rtol(rtol)
   dtype = _common.params_dtype(init_params)
-  columns = {n: _grid_column(n, [p[n] for p in points], dtype) for n in names}
-  results = _sweep_jit(
-    make_optimizer,
-    fun,
-    max_steps,
-    bool(has_aux),
-    bool(stop_at_first_converged),
-    staging.stage_sizes(len(points), bool(compact)),
-    columns,
-    init_params,
-    tuple(fun_args),
-    limits,
-  )
+  problems = grid_lib.problems(init_params, tuple(fun_args), in_axes)
+  if stop_at_first_converged and problems.count > 1:
+    raise ValueError(
+      "stop_at_first_converged stops every point once one converged, but with in_axes the "
+      f"points solve {problems.count} different problems; sweep one problem at a time, or "
+      "drop stop_at_first_converged."
+    )
+  first = problems.layout.params([a[0] for a in problems.mapped[0]], problems.fixed[0])
+  static = grid_lib.static_names(make_optimizer, names, points, first, dtype)
+  points, ids = grid_lib.expand(points, problems.count)
+  common = (fun, _trace_size(max_steps), bool(has_aux), bool(stop_at_first_converged))
+  results = []
+  for indices, make, columns in grid_lib.programs(make_optimizer, names, points, static, dtype):
+    sizes = staging.stage_sizes(len(indices), bool(compact))
+    batch = (columns, jnp.asarray(ids[indices]))
+    data = (problems.layout, batch, problems.mapped, problems.fixed, limits, rtol)
+    results.append((indices, _sweep_jit(make, *common, sizes, *data)))
+  results = _cut(grid_lib.combine(results, len(points)), max_steps)
   return SweepResult(points=points, results=results, best=best_index(results))

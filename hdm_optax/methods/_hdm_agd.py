@@ -41,6 +41,7 @@ class HDMAGDState(NamedTuple):
   info: _common.HDMInfo
 
 
+@_common.configured
 def hdm_agd(
   *,
   lipschitz: Any,
@@ -172,6 +173,7 @@ def hdm_agd(
     )
     return precond, learner_state, hypergrad
 
+  @_common.track_point("hdm_agd")
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(

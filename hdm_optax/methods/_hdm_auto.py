@@ -19,6 +19,7 @@ from hdm_optax.pieces import learners as learners_lib
 _MIN_PRECOND = 1e-30
 
 
+@_common.configured
 def hdm_auto(
   *,
   precond_lr: Any = 0.5,

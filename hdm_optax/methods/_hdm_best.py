@@ -27,6 +27,7 @@ DEFAULT_MOMENTUM_LR = 1.0
 _ADAGRAD_EPS = 1e-12
 
 
+@_common.configured
 def hdm_best(
   *,
   lipschitz: Optional[Any] = None,

@@ -16,6 +16,7 @@ from hdm_optax.pieces import iteration as iteration_lib
 from hdm_optax.pieces import step_control as step_control_lib
 
 
+@_common.configured
 def hdm_hb(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",

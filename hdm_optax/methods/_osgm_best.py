@@ -17,6 +17,7 @@ from hdm_optax.pieces import backtracking as backtracking_lib
 from hdm_optax.pieces import decay as decay_lib
 
 
+@_common.configured
 def osgm_best(
   *,
   seed: int = 0,

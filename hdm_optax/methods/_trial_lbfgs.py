@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import optax
 
+from hdm_optax import _common
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import iteration as iteration_lib
 from hdm_optax.pieces import directions as directions_lib
@@ -14,6 +15,7 @@ from hdm_optax.pieces import step_control as step_control_lib
 __all__ = ("trial_lbfgs",)
 
 
+@_common.configured
 def trial_lbfgs(
   memory_size: int = 10,
   *,

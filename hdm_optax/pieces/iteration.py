@@ -242,6 +242,7 @@ def iteration(
       control=step_control.init(dtype),
     )
 
+  @_common.track_point(name)
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
     value, grad = _common.require_oracle(

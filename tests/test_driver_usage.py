@@ -1,0 +1,327 @@
+"""The driver as users use it (issue 29): compile once per configuration, own loops that
+cannot go silently wrong, sweeps over problem data, rtol's threshold, limits checked once."""
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import hdm_optax
+from helpers import Compilations, logistic, logistic_problem, python_blocks
+from hdm_optax.driver import loop as loop_lib
+from hdm_optax.driver import solve as solve_lib
+
+PROBLEM = logistic_problem(3, m=30, n=5)
+ARGS = (PROBLEM.a, PROBLEM.y)
+
+# (factory, the arguments a user gives, another configuration)
+FACTORIES = [
+  (hdm_optax.hdm, {}, dict(precond_lr=0.3)),
+  (hdm_optax.hdm_hb, {}, dict(precond_lr=0.3)),
+  (hdm_optax.hdm_agd, dict(lipschitz=PROBLEM.lip), dict(lipschitz=PROBLEM.lip, theta=0.5)),
+  (hdm_optax.hdm_best, dict(lipschitz=PROBLEM.lip), dict(lipschitz=PROBLEM.lip, precond_lr=0.1)),
+  (hdm_optax.hdm_auto, {}, dict(seed=1)),
+  (hdm_optax.osgm_best, {}, dict(seed=1)),
+  (hdm_optax.trial_lbfgs, {}, dict(memory_size=5)),
+]
+IDS = [f.__name__ for f, _, _ in FACTORIES]
+
+
+def _cache_size():
+  return solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+
+
+# ---------------------------------------------------------------------------
+# 1. One compiled program per configuration; limits are traced
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory, base, other", FACTORIES, ids=IDS)
+def test_factories_carry_their_configuration(factory, base, other):
+  assert factory(**base) == factory(**base) and hash(factory(**base)) == hash(factory(**base))
+  assert factory(**other) == factory(**other) and factory(**other) != factory(**base)
+  assert factory.__name__ in repr(factory(**other))
+  # An array argument is its own configuration (compared by identity).
+  if factory is hdm_optax.hdm_best:
+    lip = jnp.asarray(PROBLEM.lip)
+    assert factory(lipschitz=lip) == factory(lipschitz=lip)
+    assert factory(lipschitz=lip) != factory(lipschitz=jnp.asarray(PROBLEM.lip))
+
+
+def test_a_fresh_optimizer_with_equal_arguments_reuses_the_program():
+  before = _cache_size()
+  for seed in range(3):  # three datasets of one shape, the optimizer built inline
+    data = logistic_problem(seed, m=30, n=5)
+    res = hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), logistic, data.x0, max_steps=80, fun_args=data[:2]
+    )
+    assert bool(res.converged)
+  assert _cache_size() == before + 1
+  hdm_optax.solve(
+    hdm_optax.trial_lbfgs(memory_size=4), logistic, PROBLEM.x0, max_steps=50, fun_args=ARGS
+  )
+  assert _cache_size() == before + 2
+
+
+def test_budgets_and_tolerances_are_traced():
+  opt = hdm_optax.hdm_auto(seed=2)
+  run = lambda **kw: hdm_optax.solve(opt, logistic, PROBLEM.x0, fun_args=ARGS, **kw)
+  before = _cache_size()
+  results = [
+    run(max_steps=600, tol=1e-6),
+    run(max_steps=700, tol=1e-8, rtol=1e-3),
+    run(max_steps=1000, tol=0.0, max_grad_evals=40, max_null_steps=50, min_value=-1.0),
+  ]
+  assert _cache_size() == before + 1  # 601 to 1001 entries: one trace length, 1024
+  for res, steps in zip(results, (600, 700, 1000)):
+    assert res.trace.value.shape == (steps + 1,) and res.trace.grad_evals.shape == (steps + 1,)
+  assert 40 <= int(results[2].num_grad_evals) <= 41
+  assert hdm_optax.Status(int(results[2].status)) == hdm_optax.Status.MAX_STEPS
+  # The same trajectory as a program of the exact trace length (solve traced inline).
+  inline = jax.jit(
+    lambda x: hdm_optax.solve(opt, logistic, x, max_steps=600, tol=1e-6, fun_args=ARGS)
+  )
+  exact = inline(PROBLEM.x0)
+  assert int(exact.num_steps) == int(results[0].num_steps)
+  np.testing.assert_array_equal(exact.trace.value, results[0].trace.value)
+  run(max_steps=1100)  # another power of two
+  assert _cache_size() == before + 2
+
+
+def test_solve_checks_its_limits_once(monkeypatch):
+  calls = []
+  check = loop_lib.check_limits
+  builds = []
+  build = loop_lib.build if hasattr(loop_lib, "build") else None
+
+  def counted_check(**kw):
+    calls.append(kw)
+    return check(**kw)
+
+  monkeypatch.setattr(loop_lib, "check_limits", counted_check)
+  if build is not None:
+    monkeypatch.setattr(loop_lib, "build", lambda *a: builds.append(1) or build(*a))
+  opt = hdm_optax.hdm(precond_lr=0.123)  # a new configuration: traced here
+  hdm_optax.solve(opt, logistic, PROBLEM.x0, max_steps=20, tol=1e-5, rtol=1e-3, fun_args=ARGS)
+  assert len(calls) == 1 and builds == [1]
+
+
+# ---------------------------------------------------------------------------
+# 2. Own loops compile once
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_value_and_grad_from_state_compiles_once_in_a_python_loop(chained):
+  opt = hdm_optax.hdm_best(lipschitz=PROBLEM.lip)  # its cache is used: a lax.cond
+  opt = optax.chain(opt, optax.scale(0.5)) if chained else opt  # its cache is not
+  fun = lambda w: logistic(w, *ARGS)
+  value_and_grad = hdm_optax.value_and_grad_from_state(fun)
+  update = jax.jit(opt.update, static_argnames="value_fn")
+  x, state = PROBLEM.x0, opt.init(PROBLEM.x0)
+  counts = []
+  with Compilations() as compiled:
+    for _ in range(6):
+      value, grad = value_and_grad(x, state=state)
+      updates, state = update(grad, state, x, value=value, grad=grad, value_fn=fun)
+      x = optax.apply_updates(x, updates)
+      counts.append(compiled.count)
+  assert counts[1] == counts[-1], counts
+  np.testing.assert_allclose(value_and_grad(x, state=state)[0], fun(x), rtol=1e-12)
+
+
+def _compilations_per_iteration(page: str) -> list:
+  """Runs the first python block of ``page``; the compilation count at each start of its loop."""
+  block = python_blocks(page)[0]
+  header = re.search(r"^for \w+ in range\(\d+\):.*\n", block, re.M)
+  assert header, f"the first block of {page} has a loop"
+  marked = block.replace(header.group(0), header.group(0) + "  _mark()\n", 1)
+  counts = []
+  with Compilations() as compiled:
+    namespace = {"_mark": lambda: counts.append(compiled.count)}
+    exec(compile(marked, page, "exec"), namespace)  # pylint: disable=exec-used
+  return counts
+
+
+@pytest.mark.parametrize("page", ["docs/guide.md", "README.md"])
+def test_the_first_loop_as_written_compiles_once(page):
+  """The guide's own optax loop and README's solve over datasets: nothing compiles after
+  the first iteration."""
+  counts = _compilations_per_iteration(page)
+  assert len(counts) >= 3 and counts[1] == counts[-1], counts
+
+
+# ---------------------------------------------------------------------------
+# 3. A stale cache is flagged (and warned of outside jit)
+# ---------------------------------------------------------------------------
+
+
+def _own_loop(opt, value_and_grad, fun, x, steps, jit):
+  def update(grad, state, x, value):  # grad once, as hdm_agd asks (one tracer under jit)
+    return opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+
+  update = jax.jit(update) if jit else update
+  state = opt.init(x)
+  for _ in range(steps):
+    value, grad = value_and_grad(x, state=state)
+    updates, state = update(grad, state, x, value)
+    x = optax.apply_updates(x, updates)
+  return x, state
+
+
+def _stale(state) -> int:
+  return sum(int(v) for _, v in optax.tree.get_all_with_path(state, "num_stale_updates"))
+
+
+@pytest.mark.parametrize("factory, base, _", FACTORIES, ids=IDS)
+def test_a_chain_after_the_method_with_optax_cache_is_flagged(factory, base, _):
+  fun = lambda w: logistic(w, *ARGS)
+  opt = optax.chain(factory(**base), optax.scale(0.5))
+  with pytest.warns(UserWarning, match="other than the point where it cached"):
+    _, state = _own_loop(opt, optax.value_and_grad_from_state(fun), fun, PROBLEM.x0, 25, jit=False)
+  assert _stale(state) >= 1
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    _, state = _own_loop(opt, optax.value_and_grad_from_state(fun), fun, PROBLEM.x0, 25, jit=True)
+  assert _stale(state) >= 1  # compiled: the flag, no warning
+
+
+@pytest.mark.parametrize("factory, base, _", FACTORIES, ids=IDS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_correct_loops_are_never_flagged(factory, base, _, dtype):
+  """The method last with optax's cache, a chain with hdm_optax's, and solve: no count."""
+  a, y = (jnp.asarray(v, dtype) for v in ARGS)
+  fun = lambda w: logistic(w, a, y)
+  x0 = jnp.asarray(PROBLEM.x0, dtype) + 3.0  # away from 0, where the check is tightest
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    opt = factory(**base)
+    _, state = _own_loop(opt, optax.value_and_grad_from_state(fun), fun, x0, 60, jit=True)
+    assert _stale(state) == 0
+    chain = optax.chain(opt, optax.scale(0.5))
+    _, state = _own_loop(chain, hdm_optax.value_and_grad_from_state(fun), fun, x0, 30, jit=True)
+    assert _stale(state) == 0
+  res = hdm_optax.solve(opt, logistic, x0, max_steps=200, tol=0.0, fun_args=(a, y))
+  assert _stale(res.state) == 0
+
+
+def test_no_false_alarm_on_a_large_float32_pytree():
+  """n = 2e5 in two leaves, x far from 0 and steps that cancel entries: still no count."""
+  rng = np.random.default_rng(0)
+  target = {
+    "w": jnp.asarray(rng.normal(size=(400, 250)), jnp.float32),
+    "b": jnp.zeros(100000, jnp.float32),
+  }
+  fun = lambda p: sum(jnp.sum((p[k] - target[k]) ** 2 * (1.0 + 0.5 * jnp.cos(p[k]))) for k in p)
+  x0 = {"w": jnp.full((400, 250), 10.0, jnp.float32), "b": jnp.full(100000, -7.0, jnp.float32)}
+  for opt in (hdm_optax.trial_lbfgs(), hdm_optax.hdm_auto()):
+    _, state = _own_loop(opt, optax.value_and_grad_from_state(fun), fun, x0, 40, jit=True)
+    assert _stale(state) == 0
+
+
+# ---------------------------------------------------------------------------
+# 4. sweep: problem data, shape-fixing settings, rtol
+# ---------------------------------------------------------------------------
+
+
+def ridge(w, a, y, lam):
+  return 0.5 * jnp.sum((a @ w - y) ** 2) + 0.5 * lam * jnp.sum(w**2)
+
+
+def test_sweep_over_an_axis_of_fun_args_and_x0():
+  rng = np.random.default_rng(1)
+  a, y = jnp.asarray(rng.normal(size=(20, 4))), jnp.asarray(rng.normal(size=20))
+  lams = jnp.asarray([0.01, 0.1, 1.0])
+  x0s = jnp.asarray(rng.normal(size=(3, 4)))
+  out = hdm_optax.sweep(
+    lambda memory_size: hdm_optax.trial_lbfgs(memory_size),
+    {"memory_size": [3, 6]},
+    ridge,
+    x0s,
+    max_steps=80,
+    tol=1e-8,
+    fun_args=(a, y, lams),
+    in_axes=(0, (None, None, 0)),
+  )
+  assert len(out.points) == 6 and out.results.num_steps.shape == (6,)
+  for i, point in enumerate(out.points):
+    b = point["problem"]
+    res = hdm_optax.solve(
+      hdm_optax.trial_lbfgs(point["memory_size"]),
+      ridge,
+      x0s[b],
+      max_steps=80,
+      tol=1e-8,
+      fun_args=(a, y, lams[b]),
+    )
+    assert int(out.results.num_steps[i]) == int(res.num_steps)
+    np.testing.assert_allclose(out.results.params[i], res.params, rtol=1e-9, atol=1e-12)
+    assert out.results.state[i].memory.s.shape[0] == point["memory_size"]
+  exact = jnp.linalg.solve(a.T @ a + lams[2] * jnp.eye(4), a.T @ y)
+  np.testing.assert_allclose(out.results.params[5], exact, rtol=1e-6)
+
+
+def test_a_shape_setting_gets_a_program_of_its_own():
+  fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x**2)
+  out = hdm_optax.sweep(
+    hdm_optax.trial_lbfgs, {"memory_size": [5, 10, 20]}, fun, jnp.ones(3), max_steps=60
+  )
+  assert [p["memory_size"] for p in out.points] == [5, 10, 20]
+  assert bool(jnp.all(out.results.converged))
+  assert [int(s.memory.s.shape[0]) for s in out.results.state] == [5, 10, 20]
+
+
+def test_sweep_rtol_is_solves():
+  kw = dict(max_steps=300, tol=0.0, rtol=1e-3, fun_args=ARGS)
+  out = hdm_optax.sweep(hdm_optax.hdm, {"precond_lr": [0.1, 0.3]}, logistic, PROBLEM.x0, **kw)
+  for i, lr in enumerate([0.1, 0.3]):
+    res = hdm_optax.solve(hdm_optax.hdm(precond_lr=lr), logistic, PROBLEM.x0, **kw)
+    assert int(res.num_steps) == int(out.results.num_steps[i])
+    assert float(res.tol) == float(out.results.tol[i])
+
+
+def test_sweep_refuses_bad_problem_axes():
+  fun = lambda x, lam: lam * jnp.sum(x**2)
+  make = lambda precond_lr: hdm_optax.hdm(precond_lr=precond_lr)
+  kw = dict(max_steps=5, fun_args=(jnp.ones(3),))
+  with pytest.raises(ValueError, match="one size"):
+    hdm_optax.sweep(make, {"precond_lr": [0.1]}, fun, jnp.ones((2, 3)), in_axes=(0, 0), **kw)
+  with pytest.raises(ValueError, match="in_axes must be a pair"):
+    hdm_optax.sweep(make, {"precond_lr": [0.1]}, fun, jnp.ones(3), in_axes=0, **kw)
+  with pytest.raises(ValueError, match="stop_at_first_converged"):
+    hdm_optax.sweep(
+      make,
+      {"precond_lr": [0.1]},
+      fun,
+      jnp.ones(3),
+      in_axes=(None, 0),
+      stop_at_first_converged=True,
+      **kw,
+    )
+
+
+# ---------------------------------------------------------------------------
+# 5. rtol's threshold is reported
+# ---------------------------------------------------------------------------
+
+
+def test_the_threshold_is_reported():
+  rng = np.random.default_rng(0)
+  a = rng.normal(size=(2000, 20))
+  y = jnp.asarray(np.sign(a @ rng.normal(size=20) + 0.5 * rng.normal(size=2000)), jnp.float32)
+  a, w0 = jnp.asarray(a, jnp.float32), jnp.zeros(20, jnp.float32)
+  g0 = float(jnp.max(jnp.abs(jax.grad(logistic)(w0, a, y))))
+  res = hdm_optax.solve(
+    hdm_optax.trial_lbfgs(), logistic, w0, max_steps=200, rtol=1e-5, fun_args=(a, y)
+  )
+  assert res.tol.dtype == jnp.float32
+  np.testing.assert_allclose(float(res.tol), max(1e-4, 1e-5 * g0), rtol=1e-6)
+  # f sums 2000 terms, ||grad f(x0)||_inf = 350: rtol=1e-5 stops 35 times above tol, which
+  # float32 reaches here (docs/pitfalls.md).
+  assert float(res.tol) > 30 * 1e-4 and float(res.grad_norm) > 1e-4
+  plain = hdm_optax.solve(hdm_optax.trial_lbfgs(), logistic, w0, max_steps=200, fun_args=(a, y))
+  assert float(plain.tol) == np.float32(1e-4) and bool(plain.converged)
