@@ -88,11 +88,12 @@ def run(solver, inst: protocol.Instance, budget: int = BUDGET, starts=None) -> l
 
 
 def _rows(out, names, inst, budget, compile_s, run_s, end, labels=None) -> list[Row]:
-  """One row per entry of ``out`` (starts, or grid points from the first start)."""
+  """One row per entry of ``out``: the starts of ``inst``, or (with ``labels``) the points
+  of a grid, all from its first start."""
   rows = []
   for i, name in enumerate(names):
     value, grad_inf = float(out["value"][i]), float(out["grad_inf"][i])
-    calls, start = int(out["grad_calls"][i]), min(i, len(inst.seeds) - 1) if labels is None else 0
+    calls, start = int(out["grad_calls"][i]), 0 if labels else i
     solved, status = protocol.outcome(value, grad_inf, calls, float(inst.tol[start]), budget)
     if "outside" in out and float(out["outside"][i]) > 0:
       solved, status = False, f"outside the box by {float(out['outside'][i]):.3g}"
