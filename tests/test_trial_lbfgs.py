@@ -166,7 +166,7 @@ def test_two_loop_is_the_recursion_where_n_is_at_most_m():
     got = np.asarray(two_loop(mem, gamma, g))
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * np.max(np.abs(want)))
     checked += 1
-  assert checked > 50
+  assert checked >= 20  # JENSMP takes about 30 updates with two or more pairs
 
 
 def test_pair_products_sum_over_leaves():

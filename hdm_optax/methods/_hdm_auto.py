@@ -7,7 +7,9 @@ from typing import Any
 import optax
 
 from hdm_optax import _common
+from hdm_optax.pieces import iteration as iteration_lib
 from hdm_optax.pieces import momentum as momentum_lib
+from hdm_optax.pieces import step_control as step_control_lib
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
@@ -76,7 +78,7 @@ def hdm_auto(
   updates are the probes (each evaluates the oracle at :math:`x + \delta d_i`
   and leaves x in place; the last sets P_1), every later one an iteration.
   Probe and iteration share one traced body (no ``lax.cond`` over the state).
-  A configuration of :func:`hdm_optax.momentum_lib.momentum_hdm`.
+  A configuration of :func:`hdm_optax.pieces.momentum.momentum_direction`.
 
   Args:
     precond_lr: eta, the step of log P.
@@ -124,15 +126,19 @@ def hdm_auto(
     c = lambda x: _common.cast(x, lip.dtype)
     return c(precond_lr), c(_MIN_PRECOND), c(1e10) / lip
 
-  return momentum_lib.momentum_hdm(
-    "hdm_auto",
+  direction = momentum_lib.momentum_direction(
     learner=momentum_lib.log_space(learners_lib.decayed_adagrad(precond_decay, _MIN_PRECOND)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
-    acceptance=acceptance_lib.resolved_decrease(),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
     null_action=momentum_lib.shrink(null_shrink, _MIN_PRECOND),
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
     precond_from_probe=True,
+  )
+  return iteration_lib.iteration(
+    "hdm_auto",
+    direction,
+    acceptance=acceptance_lib.resolved_decrease(),
+    step_control=step_control_lib.damping(),
   )

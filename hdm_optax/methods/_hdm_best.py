@@ -13,7 +13,9 @@ from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
 from hdm_optax.pieces import learners as learners_lib
+from hdm_optax.pieces import iteration as iteration_lib
 from hdm_optax.pieces import momentum as momentum_lib
+from hdm_optax.pieces import step_control as step_control_lib
 
 # The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR:
 # of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}),
@@ -105,7 +107,7 @@ def hdm_best(
     first iteration would otherwise evaluate f at x^1 itself.
 
   Each update costs one value-and-gradient call. A configuration of
-  :func:`hdm_optax.pieces.momentum.momentum_hdm` (the additive AdaGrad
+  :func:`hdm_optax.pieces.momentum.momentum_direction` (the additive AdaGrad
   learner, the L-relative bound, null steps that keep P).
 
   Args:
@@ -185,12 +187,10 @@ def hdm_best(
     return eta_p, 0.0, _common.cast(precond_max_times_lipschitz, lip.dtype) / lip
 
   momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
-  return momentum_lib.momentum_hdm(
-    "hdm_best",
+  direction = momentum_lib.momentum_direction(
     learner=momentum_lib.additive(learners_lib.adagrad(_ADAGRAD_EPS)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
-    acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,
     denominator=hypergradient_lib.curvature_tau() if denominator is None else denominator,
     curvature_estimate=(
       curvature_lib.running_mean() if curvature_estimate is None else curvature_estimate
@@ -202,6 +202,12 @@ def hdm_best(
     init_momentum=init_momentum,
     momentum_bounds=(momentum_lo, momentum_hi),
     adagrad_eps=_ADAGRAD_EPS,
+  )
+  return iteration_lib.iteration(
+    "hdm_best",
+    direction,
+    acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,
+    step_control=step_control_lib.damping(),
   )
 
 

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax.pieces import iteration as iteration_lib
 from hdm_optax.pieces import momentum as momentum_lib
+from hdm_optax.pieces import step_control as step_control_lib
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
@@ -70,7 +72,7 @@ def osgm_best(
     :func:`hdm_optax.pieces.backtracking.gated_lookahead`) replaces x^+ by the point
     it finds before the acceptance test.
 
-  A configuration of :func:`hdm_optax.pieces.momentum.momentum_hdm`.
+  A configuration of :func:`hdm_optax.pieces.momentum.momentum_direction`.
 
   Departures from the authors' code:
 
@@ -120,15 +122,19 @@ def osgm_best(
     """lr_P = factor / L while L is being estimated, then 1/L_hat; P in [0, 1e5/L]."""
     return jnp.where(curvature.active, factor, 1) / lip, 0.0, 1e5 / lip
 
-  return momentum_lib.momentum_hdm(
-    "osgm_best",
+  direction = momentum_lib.momentum_direction(
     learner=momentum_lib.additive(learners_lib.adagrad(1e-12)),
     precond_rule=precond_rule,
     momentum_lr=lambda lip: jnp.minimum(1, lip),
-    acceptance=acceptance_lib.resolved_decrease(),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
     schedule=decay_lib.step_decay(50, 0.8, 1e-3),
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
     lookahead=backtracking_lib.gated_lookahead(2.0),
+  )
+  return iteration_lib.iteration(
+    "osgm_best",
+    direction,
+    acceptance=acceptance_lib.resolved_decrease(),
+    step_control=step_control_lib.damping(),
   )

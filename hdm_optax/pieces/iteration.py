@@ -17,7 +17,7 @@ chain) and one value-and-gradient call at :math:`x^+`:
   whether the trial was accepted): HDM's learned P
   (:func:`hdm_optax.hdm`), HDM-HB's (P, B) (:func:`hdm_optax.hdm_hb`), the
   diagonal-P, scalar-beta family of Algorithm 4
-  (:func:`hdm_optax.pieces.momentum.momentum_hdm`), the L-BFGS operator of the trials'
+  (:func:`hdm_optax.pieces.momentum.momentum_direction`), the L-BFGS operator of the trials'
   secant pairs (:func:`hdm_optax.trial_lbfgs`);
 - an acceptance rule (:mod:`hdm_optax.pieces.acceptance`) decides the null step;
 - a :class:`StepControl` scales the next proposal from what the trial

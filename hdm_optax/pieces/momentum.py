@@ -1,10 +1,10 @@
 r"""Algorithm 4's direction, written once, for the diagonal-P, scalar-beta family.
 
 :func:`hdm_optax.hdm_best`, :func:`hdm_optax.hdm_auto` and
-:func:`hdm_optax.osgm_best` are configurations of :func:`momentum_hdm`, the direction
-:func:`momentum_direction` in :func:`hdm_optax.pieces.iteration.iteration` with
-HDM's damping (:func:`hdm_optax.pieces.step_control.damping`): they differ only
-in the pieces passed to it,
+:func:`hdm_optax.osgm_best` are the direction :func:`momentum_direction` in
+:func:`hdm_optax.pieces.iteration.iteration` with HDM's damping
+(:func:`hdm_optax.pieces.step_control.damping`): they differ only in the pieces
+passed to it and in the acceptance rule,
 
 - ``learner``: how P learns from its hypergradient (:func:`additive`, the
   paper's AdaGrad on P; :func:`log_space`, the learner on log P);
@@ -16,9 +16,9 @@ in the pieces passed to it,
   :func:`hdm_optax.pieces.curvature.random_probe`);
 - ``lookahead``: an optional step from the trial point before the acceptance
   test (:func:`hdm_optax.pieces.backtracking.gated_lookahead`);
-- ``acceptance``, ``denominator``, ``schedule``, ``curvature_estimate``
-  (:mod:`hdm_optax.pieces.acceptance`, :mod:`hdm_optax.pieces.hypergradient`,
-  :mod:`hdm_optax.pieces.decay`, :mod:`hdm_optax.pieces.curvature`);
+- ``denominator``, ``schedule``, ``curvature_estimate``
+  (:mod:`hdm_optax.pieces.hypergradient`, :mod:`hdm_optax.pieces.decay`,
+  :mod:`hdm_optax.pieces.curvature`);
 
 Rules every configuration shares: the trial step acts on the incoming
 ``updates`` u (grad f(x) when the variant is first or alone in a chain); a
@@ -45,7 +45,6 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
@@ -61,7 +60,6 @@ __all__ = (
   "keep",
   "log_space",
   "momentum_direction",
-  "momentum_hdm",
   "shrink",
 )
 
@@ -208,29 +206,70 @@ def momentum_direction(
   momentum_bounds: tuple[Any, Any] = (0.0, 0.9995),
   adagrad_eps: float = 1e-12,
 ) -> iteration_lib.Direction:
-  r"""Algorithm 4's direction: :math:`-s P u + s \beta (x - x^-)`, (P, beta) learned online.
+  r"""Algorithm 4's direction (diagonal P, scalar beta) with its variation points passed in.
 
-  The arguments are those of :func:`momentum_hdm`. Until L is known the
-  updates are the ``probe``'s: the trial is :math:`x + o_i` (one oracle call
-  each), not an iteration, and x stays.
+  .. math::
+    x^+ &= x - s\,H u + s\,\beta (x - x^-), \qquad
+    G_P = -\frac{\nabla f(x^+) \circ u}{den}, \qquad
+    G_\beta = \frac{\langle \nabla f(x^+), x - x^-\rangle}{den}, \\
+    P &\leftarrow \text{learner}(sP, G_P, \eta_p) \text{ on }
+      [\text{lower}, \text{upper}], \qquad
+    \beta \leftarrow \Pi[s\beta - \eta_\beta v^{-1/2} G_\beta], \\
+    x &\leftarrow x^+ \text{ if accepted, else } x, \quad P \leftarrow
+      \text{null\_action}(P), \qquad x^- \leftarrow x,
+
+  with u the incoming updates, H u = P u, s the trial damping
+  (:func:`hdm_optax.pieces.step_control.damping`) and den the ``denominator``. Until L is known the
+  updates are the ``probe``'s (one oracle call each; x stays).
+
+  Args:
+    learner: P's learner (:func:`additive`, :func:`log_space`).
+    precond_rule: ``rule(lip, curvature_state, factor) -> (eta_p, lower,
+      upper)``: eta_p and P's bounds from L, the curvature estimate's state
+      and the schedule's factor.
+    momentum_lr: ``momentum_lr(lip) -> eta_beta``.
+    denominator: the feedback's denominator.
+    curvature_estimate: the L_hat estimator; its learner state restarts when
+      L_hat is formed.
+    schedule: the schedule of eta_p's factor (``None``: constant).
+    null_action: what a null step does to P (``None``: :func:`keep`).
+    probe: how L_0 is measured (``None``: ``lipschitz`` must be given).
+    precond_from_probe: the last probe sets P_1 = 1/L_0.
+    lookahead: ``lookahead(vg, trial, value, grad, direction, *, finite,
+      estimating, grad_norm) -> LookaheadResult`` or ``None``.
+    lipschitz: the caller's L (``None``: probed).
+    init_precond: P_1 (when the probe does not set it).
+    init_momentum: beta_1.
+    momentum_bounds: the interval of beta.
+    adagrad_eps: added to sqrt(v) in beta's AdaGrad.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`MomentumState`).
+    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`MomentumState`);
+    in :func:`hdm_optax.pieces.iteration.iteration` with
+    :func:`hdm_optax.pieces.step_control.damping` it is Algorithm 4.
 
   Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import curvature, hypergradient, learners, momentum
-    >>> d = momentum.momentum_direction(
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> from hdm_optax.pieces import acceptance, curvature, hypergradient, iteration, learners
+    >>> from hdm_optax.pieces import momentum, step_control
+    >>> direction = momentum.momentum_direction(
     ...   learner=momentum.additive(learners.adagrad()),
-    ...   precond_rule=lambda lip, curv, factor: (1 / lip, 0.0, None),
+    ...   precond_rule=lambda lip, curv, factor: (10 / lip, 0.0, None),
     ...   momentum_lr=lambda lip: jnp.ones([], lip.dtype),
     ...   denominator=hypergradient.curvature_tau(),
     ...   curvature_estimate=curvature.running_mean(),
-    ...   lipschitz=10.0)
-    >>> state = d.init(jnp.zeros(2))
-    >>> float(state.lipschitz), float(state.momentum)
-    (10.0, 0.95)
+    ...   lipschitz=200.0)
+    >>> opt = iteration.iteration("example", direction, acceptance=acceptance.strict_decrease(),
+    ...                           step_control=step_control.damping())
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x ** 2)
+    >>> bool(hdm_optax.solve(opt, fun, jnp.ones(3), max_steps=500).converged)
+    True
+
+  References:
+    Chu, Gao, Ye, Udell, arXiv:2502.11229, 2025: Algorithm 4 and Appendix A.
   """
+  if (probe is None) == (lipschitz is None):
+    raise TypeError("momentum_direction: pass exactly one of lipschitz= and probe=.")
   schedule = decay_lib.constant() if schedule is None else schedule
   null_action = keep() if null_action is None else null_action
   momentum_learner = learners_lib.adagrad(adagrad_eps)
@@ -398,109 +437,3 @@ def momentum_direction(
     return iteration_lib.Learned(learned, jnp.asarray(False), observed.hypergrad_norm)
 
   return iteration_lib.Direction(init=init, propose=propose, learn=learn, observe=observe)
-
-
-def momentum_hdm(
-  name: str,
-  *,
-  learner: PrecondLearner,
-  precond_rule: Callable[..., tuple[Any, Any, Any]],
-  momentum_lr: Callable[[jax.Array], jax.Array],
-  acceptance: acceptance_lib.AcceptanceRule,
-  denominator: hypergradient_lib.Denominator,
-  curvature_estimate: curvature_lib.CurvatureEstimate,
-  schedule: Optional[decay_lib.Schedule] = None,
-  null_action: Optional[Callable[[Any, jax.Array], Any]] = None,
-  probe: Optional[curvature_lib.Probe] = None,
-  precond_from_probe: bool = False,
-  lookahead: Optional[Callable[..., Any]] = None,
-  lipschitz: Optional[Any] = None,
-  init_precond: Any = 0.0,
-  init_momentum: Any = 0.95,
-  momentum_bounds: tuple[Any, Any] = (0.0, 0.9995),
-  adagrad_eps: float = 1e-12,
-) -> optax.GradientTransformationExtraArgs:
-  r"""Algorithm 4 (diagonal P, scalar beta) with its variation points passed in.
-
-  .. math::
-    x^+ &= x - s\,H u + s\,\beta (x - x^-), \qquad
-    G_P = -\frac{\nabla f(x^+) \circ u}{den}, \qquad
-    G_\beta = \frac{\langle \nabla f(x^+), x - x^-\rangle}{den}, \\
-    P &\leftarrow \text{learner}(sP, G_P, \eta_p) \text{ on }
-      [\text{lower}, \text{upper}], \qquad
-    \beta \leftarrow \Pi[s\beta - \eta_\beta v^{-1/2} G_\beta], \\
-    x &\leftarrow x^+ \text{ if accepted, else } x, \quad P \leftarrow
-      \text{null\_action}(P), \qquad x^- \leftarrow x,
-
-  with u the incoming updates, H u = P u, s the trial damping
-  (:func:`hdm_optax.pieces.step_control.damping`) and den the ``denominator``. Until L is known the
-  updates are the ``probe``'s (one oracle call each; x stays).
-
-  Args:
-    name: the variant's name, for error messages.
-    learner: P's learner (:func:`additive`, :func:`log_space`).
-    precond_rule: ``rule(lip, curvature_state, factor) -> (eta_p, lower,
-      upper)``: eta_p and P's bounds from L, the curvature estimate's state
-      and the schedule's factor.
-    momentum_lr: ``momentum_lr(lip) -> eta_beta``.
-    acceptance: the null-step rule.
-    denominator: the feedback's denominator.
-    curvature_estimate: the L_hat estimator; its learner state restarts when
-      L_hat is formed.
-    schedule: the schedule of eta_p's factor (``None``: constant).
-    null_action: what a null step does to P (``None``: :func:`keep`).
-    probe: how L_0 is measured (``None``: ``lipschitz`` must be given).
-    precond_from_probe: the last probe sets P_1 = 1/L_0.
-    lookahead: ``lookahead(vg, trial, value, grad, direction, *, finite,
-      estimating, grad_norm) -> LookaheadResult`` or ``None``.
-    lipschitz: the caller's L (``None``: probed).
-    init_precond: P_1 (when the probe does not set it).
-    init_momentum: beta_1.
-    momentum_bounds: the interval of beta.
-    adagrad_eps: added to sqrt(v) in beta's AdaGrad.
-
-  Returns:
-    An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
-    ``grad`` and ``value_fn`` and returns the step to the new iterate.
-
-  Examples:
-    >>> import jax.numpy as jnp, hdm_optax
-    >>> from hdm_optax.pieces import acceptance, momentum, curvature, hypergradient, learners
-    >>> opt = momentum.momentum_hdm(
-    ...   "example",
-    ...   learner=momentum.additive(learners.adagrad()),
-    ...   precond_rule=lambda lip, curv, factor: (10 / lip, 0.0, None),
-    ...   momentum_lr=lambda lip: jnp.ones([], lip.dtype),
-    ...   acceptance=acceptance.strict_decrease(),
-    ...   denominator=hypergradient.curvature_tau(),
-    ...   curvature_estimate=curvature.running_mean(),
-    ...   lipschitz=200.0)
-    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x ** 2)
-    >>> bool(hdm_optax.solve(opt, fun, jnp.ones(3), max_steps=500).converged)
-    True
-
-  References:
-    Chu, Gao, Ye, Udell, arXiv:2502.11229, 2025: Algorithm 4 and Appendix A.
-  """
-  if (probe is None) == (lipschitz is None):
-    raise TypeError(f"{name}: pass exactly one of lipschitz= and probe=.")
-  direction = momentum_direction(
-    learner=learner,
-    precond_rule=precond_rule,
-    momentum_lr=momentum_lr,
-    denominator=denominator,
-    curvature_estimate=curvature_estimate,
-    schedule=schedule,
-    null_action=null_action,
-    probe=probe,
-    precond_from_probe=precond_from_probe,
-    lookahead=lookahead,
-    lipschitz=lipschitz,
-    init_precond=init_precond,
-    init_momentum=init_momentum,
-    momentum_bounds=momentum_bounds,
-    adagrad_eps=adagrad_eps,
-  )
-  return iteration_lib.iteration(
-    name, direction, acceptance=acceptance, step_control=step_control_lib.damping()
-  )
