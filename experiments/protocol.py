@@ -14,9 +14,9 @@
   benchmark, the SciPy baselines): the run ends at a point where f and grad f
   are finite, f >= ``UNBOUNDED`` (the library's threshold, ``solve``'s
   ``min_value``) and ``||grad f||_inf <= tol``, and :func:`is_solved` holds.
-* Each algorithm reports its best grid point (:func:`best_point`): fewest
-  iterations among the solved points, then lowest final value, by
-  ``hdm_optax.driver.results.best_index``.
+* Each algorithm reports its best grid point (:func:`best_row`): fewest
+  iterations among the solved points, then lowest final value (the order of
+  ``hdm_optax.SweepResult.best``, with solved where it has converged).
 * :class:`Instance` is a problem ready to run and :class:`Row` one run's
   result: the same types for Table 1, the benchmark, the JAX algorithms and
   the SciPy baselines.
@@ -37,7 +37,6 @@ import jax
 import numpy as np
 
 import hdm_optax
-from hdm_optax.driver.results import best_index
 
 __all__ = [
   "BUDGET",
@@ -47,10 +46,11 @@ __all__ = [
   "MATMUL_PRECISION",
   "Instance",
   "Row",
-  "best_point",
+  "best_row",
   "enable_float64",
   "float32_products",
   "initial_point",
+  "initial_points",
   "is_solved",
   "outcome",
   "unsolved_calls",
@@ -156,17 +156,25 @@ def initial_point(n: int, seed: int = SEED) -> np.ndarray:
   return x0
 
 
-def best_point(results, solved) -> int:
-  """Index of the best grid point: fewest steps among the solved, then lowest value.
+def initial_points(n: int, seeds) -> np.ndarray:
+  """:func:`initial_point` for each of ``seeds``, one row per seed."""
+  return np.stack([initial_point(n, seed) for seed in seeds])
+
+
+def best_row(rows):
+  """The best of one algorithm's grid points: fewest iterations among the solved, then
+  lowest final value (among all where none is solved; the first of equals).
 
   Args:
-    results: a batched ``hdm_optax.SolveResult`` (one entry per grid point).
-    solved: :func:`is_solved` of each point.
+    rows: one :class:`Row` per grid point.
 
   Returns:
-    The index ``hdm_optax.driver.results.best_index`` picks when "converged" means solved.
+    The row.
   """
-  return best_index(results._replace(converged=np.asarray(solved)))
+  finite = lambda v: v if v is not None and math.isfinite(v) else math.inf
+  return min(
+    rows, key=lambda r: (not r.solved, r.iterations if r.solved else 0, finite(r.final_value))
+  )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -190,6 +198,7 @@ class Instance:
     lower: the box's lower bounds (float64, x0's row shape; -inf where open) for a bounded
       problem, else None.
     upper: its upper bounds, like ``lower``.
+    seeds: the label of each start (its seed, or None where the start is fixed).
   """
 
   n: int
@@ -204,6 +213,7 @@ class Instance:
   f_star: Optional[float] = None
   lower: Optional[np.ndarray] = None
   upper: Optional[np.ndarray] = None
+  seeds: tuple = (None,)
 
 
 @dataclasses.dataclass
@@ -253,22 +263,3 @@ class Row:
   dtype: str = ""
   seed: Optional[int] = None
   compile_seconds: float = 0.0
-
-  @classmethod
-  def from_solve(cls, algorithm, result, solved, hyperparams, seconds) -> Row:
-    """The row of one (unbatched, NumPy) ``hdm_optax.SolveResult``."""
-    k = int(result.num_steps)
-    return cls(
-      algorithm=algorithm,
-      solved=bool(solved),
-      iterations=k,
-      value_calls=int(result.num_value_evals),
-      grad_calls=int(result.num_grad_evals),
-      hyperparams=hyperparams,
-      final_value=float(result.value),
-      final_grad_inf=float(result.grad_norm),
-      seconds=seconds,
-      trace_grad_calls=result.trace.grad_evals[: k + 1],
-      trace_values=result.trace.value[: k + 1],
-      trace_grad_inf=result.trace.grad_norm[: k + 1],
-    )

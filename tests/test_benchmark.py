@@ -14,6 +14,9 @@ from jax.experimental import sparse as jsparse
 from experiments import data as data_lib
 from fast_jit import FAST_COMPILE
 from experiments import memory
+from experiments import problems
+from experiments import protocol
+from experiments import runner as runner_lib
 from experiments.benchmark import __main__ as cli
 from experiments.benchmark import profiles
 from experiments.benchmark import runner
@@ -80,9 +83,7 @@ def test_registry_names_and_expressions():
 
 
 def test_initial_points_are_the_papers_for_the_first_seed():
-  from experiments import protocol
-
-  x0 = suites.initial_points(7, [suites.SEED0, suites.SEED0 + 1])
+  x0 = protocol.initial_points(7, [suites.SEED0, suites.SEED0 + 1])
   np.testing.assert_array_equal(x0[0], protocol.initial_point(7))
   np.testing.assert_array_equal(
     x0[0],
@@ -195,7 +196,7 @@ def _two_start_instance():
 
   fun = lambda x, a: jnp.sum(a * (x - 1.0) ** 2)
   a = jnp.asarray([1.0, 10.0, 100.0])
-  return suites._instance(fun, (a,), [[0.0, 0.0, 0.0], [2.0, -1.0, 0.5]], runner.TOL)
+  return problems.instance(fun, (a,), [[0.0, 0.0, 0.0], [2.0, -1.0, 0.5]], runner.TOL)
 
 
 def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch):
@@ -203,8 +204,8 @@ def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch
   seeds then run one after another through a single-start program, with the same results."""
   inst = _two_start_instance()
   solver = solvers.get("optax.lbfgs()")
-  batched, _, _ = runner.run_optax(solver, inst, runner.BUDGET)
-  compiled = runner._compiled
+  batched, _, _ = runner_lib.run_optax(solver, inst, runner.BUDGET)
+  compiled = runner_lib._compiled
   starts = []
 
   def no_vmap(statics, args):
@@ -213,9 +214,9 @@ def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch
       raise NotImplementedError("no batching rule")
     return compiled(statics, args)
 
-  monkeypatch.setattr(runner, "_compiled", no_vmap)
-  runner._COMPILED.clear()
-  in_turn, _, _ = runner.run_optax(solver, inst, runner.BUDGET)
+  monkeypatch.setattr(runner_lib, "_compiled", no_vmap)
+  runner_lib._COMPILED.clear()
+  in_turn, _, _ = runner_lib.run_optax(solver, inst, runner.BUDGET)
   assert starts == [2, 1]
   np.testing.assert_array_equal(in_turn["grad_calls"], batched["grad_calls"])
   np.testing.assert_allclose(in_turn["value"], batched["value"], rtol=1e-10, atol=1e-14)
@@ -226,17 +227,17 @@ def test_compiled_programs_are_released_before_the_memory_maps_run_out(monkeypat
   """Each compiled program holds ~150 memory maps and JAX keeps them all: the CUTEst
   suite crashed at the kernel's limit, so past MAX_MEMORY_MAPS the caches are dropped."""
   assert memory.memory_maps() > 0  # Linux: /proc/self/maps
-  inst = suites._instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
+  inst = problems.instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
   task = suites.Task("user", "quadratic", (None,), lambda: inst)
   lbfgs = [solvers.get("optax.lbfgs()")]
-  runner._COMPILED.clear()
+  runner_lib._COMPILED.clear()
   runner.run_suite([task], lbfgs, tmp_path / "a.csv", progress=False)
-  assert len(runner._COMPILED) == 1  # below the limit: kept for problems of the same shape
+  assert len(runner_lib._COMPILED) == 1  # below the limit: kept for problems of the same shape
   cleared = []
   monkeypatch.setattr(memory, "memory_maps", lambda: memory.MAX_MEMORY_MAPS + 1)
   monkeypatch.setattr(memory.jax, "clear_caches", lambda: cleared.append(True))
   runner.run_suite([task], lbfgs, tmp_path / "b.csv", progress=False)
-  assert cleared == [True] and runner._COMPILED == {}
+  assert cleared == [True] and runner_lib._COMPILED == {}
 
 
 def test_hdm_auto_reaches_the_float32_tolerance_on_heart_scale():
@@ -253,7 +254,7 @@ def test_hdm_auto_reaches_the_float32_tolerance_on_heart_scale():
     if t.name.endswith("/svm")
   ]
   inst = task.build()
-  out, _, _ = runner.run_optax(solvers.get("hdm_auto()"), inst, runner.BUDGET)
+  out, _, _ = runner_lib.run_optax(solvers.get("hdm_auto()"), inst, runner.BUDGET)
   assert inst.x0.dtype == jnp.float32
   assert float(out["grad_inf"][0]) <= inst.tol[0], out
   assert int(out["grad_calls"][0]) < 300, out
@@ -300,7 +301,7 @@ def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
   """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA)."""
   if importlib.util.find_spec("sif2jax") is None or solvers.optx is None:
     pytest.skip("sif2jax and optimistix are needed (pip install -e '.[bench]')")
-  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
   path = tmp_path / "results.csv"
   tasks = suites.cutest_tasks(runner.TOL, CUTEST)
   runner.run_suite(tasks, [solvers.get(n) for n in PEER_ROWS], path, progress=False)
@@ -333,21 +334,21 @@ def test_optimistix_rows_count_every_objective_call():
 
   def rosenbrock(x):
     jax.debug.callback(lambda: seen.append(1))
-    return suites.rosenbrock(x)
+    return problems.rosenbrock(x)
 
-  inst = suites._instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+  inst = problems.instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
   solver = solvers.get("optx.BFGS")
-  out, _, _ = runner.run_optimistix(solver, inst, runner.BUDGET)
+  out, _, _ = runner_lib.run_optimistix(solver, inst, runner.BUDGET)
   calls = int(out["grad_calls"][0])
   assert calls == len(seen) == int(out["num_steps"][0])
   assert float(out["grad_inf"][0]) <= runner.TOL
   minimiser = solvers.GradientStop(solver.make(None), jnp.asarray(runner.TOL))
   sol = solvers.optx.minimise(
-    lambda y, args: suites.rosenbrock(y), minimiser, inst.x0[0], max_steps=runner.BUDGET
+    lambda y, args: problems.rosenbrock(y), minimiser, inst.x0[0], max_steps=runner.BUDGET
   )
   assert int(sol.state.num_accepted_steps) < calls  # rejected trials are counted too
   seen.clear()
-  again, _, _ = runner.run_optimistix(solver, inst, runner.BUDGET)
+  again, _, _ = runner_lib.run_optimistix(solver, inst, runner.BUDGET)
   assert int(again["grad_calls"][0]) == calls == len(seen)
 
 
@@ -360,7 +361,7 @@ def test_optx_bfgs_gives_skipped_rows_above_its_n_cap(tmp_path):
   bfgs = solvers.get("optx.BFGS")
   assert bfgs.max_n == solvers.OPTX_BFGS_MAX_N and solvers.get("optx.LBFGS").max_n is None
   n = bfgs.max_n + 1
-  inst = suites._instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL, n=n)
+  inst = problems.instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL, n=n)
   task = suites.Task("cutest_scale_dev", "big", (None,), lambda: inst)
   path = tmp_path / "results.csv"
   assert runner.run_suite([task], [bfgs], path, progress=False) == 1
@@ -420,8 +421,8 @@ def test_a_row_the_machine_fails_is_named_apart_and_retried(tmp_path, monkeypatc
   """A GPU held by another process ("Unable to initialize backend", faked here at build
   time) gives an env_error row: the solved table names it apart instead of counting it
   unsolved, and a re-run retries it; the summary reads the retry."""
-  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
-  inst = suites._instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
+  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
+  inst = problems.instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
 
   def held():
     raise RuntimeError("Unable to initialize backend 'cuda': INTERNAL: no memory left")
@@ -469,13 +470,11 @@ def test_bounded_rows_on_two_bounded_problems(tmp_path, monkeypatch):
   unbounded problem; the summary compares medians with SciPy's L-BFGS-B."""
   if importlib.util.find_spec("sif2jax") is None or importlib.util.find_spec("jaxopt") is None:
     pytest.skip("sif2jax and jaxopt are needed (pip install -e '.[bench]')")
-  from experiments.benchmark import bounded
-
-  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
   path = tmp_path / "results.csv"
   names = BOUNDED_ROWS + ("hdm_auto()",)
   problems = ("HS3", "HS4")
-  tasks = bounded.cutest_bounded_tasks(runner.TOL, problems)
+  tasks = suites.cutest_bounded_tasks(runner.TOL, problems)
   tasks += suites.cutest_tasks(runner.TOL, ["HILBERTB"])
   runner.run_suite(tasks, [solvers.get(n) for n in names], path, progress=False)
   rows = {(r["problem"], r["solver"]): r for r in _rows(path)}
@@ -483,7 +482,7 @@ def test_bounded_rows_on_two_bounded_problems(tmp_path, monkeypatch):
   expected |= {("HILBERTB", "hdm_auto()"), ("HILBERTB", "scipy-lbfgsb-m10")}
   assert set(rows) == expected
   for p in problems:
-    inst = bounded.cutest_bounded_tasks(runner.TOL, [p])[0].build()
+    inst = suites.cutest_bounded_tasks(runner.TOL, [p])[0].build()
     assert np.all(inst.x0_np >= inst.lower) and np.all(inst.x0_np <= inst.upper)
     for n in BOUNDED_ROWS:
       r = rows[(p, n)]
@@ -522,7 +521,7 @@ def test_hard_suite_is_the_dev_list_from_far_starts_and_rescaled():
 
 
 def _rosenbrock_np(x):
-  value, grad = jax.value_and_grad(suites.rosenbrock)(jnp.asarray(x, jnp.float64))
+  value, grad = jax.value_and_grad(problems.rosenbrock)(jnp.asarray(x, jnp.float64))
   return float(value), np.asarray(grad)
 
 
@@ -559,9 +558,9 @@ def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
 
   def rosenbrock(x):
     jax.debug.callback(lambda: seen.append(1))
-    return suites.rosenbrock(x)
+    return problems.rosenbrock(x)
 
-  inst = suites._instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+  inst = problems.instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
   solver = solvers.get("jaxopt.LBFGS")
   assert solver.is_jaxopt and "jaxopt.LBFGS" in solvers.REGISTERED
   task = suites.Task("user", "rosenbrock-2", (None,), lambda: inst)
@@ -576,16 +575,16 @@ def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
 def test_rows_of_equal_configuration_share_one_program(monkeypatch):
   """'trial_lbfgs', 'trial_lbfgs()' and 'trial_lbfgs(memory_size=10)' are one configuration:
   one compiled program, the same rows; another memory_size and rows that use L keep their own."""
-  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
   inst = _two_start_instance()
-  runner._COMPILED.clear()
+  runner_lib._COMPILED.clear()
   names = ("trial_lbfgs", "trial_lbfgs()", "trial_lbfgs(memory_size=10)")
-  outs = [runner.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
-  assert len(runner._COMPILED) == 1
+  outs = [runner_lib.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
+  assert len(runner_lib._COMPILED) == 1
   assert outs[0][1] > 0 and outs[1][1] == outs[2][1] == 0.0  # compile seconds
   for out, _, _ in outs[1:]:
     np.testing.assert_array_equal(out["grad_calls"], outs[0][0]["grad_calls"])
-  runner.run_optax(solvers.get("trial_lbfgs(memory_size=5)"), inst, runner.BUDGET)
-  assert len(runner._COMPILED) == 2
+  runner_lib.run_optax(solvers.get("trial_lbfgs(memory_size=5)"), inst, runner.BUDGET)
+  assert len(runner_lib._COMPILED) == 2
   with_l = solvers.get("hdm_best(lipschitz=L)")
-  assert runner.program_key(with_l) is with_l
+  assert runner_lib.program_key(with_l) is with_l

@@ -95,13 +95,12 @@ def test_never_leaves_the_box_on_the_bounded_suite():
   """Every problem of cutest_bounded_dev.txt, 25 updates: every iterate (and trial) in the box,
   nothing NaN. The box is checked after optax.apply_updates, as a user's loop applies it."""
   pytest.importorskip("sif2jax")
-  from experiments.benchmark import bounded as bounded_lib
   from experiments.benchmark import suites as suites_lib
 
-  path = bounded_lib.CUTEST_BOUNDED_DEV_LIST
+  path = suites_lib.CUTEST_BOUNDED_DEV_LIST
   if not path.exists():
     pytest.skip(f"no {path}")
-  for task in bounded_lib.cutest_bounded_tasks(1e-4):
+  for task in suites_lib.cutest_bounded_tasks(1e-4):
     inst = task.build()
     lower, upper = jnp.asarray(inst.lower), jnp.asarray(inst.upper)
     fun = lambda x, inst=inst: inst.fun(x, *inst.fun_args)
@@ -110,7 +109,6 @@ def test_never_leaves_the_box_on_the_bounded_suite():
     xs = np.asarray(xs)
     assert np.all(xs >= inst.lower) and np.all(xs <= inst.upper), task.name
     assert np.all(np.isfinite(np.asarray(values))), task.name
-  del suites_lib
 
 
 def test_unbounded_program_never_traces_the_box(monkeypatch):

@@ -122,7 +122,7 @@ def test_overhead_rows_are_per_oracle_call():
   (solve's K + 1 calls and hdm_auto's 3 probes counted), solve@k beside solve."""
   from experiments.perf import overhead
 
-  r = overhead.measure(1000, np.float32, 5, 1, np.random.default_rng(0), "hdm_auto", (1, 3))
+  r = overhead.measure(1000, np.float32, 5, 1, 0, "hdm_auto", (1, 3))
   assert r["ratio_solve"] == pytest.approx(r["t_solve"] / r["t_vg"])
   assert r["ratio_update"] == pytest.approx(r["t_update"] / r["t_vg"])
   assert set(r["t_solve_k"]) == {3} and r["n_vectors"] == 4

@@ -1,5 +1,6 @@
 """Tests of experiments/protocol.py: x0, the solved rule and the best grid point."""
 
+import dataclasses
 import inspect
 import math
 import os
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import hdm_optax
-from experiments import problems, protocol
+from experiments import problems, protocol, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,44 +43,39 @@ def test_is_solved_needs_fewer_than_budget_minus_one_calls():
   assert protocol.unsolved_calls() == 1001 and protocol.unsolved_calls(200) == 201
 
 
-def _quadratic_sweep():
+def _make(lr):
+  return hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr)
+
+
+def _quadratic_rows():
+  """A four-point grid on a quadratic as runner.Grid rows (60 steps, a budget of 61 calls)."""
   fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x**2)
-  out = hdm_optax.sweep(
-    lambda lr: hdm_optax.hdm_best(lipschitz=200.0, precond_lr=lr),
-    {"lr": [1e-4, 1e-2, 1e-1, 1.0]},
-    fun,
-    jnp.ones(3),
-    max_steps=60,
-    tol=1e-6,
-  )
-  return jax.tree.map(np.asarray, out.results)
+  lrs = (1e-4, 1e-2, 1e-1, 1.0)
+  grid = runner.Grid(_make, [dict(lr=v) for v in lrs], ["HDM-Best"] * 4, [f"lr={v}" for v in lrs])
+  return runner.run(grid, problems.instance(fun, (), np.ones(3), 1e-6), budget=61)
 
 
-def test_best_point_prefers_solved_then_fewest_steps():
-  res = _quadratic_sweep()
-  solved = protocol.is_solved(res.converged, res.num_grad_evals, budget=61)
-  assert solved.any() and not solved.all()
-  i = protocol.best_point(res, solved)
-  assert solved[i] and res.num_steps[i] == res.num_steps[solved].min()
+def test_best_row_prefers_solved_then_fewest_steps():
+  rows = _quadratic_rows()
+  solved = [r.solved for r in rows]
+  assert any(solved) and not all(solved)
+  best = protocol.best_row(rows)
+  assert best.solved and best.iterations == min(r.iterations for r in rows if r.solved)
   # Nothing solved: the lowest final value.
-  none = np.zeros_like(solved)
-  assert protocol.best_point(res, none) == int(np.argmin(res.value))
+  none = [dataclasses.replace(r, solved=False) for r in rows]
+  assert protocol.best_row(none) is none[int(np.argmin([r.final_value for r in rows]))]
   # A point that converged but is not solved (too many calls) is not preferred.
-  only = np.zeros_like(solved)
-  j = int(np.flatnonzero(~solved)[0])
-  only[j] = True
-  assert protocol.best_point(res, only) == j
+  j = solved.index(False)
+  only = [dataclasses.replace(r, solved=i == j) for i, r in enumerate(rows)]
+  assert protocol.best_row(only) is only[j]
 
 
-def test_row_from_solve_is_the_reported_point():
-  res = _quadratic_sweep()
-  i = 3
-  point = jax.tree.map(lambda a: a[i], res)
-  row = protocol.Row.from_solve("HDM-Best", point, True, "lr=1", 0.5)
-  k = int(point.num_steps)
-  assert row.iterations == k and row.grad_calls == int(point.num_grad_evals)
-  assert row.final_value == float(point.value) and len(row.trace_values) == k + 1
-  assert row.trace_values[-1] == row.final_value
+def test_grid_rows_are_the_reported_points():
+  for row in _quadratic_rows():
+    k = row.iterations
+    assert len(row.trace_values) == len(row.trace_grad_calls) == k + 1
+    assert row.trace_values[-1] == row.final_value
+    assert row.trace_grad_calls[-1] == row.grad_calls and row.hyperparams.startswith("lr=")
 
 
 def test_outcome_is_the_one_solved_rule():

@@ -1,39 +1,26 @@
-"""Runs solvers on tasks under one protocol and appends one CSV row per (problem, solver, seed).
+"""Runs solvers on suites and appends one CSV row per (problem, solver, seed).
 
-Protocol (``experiments.protocol``): a budget of gradient calls (every call counts: the initial
-one, probes, line-search steps, each SciPy call) and ``||grad f||_inf <= tol``. A run is solved
-by ``protocol.outcome``: it ends at a point where f and grad f are finite, f >= the library's
-unbounded threshold and ``||grad f||_inf <= tol``, with fewer than ``budget - 1`` calls.
-The seeds of a problem run as one vmapped, compiled program per optax solver; compiled
-programs are kept per (solver configuration, objective, shapes), so problems that share an
-objective and padded shapes (the LIBSVM ones) share them, and so do solvers of equal
-configuration (:func:`program_key`). Rows are appended (and flushed) as they finish; a
-re-run skips the rows already in the file; a problem or solver that raises gives error rows.
+Each (task, solver) is ``experiments.runner.run(solver, task.build())`` under the protocol
+(``experiments.protocol``: the budget, the tolerance, the one solved rule); this module is
+the suite around it: rows are appended (and flushed) as they finish; a re-run skips the rows
+already in the file; a problem or solver that raises gives error rows.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from tqdm import tqdm
 
-import hdm_optax
-import optax
 from experiments import memory
 from experiments import protocol
-from experiments.baselines import quasi_newton
-from experiments.benchmark import bounded as bounded_lib
+from experiments import runner as runner_lib
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
-from experiments.benchmark.solvers import optx
 
 BUDGET = protocol.BUDGET
 TOL = protocol.TOL
@@ -57,8 +44,6 @@ FIELDS = (
   "run_seconds",
 )
 ATTRIBUTES = {"solver": "algorithm", "run_seconds": "seconds"}
-# SciPy runs until the call past the budget stops it (its iteration limit out of the way).
-SCIPY_MAX_ITER = 10**6
 
 
 def cells(row: Row) -> list[str]:
@@ -75,301 +60,6 @@ def cells(row: Row) -> list[str]:
 
   values = [getattr(row, ATTRIBUTES.get(f, f)) for f in FIELDS]
   return [f"{v:.4f}" if f.endswith("seconds") else cell(v) for f, v in zip(FIELDS, values)]
-
-
-def _status_name(code: int) -> str:
-  """A name for ``hdm_optax.solve``'s status code (``max_steps`` is the budget here)."""
-  try:
-    name = hdm_optax.Status(int(code)).name.lower()
-  except (AttributeError, ValueError):
-    return f"status {int(code)}"
-  return "budget" if name == "max_steps" else name
-
-
-def _end_status(solver, out, i) -> str:
-  if solver.is_optimistix:
-    return f"stopped: {_optimistix_status(out['result'][i])}"
-  if solver.is_jaxopt:
-    return "budget"
-  return _status_name(out["status"][i])
-
-
-# ----------------------------------------------------------------------------
-# optax solvers: the seeds of a problem as one vmapped program
-# ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _Configured:
-  """An optax solver by its configuration: equal configurations share compiled programs.
-
-  For a solver whose expression uses neither ``L`` nor ``F_STAR`` and builds a
-  transformation that compares by its configuration (every hdm_optax factory), two rows
-  of equal configuration (``'trial_lbfgs'``, ``'trial_lbfgs()'``,
-  ``'trial_lbfgs(memory_size=10)'``) are one program.
-  """
-
-  transformation: Any
-  clip: bool = False
-
-  def make(self, lipschitz, f_star, lower=None, upper=None):
-    del lipschitz, f_star, lower, upper
-    return self.transformation
-
-
-def program_key(solver):
-  """What the compiled program of an optax ``solver`` is keyed on: its configuration or itself."""
-  if solver.needs_lipschitz or solver.needs_f_star or solver.needs_box:
-    return solver
-  built = solver.make(None, None)
-  if getattr(built, "configuration", None) is not None:  # hdm_optax's factories
-    return _Configured(built, solver.clip)
-  return solver
-
-
-def _in_box(fun, fun_args, res, box, clip):
-  """f, the projected gradient and the distance outside the box at a bounded run's point.
-
-  The point is ``clip(x)`` for the clipping habit, x itself otherwise (a point outside the
-  box is reported by its distance, not moved); f and grad f there are evaluated once more,
-  uncounted (as SciPy's final point).
-  """
-  lower, upper = box
-  x = jnp.clip(res.params, lower, upper) if clip else res.params
-  value, grad = jax.value_and_grad(fun)(x, *fun_args)
-  outside = jnp.maximum(jnp.max(lower - x, initial=0.0), jnp.max(x - upper, initial=0.0))
-  return value, bounded_lib.projected_gradient_inf(x, grad, lower, upper), outside
-
-
-def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, f_star, box, tol):
-  lower, upper = (None, None) if box is None else box
-  run_fun, run_args = fun, fun_args
-  if solver.clip:  # the clipping habit: the box enters f, not the method
-    run_fun, run_args = bounded_lib.clipped(fun), (lower, upper, *fun_args)
-
-  def one(x, t):
-    res = hdm_optax.solve(
-      solver.make(lipschitz, f_star, lower, upper),
-      run_fun,
-      x,
-      max_steps=max_steps,
-      tol=t,
-      fun_args=run_args,
-      max_grad_evals=max_steps + 1,
-    )
-    out = dict(
-      grad_calls=res.num_grad_evals,
-      value_calls=res.num_value_evals,
-      value=res.value,
-      grad_inf=res.grad_norm,
-      status=res.status,
-    )
-    if box is not None:
-      out["value"], out["grad_inf"], out["outside"] = _in_box(fun, fun_args, res, box, solver.clip)
-    return out
-
-  if x0.shape[0] == 1:  # one start: the program a user's own solve() call compiles
-    return jax.tree.map(lambda a: a[None], one(x0[0], tol[0]))
-  return jax.vmap(one)(x0, tol)
-
-
-_batched_solve_jit = jax.jit(_batched_solve, static_argnums=(0, 1, 2))
-_COMPILED: dict = {}
-# XLA options of every compile (None: XLA's defaults, which the committed rows use; the tests
-# set {"xla_backend_optimization_level": 0} to compile faster).
-COMPILE_OPTIONS: Optional[dict] = None
-
-
-def _signature(tree):
-  leaves, treedef = jax.tree.flatten(tree)
-  return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__))) for x in leaves)
-
-
-def _compiled(statics, args, program=_batched_solve_jit):
-  """The compiled ``program`` for these static and abstract arguments, and its compile seconds."""
-  key = (program,) + statics + (_signature(args),)
-  if key in _COMPILED:
-    return _COMPILED[key], 0.0
-  start = time.perf_counter()
-  _COMPILED[key] = program.lower(*statics, *args).compile(COMPILE_OPTIONS)
-  return _COMPILED[key], time.perf_counter() - start
-
-
-def _constants(inst: protocol.Instance):
-  """The data, L, f* and the box of ``inst`` as the program's arguments (NaN where not known,
-  the box ``None`` for an unbounded problem)."""
-  dtype = inst.x0.dtype
-  known = lambda v: jnp.asarray(np.nan if v is None else v, dtype)
-  box = None
-  if inst.lower is not None:
-    box = (jnp.asarray(inst.lower, dtype), jnp.asarray(inst.upper, dtype))
-  return inst.fun_args, known(inst.lipschitz), known(inst.f_star), box
-
-
-def run_optax(solver, inst: protocol.Instance, budget: int):
-  """Runs every seed of ``inst``; returns (outputs as NumPy, compile seconds, run seconds).
-
-  The seeds run as one vmapped program; where a transformation cannot be vmapped over the
-  problem's operators (``optax.lbfgs``'s line search over the host CSR product raises
-  ``NotImplementedError``), one compiled single-start program runs the seeds in turn.
-  """
-  dtype = inst.x0.dtype
-  statics = (program_key(solver), inst.fun, budget - 1)
-  consts = _constants(inst)
-  tol = jnp.asarray(inst.tol, dtype)
-  batches = [(inst.x0, tol)]
-  try:
-    program, compile_seconds = _compiled(statics, (inst.x0, *consts, tol))
-  except NotImplementedError:
-    batches = [(inst.x0[i : i + 1], tol[i : i + 1]) for i in range(inst.x0.shape[0])]
-    program, compile_seconds = _compiled(statics, (batches[0][0], *consts, tol[:1]))
-  start = time.perf_counter()
-  outs = [jax.block_until_ready(program(x0, *consts, t)) for x0, t in batches]
-  seconds = time.perf_counter() - start
-  out = jax.tree.map(lambda *a: np.concatenate([np.asarray(x) for x in a]), *outs)
-  return out, compile_seconds, seconds
-
-
-def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
-  """One optimistix run from ``x0`` under the protocol (:class:`solvers.GradientStop`).
-
-  Each step of optimistix's quasi-Newton minimisers evaluates f once (``jax.linearize``,
-  the gradient by its transpose where the line search accepts), so ``budget`` steps make at
-  most ``budget`` calls; each call is counted by ``solvers.COUNTER`` as the program runs.
-  The reported point is the last accepted one, with f and grad f as the minimiser computed
-  them there.
-  """
-  minimiser = solvers_lib.GradientStop(solver.make(lipschitz, f_star), tol)
-  fn = solvers_lib.COUNTER.counted(fun)
-  sol = optx.minimise(fn, minimiser, x0, fun_args, max_steps=budget, throw=False)
-  f_info = sol.state.f_info
-  return dict(
-    value=f_info.f,
-    grad_inf=optax.tree.norm(f_info.grad, ord=jnp.inf),
-    num_steps=sol.stats["num_steps"],
-    result=sol.result._value,
-  )
-
-
-_minimise_jit = jax.jit(_minimise, static_argnums=(0, 1, 2))
-
-
-def run_optimistix(solver, inst: protocol.Instance, budget: int, program=_minimise_jit):
-  """Runs the seeds of ``inst`` in turn through one compiled single-start ``program``.
-
-  Returns (outputs as NumPy with ``grad_calls`` counted by the host, compile seconds,
-  run seconds).
-  """
-  statics = (solver, inst.fun, budget)
-  consts = _constants(inst)[:3]
-  tol = jnp.asarray(inst.tol, inst.x0.dtype)
-  program, compile_seconds = _compiled(statics, (inst.x0[0], *consts, tol[0]), program)
-  outs, seconds = [], 0.0
-  for x0, t in zip(inst.x0, tol):
-    solvers_lib.COUNTER.calls = 0
-    start = time.perf_counter()
-    out = jax.block_until_ready(program(x0, *consts, t))
-    jax.effects_barrier()
-    seconds += time.perf_counter() - start
-    out = {k: np.asarray(v) for k, v in out.items()}
-    out["grad_calls"] = out["value_calls"] = np.asarray(solvers_lib.COUNTER.calls)
-    outs.append(out)
-  out = jax.tree.map(lambda *a: np.stack(a), *outs)
-  return out, compile_seconds, seconds
-
-
-def _jaxopt_minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, tol):
-  """One jaxopt run from ``x0``: its ``update`` until ``||grad f||_inf <= tol`` or the budget.
-
-  The gradient is the one jaxopt's state holds at its iterate; the loop stops once jaxopt's
-  own count of evaluations reaches ``budget`` (a line search may end past it); the calls
-  reported are ``solvers.COUNTER``'s, every evaluation the program made, line searches included.
-  """
-  minimiser = solver.make(lipschitz, f_star)(solvers_lib.COUNTER.counted(fun))
-  state = minimiser.init_state(x0, fun_args)
-  grad_inf = lambda s: optax.tree.norm(s.grad, ord=jnp.inf)
-
-  def cond(carry):
-    _, s = carry
-    return (grad_inf(s) > tol) & (s.num_fun_eval < budget) & (s.iter_num < budget)
-
-  def body(carry):
-    return tuple(minimiser.update(*carry, fun_args))
-
-  _, state = jax.lax.while_loop(cond, body, (x0, state))
-  return dict(value=state.value, grad_inf=grad_inf(state))
-
-
-_jaxopt_minimise_jit = jax.jit(_jaxopt_minimise, static_argnums=(0, 1, 2))
-
-
-def _optimistix_status(code) -> str:
-  name = solvers_lib.RESULT_NAMES.get(int(code), f"result {int(code)}")
-  return "budget" if name in ("max_steps_reached", "nonlinear_max_steps_reached") else name
-
-
-def optax_rows(solver, task, inst, budget) -> list[Row]:
-  if solver.is_optimistix:
-    out, compile_s, run_s = run_optimistix(solver, inst, budget)
-  elif solver.is_jaxopt:
-    out, compile_s, run_s = run_optimistix(solver, inst, budget, _jaxopt_minimise_jit)
-  else:
-    out, compile_s, run_s = run_optax(solver, inst, budget)
-  rows = []
-  k = len(task.seeds)
-  for i, seed in enumerate(task.seeds):
-    value, grad_inf = float(out["value"][i]), float(out["grad_inf"][i])
-    calls = int(out["grad_calls"][i])
-    solved, status = outcome(value, grad_inf, calls, float(inst.tol[i]), budget)
-    if "outside" in out and float(out["outside"][i]) > 0:
-      solved, status = False, f"outside the box by {float(out['outside'][i]):.3g}"
-    rows.append(
-      Row(
-        solver.name,
-        solved,
-        grad_calls=calls,
-        value_calls=int(out["value_calls"][i]),
-        final_value=value,
-        final_grad_inf=grad_inf,
-        seconds=run_s / k,
-        status=status or _end_status(solver, out, i),
-        compile_seconds=compile_s / k,
-        **_where(task, inst, seed),
-      )
-    )
-  return rows
-
-
-def _where(task, inst, seed) -> dict:
-  return dict(suite=task.suite, problem=task.name, n=inst.n, dtype=inst.dtype, seed=seed)
-
-
-def _scipy_box(inst: protocol.Instance):
-  """The box on SciPy's variables (``x0_np``'s: a padded problem's box is cut to them)."""
-  if inst.lower is None:
-    return None
-  m = inst.x0_np.shape[1]
-  return inst.lower[:m], inst.upper[:m]
-
-
-def scipy_rows(solver, task, inst, budget, seeds) -> list[Row]:
-  """SciPy from each start of ``seeds``, stopped at the call past ``budget``."""
-  rows = []
-  for seed in seeds:
-    i = task.seeds.index(seed)
-    row = quasi_newton.run_baseline(
-      inst.fun_np,
-      inst.x0_np[i],
-      solver.scipy_algorithm,
-      float(inst.tol[i]),
-      blas_threads=None,
-      budget=budget,
-      stop_at_budget=True,
-      maxiter=SCIPY_MAX_ITER,
-      bounds=_scipy_box(inst),
-    )
-    rows.append(dataclasses.replace(row, algorithm=solver.name, **_where(task, inst, seed)))
-  return rows
 
 
 # ----------------------------------------------------------------------------
@@ -419,6 +109,10 @@ def merge(parts: Sequence[Path], csv_path: Path) -> int:
 # initialize backend 'cuda'"), memory taken by other processes (RESOURCE_EXHAUSTED).
 ENV_ERRORS = ("Unable to initialize backend", "RESOURCE_EXHAUSTED", "CUDA_ERROR_OUT_OF_MEMORY")
 ENV_ERROR = "env_error"
+
+
+def _where(task, inst, seed) -> dict:
+  return dict(suite=task.suite, problem=task.name, n=inst.n, dtype=inst.dtype, seed=seed)
 
 
 def _error(task, solver_name, seed, exc, n=None, dtype="") -> Row:
@@ -519,22 +213,17 @@ def run_suite(
           bar.update(1)
           continue
         try:
-          if solver.rows is not None:
-            rows = solver.rows(solver, task, inst, budget, missing)
-          elif solver.is_scipy:
-            rows = scipy_rows(solver, task, inst, budget, missing)
-          else:
-            rows = optax_rows(solver, task, inst, budget)
+          rows = runner_lib.run(solver, inst, budget, missing)
+          rows = [dataclasses.replace(r, suite=task.suite, problem=task.name) for r in rows]
         except Exception as exc:
           traceback.print_exc()
           rows = [_error(task, solver.name, seed, exc, inst.n, inst.dtype) for seed in missing]
-        rows = [r for r in rows if r.seed in missing]
         log.write(rows)
         written += len(rows)
         bar.update(1)
       # The CUTEst suite compiles 66 objectives x 7 solvers, none shared: without this the
       # process runs out of memory maps (a segmentation fault) after about 50 problems.
-      memory.release_compiled_programs(also=_COMPILED.clear)
+      memory.release_compiled_programs(also=runner_lib._COMPILED.clear)
   finally:
     bar.close()
     log.close()

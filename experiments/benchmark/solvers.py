@@ -57,15 +57,18 @@ class Solver:
     needs_f_star: whether ``make`` uses f*.
     is_optimistix: whether ``make`` gives an optimistix minimiser.
     is_jaxopt: whether ``make`` gives ``fun -> jaxopt solver`` (run by its own ``update``
-      under the protocol's stopping rule: ``runner.run_jaxopt``).
+      under the protocol's stopping rule: ``experiments.runner``).
     scipy_algorithm: for a SciPy solver, its name in ``experiments.baselines.quasi_newton``
       (``"BFGS"``, ``"L-BFGS-M5"``, ...).
+    scipy_paper: SciPy as Table 1 runs it (the paper: to its ``maxiter`` of budget - 1
+      iterations, one BLAS thread) instead of stopped at the call past the budget.
     max_n: the solver is not run (a ``skipped`` row) on problems with more variables.
     needs_box: ``make`` uses the box (``LOWER``, ``UPPER``): it runs on bounded problems only.
     clip: the clipping habit: the transformation minimises ``f(clip(x, LOWER, UPPER))``
       and its point is reported as ``clip(x)`` (bounded problems only).
-    rows: a runner of its own, ``rows(solver, task, inst, budget, seeds) -> [Row]``
-      (jaxopt's LBFGSB; bounded problems only).
+    program: a jitted single-start program of its own, ``program(solver, fun, budget, x0,
+      fun_args, L, f_star, box, tol) -> dict`` run by ``runner.run_optimistix`` (jaxopt's
+      LBFGSB).
   """
 
   name: str
@@ -75,10 +78,11 @@ class Solver:
   is_optimistix: bool = False
   is_jaxopt: bool = False
   scipy_algorithm: Optional[str] = None
+  scipy_paper: bool = False
   max_n: Optional[int] = None
   needs_box: bool = False
   clip: bool = False
-  rows: Optional[Callable] = None
+  program: Optional[Callable] = None
 
   @property
   def is_scipy(self) -> bool:
@@ -86,7 +90,7 @@ class Solver:
 
   def runs_on(self, bounded: bool) -> bool:
     """Whether the row runs on a bounded (or unbounded) problem."""
-    boxed = self.needs_box or self.clip or self.rows is not None
+    boxed = self.needs_box or self.clip
     return self.is_scipy or boxed == bounded
 
 
@@ -245,7 +249,7 @@ def get(name: str) -> Solver:
   if name == JAXOPT_LBFGSB:
     from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
 
-    return Solver(name=name, rows=bounded.jaxopt_rows)
+    return Solver(name=name, program=bounded.jaxopt_lbfgsb, needs_box=True)
   if name.isidentifier() and name not in namespace():
     return from_expression(name, f"hdm_optax.{name}()")
   if name.isidentifier():

@@ -1,9 +1,11 @@
-"""The benchmark's problems: CUTEst (sif2jax), LIBSVM in float64 and float32, and user problems.
+"""The benchmark's suites: CUTEst (sif2jax), LIBSVM in float64 and float32, user problems, and
+the bounded ones (CUTEst's bounded problems, LIBSVM's logistic regression with ``w >= 0``).
 
 A suite is a list of :class:`Task` (cheap: a name and how to build it); ``Task.build()`` returns
 a ``protocol.Instance``, the problem ready to run: ``fun(x, *fun_args)``, a batch of starting
 points (one row per seed, run as one vmapped program), the tolerance of each, L where it is
-known, and a float64 NumPy ``fun_np(x) -> (value, grad)`` for the SciPy rows.
+known, and a float64 NumPy ``fun_np(x) -> (value, grad)`` for the SciPy rows; the objectives
+and the instances come from the registry, ``experiments.problems``.
 """
 
 from __future__ import annotations
@@ -23,12 +25,10 @@ from typing import Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import sparse as jsparse
 
 from experiments import data as data_lib
 from experiments import problems as problems_lib
 from experiments import protocol
-from experiments import runner as table1_runner
 
 # ``$HDM_BENCHMARKS_DIR`` or ``<repo>/../shared/benchmarks``.
 BENCHMARKS_DIR = Path(
@@ -37,11 +37,9 @@ BENCHMARKS_DIR = Path(
 CUTEST_DEV_LIST = BENCHMARKS_DIR / "cutest_dev.txt"
 # The larger problems to develop on (1024 <= n <= 123,200; 42 problems): suite cutest_scale_dev.
 CUTEST_SCALE_DEV_LIST = BENCHMARKS_DIR / "cutest_scale_dev.txt"
+CUTEST_BOUNDED_DEV_LIST = BENCHMARKS_DIR / "cutest_bounded_dev.txt"
 SEED0 = protocol.SEED  # the paper's x0 seed; seed i is SEED0 + i
-# libsvm32: ||grad f||_inf <= max(TOL, FLOAT32_RELATIVE_TOL * ||grad f(x0)||_inf). The sums run
-# over up to 10^5 rows, so float32 rounding leaves gradients of about eps32 * ||grad f(x0)||_inf
-# (eps32 = 1.2e-7) x (a growing factor) at the minimiser; 1e-5 is about 100 eps32.
-FLOAT32_RELATIVE_TOL = 1e-5
+FLOAT32_RELATIVE_TOL = problems_lib.FLOAT32_RELATIVE_TOL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,34 +50,6 @@ class Task:
   name: str
   seeds: tuple  # (None,) where the starting point is fixed
   build: Callable[[], protocol.Instance] = dataclasses.field(compare=False, repr=False)
-
-
-def jax_fun_np(fun, fun_args, dtype) -> Callable[[np.ndarray], tuple[float, np.ndarray]]:
-  """float64 NumPy ``x -> (value, grad)`` of a JAX objective evaluated in ``dtype``."""
-  value_and_grad = jax.jit(jax.value_and_grad(fun))
-
-  def fun_np(x):
-    value, grad = value_and_grad(jnp.asarray(x, dtype), *fun_args)
-    return float(value), np.asarray(grad, np.float64)
-
-  return fun_np
-
-
-def _instance(fun, fun_args, x0, tol, lipschitz=None, dtype="float64", n=None, f_star=None):
-  """An instance whose SciPy rows use the JAX objective itself."""
-  x0 = np.atleast_2d(np.asarray(x0, np.float64))
-  return protocol.Instance(
-    n=int(n or x0.shape[1]),
-    dtype=dtype,
-    fun=fun,
-    fun_args=tuple(fun_args),
-    x0=jnp.asarray(x0, dtype),
-    tol=np.broadcast_to(np.asarray(tol, np.float64), (x0.shape[0],)).copy(),
-    lipschitz=lipschitz,
-    fun_np=jax_fun_np(fun, fun_args, dtype),
-    x0_np=x0,
-    f_star=f_star,
-  )
 
 
 # ----------------------------------------------------------------------------
@@ -197,11 +167,6 @@ def cutest_f_star(problem) -> Optional[float]:
   return float(value)
 
 
-def _cutest_instance(problem, tol):
-  fun = lambda y, args: problem.objective(y, args)
-  return _instance(fun, (problem.args,), problem.y0, tol, f_star=cutest_f_star(problem))
-
-
 def _float32(tree):
   """The float arrays of ``tree`` in float32."""
   return jax.tree.map(
@@ -210,14 +175,40 @@ def _float32(tree):
   )
 
 
-def _cutest32_instance(problem, tol):
-  """The problem in float32: x0 and ``args`` cast, f's value cast (a problem that builds
-  float64 constants inside computes those terms in float64), tol relative as libsvm32's."""
-  fun = lambda y, args: jnp.asarray(problem.objective(y, args), jnp.float32)
-  args = _float32(problem.args)
-  g0 = np.max(np.abs(jax_fun_np(fun, (args,), "float32")(np.asarray(problem.y0))[1]))
-  tol = max(tol, FLOAT32_RELATIVE_TOL * float(g0))
-  return _instance(fun, (args,), problem.y0, tol, dtype="float32", f_star=cutest_f_star(problem))
+def cutest_instance(problem, tol, *, dtype="float64", factor=1, scaled=False, bounded=False):
+  """The sif2jax ``problem`` as a ``protocol.Instance``: ``fun(y, args)``, from its ``y0``.
+
+  Args:
+    problem: a sif2jax problem.
+    tol: the tolerance.
+    dtype: ``"float32"``: x0 and ``args`` cast, f's value cast (a problem that builds
+      float64 constants inside computes those terms in float64), tol relative as the
+      float32 LIBSVM suite's (``FLOAT32_RELATIVE_TOL``).
+    factor: start from ``factor y0`` (More, Garbow and Hillstrom's far starts; a zero y0
+      stays at zero).
+    scaled: ``x -> f(D x)`` from ``y0 / D`` (D :func:`hard_scaling`, an argument of the
+      compiled program).
+    bounded: the problem's box, the start projected into it (f* not used).
+  """
+  y0 = factor * np.asarray(problem.y0, np.float64)
+  fun, args = (lambda y, args: problem.objective(y, args)), (problem.args,)
+  if dtype == "float32":
+    fun = lambda y, args: jnp.asarray(problem.objective(y, args), jnp.float32)
+    args = (_float32(problem.args),)
+    g0 = np.max(np.abs(problems_lib.jax_fun_np(fun, args, dtype)(y0)[1]))
+    tol = max(tol, FLOAT32_RELATIVE_TOL * float(g0))
+  if scaled:
+    d = hard_scaling(y0.size).reshape(y0.shape)
+    fun = lambda y, args, scale: problem.objective(scale * y, args)
+    args += (jnp.asarray(d, jnp.result_type(problem.y0)),)
+    y0 = y0 / d
+  f_star, box = cutest_f_star(problem), {}
+  if bounded:
+    f_star, box = (
+      None,
+      dict(zip(("lower", "upper"), (np.asarray(b, np.float64) for b in problem.bounds))),
+    )
+  return problems_lib.instance(fun, args, y0, tol, dtype=dtype, f_star=f_star, **box)
 
 
 def cutest_tasks(
@@ -233,13 +224,9 @@ def cutest_tasks(
   ``cutest`` / ``cutest32``).
   """
   names = cutest_names() if names is None else list(names)
-  label, build = ("cutest", _cutest_instance)
-  if dtype == "float32":
-    label, build = ("cutest32", _cutest32_instance)
-  suite = suite or label
-  return [
-    Task(suite, name, (None,), lambda name=name: build(cutest_problem(name), tol)) for name in names
-  ]
+  suite = suite or ("cutest32" if dtype == "float32" else "cutest")
+  build = lambda name: cutest_instance(cutest_problem(name), tol, dtype=dtype)
+  return [Task(suite, name, (None,), functools.partial(build, name)) for name in names]
 
 
 def cutest_problems():
@@ -265,7 +252,7 @@ def cutest_scale_tasks(tol: float, max_n: int, min_n: int = 1000) -> list[Task]:
     if name not in dev and min_n < np.size(p.y0) <= max_n
   }
   return [
-    Task("cutest_scale", name, (None,), lambda p=p: _cutest_instance(p, tol))
+    Task("cutest_scale", name, (None,), lambda p=p: cutest_instance(p, tol))
     for name, p in sorted(chosen.items())
   ]
 
@@ -286,22 +273,6 @@ def hard_scaling(n: int) -> np.ndarray:
   return np.logspace(np.log10(lo), np.log10(hi), n)
 
 
-def _far_instance(problem, tol, factor):
-  """The problem from ``factor`` y0 (a zero y0 stays at zero, as in More et al.)."""
-  fun = lambda y, args: problem.objective(y, args)
-  x0 = factor * np.asarray(problem.y0, np.float64)
-  return _instance(fun, (problem.args,), x0, tol, f_star=cutest_f_star(problem))
-
-
-def _scaled_instance(problem, tol):
-  """``x -> f(D x)`` from ``y0 / D`` (D as an argument of the compiled program)."""
-  y0 = np.asarray(problem.y0, np.float64)
-  d = hard_scaling(y0.size).reshape(y0.shape)
-  fun = lambda y, args, scale: problem.objective(scale * y, args)
-  scale = jnp.asarray(d, jnp.result_type(problem.y0))
-  return _instance(fun, (problem.args, scale), y0 / d, tol, f_star=cutest_f_star(problem))
-
-
 def cutest_hard_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task]:
   """Every dev problem from 10 y0 (``NAME@10x``), 100 y0 (``NAME@100x``) and rescaled
   (``NAME@D``: :func:`hard_scaling`). The problems from y0 are the ``cutest`` suite."""
@@ -309,11 +280,18 @@ def cutest_hard_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list
   out = []
   for name in names:
     for factor in HARD_FACTORS:
-      build = lambda name=name, k=factor: _far_instance(cutest_problem(name), tol, k)
+      build = lambda name=name, k=factor: cutest_instance(cutest_problem(name), tol, factor=k)
       out.append(Task("cutest_hard", f"{name}@{factor}x", (None,), build))
-    build = lambda name=name: _scaled_instance(cutest_problem(name), tol)
+    build = lambda name=name: cutest_instance(cutest_problem(name), tol, scaled=True)
     out.append(Task("cutest_hard", f"{name}@D", (None,), build))
   return out
+
+
+def cutest_bounded_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list[Task]:
+  """The bounded dev list (or ``names``), each with its own box and projected ``y0``."""
+  names = cutest_names(CUTEST_BOUNDED_DEV_LIST) if names is None else list(names)
+  build = lambda name: cutest_instance(cutest_bounded_problem(name), tol, bounded=True)
+  return [Task("cutest_bounded", name, (None,), functools.partial(build, name)) for name in names]
 
 
 # ----------------------------------------------------------------------------
@@ -321,46 +299,9 @@ def cutest_hard_tasks(tol: float, names: Optional[Sequence[str]] = None) -> list
 # ----------------------------------------------------------------------------
 
 
-def initial_points(n: int, seeds: Sequence[int]) -> np.ndarray:
-  """``protocol.initial_point(n, seed)`` for each seed, one row per seed."""
-  return np.stack([protocol.initial_point(n, seed) for seed in seeds])
-
-
-def _as_dtype(args, dtype):
-  """Float arrays and BCOO matrices of ``args`` in ``dtype`` (a host CSR matrix stays as it is:
-  its kernel multiplies in w's dtype)."""
-  converts = lambda a: (
-    isinstance(a, (jax.Array, jsparse.BCOO)) and jnp.issubdtype(a.dtype, jnp.floating)
-  )
-  return tuple(a.astype(dtype) if converts(a) else a for a in args)
-
-
-def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir):
+def _libsvm_instance(dataset, kind, seeds, tol, dtype, data_dir, **box):
   problem = problems_lib.load_problem(dataset, kind, data_dir=data_dir)
-  padded = table1_runner.prepare(problem)  # dense problems padded to shared shapes
-  x0_np = initial_points(problem.n, seeds)
-  x0 = np.zeros((len(seeds), padded.x0.shape[1]))
-  x0[:, : problem.n] = x0_np
-  fun_args = _as_dtype(padded.fun_args, dtype)
-  tols = np.full(len(seeds), tol)
-  if dtype == "float32":
-    g0 = np.array([np.max(np.abs(problem.fun_np(x)[1])) for x in x0_np])
-    tols = np.maximum(tol, FLOAT32_RELATIVE_TOL * g0)
-    fun_np = jax_fun_np(padded.fun, fun_args, dtype)  # SciPy on the float32 objective
-    x0_np = x0
-  else:
-    fun_np = problem.fun_np
-  return protocol.Instance(
-    n=problem.n,
-    dtype=dtype,
-    fun=padded.fun,
-    fun_args=fun_args,
-    x0=jnp.asarray(x0, dtype),
-    tol=tols,
-    lipschitz=float(problem.L),
-    fun_np=fun_np,
-    x0_np=x0_np,
-  )
+  return problems_lib.libsvm_instance(problem, seeds=seeds, tol=tol, dtype=dtype, **box)
 
 
 def libsvm_tasks(
@@ -369,20 +310,31 @@ def libsvm_tasks(
   dtype: str = "float64",
   datasets: Optional[Sequence[str]] = None,
   data_dir=None,
+  bounded: bool = False,
 ) -> list[Task]:
-  """Both problems (SVM, logistic) of every dataset on disk, seeds SEED0, SEED0 + 1, ..."""
+  """Both problems (SVM, logistic) of every dataset on disk, seeds SEED0, SEED0 + 1, ...
+
+  ``bounded``: the ``libsvm_bounded`` suite, logistic regression with ``w >= 0`` (the
+  paper's x0 projected onto the box).
+  """
   names = data_lib.list_datasets(data_dir) if datasets is None else list(datasets)
   seeds = tuple(SEED0 + i for i in range(num_seeds))
   suite = "libsvm" if dtype == "float64" else "libsvm32"
+  kinds = [(kind, kind, {}) for kind in problems_lib.KINDS]
+  if bounded:
+    suite, kinds = (
+      "libsvm_bounded",
+      [("logistic", "logistic-nonneg", dict(lower=0.0, upper=np.inf))],
+    )
   return [
     Task(
       suite,
-      f"{name}/{kind}",
+      f"{name}/{label}",
       seeds,
-      lambda name=name, kind=kind: _libsvm_instance(name, kind, seeds, tol, dtype, data_dir),
+      functools.partial(_libsvm_instance, name, kind, seeds, tol, dtype, data_dir, **box),
     )
     for name in names
-    for kind in problems_lib.KINDS
+    for kind, label, box in kinds
   ]
 
 
@@ -391,94 +343,33 @@ def libsvm_tasks(
 # ----------------------------------------------------------------------------
 
 
-def rosenbrock(x):
-  """The extended Rosenbrock function ``sum 100 (x_{i+1} - x_i^2)^2 + (1 - x_i)^2``."""
-  return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
-
-
-def x_minus_log_x(x):
-  """``sum(x - log x)``: minimum n at x = 1, not finite outside x > 0."""
-  return jnp.sum(x - jnp.log(x))
-
-
-MLP_LAYERS = (64, 32, 32, 10)
-LOGISTIC_L2 = 1e-3
-
-
-def _mlp_shapes():
-  return [((a, b), (b,)) for a, b in zip(MLP_LAYERS[:-1], MLP_LAYERS[1:])]
-
-
-def mlp_loss(x, features, labels):
-  """Mean cross-entropy of a tanh MLP 64-32-32-10 whose weights and biases are the flat ``x``."""
-  h, start = features, 0
-  layers = _mlp_shapes()
-  for i, (w_shape, b_shape) in enumerate(layers):
-    w = x[start : start + w_shape[0] * w_shape[1]].reshape(w_shape)
-    start += w.size
-    b = x[start : start + b_shape[0]]
-    start += b.size
-    h = h @ w + b
-    if i < len(layers) - 1:
-      h = jnp.tanh(h)
-  logp = jax.nn.log_softmax(h)
-  return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=1))
-
-
-def _mlp_instance(tol):
-  from sklearn.datasets import load_digits
-
-  digits = load_digits()
-  features = jnp.asarray(digits.data / 16.0, jnp.float32)
-  labels = jnp.asarray(digits.target, jnp.int32)
-  rng = np.random.RandomState(0)
-  parts = []
-  for w_shape, b_shape in _mlp_shapes():
-    parts += [rng.randn(*w_shape).ravel() / np.sqrt(w_shape[0]), np.zeros(b_shape)]
-  return _instance(mlp_loss, (features, labels), np.concatenate(parts), tol, dtype="float32")
-
-
-def l2_logistic(w, A, y, lam):
-  """``mean log(1 + exp(-y_i a_i^T w)) + lam/2 ||w||^2``."""
-  return jnp.mean(jnp.logaddexp(0.0, -y * (A @ w))) + 0.5 * lam * jnp.sum(w * w)
-
-
-def _logistic_instance(tol, dtype):
-  from sklearn.datasets import load_breast_cancer
-
-  X, y = load_breast_cancer(return_X_y=True)
-  X = (X - X.mean(0)) / X.std(0)
-  A = np.hstack([X, np.ones((X.shape[0], 1))])
-  lipschitz = np.linalg.eigvalsh(A.T @ A)[-1] / (4 * A.shape[0]) + LOGISTIC_L2
-  args = (jnp.asarray(A, dtype), jnp.asarray(2.0 * y - 1.0, dtype), jnp.asarray(LOGISTIC_L2, dtype))
-  return _instance(l2_logistic, args, np.zeros(A.shape[1]), tol, float(lipschitz), dtype)
-
-
 def user_tasks(tol: float) -> list[Task]:
   """Rosenbrock (n = 2, 100), the digits MLP, breast-cancer logistic (f32, f64), x - log x."""
 
   def rosen(n):
-    return lambda: _instance(rosenbrock, (), np.tile([-1.2, 1.0], n // 2), tol, f_star=0.0)
+    x0 = np.tile([-1.2, 1.0], n // 2)
+    return lambda: problems_lib.instance(problems_lib.rosenbrock, (), x0, tol, f_star=0.0)
 
+  x_log_x = problems_lib.x_minus_log_x
   return [
     Task("user", "rosenbrock-2", (None,), rosen(2)),
     Task("user", "rosenbrock-100", (None,), rosen(100)),
-    Task("user", "mlp-digits-f32", (None,), lambda: _mlp_instance(tol)),
-    Task("user", "logreg-cancer-f32", (None,), lambda: _logistic_instance(tol, "float32")),
-    Task("user", "logreg-cancer-f64", (None,), lambda: _logistic_instance(tol, "float64")),
+    Task("user", "mlp-digits-f32", (None,), lambda: problems_lib.mlp_digits(tol)),
+    Task("user", "logreg-cancer-f32", (None,), lambda: problems_lib.breast_cancer(tol, "float32")),
+    Task("user", "logreg-cancer-f64", (None,), lambda: problems_lib.breast_cancer(tol, "float64")),
     Task(
       "user",
       "x-minus-log-x-10",
       (None,),
-      lambda: _instance(x_minus_log_x, (), np.full(10, 5.0), tol, f_star=10.0),
+      lambda: problems_lib.instance(x_log_x, (), np.full(10, 5.0), tol, f_star=10.0),
     ),
   ]
 
 
 SUITES = ("cutest", "cutest32", "libsvm", "libsvm32", "user")
 # Run on request only: the scale dev list, the dev list made harder (far starts, a diagonal
-# rescaling), the package's other problems by size, and the bounded suites
-# (experiments.benchmark.bounded: the box given to the bounded rows).
+# rescaling), the package's other problems by size, and the bounded suites (the box given to
+# the bounded rows: experiments.benchmark.bounded).
 BOUNDED_SUITES = ("cutest_bounded", "libsvm_bounded")
 EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale", "cutest_hard") + BOUNDED_SUITES
 
@@ -510,13 +401,9 @@ def tasks(
   elif suite == "user":
     out = user_tasks(tol)
   elif suite == "cutest_bounded":
-    from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
-
-    out = bounded.cutest_bounded_tasks(tol)
+    out = cutest_bounded_tasks(tol)
   elif suite == "libsvm_bounded":
-    from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
-
-    out = bounded.libsvm_bounded_tasks(tol, num_seeds, datasets, data_dir)
+    out = libsvm_tasks(tol, num_seeds, datasets=datasets, data_dir=data_dir, bounded=True)
   else:
     raise ValueError(f"suite must be one of {SUITES + EXTRA_SUITES}, got {suite!r}")
   if problems:

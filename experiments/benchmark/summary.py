@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from experiments import problems as problems_lib
 from experiments.benchmark import profiles
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
@@ -282,7 +283,7 @@ def protocol_notes(budget, tol) -> list[str]:
     "- `user`: Rosenbrock n = 2, 100 from (-1.2, 1, -1.2, 1, ...); a tanh MLP 64-32-32-10 on "
     "scikit-learn's digits (features / 16, mean cross-entropy, float32, N(0, 1/fan_in) weights "
     "with seed 0); logistic regression on standardised breast cancer with an intercept, mean "
-    f"loss + {suites_lib.LOGISTIC_L2:g}/2 ||w||^2, from 0, float32 and float64 (L = "
+    f"loss + {problems_lib.CANCER_RIDGE:g}/2 ||w||^2, from 0, float32 and float64 (L = "
     "sigma_max(A)^2/(4m) + lambda); sum(x - log x), n = 10, from x = 5.",
     "- `optx.BFGS` / `optx.LBFGS`: `optimistix.minimise(..., throw=False)` of "
     "`optx.BFGS(rtol=0.0, atol=0.0)` (LBFGS alike): the Cauchy test off, stopped at the first "

@@ -3,9 +3,9 @@
     python -m experiments.perf.batched [--batches 1,1024,16384] [--dtype float32]
                                        [--solvers all] [--calls 1000] [--tol 1e-4]
 
-B independent ridge-logistic regressions ``f_b(w) = mean_i softplus(-y_bi <a_bi, w>)
+B independent ridge-logistic regressions ``f_b(w) = mean_i log(1 + exp(-y_bi <a_bi, w>))
 + RIDGE / 2 ||w||^2`` with ``--rows`` x ``--cols`` (200 x 50) Gaussian data and
-labels from a noisy planted model, solved by one ``jax.jit(jax.vmap(solve))``
+labels from a planted logistic model (``experiments.problems.synthetic_logistic``), solved by one ``jax.jit(jax.vmap(solve))``
 (each problem its own data, start 0 and, for ``hdm_best(L)``, its own
 ``L = sigma_max(A_b)^2 / (4 rows) + RIDGE``) within ``--calls`` gradient
 calls to ``||grad f_b||_inf <= --tol``. The optax transformations run through
@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import problems
 from experiments import protocol
 from experiments.perf import timing
 
@@ -54,19 +55,18 @@ def device_label() -> str:
 
 
 def make_batch(batch: int, rows: int, cols: int, dtype, seed: int = 0):
-  """``(A, y, L)``: B problems' data (B, rows, cols), labels (B, rows) and L (B,)."""
-  rng = np.random.default_rng(seed)
-  a = rng.standard_normal((batch, rows, cols)) / np.sqrt(cols)
-  w = rng.standard_normal((batch, cols))
-  margin = np.einsum("bij,bj->bi", a, w)
-  y = np.where(margin + 0.5 * rng.standard_normal(margin.shape) > 0, 1.0, -1.0)
-  lip = np.linalg.svd(a, compute_uv=False)[:, 0] ** 2 / (4 * rows) + RIDGE
-  return tuple(jnp.asarray(v, dtype) for v in (a, y, lip))
+  """``(A, y, L)``: B problems' data (B, rows, cols), labels (B, rows) and L (B,)
+  (``experiments.problems.synthetic_logistic``, a mean with the ridge)."""
+  inst = problems.synthetic_logistic(
+    rows, cols, batch=batch, mean=True, ridge=RIDGE, dtype=dtype, seed=seed
+  )
+  return (*inst.fun_args[:2], jnp.asarray(inst.lipschitz, dtype))
 
 
 def ridge_logistic(w, a, y):
-  ridge = jnp.asarray(RIDGE / 2, w.dtype)
-  return jnp.mean(jax.nn.softplus(-y * (a @ w))) + ridge * jnp.vdot(w, w)
+  """f_b: ``problems.logistic_objective`` as a mean with the ridge (a, y one problem's)."""
+  weight, ridge = (jnp.asarray(v, w.dtype) for v in (1.0 / a.shape[0], RIDGE))
+  return problems.logistic_objective(w, a, y, weight, ridge)
 
 
 def _optax(make: Callable) -> Callable:

@@ -5,7 +5,7 @@
                                      [--memory-gib G]
 
 Time to solution (default): the sparse float32 logistic regression of
-``experiments.perf.scale`` (``sum_i softplus(-y_i (A w)_i)``, a
+``experiments.problems.synthetic_logistic`` (``sum_i log(1 + exp(-y_i (A w)_i))``, a
 ``jax.experimental.sparse.BCOO`` A with n / 10 rows and 10 nonzeros per row,
 labels from a planted model), solved from w = 0 by ``hdm_optax.solve`` to
 ``||grad f||_inf <= --rtol * ||grad f(0)||_inf`` within ``--calls`` gradient
@@ -98,13 +98,14 @@ def run_one(
   ``compiler_options``: XLA's (for the tests).
   """
   import hdm_optax
-  from experiments.perf import scale
+  from experiments import problems
 
   opt = _solvers()[solver]()
   x0 = jnp.zeros(n, jnp.float32)
   if problem == "sparse":
-    a, y = scale.make_problem(n, max(int(n * ROWS_PER_PARAM), 1), NNZ_PER_ROW)
-    fun, fun_args = scale.logistic, (a, y)
+    m = max(int(n * ROWS_PER_PARAM), 1)
+    inst = problems.synthetic_logistic(m, n, nnz_per_row=NNZ_PER_ROW)
+    fun, fun_args = inst.fun, inst.fun_args
     g0 = float(jnp.max(jnp.abs(jax.grad(fun)(x0, *fun_args))))
     tol = rtol * g0
   else:

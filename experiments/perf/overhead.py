@@ -4,8 +4,9 @@
 
 Ridge logistic regression ``f(w) = sum_i log(1 + exp(-y_i <a_i, w>)) + 1e-2/2 ||w||^2``
 (the ridge keeps ``grad f != 0``, so no run stops early) with n parameters on
-synthetic data (labels from a noisy linear model), float32 by default (``--dtype float64`` enables
-x64). The data are arguments of the compiled programs (never constants):
+synthetic data (``experiments.problems.synthetic_logistic``: labels from a planted logistic
+model), from w = 0, float32 by default (``--dtype float64`` enables x64). The data are
+arguments of the compiled programs (never constants):
 
 - n <= 1e4: a dense ``m x n`` matrix with ``m = max(1e6 / n, 100)`` rows (1e6 entries);
 - n >= 1e5: a ``jax.experimental.sparse.BCOO`` matrix with ``m = n / 2`` rows and
@@ -47,6 +48,7 @@ import pathlib
 import jax
 import numpy as np
 
+from experiments import problems
 from experiments import protocol
 from experiments.perf import batched, hlo, timing
 
@@ -133,44 +135,16 @@ def _peer_runs(peers, fun, data, w0, steps) -> dict:
   return runs
 
 
-def _labels(margin, rng):
-  return np.where(margin + 0.5 * margin.std() * rng.standard_normal(margin.shape) > 0, 1.0, -1.0)
-
-
-def make_problem(n: int, dtype, rng):
-  """Returns ``(fun, data, w0, L)`` with ``fun(w, *data)``."""
-  import jax.numpy as jnp
-  from jax.experimental import sparse as jsparse
-
+def make_problem(n: int, dtype, seed: int = 0):
+  """Returns ``(fun, data, w0, L, kind)`` with ``fun(w, *data)``: the ridge logistic regression
+  of ``experiments.problems.synthetic_logistic`` (dense with 1e6 entries up to n = 1e4, else
+  BCOO with n / 2 rows and 10 nonzeros per row), from 0."""
   if n <= 10_000:
-    m = max(1_000_000 // n, 100)
-    A = (rng.standard_normal((m, n)) / np.sqrt(n)).astype(dtype)
-    y = _labels(A @ rng.standard_normal(n), rng).astype(dtype)
-    lip = 0.25 * (np.sqrt(m / n) + 1) ** 2 + RIDGE  # ~ 0.25 sigma_max^2 for Gaussian A
-    data = (jnp.asarray(A), jnp.asarray(y))
-    kind = f"dense {m}x{n}"
+    m, nnz, kind = max(1_000_000 // n, 100), None, f"dense {max(1_000_000 // n, 100)}x{n}"
   else:
-    m, k = n // 2, 10
-    cols = np.sort(rng.integers(0, n, size=(m, k)), axis=1)
-    rows = np.repeat(np.arange(m), k)
-    vals = (rng.standard_normal(m * k) / np.sqrt(k)).astype(dtype)
-    idx = np.stack([rows, cols.ravel()], axis=1).astype(np.int32)
-    A = jsparse.BCOO(
-      (jnp.asarray(vals), jnp.asarray(idx)), shape=(m, n), indices_sorted=True, unique_indices=False
-    )
-    w_true = rng.standard_normal(n)
-    y = _labels((vals.astype(np.float64) * w_true[cols.ravel()]).reshape(m, k).sum(1), rng).astype(
-      dtype
-    )
-    lip = 0.25 * 2.0 * k * 0.5 + RIDGE  # rough estimate; only sets the step scale
-    data = (A, jnp.asarray(y))
-    kind = f"BCOO {m}x{n}, nnz={m * k}"
-
-  def fun(w, A, y):
-    return jnp.sum(jax.nn.softplus(-y * (A @ w))) + 0.5 * RIDGE * jnp.sum(w * w)
-
-  w0 = jnp.asarray(rng.standard_normal(n).astype(dtype) * 0.01)
-  return fun, data, w0, lip, kind
+    m, nnz, kind = n // 2, 10, f"BCOO {n // 2}x{n}, nnz={n // 2 * 10}"
+  inst = problems.synthetic_logistic(m, n, nnz_per_row=nnz, ridge=RIDGE, dtype=dtype, seed=seed)
+  return inst.fun, inst.fun_args, inst.x0[0], inst.lipschitz, kind
 
 
 def measure(
@@ -178,7 +152,7 @@ def measure(
   dtype,
   steps: int,
   repeats: int,
-  rng,
+  seed: int = 0,
   optimizer: str = "hdm_best",
   check_every: tuple[int, ...] = (1,),
   kernels: bool = False,
@@ -188,7 +162,7 @@ def measure(
   import optax
   import hdm_optax
 
-  fun, data, w0, lip, kind = make_problem(n, dtype, rng)
+  fun, data, w0, lip, kind = make_problem(n, dtype, seed)
   factory, probe_calls = OPTIMIZERS[optimizer]  # = probe updates
   opt = factory(hdm_optax, lip)
 
@@ -341,7 +315,6 @@ def main(argv=None) -> list[dict]:
     jax.config.update("jax_enable_x64", True)
   protocol.float32_products()
   dtype = np.dtype(args.dtype)
-  rng = np.random.default_rng(args.seed)
   sizes = [int(float(s)) for s in args.sizes.split(",")]
   device = batched.device_label()
   print(
@@ -363,7 +336,7 @@ def main(argv=None) -> list[dict]:
       dtype,
       steps,
       args.repeats,
-      rng,
+      args.seed,
       args.optimizer,
       check_every,
       args.kernels,

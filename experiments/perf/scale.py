@@ -5,7 +5,8 @@
 
 The data matrix is a ``jax.experimental.sparse.BCOO`` with ``m`` rows and
 ``nnz_per_row`` nonzeros per row (random columns), labels from a planted
-model. The objective is ``sum_i softplus(-y_i (A w)_i)`` (overflow-safe).
+model (``experiments.problems.synthetic_logistic``). The objective is
+``sum_i log(1 + exp(-y_i (A w)_i))`` (``problems.logistic_objective``).
 Prints:
 
 - seconds per HDM-Best iteration (one jitted ``value_and_grad_from_state`` +
@@ -22,31 +23,12 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.experimental import sparse as jsparse
 
 import hdm_optax
+from experiments import problems
 from experiments import protocol
 from experiments.perf import timing
-
-
-def make_problem(n, m, nnz_per_row, seed=0):
-  rng = np.random.default_rng(seed)
-  rows = np.repeat(np.arange(m, dtype=np.int32), nnz_per_row)
-  cols = rng.integers(0, n, size=m * nnz_per_row, dtype=np.int32)
-  vals = (rng.standard_normal(m * nnz_per_row) / np.sqrt(nnz_per_row)).astype(np.float32)
-  w_true = rng.standard_normal(n).astype(np.float32)
-  logits = np.bincount(rows, weights=vals * w_true[cols], minlength=m)
-  y = np.where(rng.random(m) < 1 / (1 + np.exp(-logits)), 1.0, -1.0).astype(np.float32)
-  a = jsparse.BCOO(
-    (jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1))), shape=(m, n), indices_sorted=True
-  )
-  return a, jnp.asarray(y)
-
-
-def logistic(w, a, y):
-  return jnp.sum(jax.nn.softplus(-y * (a @ w)))
 
 
 def main(argv=None):
@@ -60,42 +42,37 @@ def main(argv=None):
   n, m = args.n, args.m
 
   t0 = time.perf_counter()
-  a, y = make_problem(n, m, args.nnz_per_row)
+  inst = problems.synthetic_logistic(m, n, nnz_per_row=args.nnz_per_row)
+  logistic, data = inst.fun, inst.fun_args
   print(
     f"problem: n = {n:,} params (float32), m = {m:,} rows, "
-    f"nnz = {a.nse:,} ({time.perf_counter() - t0:.1f} s to build)"
+    f"nnz = {data[0].nse:,} ({time.perf_counter() - t0:.1f} s to build)"
   )
-
-  # A crude upper bound on L: ||A||_F^2 / 4.
-  lip = float(jnp.sum(a.data**2)) / 4
-  opt = hdm_optax.hdm_best(lipschitz=lip)
+  opt = hdm_optax.hdm_best(lipschitz=inst.lipschitz)
   x = jnp.zeros(n, jnp.float32)
   # x and the state are donated to the compiled iteration, so no two of them
   # may share a buffer (init stores x as x^0 and eta_p as eta_p0): copy.
   state = jax.tree.map(lambda leaf: jnp.array(leaf, copy=True), opt.init(x))
+  value_and_grad = jax.jit(jax.value_and_grad(logistic))
 
-  @jax.jit
-  def value_and_grad(x, a, y):
-    return jax.value_and_grad(logistic)(x, a, y)
-
-  def step(x, state, a, y):
-    fun = lambda w: logistic(w, a, y)
+  def step(x, state, data):
+    fun = lambda w: logistic(w, *data)
     value, grad = optax.value_and_grad_from_state(fun)(x, state=state)
     updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
     return optax.apply_updates(x, updates), state
 
   step_jit = jax.jit(step, donate_argnums=(0, 1))
-  compiled = step_jit.lower(x, state, a, y).compile()
+  compiled = step_jit.lower(x, state, data).compile()
 
-  t_oracle = timing.best_time(lambda: value_and_grad(x, a, y), repeats=5)
+  t_oracle = timing.best_time(lambda: value_and_grad(x, *data), repeats=5)
 
   # First call computes f(x^1) (the state cache is empty), then 1 call/iter.
-  f0 = float(logistic(x, a, y))
-  x, state = step_jit(x, state, a, y)
+  f0 = float(logistic(x, *data))
+  x, state = step_jit(x, state, data)
   jax.block_until_ready(x)
   t0 = time.perf_counter()
   for _ in range(args.iters):
-    x, state = step_jit(x, state, a, y)
+    x, state = step_jit(x, state, data)
   jax.block_until_ready(x)
   t_iter = (time.perf_counter() - t0) / args.iters
 

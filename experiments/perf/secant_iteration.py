@@ -33,7 +33,7 @@ def main(argv=None):
   import hdm_optax
 
   n = int(args.n)
-  fun, data, w0, _, kind = overhead.make_problem(n, np.float32, np.random.default_rng(0))
+  fun, data, w0, _, kind = overhead.make_problem(n, np.float32)
   opts = {"trial_lbfgs()": hdm_optax.trial_lbfgs(), "optax.lbfgs()": optax.lbfgs()}
   solve = jax.jit(
     lambda opt, w, data: hdm_optax.solve(opt, fun, w, max_steps=args.steps, tol=0.0, fun_args=data),

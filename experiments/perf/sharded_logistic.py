@@ -58,7 +58,7 @@ def main(argv=None):
 
   if args.multihost:
     jax.distributed.initialize()  # reads JAX_COORDINATOR_ADDRESS etc. / the cluster env
-  from experiments import protocol  # pylint: disable=g-import-not-at-top
+  from experiments import problems, protocol  # pylint: disable=g-import-not-at-top
 
   protocol.float32_products()
   if args.float64:
@@ -87,10 +87,8 @@ def main(argv=None):
     sys.exit(f"the sharded dimension must be a multiple of {ndev}")
 
   # Same data on every process (fixed seed); each device keeps its shard.
-  rng = np.random.default_rng(0)
-  a_np = (rng.standard_normal((m, n)) / np.sqrt(n)).astype(dtype)
-  w_true = rng.standard_normal(n)
-  y_np = np.where(rng.random(m) < 1 / (1 + np.exp(-(a_np @ w_true))), 1.0, -1.0).astype(dtype)
+  inst = problems.synthetic_logistic(m, n, dtype=dtype)
+  a_np, y_np = (np.asarray(v) for v in inst.fun_args[:2])
 
   a_spec, x_spec = (P("d", None), P()) if args.layout == "rows" else (P(None, "d"), P("d"))
   y_spec = P("d") if args.layout == "rows" else P()
@@ -99,27 +97,22 @@ def main(argv=None):
     sharding = NamedSharding(mesh, spec)
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
-  a, y = put(a_np, a_spec), put(y_np, y_spec)
+  data = (put(a_np, a_spec), put(y_np, y_spec), put(np.asarray(inst.fun_args[2]), P()))
   x0 = put(np.zeros(n, dtype), x_spec)
-
-  def logistic(w, a, y):
-    return jnp.sum(jax.nn.softplus(-y * (a @ w)))
-
-  lip = float(np.linalg.norm(a_np, 2) ** 2 / 4)
+  logistic = inst.fun
   opt = hdm_optax.hdm_best(
-    lipschitz=lip, curvature_estimate=hdm_optax.pieces.curvature.running_mean(args.steps)
+    lipschitz=inst.lipschitz,
+    curvature_estimate=hdm_optax.pieces.curvature.running_mean(args.steps),
   )
 
   run = jax.jit(
-    lambda x, a, y: hdm_optax.solve(
-      opt, logistic, x, max_steps=args.steps, tol=1e-5, fun_args=(a, y)
-    )
+    lambda x, data: hdm_optax.solve(opt, logistic, x, max_steps=args.steps, tol=1e-5, fun_args=data)
   )
   t0 = time.perf_counter()
-  res = jax.block_until_ready(run(x0, a, y))
+  res = jax.block_until_ready(run(x0, data))
   t_first = time.perf_counter() - t0
   t0 = time.perf_counter()
-  res = jax.block_until_ready(run(x0, a, y))
+  res = jax.block_until_ready(run(x0, data))
   t_run = time.perf_counter() - t0
 
   log(
@@ -143,7 +136,7 @@ def main(argv=None):
       jax.device_put(np.zeros(n, dtype), dev),
       max_steps=args.steps,
       tol=1e-5,
-      fun_args=(jax.device_put(a_np, dev), jax.device_put(y_np, dev)),
+      fun_args=jax.device_put(inst.fun_args, dev),
     )
     params = np.asarray(res.params)
     ref_params = np.asarray(ref.params)

@@ -39,7 +39,7 @@ import hdm_optax
 from experiments import data as data_lib
 from experiments import problems as problems_lib
 from experiments import protocol
-from experiments import runner
+from experiments import table1
 from experiments.perf import timing
 
 
@@ -80,13 +80,13 @@ def value_and_grad_loop(problem, calls=CALLS):
 
 def sweep_ratio(problem, budget=protocol.BUDGET, tol=protocol.TOL):
   """Times of the 20-point HDM-Best sweep (lockstep, compacted, stop-at-first) and the winner's solve."""
-  inst = runner.prepare(problem, pad=False)
+  inst = problems_lib.libsvm_instance(problem, pad=False)
   lip = float(problem.L)
-  points = [dict(pm=pm, mb=mb, lip=lip) for pm in runner.HDM_BEST_PM for mb in runner.HDM_BEST_MB]
+  points = [dict(pm=pm, mb=mb, lip=lip) for pm in table1.HDM_BEST_PM for mb in table1.HDM_BEST_MB]
 
   def sweep(first=False, compact=False):
     out = hdm_optax.sweep(
-      runner.make_hdm_best,
+      table1.make_hdm_best,
       points,
       inst.fun,
       inst.x0[0],
@@ -101,7 +101,7 @@ def sweep_ratio(problem, budget=protocol.BUDGET, tol=protocol.TOL):
 
   out = sweep()
   winner = points[out.best]
-  opt = runner.make_hdm_best(**winner)
+  opt = table1.make_hdm_best(**winner)
 
   def single():
     res = hdm_optax.solve(
