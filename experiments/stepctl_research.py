@@ -27,7 +27,7 @@ from experiments import problems, protocol
 from experiments.benchmark import runner as suite_runner
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
-from hdm_optax.pieces import iteration, step_control
+from hdm_optax.pieces import shell, step_control
 
 
 def quadratic_step(value, trial_value, slope, trial_slope):
@@ -37,7 +37,7 @@ def quadratic_step(value, trial_value, slope, trial_slope):
   return jnp.where(curvature > 0, -slope / jnp.where(curvature > 0, 2 * curvature, 1), jnp.nan)
 
 
-def steep_extrapolation(inner, grow=1.5, steep=0.9, max_step=1e6) -> iteration.StepControl:
+def steep_extrapolation(inner, grow=1.5, steep=0.9, max_step=1e6) -> shell.StepControl:
   """``inner``, but alpha x ``grow`` (up to ``max_step``) after an accepted trial whose slope
   along s is still steep, ``<g+, s> < steep <g, s>`` (docs/secant.md's (a))."""
 

@@ -15,18 +15,18 @@ their result types. The parts the methods are configured from are in
 from hdm_optax import pieces
 from hdm_optax._common import HDMInfo
 from hdm_optax.driver.cache import value_and_grad_from_state
-from hdm_optax.driver.loop import Loop
-from hdm_optax.driver.loop import LoopState
-from hdm_optax.driver.loop import loop
+from hdm_optax.driver.loops import Loop
+from hdm_optax.driver.loops import LoopState
+from hdm_optax.driver.loops import loop
 from hdm_optax.driver.minibatch import MinibatchStats
 from hdm_optax.driver.minibatch import minibatch_step
-from hdm_optax.driver.minimize import minimize
+from hdm_optax.driver.scipy_api import minimize
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
-from hdm_optax.driver.solve import solve
-from hdm_optax.driver.solve import sweep
+from hdm_optax.driver.compiled import solve
+from hdm_optax.driver.compiled import sweep
 from hdm_optax.methods import HDMAGDState
 from hdm_optax.methods import hdm
 from hdm_optax.methods import hdm_agd
@@ -35,7 +35,7 @@ from hdm_optax.methods import hdm_best
 from hdm_optax.methods import hdm_hb
 from hdm_optax.methods import osgm_best
 from hdm_optax.methods import trial_lbfgs
-from hdm_optax.pieces.iteration import IterationState
+from hdm_optax.pieces.shell import IterationState
 
 __version__ = "0.1.0"
 
@@ -57,7 +57,6 @@ __all__ = (
   "hdm_hb",
   "loop",
   "minibatch_step",
-  "minimize",
   "minimize",
   "osgm_best",
   "pieces",

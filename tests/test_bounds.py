@@ -13,7 +13,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import minimize as minimize_lib
+from hdm_optax.driver import scipy_api as minimize_lib
 from hdm_optax.pieces import box as box_lib
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)

@@ -12,8 +12,8 @@ import pytest
 
 import hdm_optax
 from helpers import Compilations, logistic, logistic_problem, python_blocks
-from hdm_optax.driver import loop as loop_lib
-from hdm_optax.driver import solve as solve_lib
+from hdm_optax.driver import loops as loop_lib
+from hdm_optax.driver import compiled as solve_lib
 
 PROBLEM = logistic_problem(3, m=30, n=5)
 ARGS = (PROBLEM.a, PROBLEM.y)

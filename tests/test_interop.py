@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import hdm_optax  # noqa: E402
 from helpers import EVERY_STEP, counting, logistic  # noqa: E402
 from fast_jit import FAST_COMPILE, run_jit  # noqa: E402
-from hdm_optax.driver import solve as solve_lib  # noqa: E402
+from hdm_optax.driver import compiled as solve_lib  # noqa: E402
 
 
 # A small ridge-regularized logistic regression, data passed as arguments.

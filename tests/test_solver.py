@@ -12,7 +12,7 @@ import hdm_optax
 from backends import assert_same_across_programs
 from helpers import EVERY_STEP, counting, logistic, logistic_problem
 from hdm_optax.driver import results
-from hdm_optax.driver import solve as solve_lib
+from hdm_optax.driver import compiled as solve_lib
 from hdm_optax.driver import staging
 
 
@@ -551,7 +551,7 @@ def test_float32_products_at_default_precision_are_warned_of_on_a_gpu(monkeypatc
   """On a GPU (the backend faked here), a float32 f with matrix products at JAX's default
   precision (TF32 on NVIDIA GPUs) gets a warning once per compiled program, with the fix;
   float32 products asked for at HIGHEST precision, float64 params and the CPU do not."""
-  from hdm_optax.driver import loop as loop_lib
+  from hdm_optax.driver import loops as loop_lib
 
   # JAX's default precision (the experiments' entry points, run in-process by other tests,
   # set it to "highest")

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.pieces import iteration, step_control
+from hdm_optax.pieces import shell, step_control
 from hdm_optax.pieces import secant as tl
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
@@ -315,11 +315,11 @@ def test_float32_converges_where_steps_fall_below_1024_eps_of_x():
 
 def _update(rule, alpha, *, value, trial_value, slope, trial_slope, finite, accepted, restart):
   """One update of a step control: a one-variable step s = 1, so <g, s> = g and <g+, s> = g+."""
-  ctx = iteration.Context(None, None, jnp.asarray(value), jnp.array([slope]), 0, alpha, None)
-  trial = iteration.Trial(
+  ctx = shell.Context(None, None, jnp.asarray(value), jnp.array([slope]), 0, alpha, None)
+  trial = shell.Trial(
     jnp.array([1.0]), jnp.asarray(trial_value), jnp.array([trial_slope]), finite, True
   )
-  learned = iteration.Learned(None, jnp.asarray(restart), 0.0)
+  learned = shell.Learned(None, jnp.asarray(restart), 0.0)
   return float(rule.update(jnp.asarray(alpha), trial, accepted=accepted, learned=learned, ctx=ctx))
 
 

@@ -8,12 +8,12 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   :class:`SolveResult`, :class:`SweepResult`.
 - :mod:`~hdm_optax.driver.cache`: the cache contract (where a state's cached f
   and grad f are, how many calls an ``update`` made).
-- :mod:`~hdm_optax.driver.loop`: the public loop, :func:`loop` (``start``,
+- :mod:`~hdm_optax.driver.loops`: the public loop, :func:`loop` (``start``,
   ``step``, ``done``), and the stopping rule.
-- :mod:`~hdm_optax.driver.solve`: :func:`solve` and :func:`sweep`, compiled
+- :mod:`~hdm_optax.driver.compiled`: :func:`solve` and :func:`sweep`, compiled
   runs of the loop (:mod:`~hdm_optax.driver.grid` lays out a sweep's points,
   problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch).
-- :mod:`~hdm_optax.driver.minimize`: :func:`minimize`, SciPy's entry point (bounds as
+- :mod:`~hdm_optax.driver.scipy_api`: :func:`minimize`, SciPy's entry point (bounds as
   SciPy takes them) over :func:`solve`, one compiled program.
 - :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
   per batch.
@@ -22,12 +22,21 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
 """
 
 from hdm_optax.driver import cache
+from hdm_optax.driver import compiled
 from hdm_optax.driver import grid
-from hdm_optax.driver import loop
+from hdm_optax.driver import loops
 from hdm_optax.driver import minibatch
-from hdm_optax.driver import minimize
 from hdm_optax.driver import results
-from hdm_optax.driver import solve
+from hdm_optax.driver import scipy_api
 from hdm_optax.driver import staging
 
-__all__ = ("cache", "grid", "loop", "minibatch", "minimize", "results", "solve", "staging")
+__all__ = (
+  "cache",
+  "compiled",
+  "grid",
+  "loops",
+  "minibatch",
+  "results",
+  "scipy_api",
+  "staging",
+)

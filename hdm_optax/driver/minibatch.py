@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
-from hdm_optax.driver import loop as loop_lib
+from hdm_optax.driver import loops as loop_lib
 
 __all__ = ("MinibatchStats", "minibatch_step")
 

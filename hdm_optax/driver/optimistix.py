@@ -23,7 +23,7 @@ except ImportError as err:
     "`pip install optimistix` or `pip install 'hdm_optax[bench]'`."
   ) from err
 
-from hdm_optax.driver import loop as loop_lib
+from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver.results import Status
 
 __all__ = ("HDMMinimiser", "HDMMinimiserState")

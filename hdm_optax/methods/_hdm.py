@@ -11,7 +11,7 @@ from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import directions as directions_lib
 from hdm_optax.pieces import learners as learners_lib
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import step_control as step_control_lib
 
 
@@ -119,7 +119,7 @@ def hdm(
   direction = directions_lib.preconditioned(
     directions_lib.Learnable(cand, learn, precond_lr, init_precond, precond_min, precond_max)
   )
-  return iteration_lib.iteration(
+  return shell.iteration(
     "hdm",
     direction,
     acceptance=acceptance if null_step else acceptance_lib.always(),

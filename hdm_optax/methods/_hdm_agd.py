@@ -84,7 +84,7 @@ def hdm_agd(
   two trial points; the gradient of the kept point is cached in the state so
   ``optax.value_and_grad_from_state`` costs nothing).
   That is why HDM-AGD keeps its own update rather than the one-call shell
-  of the other methods (:func:`hdm_optax.pieces.iteration.iteration`): its
+  of the other methods (:func:`hdm_optax.pieces.shell.iteration`): its
   trial is an argmin over two points taken from an extrapolated y^k, not one
   point from x^k.
 

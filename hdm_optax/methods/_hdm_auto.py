@@ -7,7 +7,7 @@ from typing import Any
 import optax
 
 from hdm_optax import _common
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
 from hdm_optax.pieces import acceptance as acceptance_lib
@@ -137,7 +137,7 @@ def hdm_auto(
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
     precond_from_probe=True,
   )
-  return iteration_lib.iteration(
+  return shell.iteration(
     "hdm_auto",
     direction,
     acceptance=acceptance_lib.resolved_decrease(),

@@ -13,7 +13,7 @@ from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
 from hdm_optax.pieces import learners as learners_lib
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
 
@@ -204,7 +204,7 @@ def hdm_best(
     momentum_bounds=(momentum_lo, momentum_hi),
     adagrad_eps=_ADAGRAD_EPS,
   )
-  return iteration_lib.iteration(
+  return shell.iteration(
     "hdm_best",
     direction,
     acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,

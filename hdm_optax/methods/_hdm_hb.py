@@ -12,7 +12,7 @@ from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
 from hdm_optax.pieces import directions as directions_lib
 from hdm_optax.pieces import learners as learners_lib
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import step_control as step_control_lib
 
 
@@ -124,6 +124,6 @@ def hdm_hb(
     omega=omega,
     denominator=hypergradient_lib.fixed_tau(tau),
   )
-  return iteration_lib.iteration(
+  return shell.iteration(
     "hdm_hb", direction, acceptance=acceptance, step_control=step_control_lib.damping()
   )

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
 from hdm_optax.pieces import acceptance as acceptance_lib
@@ -133,7 +133,7 @@ def osgm_best(
     probe=curvature_lib.random_probe(num_probes, seed, probe_size),
     lookahead=backtracking_lib.gated_lookahead(2.0),
   )
-  return iteration_lib.iteration(
+  return shell.iteration(
     "osgm_best",
     direction,
     acceptance=acceptance_lib.resolved_decrease(),

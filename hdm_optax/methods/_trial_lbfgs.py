@@ -8,7 +8,7 @@ import optax
 
 from hdm_optax import _common
 from hdm_optax.pieces import acceptance as acceptance_lib
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import directions as directions_lib
 from hdm_optax.pieces import step_control as step_control_lib
 
@@ -22,7 +22,7 @@ def trial_lbfgs(
   shrink: Any = 0.5,
   pair_tol: Any = 1e-10,
   agree: Any = 3.0,
-  step_control: Optional[iteration_lib.StepControl] = None,
+  step_control: Optional[shell.StepControl] = None,
   lower: Any = None,
   upper: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
@@ -102,7 +102,7 @@ def trial_lbfgs(
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
     agree: the factor within which a rejected trial's cubic and secant minimisers along s
       must agree for its pair to be kept (also the step control's, by default), >= 1.
-    step_control: a :class:`hdm_optax.pieces.iteration.StepControl` (default
+    step_control: a :class:`hdm_optax.pieces.shell.StepControl` (default
       ``evidence_step(shrink=shrink, agree=agree)``;
       :func:`~hdm_optax.pieces.step_control.capped_step` is the former rule).
     lower: the box's lower bound l: ``None`` (none), a number, or a pytree shaped like the
@@ -137,7 +137,7 @@ def trial_lbfgs(
   """
   if step_control is None:
     step_control = step_control_lib.evidence_step(shrink=shrink, agree=agree)
-  return iteration_lib.iteration(
+  return shell.iteration(
     "trial_lbfgs",
     directions_lib.secant(memory_size, pair_tol=pair_tol, agree=agree, lower=lower, upper=upper),
     acceptance=acceptance_lib.curvature_checked(),

@@ -1,7 +1,7 @@
 """The parts of the one-call iteration, for building and configuring variants.
 
-:mod:`~hdm_optax.pieces.iteration` is the shell every one-call method runs
-(:func:`~hdm_optax.pieces.iteration.iteration`): a *direction* proposes the
+:mod:`~hdm_optax.pieces.shell` is the shell every one-call method runs
+(:func:`~hdm_optax.pieces.shell.iteration`): a *direction* proposes the
 trial and learns from it, an *acceptance* rule decides the null step, a *step
 control* scales the next proposal. The other modules are the pieces that fill
 the slots:
@@ -29,10 +29,10 @@ from hdm_optax.pieces import curvature
 from hdm_optax.pieces import decay
 from hdm_optax.pieces import directions
 from hdm_optax.pieces import hypergradient
-from hdm_optax.pieces import iteration
 from hdm_optax.pieces import learners
 from hdm_optax.pieces import momentum
 from hdm_optax.pieces import secant
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import step_control
 
 __all__ = (
@@ -44,9 +44,9 @@ __all__ = (
   "decay",
   "directions",
   "hypergradient",
-  "iteration",
   "learners",
   "momentum",
   "secant",
+  "shell",
   "step_control",
 )

@@ -1,6 +1,6 @@
 r"""Directions of the one-call iteration: HDM's, HDM-HB's and the secant pairs' L-BFGS operator.
 
-A :class:`hdm_optax.pieces.iteration.Direction` proposes the trial step and
+A :class:`hdm_optax.pieces.shell.Direction` proposes the trial step and
 learns from the trial. This module holds
 
 - :func:`preconditioned`: HDM's :math:`-P u` with P learned online from the
@@ -33,7 +33,7 @@ from hdm_optax import _common
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import learners as learners_lib
 from hdm_optax.pieces import secant as secant_lib
 from hdm_optax.pieces import step_control as step_control_lib
@@ -99,7 +99,7 @@ class PrecondState(NamedTuple):
   learner_state: Any
 
 
-def preconditioned(precond: Learnable) -> iteration_lib.Direction:
+def preconditioned(precond: Learnable) -> shell.Direction:
   r"""HDM's direction: :math:`-P u`, P learned online from the hypergradient (Algorithm 1).
 
   The trial step is :math:`-P (s u)` with s the step control's damping; after
@@ -116,7 +116,7 @@ def preconditioned(precond: Learnable) -> iteration_lib.Direction:
     precond: P as a :class:`Learnable`.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`PrecondState`).
+    A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`PrecondState`).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -144,11 +144,9 @@ def preconditioned(precond: Learnable) -> iteration_lib.Direction:
     kept = step_control_lib.kept_scale(ctx.scale, trial.finite)
     new = precond.learn(state.precond, hypergrad, state.learner_state, kept, ctx.value.dtype)
     learned = _common.keep_if(trial.finite, new, (state.precond, state.learner_state))
-    return iteration_lib.Learned(
-      PrecondState(*learned), jnp.asarray(False), optax.tree.norm(hypergrad)
-    )
+    return shell.Learned(PrecondState(*learned), jnp.asarray(False), optax.tree.norm(hypergrad))
 
-  return iteration_lib.Direction(init=init, propose=propose, learn=learn)
+  return shell.Direction(init=init, propose=propose, learn=learn)
 
 
 class HeavyBallState(NamedTuple):
@@ -175,7 +173,7 @@ def heavy_ball(
   *,
   omega: Any = 0.0,
   denominator: Optional[hypergradient_lib.Denominator] = None,
-) -> iteration_lib.Direction:
+) -> shell.Direction:
   r"""HDM-HB's direction: :math:`-P u + B (x - x^-)`, (P, B) learned jointly (Algorithm 2).
 
   With :math:`r = \nabla f(x^+) + \omega (x^+ - x)` and den the
@@ -196,7 +194,7 @@ def heavy_ball(
     denominator: the feedback's denominator (``None``: ``fixed_tau(0)``).
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`HeavyBallState`).
+    A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`HeavyBallState`).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -251,11 +249,9 @@ def heavy_ball(
     )
     prev_params = _common.keep_if(accepted, ctx.params, state.prev_params)
     hypergrad_norm = jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + optax.tree.vdot(grad_b, grad_b))
-    return iteration_lib.Learned(
-      HeavyBallState(*learned, prev_params), jnp.asarray(False), hypergrad_norm
-    )
+    return shell.Learned(HeavyBallState(*learned, prev_params), jnp.asarray(False), hypergrad_norm)
 
-  return iteration_lib.Direction(init=init, propose=propose, learn=learn, merit=merit)
+  return shell.Direction(init=init, propose=propose, learn=learn, merit=merit)
 
 
 class SecantState(NamedTuple):
@@ -288,7 +284,7 @@ def secant(
   agree: Any = 3.0,
   lower: Any = None,
   upper: Any = None,
-) -> iteration_lib.Direction:
+) -> shell.Direction:
   r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
 
   :math:`H_m` is the two-loop operator (:func:`hdm_optax.pieces.secant.two_loop`)
@@ -326,7 +322,7 @@ def secant(
     upper: the upper bound, like ``lower``.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`SecantState`).
+    A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`SecantState`).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -398,11 +394,11 @@ def secant(
     memory = secant_lib.reset(memory, lost)
     gamma = jnp.where(keep & accepted, _common.safe_div(sy, products.yy), state.gamma)
     gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
-    return iteration_lib.Learned(
+    return shell.Learned(
       SecantState(memory, gamma, state.box),
       lost,
       jnp.zeros([], ctx.value.dtype),
       box_lib.step_cap(state.box, sy, step),
     )
 
-  return iteration_lib.Direction(init=init, propose=propose, learn=learn, observe=observe)
+  return shell.Direction(init=init, propose=propose, learn=learn, observe=observe)

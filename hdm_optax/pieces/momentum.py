@@ -2,7 +2,7 @@ r"""Algorithm 4's direction, written once, for the diagonal-P, scalar-beta famil
 
 :func:`hdm_optax.hdm_best`, :func:`hdm_optax.hdm_auto` and
 :func:`hdm_optax.osgm_best` are the direction :func:`momentum_direction` in
-:func:`hdm_optax.pieces.iteration.iteration` with HDM's damping
+:func:`hdm_optax.pieces.shell.iteration` with HDM's damping
 (:func:`hdm_optax.pieces.step_control.damping`): they differ only in the pieces
 passed to it and in the acceptance rule,
 
@@ -49,7 +49,7 @@ from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 from hdm_optax.pieces import learners as learners_lib
 from hdm_optax.pieces import step_control as step_control_lib
 
@@ -180,7 +180,7 @@ def shrink(factor: Any, floor: Any) -> Callable[[Any, jax.Array], Any]:
 
 
 class _Observed(NamedTuple):
-  """What ``observe`` hands to ``learn`` (in :attr:`hdm_optax.pieces.iteration.Trial.aux`)."""
+  """What ``observe`` hands to ``learn`` (in :attr:`hdm_optax.pieces.shell.Trial.aux`)."""
 
   start: Any  # P after a probe: P_1 = 1/L_0 after the last one, else P as it was
   lipschitz: jax.Array  # L of this update
@@ -205,7 +205,7 @@ def momentum_direction(
   init_momentum: Any = 0.95,
   momentum_bounds: tuple[Any, Any] = (0.0, 0.9995),
   adagrad_eps: float = 1e-12,
-) -> iteration_lib.Direction:
+) -> shell.Direction:
   r"""Algorithm 4's direction (diagonal P, scalar beta) with its variation points passed in.
 
   .. math::
@@ -244,8 +244,8 @@ def momentum_direction(
     adagrad_eps: added to sqrt(v) in beta's AdaGrad.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`MomentumState`);
-    in :func:`hdm_optax.pieces.iteration.iteration` with
+    A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`MomentumState`);
+    in :func:`hdm_optax.pieces.shell.iteration` with
     :func:`hdm_optax.pieces.step_control.damping` it is Algorithm 4.
 
   Examples:
@@ -259,7 +259,7 @@ def momentum_direction(
     ...   denominator=hypergradient.curvature_tau(),
     ...   curvature_estimate=curvature.running_mean(),
     ...   lipschitz=200.0)
-    >>> opt = iteration.iteration("example", direction, acceptance=acceptance.strict_decrease(),
+    >>> opt = shell.iteration("example", direction, acceptance=acceptance.strict_decrease(),
     ...                           step_control=step_control.damping())
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x ** 2)
     >>> bool(hdm_optax.solve(opt, fun, jnp.ones(3), max_steps=500).converged)
@@ -434,6 +434,6 @@ def momentum_direction(
       lipschitz=jnp.where(fired, curv.l_hat, observed.lipschitz).astype(state.lipschitz.dtype),
       num_probes=state.num_probes + probing(state).astype(jnp.int32),
     )
-    return iteration_lib.Learned(learned, jnp.asarray(False), observed.hypergrad_norm)
+    return shell.Learned(learned, jnp.asarray(False), observed.hypergrad_norm)
 
-  return iteration_lib.Direction(init=init, propose=propose, learn=learn, observe=observe)
+  return shell.Direction(init=init, propose=propose, learn=learn, observe=observe)

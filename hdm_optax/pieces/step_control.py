@@ -1,6 +1,6 @@
 r"""Step controls: the factor of each proposal, from what the trials revealed.
 
-A :class:`hdm_optax.pieces.iteration.StepControl` keeps a small state and scales the
+A :class:`hdm_optax.pieces.shell.StepControl` keeps a small state and scales the
 direction's next proposal:
 
 - :func:`damping`: HDM's s, halved after a non-finite trial and 1 after a
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import shell
 
 __all__ = (
   "capped_step",
@@ -45,19 +45,19 @@ __all__ = (
 )
 
 
-def damping() -> iteration_lib.StepControl:
+def damping() -> shell.StepControl:
   """HDM's damping s: the next trial is damped by s, halved after each non-finite trial.
 
   A probe (``trial.iteration`` False) leaves s as it is.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.StepControl` whose state is s.
+    A :class:`hdm_optax.pieces.shell.StepControl` whose state is s.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import iteration, step_control
+    >>> from hdm_optax.pieces import shell, step_control
     >>> control = step_control.damping()
-    >>> trial = iteration.Trial(None, None, None, jnp.asarray(False), jnp.asarray(True))
+    >>> trial = shell.Trial(None, None, None, jnp.asarray(False), jnp.asarray(True))
     >>> float(control.update(control.init(jnp.float32), trial, accepted=False, learned=None,
     ...                      ctx=None))
     0.5
@@ -67,12 +67,10 @@ def damping() -> iteration_lib.StepControl:
     del accepted, learned, ctx
     return jnp.where(trial.iteration, next_trial_scale(s, trial.finite), s).astype(s.dtype)
 
-  return iteration_lib.StepControl(
-    init=lambda dtype: jnp.ones([], dtype), scale=lambda s: s, update=update
-  )
+  return shell.StepControl(init=lambda dtype: jnp.ones([], dtype), scale=lambda s: s, update=update)
 
 
-def capped_step(shrink: Any = 0.5, grow: Any = 1.5) -> iteration_lib.StepControl:
+def capped_step(shrink: Any = 0.5, grow: Any = 1.5) -> shell.StepControl:
   r"""alpha <= 1: times ``shrink`` after a null step, ``grow`` (up to a cap) after an accepted one.
 
   .. math::
@@ -88,14 +86,14 @@ def capped_step(shrink: Any = 0.5, grow: Any = 1.5) -> iteration_lib.StepControl
     grow: the factor after an accepted step, >= 1.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.StepControl` whose state is alpha.
+    A :class:`hdm_optax.pieces.shell.StepControl` whose state is alpha.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces import step_control
     >>> control = step_control.capped_step()
-    >>> from hdm_optax.pieces import iteration
-    >>> learned = iteration.Learned(None, False, 0.0)
+    >>> from hdm_optax.pieces import shell
+    >>> learned = shell.Learned(None, False, 0.0)
     >>> alpha = control.update(control.init(jnp.float32), None, accepted=False, learned=learned,
     ...                        ctx=None)
     >>> float(alpha), float(control.update(alpha, None, accepted=True, learned=learned, ctx=None))
@@ -112,7 +110,7 @@ def capped_step(shrink: Any = 0.5, grow: Any = 1.5) -> iteration_lib.StepControl
     alpha = jnp.where(accepted, grown, alpha * c(shrink))
     return jnp.where(learned.restart, 1, alpha).astype(alpha.dtype)
 
-  return iteration_lib.StepControl(
+  return shell.StepControl(
     init=lambda dtype: jnp.ones([], dtype), scale=lambda alpha: alpha, update=update
   )
 
@@ -180,9 +178,9 @@ def slopes(trial, ctx) -> tuple[jax.Array, jax.Array]:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import iteration, step_control
-    >>> ctx = iteration.Context(None, None, None, jnp.array([-2.0, 0.0]), 0, 1.0, None)
-    >>> trial = iteration.Trial(jnp.array([1.0, 1.0]), None, jnp.array([1.0, 3.0]), True, True)
+    >>> from hdm_optax.pieces import shell, step_control
+    >>> ctx = shell.Context(None, None, None, jnp.array([-2.0, 0.0]), 0, 1.0, None)
+    >>> trial = shell.Trial(jnp.array([1.0, 1.0]), None, jnp.array([1.0, 3.0]), True, True)
     >>> [float(d) for d in step_control.slopes(trial, ctx)]
     [-2.0, 4.0]
   """
@@ -267,7 +265,7 @@ def evidence_step(
   max_step: float = 1e6,
   bracket: tuple = (0.1, 0.5),
   agree: float = 3.0,
-) -> iteration_lib.StepControl:
+) -> shell.StepControl:
   r"""alpha from what each trial revealed: f, f+ and the slopes :math:`d_0, d_1` along s.
 
   After an accepted trial whose slope is still steep, :math:`d_1 < c\,d_0` (c = ``steep``,
@@ -293,17 +291,17 @@ def evidence_step(
     agree: the factor within which the cubic and the secant must agree.
 
   Returns:
-    A :class:`hdm_optax.pieces.iteration.StepControl` whose state is alpha.
+    A :class:`hdm_optax.pieces.shell.StepControl` whose state is alpha.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import iteration, step_control
+    >>> from hdm_optax.pieces import shell, step_control
     >>> rule = step_control.evidence_step()
-    >>> ctx = iteration.Context(None, None, jnp.asarray(1.0), jnp.array([-1.0]), 0, 1.0, None)
-    >>> trial = iteration.Trial(  # s = 1, f+ = 0.5, <g+, s> = -0.95: still steep
+    >>> ctx = shell.Context(None, None, jnp.asarray(1.0), jnp.array([-1.0]), 0, 1.0, None)
+    >>> trial = shell.Trial(  # s = 1, f+ = 0.5, <g+, s> = -0.95: still steep
     ...   jnp.array([1.0]), jnp.asarray(0.5), jnp.array([-0.95]), jnp.asarray(True),
     ...   jnp.asarray(True))
-    >>> learned = iteration.Learned(None, jnp.asarray(False), 0.0)
+    >>> learned = shell.Learned(None, jnp.asarray(False), 0.0)
     >>> float(rule.update(rule.init(jnp.float32), trial, accepted=True, learned=learned, ctx=ctx))
     4.0
   """
@@ -322,6 +320,6 @@ def evidence_step(
     new = jnp.where(accepted, jnp.minimum(up, max_step), alpha * factor)
     return jnp.where(learned.restart, 1, new).astype(alpha.dtype)
 
-  return iteration_lib.StepControl(
+  return shell.StepControl(
     init=lambda dtype: jnp.ones([], dtype), scale=lambda alpha: alpha, update=update
   )

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _common
-from hdm_optax.driver import loop as loop_lib
-from hdm_optax.driver import solve as solve_lib
+from hdm_optax.driver import loops as loop_lib
+from hdm_optax.driver import compiled as solve_lib
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.methods._trial_lbfgs import trial_lbfgs

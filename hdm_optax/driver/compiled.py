@@ -12,7 +12,7 @@ import optax
 
 from hdm_optax import _common
 from hdm_optax.driver import grid as grid_lib
-from hdm_optax.driver import loop as loop_lib
+from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import staging
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import SweepResult

@@ -22,8 +22,8 @@ chain) and one value-and-gradient call at :math:`x^+`:
 - an acceptance rule (:mod:`hdm_optax.pieces.acceptance`) decides the null step;
 - a :class:`StepControl` scales the next proposal from what the trial
   revealed (:func:`hdm_optax.pieces.step_control.damping`: HDM's halving after a
-  non-finite trial; :func:`hdm_optax.pieces.step_control.halve_or_grow`:
-  trial_lbfgs's alpha).
+  non-finite trial; :func:`hdm_optax.pieces.step_control.evidence_step`:
+  trial_lbfgs's alpha from what each trial showed).
 
 The shell does what every method shares: it requires the oracle, evaluates the
 trial once, rejects a non-finite trial (the direction and the control see
@@ -222,12 +222,12 @@ def iteration(
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
     >>> from hdm_optax.pieces import acceptance, iteration, step_control
-    >>> gd = iteration.Direction(
+    >>> gd = shell.Direction(
     ...   init=lambda params: (),
     ...   propose=lambda state, ctx: (-0.01 * ctx.scale * ctx.updates, None),
-    ...   learn=lambda state, trial, accepted, ctx: iteration.Learned(
+    ...   learn=lambda state, trial, accepted, ctx: shell.Learned(
     ...     state, jnp.asarray(False), jnp.zeros([])))
-    >>> opt = iteration.iteration("gd", gd, acceptance=acceptance.strict_decrease(),
+    >>> opt = shell.iteration("gd", gd, acceptance=acceptance.strict_decrease(),
     ...                           step_control=step_control.damping())
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
     >>> bool(hdm_optax.solve(opt, fun, jnp.ones(2), max_steps=2000).converged)
