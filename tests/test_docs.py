@@ -18,8 +18,8 @@ from hdm_optax.methods import (
   _trial_lbfgs,
 )
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
-from hdm_optax.pieces import hypergradient, iteration, learners, momentum, secant, step_control
-from hdm_optax.driver import cache, loop, minimize, solve
+from hdm_optax.pieces import hypergradient, learners, momentum, secant, shell, step_control
+from hdm_optax.driver import cache, compiled, loops, scipy_api
 
 PIECES = [
   acceptance,
@@ -30,10 +30,10 @@ PIECES = [
   decay,
   directions,
   hypergradient,
-  iteration,
   learners,
   momentum,
   secant,
+  shell,
   step_control,
 ]
 
@@ -73,9 +73,9 @@ def test_every_docs_page_is_in_the_index():
     _osgm_best,
     _trial_lbfgs,
     cache,
-    loop,
-    solve,
-    minimize,
+    loops,
+    compiled,
+    scipy_api,
     box,
     *PIECES,
   ],
