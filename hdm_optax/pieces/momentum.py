@@ -250,7 +250,7 @@ def momentum_direction(
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
-    >>> from hdm_optax.pieces import acceptance, curvature, hypergradient, iteration, learners
+    >>> from hdm_optax.pieces import acceptance, curvature, hypergradient, learners, shell
     >>> from hdm_optax.pieces import momentum, step_control
     >>> direction = momentum.momentum_direction(
     ...   learner=momentum.additive(learners.adagrad()),

@@ -221,7 +221,7 @@ def iteration(
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
-    >>> from hdm_optax.pieces import acceptance, iteration, step_control
+    >>> from hdm_optax.pieces import acceptance, shell, step_control
     >>> gd = shell.Direction(
     ...   init=lambda params: (),
     ...   propose=lambda state, ctx: (-0.01 * ctx.scale * ctx.updates, None),
