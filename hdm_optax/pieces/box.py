@@ -9,6 +9,8 @@ The pieces a one-call method needs to stay in a box (:func:`hdm_optax.trial_lbfg
 - :func:`free_mask` marks the variables the quasi-Newton operator acts on: all but those at a
   bound whose gradient pushes outward (Bertsekas' binding set);
 - :func:`free_part` is a vector restricted to them;
+- :func:`free_scaling` is the :math:`\gamma` of :math:`H_0 = \gamma I` from a pair restricted
+  to them;
 - :func:`projected_step` is the step actually taken, :math:`P(x + d) - x`;
 - :func:`projected_gradient_norm` is :math:`\|P(x - \nabla f(x)) - x\|_\infty`, the
   stationarity measure of L-BFGS-B's ``pgtol`` (0 exactly at a KKT point of the box);
