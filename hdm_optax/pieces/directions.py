@@ -397,10 +397,11 @@ def secant(
     safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep, sy=sy)
     memory = secant_lib.reset(memory, lost)
+    scales = keep & accepted
     scaling = _common.safe_div(sy, products.yy)
     if state.box is not None:  # the scale of H on the free variables the step was taken on
       scaling = box_lib.free_scaling(state.box, ctx.params, ctx.updates, step, change, scaling)
-    gamma = jnp.where(keep & accepted, scaling, state.gamma)
+    gamma = jnp.where(scales, scaling, state.gamma)
     gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
     return iteration_lib.Learned(
       SecantState(memory, gamma, state.box),
