@@ -858,8 +858,9 @@ def trial_lbfgs_box_reference(
   x0 is projected onto the box. Free variables F: all but those with x_i <= l_i and
   g_i > 0 or x_i >= u_i and g_i < 0. H_F is the BFGS matrix (explicit, oldest pair first)
   of the pairs restricted to F, (s_F, y_F), each kept where <s_F, y_F> > pair_tol
-  ||s_F|| ||y_F||, from H_0 = gamma I; gamma as the unbounded method's, its first value
-  min(1, 1/||g_F||). d = H_F g_F on F and gamma g elsewhere; the step is clip(x - alpha d)
+  ||s_F|| ||y_F||, from H_0 = gamma I; gamma <s_F, y_F> / <y_F, y_F> of the newest accepted
+  kept pair restricted to the F it was proposed on (the full pair's where <s_F, y_F> <= 0),
+  its first value min(1, 1/||g_F||). d = H_F g_F on F and gamma g elsewhere; the step is clip(x - alpha d)
   - x, or clip(x - alpha gamma g) - x where <g, step> >= 0. Pairs (step, g+ - g) and the
   acceptance are the unbounded method's; after an accepted trial alpha <- min(cap, grow
   alpha) with cap = inf where <s, y> <= 0 and each moving variable has a finite bound in
@@ -900,6 +901,9 @@ def trial_lbfgs_box_reference(
       d0, d1 = float(g @ step), float(g_t @ step)
       kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
       pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
+      sy_free = float(np.where(free, step, 0.0) @ np.where(free, y, 0.0))
+      if kept and accepted and sy_free > 0:  # the scale of the pair restricted to F
+        gamma = sy_free / float(np.where(free, y, 0.0) @ np.where(free, y, 0.0))
       up, down = step > 0, step < 0
       blocked = np.all(~(up | down) | (up & (upper < np.inf)) | (down & (lower > -np.inf)))
       cap = np.inf if (sy <= 0 and blocked) else 1.0

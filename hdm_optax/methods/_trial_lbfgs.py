@@ -80,9 +80,11 @@ def trial_lbfgs(
   :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (those not at a
   bound with u pushing outward; :math:`H_F` the operator of the pairs restricted to them) and
   :math:`\gamma u` on the binding ones (:func:`hdm_optax.pieces.box.two_metric_step`); the
-  pair's s is the projected step taken; one oracle call and the null step are kept; after an
-  accepted trial of non-positive curvature whose moving variables all have a finite bound
-  ahead, the former rule's alpha may grow past 1 (:func:`hdm_optax.pieces.box.step_cap`;
+  pair's s is the projected step taken, gamma that of the newest accepted kept pair restricted
+  to the variables free when it was proposed (:func:`hdm_optax.pieces.box.free_scaling`: the
+  binding variables' gradient change made the free steps too short); one oracle call and the
+  null step are kept; after an accepted trial of non-positive curvature whose moving
+  variables all have a finite bound ahead, the former rule's alpha may grow past 1 (:func:`hdm_optax.pieces.box.step_cap`;
   the default step control extrapolates there on its own). The box is held in the
   state, where ``solve`` finds it: it projects an infeasible x0 and stops on the projected
   gradient (status ``CONVERGED_IN_BOX``); the transformation must be last in a chain. Without

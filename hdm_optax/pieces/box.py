@@ -9,6 +9,8 @@ The pieces a one-call method needs to stay in a box (:func:`hdm_optax.trial_lbfg
 - :func:`free_mask` marks the variables the quasi-Newton operator acts on: all but those at a
   bound whose gradient pushes outward (Bertsekas' binding set);
 - :func:`free_part` is a vector restricted to them;
+- :func:`free_scaling` is the :math:`\gamma` of :math:`H_0 = \gamma I` from a pair restricted
+  to them;
 - :func:`projected_step` is the step actually taken, :math:`P(x + d) - x`;
 - :func:`projected_gradient_norm` is :math:`\|P(x - \nabla f(x)) - x\|_\infty`, the
   stationarity measure of L-BFGS-B's ``pgtol`` (0 exactly at a KKT point of the box);
@@ -44,6 +46,7 @@ __all__ = (
   "find_box",
   "free_mask",
   "free_part",
+  "free_scaling",
   "make_box",
   "project",
   "projected_gradient_norm",
@@ -258,6 +261,48 @@ def free_part(box: Optional[Box], x, vector, grad=None):
     return vector
   free = free_mask(box, x, vector if grad is None else grad)
   return _where(free, vector, optax.tree.zeros_like(vector))
+
+
+def free_scaling(box: Box, x, direction, step, change, full_scaling):
+  r"""The :math:`\gamma` of :math:`H_0 = \gamma I` from a pair restricted to its free variables.
+
+  .. math::
+    \gamma = \frac{\langle s_F, y_F\rangle}{\langle y_F, y_F\rangle},
+
+  F the variables free when the step s was proposed (:func:`free_mask` at x of the
+  ``direction`` u that proposed it), :math:`y = \nabla f(x + s) - \nabla f(x)`. H acts on the
+  free variables (:func:`two_metric_step`), so its scale is the reduced Hessian's: a binding
+  variable does not move (:math:`s_B = 0`) but its gradient change :math:`y_B` enters
+  :math:`\langle y, y\rangle`, and where many variables sit at a bound with a large
+  gradient (logistic regression with :math:`w \ge 0`) the full pair's
+  :math:`\langle s, y\rangle / \langle y, y\rangle` makes every step on the free
+  variables too short. Where :math:`\langle s_F, y_F\rangle \le 0` it is
+  ``full_scaling`` (the full pair's).
+
+  Args:
+    box: the :class:`Box`.
+    x: the iterate the step was taken from.
+    direction: u, the incoming updates at x (the gradient when the method is alone).
+    step: s, the step taken.
+    change: y, the gradient's change along it.
+    full_scaling: :math:`\langle s, y\rangle / \langle y, y\rangle` of the full pair.
+
+  Returns:
+    :math:`\gamma`, a scalar of ``full_scaling``'s dtype.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import box
+    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
+    >>> x, u = jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25])
+    >>> s, y = jnp.array([0.0, 0.25]), jnp.array([4.0, 0.5])
+    >>> float(box.free_scaling(b, x, u, s, y, jnp.asarray(0.125 / 16.25)))
+    0.5
+  """
+  s_free, y_free = free_part(box, x, step, direction), free_part(box, x, change, direction)
+  curvature = optax.tree.vdot(s_free, y_free)
+  scaling = curvature / jnp.where(curvature > 0, optax.tree.vdot(y_free, y_free), 1)
+  return jnp.where(curvature > 0, scaling, full_scaling).astype(jnp.result_type(full_scaling))
 
 
 def projected_gradient_norm(box: Box, x, grad) -> jax.Array:

@@ -307,7 +307,8 @@ def secant(
   (those not at a bound with u pushing outward; :math:`H_F` the operator of the
   pairs restricted to them, by the recursion) and :math:`\gamma u` on the binding
   ones (:func:`hdm_optax.pieces.box.two_metric_step`); the pair's s is the
-  projected step taken; after an accepted trial of non-positive curvature whose
+  projected step taken; gamma is that of the pair restricted to the variables free
+  when it was proposed (:func:`hdm_optax.pieces.box.free_scaling`); after an accepted trial of non-positive curvature whose
   moving variables all have a finite bound ahead, the step control's cap is
   lifted (:func:`hdm_optax.pieces.box.step_cap`). Without bounds the program is
   the unbounded one.
@@ -392,7 +393,11 @@ def secant(
     safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
     memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep, sy=sy)
     memory = secant_lib.reset(memory, lost)
-    gamma = jnp.where(keep & accepted, _common.safe_div(sy, products.yy), state.gamma)
+    scales = keep & accepted
+    scaling = _common.safe_div(sy, products.yy)
+    if state.box is not None:  # the scale of H on the free variables the step was taken on
+      scaling = box_lib.free_scaling(state.box, ctx.params, ctx.updates, step, change, scaling)
+    gamma = jnp.where(scales, scaling, state.gamma)
     gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
     return shell.Learned(
       SecantState(memory, gamma, state.box),
