@@ -16,6 +16,7 @@ rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``c
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from experiments import problems, protocol
 from experiments.benchmark import runner as suite_runner
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
-from hdm_optax.pieces import iteration, step_control
+from hdm_optax.pieces import acceptance, directions, iteration, secant, step_control
 
 
 def quadratic_step(value, trial_value, slope, trial_slope):
@@ -77,11 +78,21 @@ def design(
   max_step=1e6,
   lo=0.1,
   hi=0.5,
+  gate=0.0,
+  bound=1e12,
 ):
-  """``trial_lbfgs()`` with ``evidence_step``'s knobs (the defaults: the committed one)."""
+  """``trial_lbfgs()`` with ``evidence_step``'s knobs (the defaults: the committed one); with
+  ``gate`` > 0, :math:`H_0` the pairs' diagonal where its spread exceeds ``gate``
+  (``pieces.secant.pairs_diagonal``, clipped to ``[gamma / bound, gamma bound]``)."""
   control = step_control.evidence_step(shrink, steep, extrapolate, max_step, (lo, hi), agree)
   memory_size = int(memory_size)
-  return hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol, agree=agree, step_control=control)
+  if not gate:
+    return hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol, agree=agree, step_control=control)
+  diagonal = functools.partial(secant.pairs_diagonal, gate=gate, bound=bound)
+  direction = directions.secant(memory_size, pair_tol=pair_tol, agree=agree, diagonal=diagonal)
+  return iteration.iteration(
+    "trial_lbfgs", direction, acceptance=acceptance.curvature_checked(), step_control=control
+  )
 
 
 NULL_MODELS = {1: step_control.cubic_step, 2: quadratic_step}
@@ -111,6 +122,9 @@ VARIANTS = {
   "ext2": ("design", dict(extrapolate=2.0)),
   "ext8": ("design", dict(extrapolate=8.0)),
   "steep08": ("design", dict(steep=0.8)),
+  "diag0": ("design", dict(gate=1.0)),
+  "diag3": ("design", dict(gate=1e3)),
+  "diag6": ("design", dict(gate=1e6)),
 }
 
 

@@ -22,7 +22,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -288,6 +288,7 @@ def secant(
   agree: Any = 3.0,
   lower: Any = None,
   upper: Any = None,
+  diagonal: Optional[Callable[..., tuple[Any, jax.Array]]] = None,
 ) -> iteration_lib.Direction:
   r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
 
@@ -358,8 +359,7 @@ def secant(
     first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
     gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
     if state.box is None:  # x+ = x - alpha H_m u.
-      step = optax.tree.scale(-ctx.scale, secant_lib.two_loop(state.memory, gamma, ctx.updates))
-      return step, None
+      return optax.tree.scale(-ctx.scale, _operator(state.memory, gamma, ctx.updates)), None
     # In a box: P(x - alpha d), H acting on the free variables.
     tol = _common.cast(pair_tol, dtype)
     operator = lambda v, free: secant_lib.recursion(
@@ -369,6 +369,16 @@ def secant(
       state.box, ctx.params, ctx.updates, ctx.scale, gamma, operator
     )
     return step, None
+
+  def _operator(memory, gamma, updates):
+    if diagonal is None:
+      return secant_lib.two_loop(memory, gamma, updates)
+    h0, on = diagonal(memory, gamma)
+    return jax.lax.cond(
+      on,
+      lambda: secant_lib.two_loop(memory, h0, updates),
+      lambda: secant_lib.two_loop(memory, gamma, updates),
+    )
 
   def observe(state, trial, ctx):
     change = optax.tree.sub(trial.grad, ctx.grad)

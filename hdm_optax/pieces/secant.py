@@ -29,6 +29,7 @@ __all__ = (
   "PairProducts",
   "SecantMemory",
   "pair_products",
+  "pairs_diagonal",
   "recursion",
   "reset",
   "secant_memory",
@@ -286,7 +287,7 @@ def recursion(memory: SecantMemory, gamma, vector):
     return q, alphas.at[i].set(alpha)
 
   q, alphas = jax.lax.fori_loop(0, size, first, (vector, jnp.zeros([size], dtype)))
-  r = optax.tree.scale(jnp.asarray(gamma, dtype), q)
+  r = _apply_initial(gamma, q, dtype)
 
   def second(k, r):
     i = (memory.head + k.astype(jnp.int32)) % size  # oldest to newest
@@ -294,6 +295,20 @@ def recursion(memory: SecantMemory, gamma, vector):
     return optax.tree.add_scale(r, alphas[i] - beta, at(memory.s, i))
 
   return jax.lax.fori_loop(0, size, second, r)
+
+
+def _is_diagonal(gamma, vector) -> bool:
+  """Whether ``gamma`` is a diagonal shaped like ``vector`` rather than a scalar."""
+  return jax.tree.structure(gamma) == jax.tree.structure(vector) and any(
+    jnp.ndim(g) > 0 for g in jax.tree.leaves(gamma)
+  )
+
+
+def _apply_initial(gamma, vector, dtype):
+  """:math:`H_0 v`: ``gamma v`` for a scalar gamma, ``gamma * v`` for a diagonal."""
+  if _is_diagonal(gamma, vector):
+    return jax.tree.map(lambda h, v: h.astype(v.dtype) * v, gamma, vector)
+  return optax.tree.scale(jnp.asarray(gamma, dtype), vector)
 
 
 def _compact(memory: SecantMemory, gamma, vector):
@@ -310,6 +325,34 @@ def _compact(memory: SecantMemory, gamma, vector):
     return gamma.astype(v.dtype) * v + (back(p, s) + back(q, y))
 
   return jax.tree.map(leaf, vector, memory.s, memory.y)
+
+
+def _compact_diagonal(memory: SecantMemory, diagonal, vector):
+  r""":math:`H_m v` in the compact form with :math:`H_0 = \operatorname{diag}(h)`.
+
+  Byrd, Nocedal and Schnabel's eq. 3.13 with a general :math:`H_0`:
+  :math:`H_m v = H_0 (v - Y c) + S p`, :math:`c = R^{-1} S^T v`,
+  :math:`p = R^{-T}(D c + Y^T H_0 Y c - Y^T H_0 v)`. :math:`Y^T H_0 Y` changes with h,
+  so it is formed here (one more pass over Y) instead of read from the memory.
+  """
+  dtype = memory.rho.dtype
+  sy, _ = _with_newest(memory, _newest_column(memory))
+  weighted = _apply_initial(diagonal, vector, dtype)  # H_0 v
+  s_v = _row_dots((memory.s,), vector, dtype)[0]
+  y_hv = _row_dots((memory.y,), weighted, dtype)[0]
+
+  def gram(y, h):
+    axes = tuple(range(1, y.ndim))
+    return jnp.tensordot(y * h.astype(y.dtype), y, axes=(axes, axes), precision=_EXACT)
+
+  yhy = sum(jax.tree.leaves(jax.tree.map(gram, memory.y, diagonal))).astype(dtype)
+  p, q = _compact_coefficients(memory, sy, yhy, jnp.stack([s_v, y_hv]), jnp.ones([], dtype))
+
+  def leaf(v, s, y, h):
+    back = lambda c, rows: jnp.tensordot(c.astype(rows.dtype), rows, axes=1, precision=_EXACT)
+    return h.astype(v.dtype) * (v + back(q, y)) + back(p, s)
+
+  return jax.tree.map(leaf, vector, memory.s, memory.y, diagonal)
 
 
 def two_loop(memory: SecantMemory, gamma, vector):
@@ -357,4 +400,47 @@ def two_loop(memory: SecantMemory, gamma, vector):
   n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(vector))
   if n <= memory.rho.shape[0]:
     return recursion(memory, gamma, vector)
+  if _is_diagonal(gamma, vector):
+    return _compact_diagonal(memory, gamma, vector)
   return _compact(memory, gamma, vector)
+
+
+def pairs_diagonal(memory: SecantMemory, gamma, *, gate, bound):
+  r"""A diagonal :math:`H_0` from the kept pairs, where they show badly scaled coordinates.
+
+  Per coordinate :math:`h_i = \sqrt{\sum_k s_{ki}^2 / \sum_k y_{ki}^2}` over the kept
+  pairs (on a quadratic with a diagonal Hessian A, :math:`1/A_{ii}`; under
+  :math:`x \to f(D x)` it moves as :math:`D^{-2}`, as the inverse Hessian does), used where
+  its spread :math:`\max h / \min h` over the coordinates seen by the pairs exceeds
+  ``gate`` and at least two pairs are kept; ``gamma`` elsewhere. Clipped to
+  ``[gamma / bound, gamma bound]``.
+
+  Args:
+    memory: the pairs.
+    gamma: the scalar :math:`H_0` it replaces.
+    gate: the spread above which the diagonal is used.
+    bound: the clip around ``gamma``.
+
+  Returns:
+    ``(h, on)``: the diagonal (shaped like the params) and whether it differs from gamma.
+  """
+  full = memory.rho != 0
+
+  def sums(stacked):
+    return jax.tree.map(
+      lambda a: jnp.sum(jnp.where(full.reshape((-1,) + (1,) * (a.ndim - 1)), a * a, 0), 0),
+      stacked,
+    )
+
+  ss, yy = sums(memory.s), sums(memory.y)
+  seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
+  raw = jax.tree.map(
+    lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1)), ss, yy, seen
+  )
+  hi = max(jnp.max(jnp.where(ok, h, 0)) for h, ok in zip(jax.tree.leaves(raw), jax.tree.leaves(seen)))
+  lo = min(
+    jnp.min(jnp.where(ok, h, jnp.inf)) for h, ok in zip(jax.tree.leaves(raw), jax.tree.leaves(seen))
+  )
+  on = (jnp.sum(full) >= 2) & (hi > gate * lo)
+  clip = lambda h, ok: jnp.where(ok, jnp.clip(h, gamma / bound, gamma * bound), gamma)
+  return jax.tree.map(lambda h, ok: clip(h, ok).astype(h.dtype), raw, seen), on
