@@ -16,9 +16,9 @@ rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``c
 from __future__ import annotations
 
 import argparse
-import functools
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -28,7 +28,9 @@ from experiments import problems, protocol
 from experiments.benchmark import runner as suite_runner
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
-from hdm_optax.pieces import acceptance, directions, iteration, secant, step_control
+from hdm_optax import _common
+from hdm_optax.pieces import acceptance, candidates, directions, iteration, learners, secant
+from hdm_optax.pieces import step_control
 
 
 def quadratic_step(value, trial_value, slope, trial_slope):
@@ -88,10 +90,71 @@ def design(
   memory_size = int(memory_size)
   if not gate:
     return hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol, agree=agree, step_control=control)
-  diagonal = functools.partial(secant.pairs_diagonal, gate=gate, bound=bound)
+  diagonal = secant.pairs_diagonal(gate, bound)
   direction = directions.secant(memory_size, pair_tol=pair_tol, agree=agree, diagonal=diagonal)
   return iteration.iteration(
     "trial_lbfgs", direction, acceptance=acceptance.curvature_checked(), step_control=control
+  )
+
+
+def _gamma(state, ctx):
+  """The secant direction's scalar H_0 for this update (its first value before a pair)."""
+  norm = optax.tree.norm(ctx.updates)
+  first = jnp.where(norm > 0, jnp.minimum(1, 1 / jnp.where(norm > 0, norm, 1)), 1)
+  return jnp.where(state.gamma > 0, state.gamma, first.astype(state.gamma.dtype))
+
+
+def learned_diagonal(memory_size=10, lr=0.5, gate=0.0, agree=3.0):
+  """The secant direction with H_0 = gamma diag(p), p learned online by HDM's hypergradient.
+
+  Algorithm 1's feedback for the trial x+ = x - alpha H_m(gamma diag(p)) u: the gradient in p
+  of h(p) = (f(x+) - f(x)) / ||g||^2, ``<grad f(x+), d x+ / d p>`` (a VJP through the
+  two-loop), learned on log p by AdaGrad (``learners.learn_log``, lr ``lr``), p in
+  [1e-6, 1e6]. With ``gate`` > 0, diag(p) is used only where the pairs' diagonal spread
+  exceeds ``gate`` (``secant.pairs_diagonal``'s test); gamma I elsewhere.
+  """
+  base = directions.secant(int(memory_size), agree=agree)
+  cand, learner = candidates.diagonal(), learners.adagrad()
+
+  def step_of(state, ctx, p):
+    gamma = _gamma(state[0], ctx)
+    h0 = jax.tree.map(lambda v: gamma * v, p)
+    on = jnp.asarray(True)
+    if gate:
+      on = secant.pairs_diagonal(gate)(state[0].memory, gamma)[1]
+    h0 = jax.tree.map(lambda h: jnp.where(on, h, gamma * jnp.ones_like(h)), h0)
+    return optax.tree.scale(-ctx.scale, secant.two_loop(state[0].memory, h0, ctx.updates))
+
+  def init(params):
+    p = cand.init(params, 1.0)
+    return base.init(params), p, learner.init(p)
+
+  def propose(state, ctx):
+    return step_of(state, ctx, state[1]), None
+
+  def learn(state, trial, accepted, ctx):
+    inner = base.learn(state[0], trial, accepted, ctx)
+    _, vjp = jax.vjp(lambda p: step_of(state, ctx, p), state[1])
+    (grad_p,) = vjp(trial.grad)
+    grad_p = optax.tree.scale(1 / optax.tree.vdot(ctx.grad, ctx.grad), grad_p)
+    new = learners.learn_log(cand, learner, state[1], grad_p, state[2], lr, 1e-6, 1e6)
+    p, lstate = _common.keep_if(trial.finite, new, (state[1], state[2]))
+    return inner._replace(state=(inner.state, p, lstate))
+
+  def observe(state, trial, ctx):
+    inner, trial = base.observe(state[0], trial, ctx)
+    return (inner,) + tuple(state[1:]), trial
+
+  return base._replace(init=init, propose=propose, learn=learn, observe=observe)
+
+
+def hdm_diag(lr=0.5, gate=0.0):
+  """``trial_lbfgs()`` with :func:`learned_diagonal` as its direction."""
+  return iteration.iteration(
+    "trial_lbfgs",
+    learned_diagonal(lr=lr, gate=gate),
+    acceptance=acceptance.curvature_checked(),
+    step_control=step_control.evidence_step(),
   )
 
 
@@ -109,7 +172,7 @@ def former(agree=3.0, shrink=0.5, grow=1.5, extrapolate=1.0, steep=0.9, null=0, 
   return hdm_optax.trial_lbfgs(agree=agree, step_control=control)
 
 
-FAMILIES = {"design": design, "former": former}
+FAMILIES = {"design": design, "former": former, "hdm_diag": hdm_diag}
 # name -> (family, knobs)
 VARIANTS = {
   "design": ("design", {}),
@@ -125,6 +188,9 @@ VARIANTS = {
   "diag0": ("design", dict(gate=1.0)),
   "diag3": ("design", dict(gate=1e3)),
   "diag6": ("design", dict(gate=1e6)),
+  "hdm": ("hdm_diag", {}),
+  "hdm_lr2": ("hdm_diag", dict(lr=2.0)),
+  "hdm_gate3": ("hdm_diag", dict(gate=1e3)),
 }
 
 

@@ -69,6 +69,38 @@ def test_trial_lbfgs_matches_reference(kind):
   assert max(want["pairs"]) == 3
 
 
+def _scaled_problem(n=12):
+  """f(D x) for f(z) = 0.5 (z - 1)^T A (z - 1) + ||z||^4 / (4n), A SPD (condition 10),
+  D log-spaced over 1e-2..1e2: float64 NumPy (f, grad) and the JAX f."""
+  rng = np.random.default_rng(5)
+  q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+  a = (q * np.geomspace(0.1, 1.0, n)) @ q.T
+  a = 0.5 * (a + a.T)
+  d = np.geomspace(1e-2, 1e2, n)
+  f = lambda x: float(0.5 * (d * x - 1) @ a @ (d * x - 1) + np.sum((d * x) ** 2) ** 2 / (4 * n))
+  grad = lambda x: d * (a @ (d * x - 1) + np.sum((d * x) ** 2) * (d * x) / n)
+  aj, dj = jnp.asarray(a), jnp.asarray(d)
+  fun = lambda x: 0.5 * (dj * x - 1) @ aj @ (dj * x - 1) + jnp.sum((dj * x) ** 2) ** 2 / (4 * n)
+  return f, grad, fun, 1.0 / d
+
+
+def test_pairs_diagonal_matches_reference():
+  """trial_lbfgs(diagonal=pairs_diagonal(1e3)) against the explicit-matrix reference with
+  H_0 = diag(h) from the pairs, for 40 float64 steps (m = 3, n = 12 > m: the compact form)
+  on a problem under x -> f(D x), D over 1e-2..1e2; the diagonal is in use (it changes the
+  trajectory) and after 40 steps f is less than half of what gamma I reaches."""
+  f, grad, fun, x0 = _scaled_problem()
+  steps = 40
+  want = ref.trial_lbfgs_reference(f, grad, x0, steps, memory_size=3, diagonal=(1e3, 1e12))
+  opt = hdm_optax.trial_lbfgs(3, diagonal=tl.pairs_diagonal(1e3))
+  _, (xs, values, accepted) = _run(opt, fun, jnp.asarray(x0), steps)
+  np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
+  np.testing.assert_allclose(np.asarray(xs), np.asarray(want["xs"]), rtol=1e-7, atol=1e-9)
+  np.testing.assert_allclose(np.asarray(values), np.asarray(want["values"]), rtol=1e-8)
+  plain = ref.trial_lbfgs_reference(f, grad, x0, steps, memory_size=3)
+  assert plain["values"][-1] > 2 * want["values"][-1]
+
+
 def _tree_pairs(rng, shapes, count, dtype):
   """``count`` pairs (s, y = A s) as dicts of leaves with A symmetric positive definite."""
   n = sum(int(np.prod(shape)) for shape in shapes.values())
@@ -98,9 +130,11 @@ def _flat(tree):
     "kkkkkkkrkk",  # a reset, then two pairs over the stale slots of the old ones
   ],
 )
-def test_compact_two_loop_matches_the_recursion(history, dtype):
+@pytest.mark.parametrize("initial", ["scalar", "diagonal"])
+def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
   """two_loop (compact form) against the two-loop recursion on random pairs of a dict pytree
-  (leaves (3, 4), (5,), ()), memory m = 5: empty slots, a wrapped head, declined pairs, reset."""
+  (leaves (3, 4), (5,), ()), memory m = 5: empty slots, a wrapped head, declined pairs, reset;
+  H_0 = 0.7 I or a diagonal spanning 1e-2..1e2 (H_0 = diag(h), Y^T H_0 Y formed per call)."""
   rng = np.random.default_rng(len(history))
   shapes = {"w": (3, 4), "b": (5,), "c": ()}
   pairs = _tree_pairs(rng, shapes, len(history), dtype)
@@ -114,21 +148,25 @@ def test_compact_two_loop_matches_the_recursion(history, dtype):
   for event, (s, y) in zip(history, pairs):
     mem = tl.reset(mem, True) if event == "r" else record(mem, s, y, event == "k")
   v = {k: jnp.asarray(rng.standard_normal(shape), dtype) for k, shape in shapes.items()}
-  got = jax.jit(tl.two_loop)(mem, jnp.asarray(0.7, dtype), v)
+  h0 = jnp.asarray(0.7, dtype)
+  if initial == "diagonal":
+    h0 = {k: jnp.asarray(10.0 ** rng.uniform(-2, 2, shape), dtype) for k, shape in shapes.items()}
+  got = jax.jit(tl.two_loop)(mem, h0, v)
   assert jax.tree.structure(got) == jax.tree.structure(v)
   assert all(
     g.dtype == dtype and g.shape == x.shape
     for g, x in zip(jax.tree.leaves(got), jax.tree.leaves(v))
   )
   stacked = lambda tree: np.stack([_flat({k: a[i] for k, a in tree.items()}) for i in range(5)])
+  gamma = 0.7 if initial == "scalar" else _flat(h0)
   want = ref.two_loop_reference(
-    stacked(mem.s), stacked(mem.y), mem.rho, int(mem.head), 0.7, _flat(v)
+    stacked(mem.s), stacked(mem.y), mem.rho, int(mem.head), gamma, _flat(v)
   )
   rtol = 1e-11 if dtype == jnp.float64 else 2e-4
   np.testing.assert_allclose(_flat(got), want, rtol=rtol, atol=rtol * np.max(np.abs(want)))
   if "k" in history:  # the secant equation for the newest pair
     newest = (int(mem.head) - 1) % 5
-    h_y = jax.jit(tl.two_loop)(mem, 0.7, {k: a[newest] for k, a in mem.y.items()})
+    h_y = jax.jit(tl.two_loop)(mem, h0, {k: a[newest] for k, a in mem.y.items()})
     s_k = _flat({k: a[newest] for k, a in mem.s.items()})
     np.testing.assert_allclose(_flat(h_y), s_k, rtol=rtol, atol=rtol * np.max(np.abs(s_k)))
 

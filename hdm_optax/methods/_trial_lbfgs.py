@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import optax
 
@@ -25,6 +25,7 @@ def trial_lbfgs(
   step_control: Optional[iteration_lib.StepControl] = None,
   lower: Any = None,
   upper: Any = None,
+  diagonal: Optional[Callable[..., tuple[Any, Any]]] = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
@@ -139,7 +140,9 @@ def trial_lbfgs(
     step_control = step_control_lib.evidence_step(shrink=shrink, agree=agree)
   return iteration_lib.iteration(
     "trial_lbfgs",
-    directions_lib.secant(memory_size, pair_tol=pair_tol, agree=agree, lower=lower, upper=upper),
+    directions_lib.secant(
+      memory_size, pair_tol=pair_tol, agree=agree, lower=lower, upper=upper, diagonal=diagonal
+    ),
     acceptance=acceptance_lib.curvature_checked(),
     step_control=step_control,
   )

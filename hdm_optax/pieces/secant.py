@@ -17,7 +17,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -405,42 +406,53 @@ def two_loop(memory: SecantMemory, gamma, vector):
   return _compact(memory, gamma, vector)
 
 
-def pairs_diagonal(memory: SecantMemory, gamma, *, gate, bound):
-  r"""A diagonal :math:`H_0` from the kept pairs, where they show badly scaled coordinates.
+def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> Callable[..., tuple[Any, jax.Array]]:
+  r"""A diagonal :math:`H_0` from the kept pairs, used on evidence of badly scaled coordinates.
 
   Per coordinate :math:`h_i = \sqrt{\sum_k s_{ki}^2 / \sum_k y_{ki}^2}` over the kept
-  pairs (on a quadratic with a diagonal Hessian A, :math:`1/A_{ii}`; under
-  :math:`x \to f(D x)` it moves as :math:`D^{-2}`, as the inverse Hessian does), used where
-  its spread :math:`\max h / \min h` over the coordinates seen by the pairs exceeds
-  ``gate`` and at least two pairs are kept; ``gamma`` elsewhere. Clipped to
-  ``[gamma / bound, gamma bound]``.
+  pairs: on a quadratic with a diagonal Hessian A, :math:`1/A_{ii}`; under
+  :math:`x \to f(D x)` it moves as :math:`D^{-2} h`, as the inverse Hessian does. It replaces
+  :math:`\gamma I` only where at least two pairs are kept and its spread
+  :math:`\max h / \min h` over the coordinates the pairs have seen exceeds ``gate``
+  (elsewhere the L-BFGS scaling of Liu and Nocedal is kept as it is), clipped to
+  :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the pairs have not
+  seen keeps :math:`\gamma`. The two sums are one pass over the pairs.
 
   Args:
-    memory: the pairs.
-    gamma: the scalar :math:`H_0` it replaces.
-    gate: the spread above which the diagonal is used.
-    bound: the clip around ``gamma``.
+    gate: the spread of h above which it is used, >= 1.
+    bound: the clip of h around gamma, >= 1.
 
   Returns:
-    ``(h, on)``: the diagonal (shaped like the params) and whether it differs from gamma.
+    ``diagonal(memory, gamma) -> (h, on)``: h shaped like the params and whether it is
+    used, for :func:`hdm_optax.pieces.directions.secant`'s ``diagonal=``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import secant
+    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
+    >>> for s in ([1.0, 1.0], [1.0, -1.0]):
+    ...   mem = secant.secant_record(mem, jnp.array(s), jnp.array([1e4, 1.0]) * jnp.array(s), True)
+    >>> h, on = secant.pairs_diagonal(gate=1e3)(mem, 1.0)
+    >>> [round(float(v), 6) for v in h], bool(on)
+    ([0.0001, 1.0], True)
   """
-  full = memory.rho != 0
+  _common.check_at_least("gate", gate, 1)
+  _common.check_at_least("bound", bound, 1)
 
-  def sums(stacked):
-    return jax.tree.map(
-      lambda a: jnp.sum(jnp.where(full.reshape((-1,) + (1,) * (a.ndim - 1)), a * a, 0), 0),
-      stacked,
-    )
+  def diagonal(memory: SecantMemory, gamma):
+    full = memory.rho != 0
+    kept = lambda a: jnp.where(full.reshape((-1,) + (1,) * (a.ndim - 1)), a * a, 0)
+    ss = jax.tree.map(lambda a: jnp.sum(kept(a), 0), memory.s)
+    yy = jax.tree.map(lambda a: jnp.sum(kept(a), 0), memory.y)
+    seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
+    ratio = lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1))
+    raw = jax.tree.map(ratio, ss, yy, seen)
+    pairs = list(zip(jax.tree.leaves(raw), jax.tree.leaves(seen)))
+    hi = functools.reduce(jnp.maximum, [jnp.max(jnp.where(ok, h, 0)) for h, ok in pairs])
+    lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(ok, h, jnp.inf)) for h, ok in pairs])
+    on = (jnp.sum(full) >= 2) & (hi > gate * lo)
+    gamma = jnp.asarray(gamma, memory.rho.dtype)
+    clip = lambda h, ok: jnp.where(ok, jnp.clip(h, gamma / bound, gamma * bound), gamma)
+    return jax.tree.map(lambda h, ok: clip(h, ok).astype(h.dtype), raw, seen), on
 
-  ss, yy = sums(memory.s), sums(memory.y)
-  seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
-  raw = jax.tree.map(
-    lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1)), ss, yy, seen
-  )
-  hi = max(jnp.max(jnp.where(ok, h, 0)) for h, ok in zip(jax.tree.leaves(raw), jax.tree.leaves(seen)))
-  lo = min(
-    jnp.min(jnp.where(ok, h, jnp.inf)) for h, ok in zip(jax.tree.leaves(raw), jax.tree.leaves(seen))
-  )
-  on = (jnp.sum(full) >= 2) & (hi > gate * lo)
-  clip = lambda h, ok: jnp.where(ok, jnp.clip(h, gamma / bound, gamma * bound), gamma)
-  return jax.tree.map(lambda h, ok: clip(h, ok).astype(h.dtype), raw, seen), on
+  return diagonal
