@@ -165,6 +165,9 @@ def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
   rtol = 1e-11 if dtype == jnp.float64 else 2e-4
   np.testing.assert_allclose(_flat(got), want, rtol=rtol, atol=rtol * np.max(np.abs(want)))
   if "k" in history:  # the secant equation for the newest pair
+    # H_0 y_k and the corrections cancel to s_k: in float32 with the diagonal H_0 (spread
+    # 1e4) the recursion's own residual is 1.6e-4 relative, the compact form's 5e-4.
+    rtol = 2e-3 if (dtype == jnp.float32 and initial == "diagonal") else rtol
     newest = (int(mem.head) - 1) % 5
     h_y = jax.jit(tl.two_loop)(mem, h0, {k: a[newest] for k, a in mem.y.items()})
     s_k = _flat({k: a[newest] for k, a in mem.s.items()})
