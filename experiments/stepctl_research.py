@@ -89,7 +89,9 @@ def design(
   control = step_control.evidence_step(shrink, steep, extrapolate, max_step, (lo, hi), agree)
   memory_size = int(memory_size)
   if not gate:
-    return hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol, agree=agree, step_control=control)
+    return hdm_optax.trial_lbfgs(
+      memory_size, pair_tol=pair_tol, agree=agree, step_control=control, diagonal=None
+    )
   diagonal = secant.pairs_diagonal(gate, bound)
   direction = directions.secant(memory_size, pair_tol=pair_tol, agree=agree, diagonal=diagonal)
   return iteration.iteration(
@@ -169,7 +171,7 @@ def former(agree=3.0, shrink=0.5, grow=1.5, extrapolate=1.0, steep=0.9, null=0, 
     control = fixed_direction_interpolation(control, NULL_MODELS[int(null)], (lo, hi), shrink)
   if extrapolate > 1:
     control = steep_extrapolation(control, extrapolate, steep)
-  return hdm_optax.trial_lbfgs(agree=agree, step_control=control)
+  return hdm_optax.trial_lbfgs(agree=agree, step_control=control, diagonal=None)
 
 
 FAMILIES = {"design": design, "former": former, "hdm_diag": hdm_diag}

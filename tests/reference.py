@@ -816,7 +816,7 @@ def trial_lbfgs_reference(
   curvature: float = 0.9,
   agree: float = 3.0,
   alpha_rule=evidence_alpha,
-  diagonal=None,
+  diagonal=(1e3, 1e12),
 ) -> dict:
   """``steps`` updates of trial_lbfgs: x+ = x - alpha H g, H from the last pairs of every trial.
 
@@ -827,7 +827,8 @@ def trial_lbfgs_reference(
   trial was accepted or its cubic and secant minimisers along s agree within
   ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
   |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule`` (no restart in the steps run).
-  ``diagonal``: ``(gate, bound)``, H_0 = :func:`pairs_diagonal_reference` instead of gamma I.
+  ``diagonal``: ``(gate, bound)`` of H_0 = :func:`pairs_diagonal_reference` (trial_lbfgs()'s
+  default), or None for H_0 = gamma I.
   """
   x = np.array(x0, dtype=np.float64)
   fx, g, _ = _oracle(f, grad, x)

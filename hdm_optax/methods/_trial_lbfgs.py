@@ -9,6 +9,7 @@ import optax
 from hdm_optax import _common
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import iteration as iteration_lib
+from hdm_optax.pieces import secant as secant_lib
 from hdm_optax.pieces import directions as directions_lib
 from hdm_optax.pieces import step_control as step_control_lib
 
@@ -25,7 +26,7 @@ def trial_lbfgs(
   step_control: Optional[iteration_lib.StepControl] = None,
   lower: Any = None,
   upper: Any = None,
-  diagonal: Optional[Callable[..., tuple[Any, Any]]] = None,
+  diagonal: Optional[Callable[..., tuple[Any, Any]]] = secant_lib.pairs_diagonal(),
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
