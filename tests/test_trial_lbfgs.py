@@ -98,6 +98,22 @@ def test_the_pairs_diagonal_undoes_a_diagonal_scaling():
   assert not bool(plain.converged)
 
 
+def test_pairs_diagonal_in_float32_under_strict_promotion():
+  """The diagonal H_0 in float32 (the scaled problem, strict promotion): the gate opens,
+  every float of the state stays float32, and f after 40 updates is the float64 run's."""
+  f64, grad64, fun64, x0 = _scaled_problem()
+  want = ref.trial_lbfgs_reference(f64, grad64, x0, 40, memory_size=3)["values"][-1]
+  fun = lambda x: fun64(x.astype(jnp.float64)).astype(jnp.float32)
+  x0 = jnp.asarray(x0, jnp.float32)
+  with jax.numpy_dtype_promotion("strict"):
+    (x, state), (_, values, _) = _run(hdm_optax.trial_lbfgs(3), fun, x0, 40)
+    _, on = tl.pairs_diagonal()(state.direction.memory, state.direction.gamma)
+  assert bool(on) and x.dtype == jnp.float32
+  floats = [leaf for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating)]
+  assert {leaf.dtype for leaf in floats} == {jnp.dtype(jnp.float32)}
+  np.testing.assert_allclose(float(values[-1]), want, rtol=1e-5)
+
+
 def test_pairs_diagonal_matches_reference():
   """trial_lbfgs(3) (its default diagonal H_0) against the explicit-matrix reference with
   H_0 = diag(h) from the pairs, for 40 float64 steps (m = 3, n = 12 > m: the compact form)
@@ -314,6 +330,7 @@ def test_float32_and_strict_promotion():
     dict(shrink=1.0),
     dict(agree=0.5),
     dict(pair_tol=-1.0),
+    dict(diagonal="pairs"),
   ],
 )
 def test_bad_arguments(kwargs):

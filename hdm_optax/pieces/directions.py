@@ -302,7 +302,9 @@ def secant(
   an exponential wall says the minimum is 1e-11 of the way, and kept, it collapsed every
   later step); :math:`H_0 = \gamma I` with :math:`\gamma =
   \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
-  (:math:`\min(1, 1/\|u\|)` before one exists); alpha is the step control's
+  (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
+  returns where it says so (:func:`hdm_optax.pieces.secant.pairs_diagonal`: where the
+  pairs show badly scaled coordinates); alpha is the step control's
   factor. A step shorter than :math:`1024\,\epsilon_{64}\|x\|` or a trial
   whose gradient equals :math:`\nabla f(x)` carries no curvature: the memory
   empties, gamma comes from the gradient again and the step control restarts.
@@ -325,6 +327,9 @@ def secant(
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
     upper: the upper bound, like ``lower``.
+    diagonal: ``None`` (:math:`H_0 = \gamma I`) or ``diagonal(memory, gamma) -> (h, on)``
+      (:func:`hdm_optax.pieces.secant.pairs_diagonal`): :math:`H_0 = \operatorname{diag}(h)`
+      where ``on``. Not used in a box (there :math:`H_0 = \gamma I`).
 
   Returns:
     A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`SecantState`).
@@ -343,6 +348,11 @@ def secant(
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
   _common.check_at_least("agree", agree, 1)
   _common.check_finite("agree", agree)
+  if diagonal is not None and not callable(diagonal):
+    raise ValueError(
+      f"diagonal must be None or a function (memory, gamma) -> (h, on), got {diagonal!r}; "
+      "pass e.g. diagonal=hdm_optax.pieces.secant.pairs_diagonal()."
+    )
   box_lib.check_order(lower, upper)
 
   def init(params):
