@@ -441,9 +441,9 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> Callable[..., tuple[An
 
   def diagonal(memory: SecantMemory, gamma):
     full = memory.rho != 0
-    kept = lambda a: jnp.where(full.reshape((-1,) + (1,) * (a.ndim - 1)), a * a, 0)
-    ss = jax.tree.map(lambda a: jnp.sum(kept(a), 0), memory.s)
-    yy = jax.tree.map(lambda a: jnp.sum(kept(a), 0), memory.y)
+    # A sum over the m slots written out: XLA on CPU reduces a leading axis 50x slower.
+    squares = lambda a: sum(jnp.where(full[k], a[k] * a[k], 0) for k in range(a.shape[0]))
+    ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
     seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
     ratio = lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1))
     raw = jax.tree.map(ratio, ss, yy, seen)
