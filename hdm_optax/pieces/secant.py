@@ -18,7 +18,7 @@ References:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +28,7 @@ from hdm_optax import _common
 
 __all__ = (
   "PairProducts",
+  "PairsDiagonal",
   "SecantMemory",
   "pair_products",
   "pairs_diagonal",
@@ -406,7 +407,33 @@ def two_loop(memory: SecantMemory, gamma, vector):
   return _compact(memory, gamma, vector)
 
 
-def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> Callable[..., tuple[Any, jax.Array]]:
+class PairsDiagonal(NamedTuple):
+  """:func:`pairs_diagonal`'s rule: ``rule(memory, gamma) -> (h, on)``; equal for equal
+  ``gate`` and ``bound`` (so ``trial_lbfgs(diagonal=pairs_diagonal())`` built twice is one
+  configuration, one compiled program)."""
+
+  gate: Any
+  bound: Any
+
+  def __call__(self, memory: SecantMemory, gamma) -> tuple[Any, jax.Array]:
+    gate, bound = self.gate, self.bound
+    full = memory.rho != 0
+    # A sum over the m slots written out: XLA on CPU reduces a leading axis 50x slower.
+    squares = lambda a: sum(jnp.where(full[k], a[k] * a[k], 0) for k in range(a.shape[0]))
+    ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
+    seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
+    ratio = lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1))
+    raw = jax.tree.map(ratio, ss, yy, seen)
+    pairs = list(zip(jax.tree.leaves(raw), jax.tree.leaves(seen)))
+    hi = functools.reduce(jnp.maximum, [jnp.max(jnp.where(ok, h, 0)) for h, ok in pairs])
+    lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(ok, h, jnp.inf)) for h, ok in pairs])
+    on = (jnp.sum(full) >= 2) & (hi > gate * lo)
+    gamma = jnp.asarray(gamma, memory.rho.dtype)
+    clip = lambda h, ok: jnp.where(ok, jnp.clip(h, gamma / bound, gamma * bound), gamma)
+    return jax.tree.map(lambda h, ok: clip(h, ok).astype(h.dtype), raw, seen), on
+
+
+def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
   r"""A diagonal :math:`H_0` from the kept pairs, used on evidence of badly scaled coordinates.
 
   Per coordinate :math:`h_i = \sqrt{\sum_k s_{ki}^2 / \sum_k y_{ki}^2}` over the kept
@@ -423,8 +450,8 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> Callable[..., tuple[An
     bound: the clip of h around gamma, >= 1.
 
   Returns:
-    ``diagonal(memory, gamma) -> (h, on)``: h shaped like the params and whether it is
-    used, for :func:`hdm_optax.pieces.directions.secant`'s ``diagonal=``.
+    A :class:`PairsDiagonal`, ``rule(memory, gamma) -> (h, on)``: h shaped like the params
+    and whether it is used, for :func:`hdm_optax.pieces.directions.secant`'s ``diagonal=``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -439,20 +466,4 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> Callable[..., tuple[An
   _common.check_at_least("gate", gate, 1)
   _common.check_at_least("bound", bound, 1)
 
-  def diagonal(memory: SecantMemory, gamma):
-    full = memory.rho != 0
-    # A sum over the m slots written out: XLA on CPU reduces a leading axis 50x slower.
-    squares = lambda a: sum(jnp.where(full[k], a[k] * a[k], 0) for k in range(a.shape[0]))
-    ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
-    seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
-    ratio = lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1))
-    raw = jax.tree.map(ratio, ss, yy, seen)
-    pairs = list(zip(jax.tree.leaves(raw), jax.tree.leaves(seen)))
-    hi = functools.reduce(jnp.maximum, [jnp.max(jnp.where(ok, h, 0)) for h, ok in pairs])
-    lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(ok, h, jnp.inf)) for h, ok in pairs])
-    on = (jnp.sum(full) >= 2) & (hi > gate * lo)
-    gamma = jnp.asarray(gamma, memory.rho.dtype)
-    clip = lambda h, ok: jnp.where(ok, jnp.clip(h, gamma / bound, gamma * bound), gamma)
-    return jax.tree.map(lambda h, ok: clip(h, ok).astype(h.dtype), raw, seen), on
-
-  return diagonal
+  return PairsDiagonal(gate=gate, bound=bound)
