@@ -51,7 +51,8 @@ def trial_lbfgs(
   ``optax.scale_by_lbfgs``). Where the kept pairs show badly scaled coordinates,
   :math:`H_0` is instead the diagonal :math:`h_i = \sqrt{\sum_k s_{ki}^2 / \sum_k y_{ki}^2}`
   (``diagonal``, default :func:`hdm_optax.pieces.secant.pairs_diagonal`: two or more pairs
-  and :math:`\max h / \min h > 10^3`); it moves as the inverse Hessian does under
+  and :math:`\max h / \min h > 10^3`; only where n >= m: with more pairs than dimensions
+  the pairs determine the operator, and there the diagonal lost runs); it moves as the inverse Hessian does under
   :math:`x \to f(D x)`, and solves Rosenbrock-10 rescaled by D over 1e-2..1e2 in 128 calls,
   which neither :math:`\gamma I` nor ``optax.lbfgs()`` solves in 1000 (``docs/secant.md``).
   The trial becomes the iterate when
@@ -122,7 +123,8 @@ def trial_lbfgs(
     diagonal: :math:`H_0`'s diagonal where the pairs call for one,
       ``diagonal(memory, gamma) -> (h, on)`` (default
       :func:`hdm_optax.pieces.secant.pairs_diagonal` with its gate 1e3); ``None``:
-      :math:`H_0 = \gamma I` always. Not used in a box.
+      :math:`H_0 = \gamma I` always. Not used in a box, nor where the params have fewer
+      entries than ``memory_size``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,

@@ -329,7 +329,10 @@ def secant(
     upper: the upper bound, like ``lower``.
     diagonal: ``None`` (:math:`H_0 = \gamma I`) or ``diagonal(memory, gamma) -> (h, on)``
       (:func:`hdm_optax.pieces.secant.pairs_diagonal`): :math:`H_0 = \operatorname{diag}(h)`
-      where ``on``. Not used in a box (there :math:`H_0 = \gamma I`).
+      where ``on``. Not used in a box, nor where the params have fewer entries than
+      ``memory_size`` (there :math:`H_0 = \gamma I`: with more pairs than dimensions the
+      pairs determine the operator, and on the development lists the diagonal lost runs
+      only at n <= 8).
 
   Returns:
     A :class:`hdm_optax.pieces.iteration.Direction` (its state a :class:`SecantState`).
@@ -381,7 +384,8 @@ def secant(
     return step, None
 
   def _operator(memory, gamma, updates):
-    if diagonal is None:
+    n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
+    if diagonal is None or n < memory_size:  # fewer dimensions than pairs: gamma I
       return secant_lib.two_loop(memory, gamma, updates)
     h0, on = diagonal(memory, gamma)
     return jax.lax.cond(
