@@ -10,7 +10,11 @@ former rule (``capped_step``) with the research controls below wrapped around it
 as a benchmark row (``experiments.runner.run``: 1000 gradient calls, ``||grad f||_inf <=
 1e-4``, every call counted), so ``design`` reproduces the committed ``trial_lbfgs()`` rows;
 rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``cutest``,
-``cutest_hard``, ``user``) and ``special`` (:func:`special_tasks`) are run.
+``cutest_hard``, ``cutest_scale_dev``, ``user``) and ``special`` (:func:`special_tasks`) are
+run. Variants of the direction's ``H_0`` (``docs/secant.md``, "A diagonal H_0"): ``diag0``,
+``diag3``, ``diag6``, the pairs' diagonal (``pieces.secant.pairs_diagonal``) at every n with
+gate 1, 1e3, 1e6; ``hdm``, ``hdm_lr2``, ``hdm_gate3``, HDM's learned diagonal
+(:func:`learned_diagonal`). ``design`` is ``trial_lbfgs(diagonal=None)``, the rows before it.
 """
 
 from __future__ import annotations
