@@ -8,8 +8,8 @@ A variant is ``hdm_optax.trial_lbfgs(..., step_control=...)``: the secant direct
 control, either the design (``pieces.step_control.evidence_step`` and its knobs) or the
 former rule (``capped_step``) with the research controls below wrapped around it. Each runs
 as a benchmark row (``experiments.runner.run``: 1000 gradient calls, ``||grad f||_inf <=
-1e-4``, every call counted), so ``design`` reproduces the committed ``trial_lbfgs()`` rows;
-rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``cutest``,
+1e-4``, every call counted), so ``design`` reproduces the ``trial_lbfgs()`` rows before its
+diagonal H_0; rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``cutest``,
 ``cutest_hard``, ``cutest_scale_dev``, ``user``) and ``special`` (:func:`special_tasks`) are
 run. Variants of the direction's ``H_0`` (``docs/secant.md``, "A diagonal H_0"): ``diag0``,
 ``diag3``, ``diag6``, the pairs' diagonal (``pieces.secant.pairs_diagonal``) at every n with
