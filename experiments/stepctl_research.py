@@ -8,9 +8,13 @@ A variant is ``hdm_optax.trial_lbfgs(..., step_control=...)``: the secant direct
 control, either the design (``pieces.step_control.evidence_step`` and its knobs) or the
 former rule (``capped_step``) with the research controls below wrapped around it. Each runs
 as a benchmark row (``experiments.runner.run``: 1000 gradient calls, ``||grad f||_inf <=
-1e-4``, every call counted), so ``design`` reproduces the committed ``trial_lbfgs()`` rows;
-rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``cutest``,
-``cutest_hard``, ``user``) and ``special`` (:func:`special_tasks`) are run.
+1e-4``, every call counted), so ``design`` reproduces the ``trial_lbfgs()`` rows before its
+diagonal H_0; rows go to a CSV in the benchmark's columns (``--csv``). Only the dev lists (``cutest``,
+``cutest_hard``, ``cutest_scale_dev``, ``user``) and ``special`` (:func:`special_tasks`) are
+run. Variants of the direction's ``H_0`` (``docs/secant.md``, "A diagonal H_0"): ``diag0``,
+``diag3``, ``diag6``, the pairs' diagonal (``pieces.secant.pairs_diagonal``) at every n with
+gate 1, 1e3, 1e6; ``hdm``, ``hdm_lr2``, ``hdm_gate3``, HDM's learned diagonal
+(:func:`learned_diagonal`). ``design`` is ``trial_lbfgs(diagonal=None)``, the rows before it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -27,7 +32,9 @@ from experiments import problems, protocol
 from experiments.benchmark import runner as suite_runner
 from experiments.benchmark import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
-from hdm_optax.pieces import shell, step_control
+from hdm_optax import _common
+from hdm_optax.pieces import acceptance, candidates, directions, learners, secant, shell
+from hdm_optax.pieces import step_control
 
 
 def quadratic_step(value, trial_value, slope, trial_slope):
@@ -77,11 +84,84 @@ def design(
   max_step=1e6,
   lo=0.1,
   hi=0.5,
+  gate=0.0,
+  bound=1e12,
 ):
-  """``trial_lbfgs()`` with ``evidence_step``'s knobs (the defaults: the committed one)."""
+  """``trial_lbfgs()`` with ``evidence_step``'s knobs (the defaults: the committed one); with
+  ``gate`` > 0, :math:`H_0` the pairs' diagonal where its spread exceeds ``gate``
+  (``pieces.secant.pairs_diagonal``, clipped to ``[gamma / bound, gamma bound]``)."""
   control = step_control.evidence_step(shrink, steep, extrapolate, max_step, (lo, hi), agree)
   memory_size = int(memory_size)
-  return hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol, agree=agree, step_control=control)
+  if not gate:
+    return hdm_optax.trial_lbfgs(
+      memory_size, pair_tol=pair_tol, agree=agree, step_control=control, diagonal=None
+    )
+  diagonal = secant.pairs_diagonal(gate, bound)
+  direction = directions.secant(memory_size, pair_tol=pair_tol, agree=agree, diagonal=diagonal)
+  return shell.iteration(
+    "trial_lbfgs", direction, acceptance=acceptance.curvature_checked(), step_control=control
+  )
+
+
+def _gamma(state, ctx):
+  """The secant direction's scalar H_0 for this update (its first value before a pair)."""
+  norm = optax.tree.norm(ctx.updates)
+  first = jnp.where(norm > 0, jnp.minimum(1, 1 / jnp.where(norm > 0, norm, 1)), 1)
+  return jnp.where(state.gamma > 0, state.gamma, first.astype(state.gamma.dtype))
+
+
+def learned_diagonal(memory_size=10, lr=0.5, gate=0.0, agree=3.0):
+  """The secant direction with H_0 = gamma diag(p), p learned online by HDM's hypergradient.
+
+  Algorithm 1's feedback for the trial x+ = x - alpha H_m(gamma diag(p)) u: the gradient in p
+  of h(p) = (f(x+) - f(x)) / ||g||^2, ``<grad f(x+), d x+ / d p>`` (a VJP through the
+  two-loop), learned on log p by AdaGrad (``learners.learn_log``, lr ``lr``), p in
+  [1e-6, 1e6]. With ``gate`` > 0, diag(p) is used only where the pairs' diagonal spread
+  exceeds ``gate`` (``secant.pairs_diagonal``'s test); gamma I elsewhere.
+  """
+  base = directions.secant(int(memory_size), agree=agree)
+  cand, learner = candidates.diagonal(), learners.adagrad()
+
+  def step_of(state, ctx, p):
+    gamma = _gamma(state[0], ctx)
+    h0 = jax.tree.map(lambda v: gamma * v, p)
+    on = jnp.asarray(True)
+    if gate:
+      on = secant.pairs_diagonal(gate)(state[0].memory, gamma)[1]
+    h0 = jax.tree.map(lambda h: jnp.where(on, h, gamma * jnp.ones_like(h)), h0)
+    return optax.tree.scale(-ctx.scale, secant.two_loop(state[0].memory, h0, ctx.updates))
+
+  def init(params):
+    p = cand.init(params, 1.0)
+    return base.init(params), p, learner.init(p)
+
+  def propose(state, ctx):
+    return step_of(state, ctx, state[1]), None
+
+  def learn(state, trial, accepted, ctx):
+    inner = base.learn(state[0], trial, accepted, ctx)
+    _, vjp = jax.vjp(lambda p: step_of(state, ctx, p), state[1])
+    (grad_p,) = vjp(trial.grad)
+    grad_p = optax.tree.scale(1 / optax.tree.vdot(ctx.grad, ctx.grad), grad_p)
+    new = learners.learn_log(cand, learner, state[1], grad_p, state[2], lr, 1e-6, 1e6)
+    p, lstate = _common.keep_if(trial.finite, new, (state[1], state[2]))
+    return inner._replace(state=(inner.state, p, lstate))
+
+  def observe(state, trial, ctx):
+    inner, trial = base.observe(state[0], trial, ctx)
+    return (inner,) + tuple(state[1:]), trial
+
+  return base._replace(init=init, propose=propose, learn=learn, observe=observe)
+
+
+def hdm_diag(lr=0.5, gate=0.0):
+  """``trial_lbfgs()`` with :func:`learned_diagonal` as its direction."""
+  return shell.iteration(
+    "trial_lbfgs",
+    learned_diagonal(lr=lr, gate=gate),
+    acceptance=acceptance.curvature_checked(),
+    step_control=step_control.evidence_step(),
+  )
 
 
 NULL_MODELS = {1: step_control.cubic_step, 2: quadratic_step}
@@ -95,10 +175,10 @@ def former(agree=3.0, shrink=0.5, grow=1.5, extrapolate=1.0, steep=0.9, null=0, 
     control = fixed_direction_interpolation(control, NULL_MODELS[int(null)], (lo, hi), shrink)
   if extrapolate > 1:
     control = steep_extrapolation(control, extrapolate, steep)
-  return hdm_optax.trial_lbfgs(agree=agree, step_control=control)
+  return hdm_optax.trial_lbfgs(agree=agree, step_control=control, diagonal=None)
 
 
-FAMILIES = {"design": design, "former": former}
+FAMILIES = {"design": design, "former": former, "hdm_diag": hdm_diag}
 # name -> (family, knobs)
 VARIANTS = {
   "design": ("design", {}),
@@ -111,6 +191,12 @@ VARIANTS = {
   "ext2": ("design", dict(extrapolate=2.0)),
   "ext8": ("design", dict(extrapolate=8.0)),
   "steep08": ("design", dict(steep=0.8)),
+  "diag0": ("design", dict(gate=1.0)),
+  "diag3": ("design", dict(gate=1e3)),
+  "diag6": ("design", dict(gate=1e6)),
+  "hdm": ("hdm_diag", {}),
+  "hdm_lr2": ("hdm_diag", dict(lr=2.0)),
+  "hdm_gate3": ("hdm_diag", dict(gate=1e3)),
 }
 
 

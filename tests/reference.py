@@ -693,9 +693,10 @@ def hdm_auto_reference(
   return out
 
 
-def _bfgs_matrix(pairs, gamma0: float, n: int) -> np.ndarray:
-  """The L-BFGS inverse Hessian, explicit: BFGS updates of gamma0 I by ``pairs``, oldest first."""
-  H = gamma0 * np.eye(n)
+def _bfgs_matrix(pairs, gamma0, n: int) -> np.ndarray:
+  """The L-BFGS inverse Hessian, explicit: BFGS updates of gamma0 I (gamma0 a number) or of
+  diag(gamma0) (an array of n) by ``pairs``, oldest first."""
+  H = np.diag(np.broadcast_to(np.asarray(gamma0, np.float64), (n,)))
   for s, y in pairs:
     r = 1.0 / float(s @ y)
     V = np.eye(n) - r * np.outer(y, s)
@@ -718,6 +719,21 @@ def _remember(pairs, gamma, step, y, sy, scales, kept, memory_size):
   if kept:
     pairs = (pairs + [(step.copy(), y.copy())])[-memory_size:]
   return pairs, (sy / float(y @ y) if scales else gamma)
+
+
+def pairs_diagonal_reference(pairs, gamma: float, gate: float, bound: float):
+  """H_0 from the pairs: h_i = sqrt(sum_k s_ki^2 / sum_k y_ki^2) clipped to [gamma / bound,
+  gamma bound] (gamma where a coordinate's sums are 0), where at least two pairs are kept and
+  max h / min h over the coordinates with nonzero sums exceeds ``gate``; gamma otherwise."""
+  if len(pairs) < 2:
+    return gamma
+  ss = sum(s * s for s, _ in pairs)
+  yy = sum(y * y for _, y in pairs)
+  seen = (ss > 0) & (yy > 0)
+  h = np.sqrt(np.where(seen, ss, 1.0) / np.where(seen, yy, 1.0))
+  if not seen.any() or h[seen].max() <= gate * h[seen].min():
+    return gamma
+  return np.where(seen, np.clip(h, gamma / bound, gamma * bound), gamma)
 
 
 def _first_gamma(gamma: float, g: np.ndarray) -> float:
@@ -800,6 +816,7 @@ def trial_lbfgs_reference(
   curvature: float = 0.9,
   agree: float = 3.0,
   alpha_rule=evidence_alpha,
+  diagonal=(1e3, 1e12),
 ) -> dict:
   """``steps`` updates of trial_lbfgs: x+ = x - alpha H g, H from the last pairs of every trial.
 
@@ -810,6 +827,8 @@ def trial_lbfgs_reference(
   trial was accepted or its cubic and secant minimisers along s agree within
   ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
   |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule`` (no restart in the steps run).
+  ``diagonal``: ``(gate, bound)`` of H_0 = :func:`pairs_diagonal_reference` (trial_lbfgs()'s
+  default), or None for H_0 = gamma I.
   """
   x = np.array(x0, dtype=np.float64)
   fx, g, _ = _oracle(f, grad, x)
@@ -817,7 +836,10 @@ def trial_lbfgs_reference(
   gamma, alpha, calls = 0.0, 1.0, 0
   out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[])
   for _ in range(steps):
-    step = -alpha * (_bfgs_matrix(pairs, _first_gamma(gamma, g), x.size) @ g)
+    h0 = _first_gamma(gamma, g)
+    if diagonal is not None:
+      h0 = pairs_diagonal_reference(pairs, h0, *diagonal)
+    step = -alpha * (_bfgs_matrix(pairs, h0, x.size) @ g)
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1
     accepted = False

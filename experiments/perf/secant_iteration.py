@@ -1,5 +1,7 @@
 """One iteration of ``trial_lbfgs()`` against one of ``optax.lbfgs()``, same process, interleaved.
 
+``trial_lbfgs(diagonal=None)`` (H_0 = gamma I, no pairs' diagonal) is timed beside them.
+
     python -m experiments.perf.secant_iteration [--n 100000] [--steps 50] [--repeats 5]
 
 The ridge logistic regression of ``experiments.perf.overhead`` (BCOO data at n >= 1e5), float32.
@@ -34,7 +36,11 @@ def main(argv=None):
 
   n = int(args.n)
   fun, data, w0, _, kind = overhead.make_problem(n, np.float32)
-  opts = {"trial_lbfgs()": hdm_optax.trial_lbfgs(), "optax.lbfgs()": optax.lbfgs()}
+  opts = {
+    "trial_lbfgs()": hdm_optax.trial_lbfgs(),
+    "trial_lbfgs(diagonal=None)": hdm_optax.trial_lbfgs(diagonal=None),
+    "optax.lbfgs()": optax.lbfgs(),
+  }
   solve = jax.jit(
     lambda opt, w, data: hdm_optax.solve(opt, fun, w, max_steps=args.steps, tol=0.0, fun_args=data),
     static_argnums=0,

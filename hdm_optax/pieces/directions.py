@@ -22,7 +22,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -284,6 +284,7 @@ def secant(
   agree: Any = 3.0,
   lower: Any = None,
   upper: Any = None,
+  diagonal: Optional[Callable[..., tuple[Any, jax.Array]]] = None,
 ) -> shell.Direction:
   r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
 
@@ -297,7 +298,9 @@ def secant(
   an exponential wall says the minimum is 1e-11 of the way, and kept, it collapsed every
   later step); :math:`H_0 = \gamma I` with :math:`\gamma =
   \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
-  (:math:`\min(1, 1/\|u\|)` before one exists); alpha is the step control's
+  (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
+  returns where it says so (:func:`hdm_optax.pieces.secant.pairs_diagonal`: where the
+  pairs show badly scaled coordinates); alpha is the step control's
   factor. A step shorter than :math:`1024\,\epsilon_{64}\|x\|` or a trial
   whose gradient equals :math:`\nabla f(x)` carries no curvature: the memory
   empties, gamma comes from the gradient again and the step control restarts.
@@ -321,6 +324,12 @@ def secant(
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
     upper: the upper bound, like ``lower``.
+    diagonal: ``None`` (:math:`H_0 = \gamma I`) or ``diagonal(memory, gamma) -> (h, on)``
+      (:func:`hdm_optax.pieces.secant.pairs_diagonal`): :math:`H_0 = \operatorname{diag}(h)`
+      where ``on``. Not used in a box, nor where the params have fewer entries than
+      ``memory_size`` (there :math:`H_0 = \gamma I`: with more pairs than dimensions the
+      pairs determine the operator, and on the development lists the diagonal lost runs
+      only at n <= 8).
 
   Returns:
     A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`SecantState`).
@@ -339,6 +348,11 @@ def secant(
   _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
   _common.check_at_least("agree", agree, 1)
   _common.check_finite("agree", agree)
+  if diagonal is not None and not callable(diagonal):
+    raise ValueError(
+      f"diagonal must be None or a function (memory, gamma) -> (h, on), got {diagonal!r}; "
+      "pass e.g. diagonal=hdm_optax.pieces.secant.pairs_diagonal()."
+    )
   box_lib.check_order(lower, upper)
 
   def init(params):
@@ -355,8 +369,7 @@ def secant(
     first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
     gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
     if state.box is None:  # x+ = x - alpha H_m u.
-      step = optax.tree.scale(-ctx.scale, secant_lib.two_loop(state.memory, gamma, ctx.updates))
-      return step, None
+      return optax.tree.scale(-ctx.scale, _operator(state.memory, gamma, ctx.updates)), None
     # In a box: P(x - alpha d), H acting on the free variables.
     tol = _common.cast(pair_tol, dtype)
     operator = lambda v, free: secant_lib.recursion(
@@ -366,6 +379,17 @@ def secant(
       state.box, ctx.params, ctx.updates, ctx.scale, gamma, operator
     )
     return step, None
+
+  def _operator(memory, gamma, updates):
+    n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
+    if diagonal is None or n < memory_size:  # fewer dimensions than pairs: gamma I
+      return secant_lib.two_loop(memory, gamma, updates)
+    h0, on = diagonal(memory, gamma)
+    return jax.lax.cond(
+      on,
+      lambda: secant_lib.two_loop(memory, h0, updates),
+      lambda: secant_lib.two_loop(memory, gamma, updates),
+    )
 
   def observe(state, trial, ctx):
     change = optax.tree.sub(trial.grad, ctx.grad)
