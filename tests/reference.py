@@ -721,6 +721,20 @@ def _remember(pairs, gamma, step, y, sy, scales, kept, memory_size):
   return pairs, (sy / float(y @ y) if scales else gamma)
 
 
+def _learn_trial(
+  f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size
+):
+  """trial_lbfgs on a finite trial: (accepted, d0, d1, y, <s, y>, kept, pairs, gamma) after it.
+
+  The pair is kept where its curvature passes and the trial was accepted or, rejected, the
+  cubic's and the secant's minimisers along s agree; gamma scales from a kept accepted pair."""
+  accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
+  d0, d1 = float(g @ step), float(g_t @ step)
+  kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
+  pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
+  return accepted, d0, d1, y, sy, kept, pairs, gamma
+
+
 def pairs_diagonal_reference(pairs, gamma: float, gate: float, bound: float):
   """H_0 from the pairs: h_i = sqrt(sum_k s_ki^2 / sum_k y_ki^2) clipped to [gamma / bound,
   gamma bound] (gamma where a coordinate's sums are 0), where at least two pairs are kept and
@@ -845,10 +859,9 @@ def trial_lbfgs_reference(
     accepted = False
     d0 = d1 = math.nan
     if finite:
-      accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
-      d0, d1 = float(g @ step), float(g_t @ step)
-      kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
-      pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
+      accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
+        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size
+      )
     alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if accepted:
       x, fx, g = x + step, f_t, g_t
@@ -919,10 +932,9 @@ def trial_lbfgs_box_reference(
     accepted, cap = False, 1.0
     d0 = d1 = math.nan
     if finite:
-      accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
-      d0, d1 = float(g @ step), float(g_t @ step)
-      kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
-      pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
+      accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
+        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size
+      )
       sy_free = float(np.where(free, step, 0.0) @ np.where(free, y, 0.0))
       if kept and accepted and sy_free > 0:  # the scale of the pair restricted to F
         gamma = sy_free / float(np.where(free, y, 0.0) @ np.where(free, y, 0.0))

@@ -54,6 +54,16 @@ PEER_ROWS = (
 )
 
 
+def _counted_rosenbrock(seen):
+  """Rosenbrock-2 from (-1.2, 1) whose every evaluation appends to ``seen`` (a callback)."""
+
+  def rosenbrock(x):
+    jax.debug.callback(lambda: seen.append(1))
+    return problems.rosenbrock(x)
+
+  return problems.instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+
+
 def test_profile_of_a_hand_made_3x3_example():
   inf = math.inf
   # Problem 0: solver 0 best, solver 1 twice its cost, solver 2 fails.
@@ -331,12 +341,7 @@ def test_optimistix_rows_count_every_objective_call():
     pytest.skip("optimistix is not installed (pip install -e '.[bench]')")
 
   seen = []
-
-  def rosenbrock(x):
-    jax.debug.callback(lambda: seen.append(1))
-    return problems.rosenbrock(x)
-
-  inst = problems.instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+  inst = _counted_rosenbrock(seen)
   solver = solvers.get("optx.BFGS")
   out, _, _ = runner_lib.run_optimistix(solver, inst, runner.BUDGET)
   calls = int(out["grad_calls"][0])
@@ -555,12 +560,7 @@ def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
   zoom line search's included, more than its iterations), seen by the objective's callback."""
   pytest.importorskip("jaxopt")
   seen = []
-
-  def rosenbrock(x):
-    jax.debug.callback(lambda: seen.append(1))
-    return problems.rosenbrock(x)
-
-  inst = problems.instance(rosenbrock, (), [-1.2, 1.0], runner.TOL)
+  inst = _counted_rosenbrock(seen)
   solver = solvers.get("jaxopt.LBFGS")
   assert solver.is_jaxopt and "jaxopt.LBFGS" in solvers.REGISTERED
   task = suites.Task("user", "rosenbrock-2", (None,), lambda: inst)
