@@ -106,7 +106,7 @@ def trial_lbfgs(
   acceptance test and the reported values stay those of f
   (``docs/pitfalls.md``). The state is 2m + 1 vectors of n (the pairs and the cached gradient) plus
   O(m^2) scalars (the pairs' inner products); the diagonal is formed from the pairs in each
-  update (two more passes over them, and :math:`Y^T H_0 Y` where it is used), not stored. A non-finite trial changes nothing but alpha.
+  update (one more pass over them), not stored. A non-finite trial changes nothing but alpha.
 
   Args:
     memory_size: m, the number of pairs kept.

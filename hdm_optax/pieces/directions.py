@@ -384,12 +384,11 @@ def secant(
     n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
     if diagonal is None or n < memory_size:  # fewer dimensions than pairs: gamma I
       return secant_lib.two_loop(memory, gamma, updates)
+    # H_0 = diag(h) where the rule says so, gamma I elsewhere: one program, no branch (a
+    # lax.cond over the pairs made XLA copy them at every update).
     h0, on = diagonal(memory, gamma)
-    return jax.lax.cond(
-      on,
-      lambda: secant_lib.two_loop(memory, h0, updates),
-      lambda: secant_lib.two_loop(memory, gamma, updates),
-    )
+    h0 = jax.tree.map(lambda h: jnp.where(on, h, gamma).astype(h.dtype), h0)
+    return secant_lib.two_loop(memory, h0, updates)
 
   def observe(state, trial, ctx):
     change = optax.tree.sub(trial.grad, ctx.grad)

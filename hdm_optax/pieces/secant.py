@@ -52,8 +52,6 @@ class SecantMemory(NamedTuple):
       newest pair's, which :func:`two_loop` computes where it uses it and
       :func:`secant_record` stores when the next pair arrives; entries of empty slots are
       stale and unused.
-    yy: (m, m) :math:`\\langle y_i, y_j \\rangle`, kept as ``sy`` (the newest pair's row
-      and column are computed where used).
   """
 
   s: Any
@@ -61,7 +59,6 @@ class SecantMemory(NamedTuple):
   rho: jax.Array
   head: jax.Array
   sy: jax.Array
-  yy: jax.Array
 
 
 class PairProducts(NamedTuple):
@@ -90,7 +87,6 @@ def secant_memory(params, size: int) -> SecantMemory:
     rho=jnp.zeros([size], dtype),
     head=jnp.zeros([], jnp.int32),
     sy=jnp.zeros([size, size], dtype),
-    yy=jnp.zeros([size, size], dtype),
   )
 
 
@@ -155,22 +151,19 @@ def _newest(memory: SecantMemory) -> jax.Array:
 
 
 def _newest_column(memory: SecantMemory) -> jax.Array:
-  """(2, m): :math:`S^T y_k` and :math:`Y^T y_k` for the newest pair k.
+  """(m,): :math:`S^T y_k` for the newest pair k.
 
   :func:`two_loop` and :func:`secant_record` both compute it from the same memory, so
   XLA's common-subexpression elimination makes it one pass where both run in one
   program (an update of :func:`hdm_optax.trial_lbfgs`)."""
   y_k = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, _newest(memory), 0, False), memory.y)
-  return _row_dots((memory.s, memory.y), y_k, memory.rho.dtype)
+  return _row_dots((memory.s,), y_k, memory.rho.dtype)[0]
 
 
-def _with_newest(memory: SecantMemory, column) -> tuple[jax.Array, jax.Array]:
-  """``(sy, yy)`` of ``memory`` with the newest pair's column (and yy's row) set."""
+def _with_newest(memory: SecantMemory, column) -> jax.Array:
+  """``sy`` of ``memory`` with the newest pair's column set."""
   slots = jnp.arange(memory.rho.shape[0], dtype=jnp.int32)
-  col, row = slots[None, :] == _newest(memory), slots[:, None] == _newest(memory)
-  sy = jnp.where(col, column[0][:, None], memory.sy)
-  yy = jnp.where(col, column[1][:, None], jnp.where(row, column[1][None, :], memory.yy))
-  return sy, yy
+  return jnp.where(slots[None, :] == _newest(memory), column[:, None], memory.sy)
 
 
 def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
@@ -178,7 +171,7 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
 
   The caller decides ``keep`` (:func:`hdm_optax.trial_lbfgs`: a finite pair with
   :math:`\\langle s, y\\rangle > \\epsilon_p \\|s\\|\\|y\\|`); s and y must be finite.
-  The products of the pair that was the newest are stored first (``sy``, ``yy``).
+  The products :math:`S^T y` of the pair that was the newest are stored first (``sy``).
 
   Args:
     memory: the memory.
@@ -202,7 +195,7 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
   size = memory.rho.shape[0]
   sy = optax.tree.vdot(s, y) if sy is None else sy
   rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
-  sy_mat, yy_mat = _with_newest(memory, _newest_column(memory))
+  sy_mat = _with_newest(memory, _newest_column(memory))
   put = lambda stacked, new: jax.tree.map(
     lambda a, b: a.at[memory.head].set(jnp.where(keep, b, a[memory.head])), stacked, new
   )
@@ -212,7 +205,6 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
     rho=memory.rho.at[memory.head].set(jnp.where(keep, rho, memory.rho[memory.head])),
     head=jnp.where(keep, (memory.head + 1) % size, memory.head).astype(jnp.int32),
     sy=sy_mat,
-    yy=yy_mat,
   )
 
 
@@ -233,31 +225,52 @@ def reset(memory: SecantMemory, where) -> SecantMemory:
   )
 
 
-def _compact_coefficients(memory: SecantMemory, sy, yy, products, gamma):
-  r"""``(p, q)`` by slot with :math:`H_m v = \gamma v + S p + Y q` (Byrd et al., eq. 3.13).
+def _triangle(memory: SecantMemory) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  r"""``(order, R, D, full)`` of the compact form (Byrd et al., eq. 3.13), pairs oldest first.
 
-  In the pairs' order, oldest first: :math:`R` = the upper triangle of :math:`S^T Y`,
-  :math:`D` its diagonal, :math:`c = R^{-1} S^T v`,
-  :math:`p = R^{-T}(D c + \gamma Y^T Y c - \gamma Y^T v)`, :math:`q = -\gamma c`. An empty
-  slot gets a unit row and column in R and zeros elsewhere, so its coefficients are 0.
+  ``order``: the slots oldest first; :math:`R`: the upper triangle of :math:`S^T Y`;
+  :math:`D`: its diagonal; ``full``: the filled slots. An empty slot gets a unit row and
+  column in R and 0 in D, so a right-hand side that is 0 there gives 0 there.
   """
   size = memory.rho.shape[0]
-  dtype = memory.rho.dtype
   order = (memory.head + jnp.arange(size, dtype=jnp.int32)) % size  # oldest first
   rho = memory.rho[order]
   full = rho != 0
   both = full[:, None] & full[None, :]
-  take = lambda mat: mat[order][:, order]
-  d = jnp.where(full, 1 / jnp.where(full, rho, 1), 0).astype(dtype)  # <s_i, y_i> as kept
+  d = jnp.where(full, 1 / jnp.where(full, rho, 1), 0).astype(memory.rho.dtype)  # <s_i, y_i>
   upper = both & jnp.triu(jnp.ones([size, size], bool), 1)
-  r = jnp.where(upper, take(sy), jnp.diag(jnp.where(full, d, 1)))
-  sv = jnp.where(full, products[0][order], 0)
-  yv = jnp.where(full, products[1][order], 0)
-  c = jax.scipy.linalg.solve_triangular(r, sv, lower=False)
-  yyc = jnp.sum(jnp.where(both, take(yy), 0) * c, axis=1)
-  p = jax.scipy.linalg.solve_triangular(r, d * c + gamma * (yyc - yv), lower=False, trans="T")
+  sy = _with_newest(memory, _newest_column(memory))
+  r = jnp.where(upper, sy[order][:, order], jnp.diag(jnp.where(full, d, 1)))
+  return order, r, d, full
+
+
+def _compact(memory: SecantMemory, initial, vector):
+  r""":math:`H_m v` in the compact form: four matrix-vector products with the pairs, no m^2 n work.
+
+  Byrd, Nocedal and Schnabel's eq. 3.13 with :math:`H_0` a scalar or a diagonal:
+  with :math:`c = R^{-1} S^T v` and :math:`u = v - Y c`,
+
+  .. math::
+    H_m v = H_0 u + S p, \qquad p = R^{-T}(D c - Y^T H_0 u),
+
+  the same as :math:`R^{-T}(D c + Y^T H_0 Y c - Y^T H_0 v)` without forming
+  :math:`Y^T H_0 Y` (m^2 n work, and for a diagonal :math:`H_0` it changes at every
+  call): :math:`S^T v`, :math:`Y c`, :math:`Y^T H_0 u` and :math:`S p` are one
+  matrix-vector product each.
+  """
+  dtype = memory.rho.dtype
+  size = memory.rho.shape[0]
+  order, r, d, full = _triangle(memory)
   by_slot = (jnp.arange(size, dtype=jnp.int32) - memory.head) % size
-  return p[by_slot], (-gamma * c)[by_slot]
+  s_v = _row_dots((memory.s,), vector, dtype)[0]
+  c = jax.scipy.linalg.solve_triangular(r, jnp.where(full, s_v[order], 0), lower=False)
+  back = lambda coef, rows: jnp.tensordot(coef.astype(rows.dtype), rows, axes=1, precision=_EXACT)
+  u = jax.tree.map(lambda v, y: v - back(c[by_slot], y), vector, memory.y)
+  h_u = _apply_initial(initial, u, dtype)
+  y_hu = _row_dots((memory.y,), h_u, dtype)[0]
+  rhs = d * c - jnp.where(full, y_hu[order], 0)
+  p = jax.scipy.linalg.solve_triangular(r, rhs, lower=False, trans="T")
+  return jax.tree.map(lambda hu, s: hu + back(p[by_slot], s), h_u, memory.s)
 
 
 def recursion(memory: SecantMemory, gamma, vector):
@@ -313,75 +326,31 @@ def _apply_initial(gamma, vector, dtype):
   return optax.tree.scale(jnp.asarray(gamma, dtype), vector)
 
 
-def _compact(memory: SecantMemory, gamma, vector):
-  """:math:`H_m v` in the compact form: the products in one pass over the pairs, two m x m
-  triangular solves (:func:`_compact_coefficients`), one pass back."""
-  dtype = memory.rho.dtype
-  gamma = jnp.asarray(gamma, dtype)
-  sy, yy = _with_newest(memory, _newest_column(memory))
-  products = _row_dots((memory.s, memory.y), vector, dtype)  # S^T v, Y^T v
-  p, q = _compact_coefficients(memory, sy, yy, products, gamma)
-
-  def leaf(v, s, y):
-    back = lambda c, rows: jnp.tensordot(c.astype(rows.dtype), rows, axes=1, precision=_EXACT)
-    return gamma.astype(v.dtype) * v + (back(p, s) + back(q, y))
-
-  return jax.tree.map(leaf, vector, memory.s, memory.y)
-
-
-def _compact_diagonal(memory: SecantMemory, diagonal, vector):
-  r""":math:`H_m v` in the compact form with :math:`H_0 = \operatorname{diag}(h)`.
-
-  Byrd, Nocedal and Schnabel's eq. 3.13 with a general :math:`H_0`:
-  :math:`H_m v = H_0 (v - Y c) + S p`, :math:`c = R^{-1} S^T v`,
-  :math:`p = R^{-T}(D c + Y^T H_0 Y c - Y^T H_0 v)`. :math:`Y^T H_0 Y` changes with h,
-  so it is formed here (one more pass over Y) instead of read from the memory.
-  """
-  dtype = memory.rho.dtype
-  sy, _ = _with_newest(memory, _newest_column(memory))
-  weighted = _apply_initial(diagonal, vector, dtype)  # H_0 v
-  s_v = _row_dots((memory.s,), vector, dtype)[0]
-  y_hv = _row_dots((memory.y,), weighted, dtype)[0]
-
-  def gram(y, h):
-    axes = tuple(range(1, y.ndim))
-    return jnp.tensordot(y * h.astype(y.dtype), y, axes=(axes, axes), precision=_EXACT)
-
-  yhy = sum(jax.tree.leaves(jax.tree.map(gram, memory.y, diagonal))).astype(dtype)
-  p, q = _compact_coefficients(memory, sy, yhy, jnp.stack([s_v, y_hv]), jnp.ones([], dtype))
-
-  def leaf(v, s, y, h):
-    back = lambda c, rows: jnp.tensordot(c.astype(rows.dtype), rows, axes=1, precision=_EXACT)
-    return h.astype(v.dtype) * (v + back(q, y)) + back(p, s)
-
-  return jax.tree.map(leaf, vector, memory.s, memory.y, diagonal)
-
-
 def two_loop(memory: SecantMemory, gamma, vector):
   r"""The L-BFGS inverse-Hessian operator applied to ``vector``: :math:`H_m v`.
 
   The operator of the two-loop recursion (Nocedal and Wright, Algorithm 7.4)
-  over the pairs of ``memory`` with :math:`H_0 = \gamma I`; empty slots
-  (:math:`\rho_i = 0`) contribute nothing. O(mn) work, no n x n matrix. With
-  no pair it is :math:`\gamma v`; with pairs, :math:`H_m y_i = s_i` for the
-  newest pair :math:`(s_i, y_i)`.
+  over the pairs of ``memory`` with :math:`H_0 = \gamma I` or a diagonal
+  :math:`H_0 = \operatorname{diag}(h)`; empty slots (:math:`\rho_i = 0`)
+  contribute nothing. O(mn) work, no n x n matrix. With no pair it is
+  :math:`H_0 v`; with pairs, :math:`H_m y_i = s_i` for the newest pair
+  :math:`(s_i, y_i)`.
 
   Where v has more entries than the memory has slots (n > m), it is computed
   in the compact form of Byrd, Nocedal and Schnabel (1994, eq. 3.13) rather
-  than by the recursion's 2m dependent passes over v: the products
-  :math:`S^T v, Y^T v` (with the newest pair's :math:`S^T y_k, Y^T y_k`) in one
-  pass over the pairs, two m x m triangular solves, and
-  :math:`H_m v = \gamma v + S p + Y q` in one pass back; the same operator up
-  to rounding. Where n <= m the pairs are linearly dependent, the triangular
-  matrix :math:`R` of the compact form is singular up to rounding, and the
-  recursion is used: on CUTEst's JENSMP (n = 2, m = 10) the compact form's
-  :math:`H_m g` had relative errors up to 2.3e-6 against the recursion's
-  2.7e-14 (both against a long-double recursion), while at n >= 50 both stayed
-  within 2e-14.
+  than by the recursion's 2m dependent passes over v: four matrix-vector
+  products with the stacked pairs (:math:`S^T v`, :math:`Y c`,
+  :math:`Y^T H_0 u`, :math:`S p`), the newest pair's :math:`S^T y_k`, and two
+  m x m triangular solves; the same operator up to rounding. Where n <= m the
+  pairs are linearly dependent, the triangular matrix :math:`R` of the compact
+  form is singular up to rounding, and the recursion is used: on CUTEst's
+  JENSMP (n = 2, m = 10) the compact form's :math:`H_m g` had relative errors
+  up to 2.3e-6 against the recursion's 2.7e-14 (both against a long-double
+  recursion), while at n >= 50 both stayed within 2e-14.
 
   Args:
     memory: the pairs (:class:`SecantMemory`).
-    gamma: the scalar of :math:`H_0`.
+    gamma: :math:`H_0`: a scalar gamma, or a diagonal h shaped like ``vector``.
     vector: v, shaped like the params.
 
   Returns:
@@ -402,8 +371,6 @@ def two_loop(memory: SecantMemory, gamma, vector):
   n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(vector))
   if n <= memory.rho.shape[0]:
     return recursion(memory, gamma, vector)
-  if _is_diagonal(gamma, vector):
-    return _compact_diagonal(memory, gamma, vector)
   return _compact(memory, gamma, vector)
 
 
@@ -421,16 +388,20 @@ class PairsDiagonal(NamedTuple):
     # A sum over the m slots written out: XLA on CPU reduces a leading axis 50x slower.
     squares = lambda a: sum(jnp.where(full[k], a[k] * a[k], 0) for k in range(a.shape[0]))
     ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
-    seen = jax.tree.map(lambda a, b: (a > 0) & (b > 0), ss, yy)
-    ratio = lambda a, b, ok: jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1))
-    raw = jax.tree.map(ratio, ss, yy, seen)
-    pairs = list(zip(jax.tree.leaves(raw), jax.tree.leaves(seen)))
-    hi = functools.reduce(jnp.maximum, [jnp.max(jnp.where(ok, h, 0)) for h, ok in pairs])
-    lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(ok, h, jnp.inf)) for h, ok in pairs])
+
+    def ratio(a, b):  # 0 where the pairs have not seen the coordinate (or it underflows)
+      ok = (a > 0) & (b > 0)
+      return jnp.where(ok, jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1)), 0)
+
+    # One array out of the pass over the pairs: what follows reads it, not the pairs again.
+    raw = jax.tree.leaves(jax.tree.map(ratio, ss, yy))
+    hi = functools.reduce(jnp.maximum, [jnp.max(h) for h in raw])
+    lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(h > 0, h, jnp.inf)) for h in raw])
     on = (jnp.sum(full) >= 2) & (hi > gate * lo)
     gamma = jnp.asarray(gamma, memory.rho.dtype)
-    clip = lambda h, ok: jnp.where(ok, jnp.clip(h, gamma / bound, gamma * bound), gamma)
-    return jax.tree.map(lambda h, ok: clip(h, ok).astype(h.dtype), raw, seen), on
+    clip = lambda h: jnp.where(h > 0, jnp.clip(h, gamma / bound, gamma * bound), gamma)
+    treedef = jax.tree.structure(memory.s)
+    return jax.tree.unflatten(treedef, [clip(h).astype(h.dtype) for h in raw]), on
 
 
 def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
