@@ -294,7 +294,9 @@ def _stationarity(params, grad, opt_state):
 
 
 def _moved(new, old) -> jax.Array:
-  return jnp.any(jnp.stack(jax.tree.leaves(jax.tree.map(lambda a, b: jnp.any(a != b), new, old))))
+  # A count, not jnp.any: XLA on CPU fuses the comparison into a sum, not into an any.
+  changed = jax.tree.map(lambda a, b: jnp.sum(a != b, dtype=jnp.int32), new, old)
+  return functools.reduce(jnp.add, jax.tree.leaves(changed)) > 0
 
 
 def loop(
