@@ -278,6 +278,36 @@ def test_pair_products_sum_over_leaves():
   assert (float(p.ss), float(p.yy), float(p.sy)) == (14.0, 5.25, 4.5)
 
 
+def test_pair_products_in_float32_at_a_million_entries():
+  """The three products against float64 at n = 1e6: a sum in order (XLA:CPU's variadic
+  reduction, which pair_products used) was off by 4e-4 relative in ||s||^2 here."""
+  rng = np.random.default_rng(0)
+  s, y = rng.standard_normal(1_000_000), rng.standard_normal(1_000_000)
+  p = jax.jit(tl.pair_products)(jnp.asarray(s, jnp.float32), jnp.asarray(y, jnp.float32))
+  s32, y32 = s.astype(np.float32).astype(np.float64), y.astype(np.float32).astype(np.float64)
+  for got, want in ((p.ss, s32 @ s32), (p.yy, y32 @ y32), (p.sy, s32 @ y32)):
+    assert p.ss.dtype == jnp.float32
+    assert abs(float(got) - want) <= 1e-5 * float(np.sqrt(s32 @ s32) * np.sqrt(y32 @ y32))
+
+
+def test_a_declined_pair_writes_nothing_even_when_not_finite():
+  """secant_record with keep False leaves every field as it was, whatever s and y hold; a
+  kept pair stores its column S^T y (the compact form's R reads it)."""
+  rng = np.random.default_rng(1)
+  mem = tl.secant_memory(jnp.zeros(6), 4)
+  record = jax.jit(tl.secant_record)
+  for _ in range(5):  # five pairs in four slots: the head has wrapped
+    s = jnp.asarray(rng.standard_normal(6))
+    mem = record(mem, s, 2.0 * s + 0.1 * jnp.asarray(rng.standard_normal(6)), True)
+  bad = jnp.array([jnp.nan, jnp.inf, 1.0, 0.0, -jnp.inf, 2.0])
+  same = record(mem, bad, bad, False)
+  for a, b in zip(jax.tree.leaves(same), jax.tree.leaves(mem)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  s, y = np.asarray(mem.s), np.asarray(mem.y)
+  newest = (int(mem.head) - 1) % 4
+  np.testing.assert_allclose(np.asarray(mem.sy)[:, newest], s @ y[newest], rtol=1e-12)
+
+
 def test_negative_curvature_pair_is_not_kept():
   mem = tl.secant_memory(jnp.zeros(2), 4)
   s, y = jnp.array([1.0, 0.0]), jnp.array([-2.0, 1.0])  # <s, y> < 0

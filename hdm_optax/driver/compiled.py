@@ -173,14 +173,14 @@ def _solve(
 
   def body(carry):
     s, trace = carry
-    s = run.step(s)
-    return s, _record(trace, s.num_steps, s)
+    s = run.step(loop_lib.restored(s))
+    return loop_lib.carried(s), _record(trace, s.num_steps, s)
 
-  carry = (s, _new_trace(s, trace_size))
+  carry = (loop_lib.carried(s), _new_trace(s, trace_size))
   if check_every > 1:
     carry = _blocks(run, check_every, limits.max_steps, body, carry)
-  carry = jax.lax.while_loop(lambda c: ~run.done(c[0]), body, carry)
-  return _finish(run, *carry, fun, fun_args, has_aux, tol)
+  s, trace = jax.lax.while_loop(lambda c: ~run.done(c[0]), body, carry)
+  return _finish(run, loop_lib.restored(s), trace, fun, fun_args, has_aux, tol)
 
 
 _solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2, 3, 4))
@@ -390,7 +390,7 @@ def _sweep(
   def start(point):
     columns, params, args = problem(point)
     _, s, tol = _start(make_optimizer(**columns), fun, args, has_aux, limits, rtol, params)
-    return s, tol
+    return loop_lib.carried(s), tol
 
   def active(batch):
     points, tols, s, _ = batch
@@ -400,7 +400,8 @@ def _sweep(
     # Points that are done stay frozen (as in a vmapped while_loop); the active
     # ones have made t - 1 steps, so their entry t is step k + 1.
     points, tols, s, trace = batch
-    moved = jax.vmap(lambda p, tol, s: run(p, tol).step(s))(points, tols, s)
+    step = lambda p, tol, s: loop_lib.carried(run(p, tol).step(loop_lib.restored(s)))
+    moved = jax.vmap(step)(points, tols, s)
     s = jax.vmap(optax.tree.where)(active(batch), moved, s)
     trace = jax.vmap(lambda tr, s: _record(tr, t, s))(trace, s)
     return points, tols, s, trace
@@ -414,7 +415,7 @@ def _sweep(
 
   def finish(point, tol, s, trace):
     _, _, args = problem(point)
-    return _finish(run(point, tol), s, trace, fun, args, has_aux, tol)
+    return _finish(run(point, tol), loop_lib.restored(s), trace, fun, args, has_aux, tol)
 
   columns, ids = points
   # Each point's problem data, gathered once (its own copy of the mapped leaves); the

@@ -44,10 +44,12 @@ __all__ = (
   "Loop",
   "LoopState",
   "build",
+  "carried",
   "check_limits",
   "check_tolerance",
   "converged_status",
   "loop",
+  "restored",
   "stopping_rule",
 )
 
@@ -291,6 +293,33 @@ def _stationarity(params, grad, opt_state):
   """``||grad||_inf``, or the projected gradient's where the optimizer holds a box."""
   box = _box(opt_state)
   return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
+
+
+def carried(s: LoopState) -> LoopState:
+  """``s`` as a compiled loop carries it: ``grad`` left out where the optimizer's cache holds it.
+
+  The cache's gradient and ``s.grad`` are one array (:func:`loop`'s ``step`` reads one
+  from the other); carried twice, XLA copied it at every step. :func:`restored` puts it back.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> from hdm_optax.driver import loops
+    >>> run = loops.loop(hdm_optax.trial_lbfgs(), lambda x: jnp.sum(x**2))
+    >>> s = run.step(run.start(jnp.ones(3)))
+    >>> back = loops.restored(loops.carried(s))
+    >>> loops.carried(s).grad is None, bool(jnp.all(back.grad == s.grad))
+    (True, True)
+  """
+  if cache_lib.cache_at_params(s.opt_state) is None:
+    return s
+  return s._replace(grad=None)
+
+
+def restored(s: LoopState) -> LoopState:
+  """The :class:`LoopState` that :func:`carried` left out ``grad`` of."""
+  if s.grad is not None:
+    return s
+  return s._replace(grad=cache_lib.cache_at_params(s.opt_state).grad)
 
 
 def _moved(new, old) -> jax.Array:

@@ -415,8 +415,7 @@ def secant(
     agreed = step_control_lib.models_agree(ctx.value, trial.value, slope, trial_slope, c(agree))
     curved = sy > c(pair_tol) * step_norm * change_norm
     keep = finite & curved & ~lost & (accepted | agreed)
-    safe = lambda tree: optax.tree.where(finite, tree, optax.tree.zeros_like(tree))
-    memory = secant_lib.secant_record(state.memory, safe(step), safe(change), keep, sy=sy)
+    memory = secant_lib.secant_record(state.memory, step, change, keep, sy=sy)
     memory = secant_lib.reset(memory, lost)
     scales = keep & accepted
     scaling = _common.safe_div(sy, products.yy)
