@@ -144,9 +144,9 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
   """The memory with the pair (s, y) written over its oldest one where ``keep``.
 
   The caller decides ``keep`` (:func:`hdm_optax.trial_lbfgs`: a finite pair with
-  :math:`\\langle s, y\\rangle > \\epsilon_p \\|s\\|\\|y\\|`); s and y must be finite where ``keep`` (elsewhere
-  nothing is written, and what is computed from them is dropped).
-  The new pair's products :math:`S^T y` with the kept steps are stored (``sy``).
+  :math:`\\langle s, y\\rangle > \\epsilon_p \\|s\\|\\|y\\|`); s and y must be finite
+  where ``keep`` (elsewhere nothing is written, and what is computed from them is
+  dropped). The new pair's products :math:`S^T y` with the kept steps are stored (``sy``).
 
   Args:
     memory: the memory.
