@@ -348,7 +348,7 @@ def two_metric_step(
     step_size: alpha.
     gamma: the scalar of :math:`H_0`.
     operator: ``(v, free) -> H v`` on the free variables ``free`` (a boolean tree), e.g.
-      ``lambda v, free: secant.two_loop(restricted_memory(memory, free), gamma, v)``.
+      ``lambda v, free: secant.recursion(restricted_memory(memory, free), gamma, v)``.
 
   Returns:
     ``(s, quasi_newton)``: the step and whether it is the quasi-Newton one.

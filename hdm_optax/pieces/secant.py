@@ -271,7 +271,7 @@ def recursion(memory: SecantMemory, gamma, vector):
   2m dependent passes over v. It reads only ``s``, ``y`` and ``rho``, so it serves pairs
   changed for one update (the pairs restricted to a box's free variables,
   :func:`hdm_optax.pieces.box.restricted_memory`), whose stored products
-  ``sy``/``yy`` would be stale for the compact form of :func:`two_loop`.
+  ``sy`` would be stale for the compact form of :func:`two_loop`.
 
   Examples:
     >>> import jax.numpy as jnp
