@@ -392,7 +392,7 @@ def secant(
 
   def observe(state, trial, ctx):
     change = optax.tree.sub(trial.grad, ctx.grad)
-    products = secant_lib.pair_products(trial.step, change)  # one pass over s and y
+    products = secant_lib.pair_products(trial.step, change)
     # A finite <s, y> needs every y_i = g+_i - g_i finite (s_i * inf is inf or NaN), so every
     # g+_i finite: no separate pass over grad f(x+).
     finite = trial.finite & jnp.isfinite(products.sy)

@@ -244,8 +244,9 @@ def _compact(memory: SecantMemory, initial, vector):
 
   the same as :math:`R^{-T}(D c + Y^T H_0 Y c - Y^T H_0 v)` without forming
   :math:`Y^T H_0 Y` (m^2 n work, and for a diagonal :math:`H_0` it changes at every
-  call): :math:`S^T v`, :math:`Y c`, :math:`Y^T H_0 u` and :math:`S p` are one
-  matrix-vector product each.
+  call): :math:`S^T v`, :math:`Y^T H_0 u` and :math:`S p` are one matrix-vector product
+  each, and :math:`Y c` one pass over Y together with :math:`H_0 u`
+  (:func:`_combination`).
   """
   dtype = memory.rho.dtype
   size = memory.rho.shape[0]
