@@ -179,3 +179,22 @@ def test_loop_kernels_by_trips_and_vectors_moved():
   once, by_trips = hlo.loop_kernels(text, n), hlo.loop_kernels(text, n, by_trips=True)
   assert by_trips.total > once.total and by_trips.vectors > once.vectors > 0
   assert once.vectors < 4 * once.total  # the 4 x n buffer is read a row at a time
+
+
+def test_gpu_hlo_compiles_for_a_gpu_without_one():
+  """experiments/perf/gpu_hlo.py: a target with no spec is refused by name; without JAX's
+  CUDA plugin the error names the install command; with it, the value-and-gradient loop
+  compiles for an H100 here and its kernels are counted."""
+  from experiments.perf import gpu_hlo
+
+  assert {"h100", "h200"} <= set(gpu_hlo.TARGETS)
+  with pytest.raises(ValueError, match=r"target='a100'.*choose from h100, h200"):
+    gpu_hlo.compile_only_device("a100")
+  try:
+    device = gpu_hlo.compile_only_device("h100")
+  except RuntimeError as e:
+    assert f"jax-cuda12-plugin=={jax.__version__}" in str(e) and "JAX_PLATFORMS=cpu" in str(e)
+    return
+  assert device.device_kind == "NVIDIA H100 80GB HBM3"
+  counts = gpu_hlo.count("hdm_best", 1000, device, steps=3)
+  assert counts["vg"][0].total > 0 and counts["update"][0].total > counts["vg"][0].total

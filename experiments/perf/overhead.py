@@ -105,9 +105,9 @@ OPTIMIZERS = {
 PEERS = ("optax.lbfgs()", "optx.LBFGS")
 
 
-def _peer_runs(peers, fun, data, w0, steps) -> dict:
-  """name -> (run of no argument, its oracle calls from its output) for each peer: K
-  iterations from w0. ``optax.lbfgs()`` runs through ``hdm_optax.solve(tol=0)``, which
+def peer_programs(peers, fun, steps) -> dict:
+  """name -> (compiled program of ``(w, data)``, its oracle calls from its output) for each
+  peer: K iterations. ``optax.lbfgs()`` runs through ``hdm_optax.solve(tol=0)``, which
   counts its zoom line search's calls; ``optx.LBFGS`` (its Cauchy test off) through
   ``optimistix.minimise``, one call per step (``experiments/benchmark/runner.py``)."""
   import optax
@@ -119,7 +119,7 @@ def _peer_runs(peers, fun, data, w0, steps) -> dict:
     solve = jax.jit(
       lambda w, d: hdm_optax.solve(optax.lbfgs(), fun, w, max_steps=steps, tol=0.0, fun_args=d)
     )
-    runs["optax.lbfgs()"] = (lambda: solve(w0, data), lambda res: int(res.num_grad_evals))
+    runs["optax.lbfgs()"] = (solve, lambda res: int(res.num_grad_evals))
   if "optx.LBFGS" in peers:
     import optimistix as optx
 
@@ -131,7 +131,7 @@ def _peer_runs(peers, fun, data, w0, steps) -> dict:
       sol = optx.minimise(fn, solver, w, args=d, max_steps=steps, throw=False)
       return sol.value, sol.stats["num_steps"]
 
-    runs["optx.LBFGS"] = (lambda: minimise(w0, data), lambda out: int(out[1]))
+    runs["optx.LBFGS"] = (minimise, lambda out: int(out[1]))
   return runs
 
 
@@ -147,28 +147,17 @@ def make_problem(n: int, dtype, seed: int = 0):
   return inst.fun, inst.fun_args, inst.x0[0], inst.lipschitz, kind
 
 
-def measure(
-  n: int,
-  dtype,
-  steps: int,
-  repeats: int,
-  seed: int = 0,
-  optimizer: str = "hdm_best",
-  check_every: tuple[int, ...] = (1,),
-  kernels: bool = False,
-  hlo_dir=None,
-  peers: tuple[str, ...] = (),
-):
+def loops(opt, fun, probe_calls: int, steps: int):
+  """The programs of one measurement, compiled: ``start_state(w, data)`` (the state after
+  ``init`` and the probe updates), ``vg_loop(w, data)`` (K + 1 value-and-gradient calls),
+  ``update_loop(w, data, state0)`` (K updates from ``state0``) and ``solve_run(w, data, k)``
+  (``hdm_optax.solve(tol=0)`` for K iterations after the probes, ``check_every=k``)."""
   import optax
-  import hdm_optax
 
-  fun, data, w0, lip, kind = make_problem(n, dtype, seed)
-  factory, probe_calls = OPTIMIZERS[optimizer]  # = probe updates
-  opt = factory(hdm_optax, lip)
+  import hdm_optax
 
   @jax.jit
   def start_state(w, data):
-    """The state after ``init`` and the probe updates, if the optimizer has any."""
     value_fn = lambda x: fun(x, *data)
     v, g = jax.value_and_grad(value_fn)(w)
     state = opt.init(w)._replace(value=v, grad=g)
@@ -188,8 +177,6 @@ def measure(
     v, g = vg(w, *data)  # K + 1 calls, as in solve
     return jax.lax.fori_loop(0, steps, body, (w - 1e-6 * g, v))
 
-  state0 = jax.block_until_ready(start_state(w0, data))
-
   @jax.jit
   def update_loop(w, data, state0):
     value_fn = lambda x: fun(x, *data)
@@ -208,6 +195,42 @@ def measure(
       opt, fun, w, max_steps=steps + probe_calls, tol=0.0, fun_args=data, check_every=k
     )
 
+  return start_state, vg_loop, update_loop, solve_run
+
+
+def programs(solve_run, vg_loop, update_loop, check_every) -> dict:
+  """name -> (compiled program, whether it takes ``state0`` after ``(w, data)``): the
+  programs whose loop iterations ``--kernels`` counts."""
+  progs = {
+    "vg": (vg_loop, False),
+    "update": (update_loop, True),
+    "solve": (jax.jit(lambda w, d: solve_run(w, d, check_every[0])), False),
+  }
+  for k in check_every[1:]:
+    progs[f"solve@{k}"] = (jax.jit(lambda w, d, k=k: solve_run(w, d, k)), False)
+  return progs
+
+
+def measure(
+  n: int,
+  dtype,
+  steps: int,
+  repeats: int,
+  seed: int = 0,
+  optimizer: str = "hdm_best",
+  check_every: tuple[int, ...] = (1,),
+  kernels: bool = False,
+  hlo_dir=None,
+  peers: tuple[str, ...] = (),
+):
+  import hdm_optax
+
+  fun, data, w0, lip, kind = make_problem(n, dtype, seed)
+  factory, probe_calls = OPTIMIZERS[optimizer]  # = probe updates
+  opt = factory(hdm_optax, lip)
+  start_state, vg_loop, update_loop, solve_run = loops(opt, fun, probe_calls, steps)
+  state0 = jax.block_until_ready(start_state(w0, data))
+
   fns = {
     "vg": lambda: vg_loop(w0, data),
     "update": lambda: update_loop(w0, data, state0),
@@ -215,19 +238,14 @@ def measure(
   }
   for k in check_every[1:]:
     fns[f"solve@{k}"] = lambda k=k: solve_run(w0, data, k)
-  peer_runs = _peer_runs(peers, fun, data, w0, steps)
-  fns.update({name: run for name, (run, _) in peer_runs.items()})
+  peer_runs = peer_programs(peers, fun, steps)
+  fns.update({name: (lambda p=p: p(w0, data)) for name, (p, _) in peer_runs.items()})
   kernel_counts = {}
   if kernels or hlo_dir:
-    programs = {
-      "vg": (vg_loop, (w0, data)),
-      "update": (update_loop, (w0, data, state0)),
-      "solve": (jax.jit(lambda w, d: solve_run(w, d, check_every[0])), (w0, data)),
-    }
-    for k in check_every[1:]:
-      programs[f"solve@{k}"] = (jax.jit(lambda w, d, k=k: solve_run(w, d, k)), (w0, data))
-    for name, (program, args) in programs.items():
-      text = program.lower(*args).compile().as_text()
+    progs = programs(solve_run, vg_loop, update_loop, check_every)
+    progs.update({name: (p, False) for name, (p, _) in peer_runs.items()})
+    for name, (program, with_state) in progs.items():
+      text = program.lower(w0, data, *((state0,) if with_state else ())).compile().as_text()
       kernel_counts[name] = (hlo.loop_kernels(text, n), hlo.loop_kernels(text, n, by_trips=True))
       if hlo_dir:
         stem = f"{optimizer}_{name.replace('@', '_every')}_n{n}_{jax.default_backend()}"
