@@ -198,3 +198,22 @@ def test_gpu_hlo_compiles_for_a_gpu_without_one():
   assert device.device_kind == "NVIDIA H100 80GB HBM3"
   counts = gpu_hlo.count("hdm_best", 1000, device, steps=3)
   assert counts["vg"][0].total > 0 and counts["update"][0].total > counts["vg"][0].total
+
+
+def test_targets_read_kernel_counts_compiled_without_a_device(tmp_path, capsys):
+  """experiments/perf/targets.py --compiled: the kernels-per-update target from
+  experiments/perf/gpu_hlo.py's rows (the most over the sizes), named by the card."""
+  from experiments.perf import targets
+
+  rows = [
+    dict(n=n, device="NVIDIA H100 80GB HBM3 (compiled, no device)", kernels={"update": k})
+    for n, k in ((100_000, dict(total=57)), (1_000_000, dict(total=24)))
+  ]
+  (row,) = targets.check([], None, rows)
+  assert row["value"] == 57 and row["met"] is False and "H100" in row["target"]
+  path = tmp_path / "compiled.json"
+  path.write_text(json.dumps(rows))
+  assert targets.main(["--compiled", str(path)]) == [row]
+  assert "NOT met" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    targets.main([])

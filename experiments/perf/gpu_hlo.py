@@ -26,6 +26,7 @@ program and size.
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 
 import jax
@@ -107,6 +108,9 @@ def _parse(argv=None):
   p.add_argument("--peers", default="", help=f"comma-separated of {', '.join(overhead.PEERS)}")
   p.add_argument("--steps", type=int, default=10, help="iterations of each loop (K)")
   p.add_argument("--hlo-dir", default=None, help="write the optimized HLO texts here")
+  p.add_argument(
+    "--json", default=None, help="write the rows here (experiments/perf/targets.py --compiled)"
+  )
   args = p.parse_args(argv)
   args.peers = tuple(filter(None, args.peers.split(",")))
   unknown = set(args.peers) - set(overhead.PEERS)
@@ -115,21 +119,28 @@ def _parse(argv=None):
   return args
 
 
-def main(argv=None) -> dict:
+def main(argv=None) -> list[dict]:
+  """Prints the counts; returns one row per size: ``n``, ``optimizer``, ``device`` and
+  ``kernels`` (name -> counts as numbers, nested loops by their trip counts)."""
   args = _parse(argv)
   # The CPU runs nothing here but builds the data; the CUDA plugin is only a compiler.
   jax.config.update("jax_platforms", "cpu")
   protocol.float32_products()
   device = compile_only_device(args.target)
   print(f"{args.optimizer}: jax {jax.__version__}, compiled for {device.device_kind} (no device)")
-  out = {}
+  rows = []
   for n in (int(float(s)) for s in args.sizes.split(",")):
-    out[n] = count(args.optimizer, n, device, args.steps, args.peers, args.hlo_dir)
-    for name, (counts, by_trips) in out[n].items():
+    counted = count(args.optimizer, n, device, args.steps, args.peers, args.hlo_dir)
+    for name, (counts, by_trips) in counted.items():
       print(f"{n:>9} {name} loop, one iteration: {counts}", flush=True)
       if by_trips != counts:
         print(f"{'':>9}   nested loops by their trip counts: {by_trips}", flush=True)
-  return out
+    kernels = overhead.kernel_numbers(counted)
+    device_label = f"{device.device_kind} (compiled, no device)"
+    rows.append(dict(n=n, optimizer=args.optimizer, device=device_label, kernels=kernels))
+    if args.json:
+      pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+  return rows
 
 
 if __name__ == "__main__":

@@ -318,13 +318,18 @@ def _print_row(r, args, check_every) -> None:
       print(f"{'':>8}   nested loops by their trip counts: {by_trips}", flush=True)
 
 
-def _json_row(r) -> dict:
-  """``r`` with its kernel counts as numbers (nested loops by their trip counts)."""
-  kernels = {
+def kernel_numbers(kernels: dict) -> dict:
+  """name -> the kernel counts of one iteration as numbers (nested loops by their trip
+  counts), from name -> ``(counts, by_trips)``: what ``--json`` writes."""
+  return {
     name: dict(total=k.total, over_n=k.over_n, vectors=k.vectors, kinds=dict(k.kinds))
-    for name, (_, k) in r["kernels"].items()
+    for name, (_, k) in kernels.items()
   }
-  return {**r, "kernels": kernels}
+
+
+def _json_row(r) -> dict:
+  """``r`` with its kernel counts as numbers."""
+  return {**r, "kernels": kernel_numbers(r["kernels"])}
 
 
 def main(argv=None) -> list[dict]:

@@ -1,6 +1,7 @@
 """Issue 28's targets for ``trial_lbfgs()``, checked against the rows of one measurement.
 
     python -m experiments.perf.targets --overhead OVERHEAD.json [--batched BATCHED.json]
+    python -m experiments.perf.targets --compiled COMPILED.json
 
 ``OVERHEAD.json``: ``python -m experiments.perf.overhead --optimizer trial_lbfgs --kernels
 --peers optax.lbfgs() --json ...`` (its sizes among 1e5, 1e6, 1e7); ``BATCHED.json``:
@@ -15,14 +16,17 @@ ratio compares numbers of one run (one process, interleaved rounds). On a GPU:
 - batched solves: problems per second >= 3 x ``optax.lbfgs()``'s at B = 16384, >= 2 x at
   B = 1024.
 
-On a CPU: per oracle call <= ``optax.lbfgs()``'s at 1e5 and 1e6. A target whose row is missing
-is printed as not measured. Prints one line per target; returns the rows.
+On a CPU: per oracle call <= ``optax.lbfgs()``'s at 1e5 and 1e6. With ``--compiled
+COMPILED.json`` (``python -m experiments.perf.gpu_hlo --json ...``, no GPU needed): the
+kernels per update as XLA compiles them for the named card. A target whose row is missing is
+printed as not measured. Prints one line per target; returns the rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 
 __all__ = ["check", "main"]
 
@@ -61,6 +65,13 @@ def _overhead_targets(rows: list[dict]) -> list[dict]:
   return out
 
 
+def _compiled_targets(rows: list[dict]) -> list[dict]:
+  kernels = [r["kernels"]["update"]["total"] for r in rows]
+  devices = sorted({r["device"] for r in rows})
+  target = f"kernels per update, {', '.join(devices)}"
+  return [_row(target, max(kernels, default=None), MAX_KERNELS)]
+
+
 def _batched_targets(rows: list[dict]) -> list[dict]:
   rate = {(r["batch"], r["solver"]): r["per_second"] for r in rows}
   out = []
@@ -71,28 +82,36 @@ def _batched_targets(rows: list[dict]) -> list[dict]:
   return out
 
 
-def check(overhead_rows: list[dict], batched_rows: list[dict] | None = None) -> list[dict]:
+def check(
+  overhead_rows: list[dict],
+  batched_rows: list[dict] | None = None,
+  compiled_rows: list[dict] | None = None,
+) -> list[dict]:
   """One dict per target: ``target``, ``value`` (None: not measured), ``limit``, ``met``."""
-  out = _overhead_targets(overhead_rows)
+  out = _overhead_targets(overhead_rows) if overhead_rows else []
   if batched_rows is not None:
     out += _batched_targets(batched_rows)
+  if compiled_rows:
+    out += _compiled_targets(compiled_rows)
   return out
 
 
 def main(argv=None) -> list[dict]:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--overhead", required=True)
+  p.add_argument("--overhead", default=None)
   p.add_argument("--batched", default=None)
+  p.add_argument("--compiled", default=None, help="rows of experiments/perf/gpu_hlo.py --json")
   args = p.parse_args(argv)
-  with open(args.overhead) as f:
-    overhead_rows = json.load(f)
-  batched_rows = None
-  if args.batched:
-    with open(args.batched) as f:
-      batched_rows = json.load(f)
-  devices = sorted({r["device"] for r in overhead_rows + (batched_rows or [])})
+  if not (args.overhead or args.compiled):
+    p.error("give --overhead (a measurement) or --compiled (kernel counts without a device)")
+  load = lambda path: json.loads(pathlib.Path(path).read_text()) if path else None
+  overhead_rows, batched_rows, compiled_rows = map(
+    load, (args.overhead, args.batched, args.compiled)
+  )
+  measured = (overhead_rows or []) + (batched_rows or []) + (compiled_rows or [])
+  devices = sorted({r["device"] for r in measured})
   print(f"issue 28's targets for trial_lbfgs() on {', '.join(devices)}")
-  rows = check(overhead_rows, batched_rows)
+  rows = check(overhead_rows or [], batched_rows, compiled_rows)
   for r in rows:
     value = "not measured" if r["value"] is None else f"{r['value']:.3f}"
     verdict = {None: "-", True: "met", False: "NOT met"}[r["met"]]
