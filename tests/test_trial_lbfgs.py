@@ -235,6 +235,23 @@ def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
     np.testing.assert_allclose(_flat(h_y), s_k, rtol=rtol, atol=rtol * np.max(np.abs(s_k)))
 
 
+@pytest.mark.parametrize("m", [1, 7, 40])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_compact_form_triangular_solves(m, transpose):
+  """The compact form's solves with R (upper triangular): written out as scalar operations
+  up to 32 pairs, ``triangular_solve`` above; both against NumPy, in float64."""
+  from hdm_optax.pieces import secant
+
+  rng = np.random.default_rng(m)
+  r = np.triu(rng.standard_normal((m, m))) / m + np.diag(rng.uniform(1, 2, m))
+  b = rng.standard_normal(m)
+  got = jax.jit(secant._solve_upper, static_argnums=2)(jnp.asarray(r), jnp.asarray(b), transpose)
+  want = np.linalg.solve(r.T if transpose else r, b)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+  jaxpr = str(jax.make_jaxpr(secant._solve_upper, static_argnums=2)(r, b, transpose))
+  assert ("triangular_solve" in jaxpr) == (m > secant._UNROLLED_SOLVE)
+
+
 def test_two_loop_is_the_recursion_where_n_is_at_most_m():
   """JENSMP (CUTEst, n = 2) with m = 10: more pairs than dimensions, so the compact form's
   triangular matrix is singular up to rounding (its H g erred by 1.7e-3 relative on these

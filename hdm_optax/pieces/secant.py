@@ -221,6 +221,32 @@ def _triangle(memory: SecantMemory) -> tuple[jax.Array, jax.Array, jax.Array, ja
   return order, r, d, full
 
 
+# Up to this many pairs the compact form's triangular solves are written out as scalar
+# operations (m(m + 1) / 2 multiply-adds each); above, one ``triangular_solve`` each.
+_UNROLLED_SOLVE = 32
+
+
+def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
+  r"""x with :math:`R x = b`, or :math:`R^T x = b` where ``transpose``; R upper triangular.
+
+  Back (forward) substitution written out for m <= 32: XLA:GPU fuses the scalar operations
+  into the small kernels around them, where a ``triangular_solve`` is a cuBLAS call of its
+  own (compiled for an H100, ``experiments/perf/gpu_hlo.py``: 56 kernels per update at
+  n = 1e6 instead of 58, the same passes over n). Above 32 the m^2 operations would slow
+  compilation, and ``jax.lax.linalg.triangular_solve`` solves.
+  """
+  m = b.shape[0]
+  if m > _UNROLLED_SOLVE:
+    return jax.scipy.linalg.solve_triangular(r, b, lower=False, trans="T" if transpose else 0)
+  entry = (lambda i, j: r[j, i]) if transpose else (lambda i, j: r[i, j])
+  rows = range(m) if transpose else reversed(range(m))
+  x = [None] * m
+  for i in rows:
+    known = range(i) if transpose else range(i + 1, m)  # the x_j already solved for
+    x[i] = functools.reduce(lambda acc, j: acc - entry(i, j) * x[j], known, b[i]) / r[i, i]
+  return jnp.stack(x)
+
+
 def _combination(coef, rows) -> jax.Array:
   """:math:`\\sum_k c_k a_k` over the m rows of ``rows``, written out as an elementwise sum.
 
@@ -253,12 +279,12 @@ def _compact(memory: SecantMemory, initial, vector):
   order, r, d, full = _triangle(memory)
   by_slot = (jnp.arange(size, dtype=jnp.int32) - memory.head) % size
   s_v = _row_dots((memory.s,), vector, dtype)[0]
-  c = jax.scipy.linalg.solve_triangular(r, jnp.where(full, s_v[order], 0), lower=False)
+  c = _solve_upper(r, jnp.where(full, s_v[order], 0))
   u = jax.tree.map(lambda v, y: v - _combination(c[by_slot], y), vector, memory.y)
   h_u = _apply_initial(initial, u, dtype)
   y_hu = _row_dots((memory.y,), h_u, dtype)[0]
   rhs = d * c - jnp.where(full, y_hu[order], 0)
-  p = jax.scipy.linalg.solve_triangular(r, rhs, lower=False, trans="T")
+  p = _solve_upper(r, rhs, transpose=True)
   # H_m v feeds several passes (the step, the trial point, the pair): a matrix-vector
   # product stores S p once, where XLA would repeat the elementwise sum in each of them.
   back = lambda coef, rows: jnp.tensordot(coef.astype(rows.dtype), rows, axes=1, precision=_EXACT)
