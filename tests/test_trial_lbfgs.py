@@ -239,7 +239,7 @@ def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
 @pytest.mark.parametrize("transpose", [False, True])
 def test_compact_form_triangular_solves(m, transpose):
   """The compact form's solves with R (upper triangular): written out as scalar operations
-  up to 32 pairs, ``triangular_solve`` above; both against NumPy, in float64."""
+  up to 16 pairs, ``triangular_solve`` above; both against NumPy, in float64."""
   from hdm_optax.pieces import secant
 
   rng = np.random.default_rng(m)

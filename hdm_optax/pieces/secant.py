@@ -223,17 +223,18 @@ def _triangle(memory: SecantMemory) -> tuple[jax.Array, jax.Array, jax.Array, ja
 
 # Up to this many pairs the compact form's triangular solves are written out as scalar
 # operations (m(m + 1) / 2 multiply-adds each); above, one ``triangular_solve`` each.
-_UNROLLED_SOLVE = 32
+_UNROLLED_SOLVE = 16
 
 
 def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
   r"""x with :math:`R x = b`, or :math:`R^T x = b` where ``transpose``; R upper triangular.
 
-  Back (forward) substitution written out for m <= 32: XLA:GPU fuses the scalar operations
-  into the small kernels around them, where a ``triangular_solve`` is a cuBLAS call of its
-  own (compiled for an H100, ``experiments/perf/gpu_hlo.py``: 56 kernels per update at
-  n = 1e6 instead of 58, the same passes over n). Above 32 the m^2 operations would slow
-  compilation, and ``jax.lax.linalg.triangular_solve`` solves.
+  Back (forward) substitution written out for m <= 16: XLA:GPU fuses the scalar operations
+  into the small kernels around them, where a triangular solve is a cuBLAS call of its own
+  (compiled for an H100, ``experiments/perf/gpu_hlo.py``: 56 kernels per update at n = 1e6
+  instead of 58, the same passes over n). The m^2 operations cost compile time (a
+  ``solve(trial_lbfgs())`` compiled in 1.12 s instead of 0.98 at m = 10, 1.43 instead of 0.97
+  at m = 16, 2.43 instead of 0.95 at m = 32): above 16, ``solve_triangular``.
   """
   m = b.shape[0]
   if m > _UNROLLED_SOLVE:
