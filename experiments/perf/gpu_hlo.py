@@ -103,7 +103,9 @@ def count(
 def _parse(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--optimizer", default="trial_lbfgs", choices=tuple(overhead.OPTIMIZERS))
-  p.add_argument("--sizes", default="1e5,1e6", help="comma-separated n (BCOO data from 1e5, dense below)")
+  p.add_argument(
+    "--sizes", default="1e5,1e6", help="comma-separated n (BCOO data from 1e5, dense below)"
+  )
   p.add_argument("--target", default="h100", choices=TARGETS)
   p.add_argument("--peers", default="", help=f"comma-separated of {', '.join(overhead.PEERS)}")
   p.add_argument("--steps", type=int, default=10, help="iterations of each loop (K)")
