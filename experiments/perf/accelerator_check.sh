@@ -54,14 +54,17 @@ case "$phase" in
     ;;
   trial)
     # Issue 28's targets for trial_lbfgs() (experiments/perf/targets.py says which), each
-    # ratio from one process with its peers in the same interleaved rounds; under 8 minutes
-    # on one H100 (the step limits add up to 450 s). Outputs: 7 files. TRIAL_SIZES and
-    # TRIAL_BATCHES replace the sizes and batches (a smoke run on a CPU).
+    # ratio from one process with its peers in the same interleaved rounds; about 2 minutes
+    # on one H100 (2026-11-27; the step limits add up to 450 s). Outputs: 7 files.
+    # TRIAL_SIZES and TRIAL_BATCHES replace the sizes and batches (a smoke run on a CPU).
+    # K = 50 iterations at every size: with overhead.py's default of 200 below n = 1e6 the
+    # float32 run reaches its floor by iteration 50 and optax.lbfgs()'s zoom then spends
+    # about 12 cheap calls per iteration (2298 calls in 200), which per call says nothing.
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     $py -c "import jax, optax, optimistix; print('jax', jax.__version__, jax.devices(), 'optax', optax.__version__, 'optimistix', optimistix.__version__)"
     stamp "overhead: trial_lbfgs, optax.lbfgs, optx.LBFGS; kernels"
     timeout 300 $py -m experiments.perf.overhead --optimizer trial_lbfgs --sizes "${TRIAL_SIZES:-1e5,1e6,1e7}" \
-      --repeats 3 --peers 'optax.lbfgs(),optx.LBFGS' --kernels --hlo-dir "$out/hlo" \
+      --steps 50 --repeats 3 --peers 'optax.lbfgs(),optx.LBFGS' --kernels --hlo-dir "$out/hlo" \
       --json "$out/overhead_trial_lbfgs.json" 2>&1 | tee "$out/overhead_trial_lbfgs.txt"
     stamp batched
     timeout 90 $py -m experiments.perf.batched --batches "${TRIAL_BATCHES:-1,1024,16384}" \
