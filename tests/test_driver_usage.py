@@ -12,13 +12,13 @@ import pytest
 
 import hdm_optax
 from helpers import Compilations, logistic, logistic_problem, python_blocks
+from hdm_optax.driver import loops as loop_lib
+from hdm_optax.driver import compiled as solve_lib
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends
 except ImportError:  # pragma: no cover - tests/ turned into a package
   from tests import backends
-from hdm_optax.driver import loops as loop_lib
-from hdm_optax.driver import compiled as solve_lib
 
 PROBLEM = logistic_problem(3, m=30, n=5)
 ARGS = (PROBLEM.a, PROBLEM.y)
