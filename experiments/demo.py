@@ -22,7 +22,7 @@ import hdm_optax
 from experiments import problems
 from experiments import protocol
 from experiments import runner
-from experiments.benchmark.solvers import Solver
+from experiments.solvers import Solver
 
 
 def main(argv=None):

@@ -295,7 +295,7 @@ def choose_representation(A: sp.spmatrix, backend: str | None = None) -> str:
       a8a and a9a CSR. The thresholds were set when the products went
       through Python host callbacks (~25 us per call), with the measurements
       (one value and gradient in a compiled loop / the two SciPy products,
-      ``python -m experiments.perf.speed``): a9a 0.9-1.3 host vs 3.6-3.9 dense;
+      docs/research/speed.md): a9a 0.9-1.3 host vs 3.6-3.9 dense;
       a7a (2.0e6 entries) 1.2-1.7 host vs 1.1-1.2 dense; w1a 1.6-2.4 host vs
       2.6-3.9 dense. The FFI kernel has no per-call cost, so they are
       conservative; they are kept so that Table 1's numbers stay comparable.

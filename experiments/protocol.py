@@ -69,9 +69,8 @@ UNBOUNDED = inspect.signature(hdm_optax.solve).parameters["min_value"].default
 # product's precision instead of the optimizer. On an H200 with the default,
 # hdm_auto() solved 21.0 of libsvm32's 54 problems per start (49.6 on the CPU): its
 # acceptance test compares values of f, and it settled where the TF32 value is
-# lowest (on fourclass_scale at the final values of a CPU emulation of TF32, bit
-# for bit: ``python -m experiments.tf32``). CPUs compute float32 products in
-# float32 either way.
+# lowest (docs/research/accelerators.md). CPUs compute float32 products in float32
+# either way.
 MATMUL_PRECISION = "highest"
 
 

@@ -40,7 +40,7 @@ from experiments import protocol
 from experiments import runner
 from experiments.baselines import first_order
 from experiments.baselines import quasi_newton
-from experiments.benchmark import solvers as solvers_lib
+from experiments import solvers as solvers_lib
 
 # Table 1 of the paper (SVM, logistic regression; out of 33 each).
 PAPER = {

@@ -4,7 +4,6 @@ import csv
 import dataclasses
 import importlib.util
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -17,11 +16,10 @@ from fast_jit import FAST_COMPILE
 from experiments import memory
 from experiments import problems
 from experiments import protocol
-from experiments import runner as runner_lib
 from experiments.benchmark import __main__ as cli
 from experiments.benchmark import profiles
-from experiments.benchmark import runner
-from experiments.benchmark import solvers
+from experiments import runner
+from experiments import solvers
 from experiments.benchmark import suites
 from experiments.benchmark import summary
 
@@ -215,8 +213,8 @@ def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch
   seeds then run one after another through a single-start program, with the same results."""
   inst = _two_start_instance()
   solver = solvers.get("optax.lbfgs()")
-  batched, _, _ = runner_lib.run_optax(solver, inst, runner.BUDGET)
-  compiled = runner_lib._compiled
+  batched, _, _ = runner.run_optax(solver, inst, runner.BUDGET)
+  compiled = runner._compiled
   starts = []
 
   def no_vmap(statics, args):
@@ -225,9 +223,9 @@ def test_seeds_run_in_turn_where_the_vmapped_program_cannot_be_built(monkeypatch
       raise NotImplementedError("no batching rule")
     return compiled(statics, args)
 
-  monkeypatch.setattr(runner_lib, "_compiled", no_vmap)
-  runner_lib._COMPILED.clear()
-  in_turn, _, _ = runner_lib.run_optax(solver, inst, runner.BUDGET)
+  monkeypatch.setattr(runner, "_compiled", no_vmap)
+  runner._COMPILED.clear()
+  in_turn, _, _ = runner.run_optax(solver, inst, runner.BUDGET)
   assert starts == [2, 1]
   np.testing.assert_array_equal(in_turn["grad_calls"], batched["grad_calls"])
   np.testing.assert_allclose(in_turn["value"], batched["value"], rtol=1e-10, atol=1e-14)
@@ -241,14 +239,14 @@ def test_compiled_programs_are_released_before_the_memory_maps_run_out(monkeypat
   inst = problems.instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
   task = suites.Task("user", "quadratic", (None,), lambda: inst)
   lbfgs = [solvers.get("optax.lbfgs()")]
-  runner_lib._COMPILED.clear()
+  runner._COMPILED.clear()
   runner.run_suite([task], lbfgs, tmp_path / "a.csv", progress=False)
-  assert len(runner_lib._COMPILED) == 1  # below the limit: kept for problems of the same shape
+  assert len(runner._COMPILED) == 1  # below the limit: kept for problems of the same shape
   cleared = []
   monkeypatch.setattr(memory, "memory_maps", lambda: memory.MAX_MEMORY_MAPS + 1)
   monkeypatch.setattr(memory.jax, "clear_caches", lambda: cleared.append(True))
   runner.run_suite([task], lbfgs, tmp_path / "b.csv", progress=False)
-  assert cleared == [True] and runner_lib._COMPILED == {}
+  assert cleared == [True] and runner._COMPILED == {}
 
 
 def test_hdm_auto_reaches_the_float32_tolerance_on_heart_scale():
@@ -265,7 +263,7 @@ def test_hdm_auto_reaches_the_float32_tolerance_on_heart_scale():
     if t.name.endswith("/svm")
   ]
   inst = task.build()
-  out, _, _ = runner_lib.run_optax(solvers.get("hdm_auto()"), inst, runner.BUDGET)
+  out, _, _ = runner.run_optax(solvers.get("hdm_auto()"), inst, runner.BUDGET)
   assert inst.x0.dtype == jnp.float32
   assert float(out["grad_inf"][0]) <= inst.tol[0], out
   assert int(out["grad_calls"][0]) < 300, out
@@ -312,7 +310,7 @@ def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
   """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA)."""
   if importlib.util.find_spec("sif2jax") is None or solvers.optx is None:
     pytest.skip("sif2jax and optimistix are needed (pip install -e '.[bench]')")
-  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
   path = tmp_path / "results.csv"
   tasks = suites.cutest_tasks(runner.TOL, CUTEST)
   runner.run_suite(tasks, [solvers.get(n) for n in PEER_ROWS], path, progress=False)
@@ -344,7 +342,7 @@ def test_optimistix_rows_count_every_objective_call():
   seen = []
   inst = _counted_rosenbrock(seen)
   solver = solvers.get("optx.BFGS")
-  out, _, _ = runner_lib.run_optimistix(solver, inst, runner.BUDGET)
+  out, _, _ = runner.run_optimistix(solver, inst, runner.BUDGET)
   calls = int(out["grad_calls"][0])
   assert calls == len(seen) == int(out["num_steps"][0])
   assert float(out["grad_inf"][0]) <= runner.TOL
@@ -354,7 +352,7 @@ def test_optimistix_rows_count_every_objective_call():
   )
   assert int(sol.state.num_accepted_steps) < calls  # rejected trials are counted too
   seen.clear()
-  again, _, _ = runner_lib.run_optimistix(solver, inst, runner.BUDGET)
+  again, _, _ = runner.run_optimistix(solver, inst, runner.BUDGET)
   assert int(again["grad_calls"][0]) == calls == len(seen)
 
 
@@ -427,7 +425,7 @@ def test_a_row_the_machine_fails_is_named_apart_and_retried(tmp_path, monkeypatc
   """A GPU held by another process ("Unable to initialize backend", faked here at build
   time) gives an env_error row: the solved table names it apart instead of counting it
   unsolved, and a re-run retries it; the summary reads the retry."""
-  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
   inst = problems.instance(lambda x: jnp.sum((x - 1.0) ** 2), (), [[0.0, 2.0]], runner.TOL)
 
   def held():
@@ -476,7 +474,7 @@ def test_bounded_rows_on_two_bounded_problems(tmp_path, monkeypatch):
   unbounded problem; the summary compares medians with SciPy's L-BFGS-B."""
   if importlib.util.find_spec("sif2jax") is None or importlib.util.find_spec("jaxopt") is None:
     pytest.skip("sif2jax and jaxopt are needed (pip install -e '.[bench]')")
-  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
   path = tmp_path / "results.csv"
   names = BOUNDED_ROWS + ("hdm_auto()",)
   problems = ("HS3", "HS4")
@@ -576,30 +574,16 @@ def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
 def test_rows_of_equal_configuration_share_one_program(monkeypatch):
   """'trial_lbfgs', 'trial_lbfgs()' and 'trial_lbfgs(memory_size=10)' are one configuration:
   one compiled program, the same rows; another memory_size and rows that use L keep their own."""
-  monkeypatch.setattr(runner_lib, "COMPILE_OPTIONS", FAST_COMPILE)
+  monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
   inst = _two_start_instance()
-  runner_lib._COMPILED.clear()
+  runner._COMPILED.clear()
   names = ("trial_lbfgs", "trial_lbfgs()", "trial_lbfgs(memory_size=10)")
-  outs = [runner_lib.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
-  assert len(runner_lib._COMPILED) == 1
+  outs = [runner.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
+  assert len(runner._COMPILED) == 1
   assert outs[0][1] > 0 and outs[1][1] == outs[2][1] == 0.0  # compile seconds
   for out, _, _ in outs[1:]:
     np.testing.assert_array_equal(out["grad_calls"], outs[0][0]["grad_calls"])
-  runner_lib.run_optax(solvers.get("trial_lbfgs(memory_size=5)"), inst, runner.BUDGET)
-  assert len(runner_lib._COMPILED) == 2
+  runner.run_optax(solvers.get("trial_lbfgs(memory_size=5)"), inst, runner.BUDGET)
+  assert len(runner._COMPILED) == 2
   with_l = solvers.get("hdm_best(lipschitz=L)")
-  assert runner_lib.program_key(with_l) is with_l
-
-
-def test_float32_floor_is_far_above_the_cutest32_threshold_on_nelsonls(capsys):
-  """experiments.float32_floor (why cutest32 stays at 61): at every float32 point within one
-  ulp of NELSONLS's float64 minimiser, ||grad f||_inf is far above the cutest32 threshold."""
-  if importlib.util.find_spec("sif2jax") is None:
-    pytest.skip("sif2jax is not installed (pip install -e '.[bench]')")
-  from experiments import float32_floor
-
-  float32_floor.main(["--problem", "NELSONLS", "--ulps", "1"])
-  out = capsys.readouterr().out
-  number = lambda label: float(re.search(label + r"[^:]*: ([0-9.e+-]+)", out).group(1))
-  assert "27 float32 points" in out  # n = 3: the whole 3^3 lattice
-  assert number("smallest over") > 100 * number("cutest32 threshold")
+  assert runner.program_key(with_l) is with_l

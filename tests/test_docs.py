@@ -56,10 +56,21 @@ def test_readme_and_guide_have_examples():
 
 
 def test_every_docs_page_is_in_the_index():
-  index = (ROOT / "docs" / "index.md").read_text()
-  for page in (ROOT / "docs").glob("*.md"):
-    if page.name != "index.md":
-      assert f"\n{page.stem}\n" in index, page.name
+  """The manual's pages in docs/index.md, the research record's in docs/research/index.md."""
+  for folder in (ROOT / "docs", ROOT / "docs" / "research"):
+    index = (folder / "index.md").read_text()
+    for page in folder.glob("*.md"):
+      if page.name != "index.md":
+        assert f"\n{page.stem}\n" in index, page.name
+  assert "\nresearch/index\n" in (ROOT / "docs" / "index.md").read_text()
+
+
+def test_no_page_speaks_of_issue_numbers():
+  """Pages say what a thing is and what was measured, not which tracker entry asked for it."""
+  pages = [ROOT / "README.md", ROOT / "experiments" / "README.md", *(ROOT / "docs").rglob("*.md")]
+  for page in pages:
+    found = re.findall(r"\bissues? #?\d+", page.read_text(), flags=re.IGNORECASE)
+    assert not found, (page.name, found)
 
 
 @pytest.mark.parametrize(

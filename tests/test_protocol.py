@@ -94,7 +94,7 @@ def test_importing_the_experiments_leaves_jax_in_its_precision():
   code = (
     "import jax, importlib\n"
     "for m in ('experiments.problems', 'experiments.runner', 'experiments.demo', "
-    "'experiments.table1', 'experiments.perf.speed', 'experiments.benchmark.suites', "
+    "'experiments.table1', 'experiments.benchmark.suites', "
     "'experiments.benchmark.__main__'):\n"
     "  importlib.import_module(m)\n"
     "assert not jax.config.jax_enable_x64\n"
@@ -105,7 +105,7 @@ def test_importing_the_experiments_leaves_jax_in_its_precision():
 
 def test_entry_points_compute_float32_products_in_float32():
   """enable_float64 also asks for float32 matrix products in float32 (HIGHEST precision):
-  JAX's default lets an NVIDIA GPU round their inputs to TF32 (experiments/tf32.py)."""
+  JAX's default lets an NVIDIA GPU round their inputs to TF32."""
   code = (
     "import jax, jax.numpy as jnp\n"
     "from experiments import protocol\n"
@@ -122,19 +122,3 @@ def test_entry_points_compute_float32_products_in_float32():
     if k not in ("JAX_ENABLE_X64", "JAX_DEFAULT_MATMUL_PRECISION")
   }
   subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
-
-
-def test_tf32_rounding_keeps_ten_bits_of_mantissa():
-  from experiments import tf32
-
-  x = jnp.asarray([1.0 + 2.0**-10, 1.0 + 2.0**-11, 1.0 + 3 * 2.0**-11, 1.0 + 2.0**-12], jnp.float32)
-  # representable; a tie rounds to even (1.0); a tie rounds to even (1 + 2^-9); below half
-  np.testing.assert_array_equal(tf32.tf32(x), [1.0 + 2.0**-10, 1.0, 1.0 + 2.0**-9, 1.0])
-  assert tf32.tf32(jnp.ones(2, jnp.float64)).dtype == jnp.float64  # other dtypes pass through
-
-
-def test_float32_rtol_prints_the_threshold_of_each_run():
-  from experiments import float32_rtol
-
-  lines = list(float32_rtol.rows(300))
-  assert len(lines) == 6 and all("threshold" in line and "CONVERGED" in line for line in lines)

@@ -87,7 +87,7 @@ def _scaled_problem(n=12):
 def test_the_pairs_diagonal_undoes_a_diagonal_scaling():
   """Rosenbrock-10 under x -> f(D x), D log-spaced over 1e-2..1e2, from its start / D: the
   default (the pairs' diagonal as H_0) solves it in 200 calls or fewer (122); with
-  H_0 = gamma I it is not solved in 1000 (nor by optax.lbfgs(); docs/secant.md)."""
+  H_0 = gamma I it is not solved in 1000 (nor by optax.lbfgs(); docs/research/trial_lbfgs.md)."""
   d = jnp.asarray(np.logspace(-2, 2, 10))
   rosen = lambda x: jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
   fun = lambda y: rosen(d * y)

@@ -6,7 +6,7 @@
 
 Rows go to ``<out>/results.csv`` (appended; a re-run resumes), the summary to
 ``<out>/summary.md`` with profile PNGs beside it. ``--solvers`` takes registered names
-(``experiments/benchmark/solvers.py``: the default list) or optax expressions, where ``L`` is
+(``experiments/solvers.py``: the default list) or optax expressions, where ``L`` is
 the problem's Lipschitz constant. ``--jobs N`` runs the solvers in N processes (solver i in
 process i mod N; each compiles its own programs, so no count changes) and merges their rows.
 """
@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.benchmark import runner
-from experiments.benchmark import solvers as solvers_lib
+from experiments import runner
+from experiments import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
 from experiments.benchmark import summary as summary_lib
 from experiments import protocol

@@ -369,7 +369,7 @@ def user_tasks(tol: float) -> list[Task]:
 SUITES = ("cutest", "cutest32", "libsvm", "libsvm32", "user")
 # Run on request only: the scale dev list, the dev list made harder (far starts, a diagonal
 # rescaling), the package's other problems by size, and the bounded suites (the box given to
-# the bounded rows: experiments.benchmark.bounded).
+# the bounded rows: experiments.bounded).
 BOUNDED_SUITES = ("cutest_bounded", "libsvm_bounded")
 EXTRA_SUITES = ("cutest_scale_dev", "cutest_scale", "cutest_hard") + BOUNDED_SUITES
 

@@ -10,11 +10,10 @@ from typing import Optional
 
 import numpy as np
 
-from experiments import problems as problems_lib
 from experiments.benchmark import profiles
-from experiments.benchmark import solvers as solvers_lib
+from experiments import solvers as solvers_lib
 from experiments.benchmark import suites as suites_lib
-from experiments.benchmark.runner import ENV_ERROR
+from experiments.runner import ENV_ERROR
 
 REFERENCE_TSV = suites_lib.CUTEST_DEV_LIST.parent / "cutest_dev_reference.tsv"
 # Our solver names -> the reference file's.
@@ -25,6 +24,11 @@ REFERENCE_NAMES = {
   "scipy-bfgs": "scipy BFGS",
   "hdm_best()": "hdm_optax.hdm_best()",
 }
+PROTOCOL = (
+  "Budget {budget} gradient calls, every call counted; solved: finite f and gradient, "
+  "f >= -1e20, `||grad f||_inf <= {tol:g}` with fewer than the budget less one calls. The "
+  "suites, the solvers and how each one is run and counted: docs/benchmark.md."
+)
 DETERMINISTIC = ("optax.lbfgs()", "scipy-lbfgsb-m5", "scipy-lbfgsb-m10", "scipy-bfgs")
 
 
@@ -215,39 +219,8 @@ def reference_check(rows, path: Path = REFERENCE_TSV) -> list[str]:
         + ("; ".join(diffs) if diffs else "none")
         + " |"
       )
-  lines += ["", *REFERENCE_NOTES]
+  lines += ["", "Why counts differ from the reference: docs/research/benchmark.md."]
   return lines
-
-
-REFERENCE_NOTES = [
-  "Differences are written `problem reference solved/calls vs ours`; an unsolved run compares "
-  "by its flag only (its count is the budget). Why counts differ:",
-  "",
-  "- The reference's unsolved SciPy runs go past the budget (COATING 1068 calls with m = 5): it "
-  "limited iterations; a call past 1000 stops ours.",
-  "- SciPy's counts on these problems depend on the last bits of f and its gradient: the same "
-  "L-BFGS-B m = 5 run from the same `y0` takes 33 calls on HELIX with the jitted "
-  "`jax.value_and_grad` we use, 88 with an eager one, and 77 vs 290 on LOGHAIRY (measured with "
-  "SciPy 1.17.1). The reference evaluated its objective some other way; counts within a few "
-  "calls of each other (HELIX 36 vs 33, CHNRSNBM 356 vs 408) are this, not a different count "
-  "of calls: AKIVA, BOX3, HILBERTB and ROSENBR agree to the call.",
-  "- ARGLINB and ARGLINC (rank-deficient linear least squares) end in SciPy's ABNORMAL line "
-  "search here, after 32 and 35 calls, at `||grad f||_inf` just above 1e-4; the reference "
-  "solved them in 17 and 8. With SciPy's default `ftol` (we use 0 so that only the gradient "
-  "stops a run) the agreement is lower (52 of 66 flags for m = 5 instead of 63).",
-  "- `optax.lbfgs()` agrees on every solved flag; its counts differ on a few problems (ARGLINB, "
-  "ARGLINC, LUKSAN21LS, PALMER4C, PALMER6C in the first run). These counts depend on how the "
-  "run is compiled, not on what is counted: on PALMER4C the runner's program took 922 calls, "
-  "`hdm_optax.solve(optax.lbfgs(), ...)` called directly 446, and optax's documented loop (one "
-  "jitted step per iteration, `optax.value_and_grad_from_state`, calls counted by a callback) "
-  "446; the reference has 716. On ARGLINB and ARGLINC both of our ways take 7 and 5 calls, "
-  "the reference 5 and 8. `hdm_best()` agrees to the call on 64 of the 66 problems (on "
-  "BROWNDEN and HELIX its steps changed after the reference was measured), so the objective "
-  "is evaluated as in the reference. Each row runs the program a user's `solve` call "
-  "compiles: a vmap of one lane, or the objective compiled as a branch of a `lax.switch` to "
-  "share compilations, changes the last bits (EGGCRATE's `hdm_best()` went from 359 calls "
-  "to unsolved).",
-]
 
 
 def _timings(path: Path) -> list[str]:
@@ -258,63 +231,6 @@ def _timings(path: Path) -> list[str]:
     suite, seconds, rows, when = line.split("\t")
     lines.append(f"| {suite} | {float(seconds):.0f} | {rows} | {when} |")
   return lines
-
-
-def protocol_notes(budget, tol) -> list[str]:
-  return [
-    f"- Budget {budget} gradient calls, every call counted (the initial one, `hdm_best`'s probe, "
-    "line-search steps, each call SciPy makes: with `jac=True` a call is one value and one "
-    f"gradient); solved: finite f and gradient, f >= -1e20, `||grad f||_inf <= {tol:g}` with "
-    f"fewer than {budget - 1} calls (`experiments.protocol.is_solved`). `status` says why a run "
-    "ended (`budget`, `non_finite`, `unbounded`, `stalled`, `stopped: <SciPy's message>`, "
-    "`skipped: ...`, `error: ...`, `env_error: ...`: the machine failed, e.g. a GPU held by "
-    "another process; named apart in the solved counts and retried by a re-run).",
-    "- `cutest`: the 66 problems of `../shared/benchmarks/cutest_dev.txt` (sif2jax 0.0.8), each "
-    "from its own `y0` with its `args`, float64. L is unknown there, so the rows that need L "
-    "do not run.",
-    "- `libsvm`: Table 1's 54 instances (paper's protocol), x0 = randn(n)/||randn(n)|| with NumPy "
-    f"seeds {suites_lib.SEED0}, {suites_lib.SEED0 + 1}, ... (the first is the paper's x0); the seeds "
-    "of an instance run as one vmapped program per optax solver. Dense problems are zero-padded "
-    "to shared shapes (padded coordinates have zero gradient) so compiled programs are shared.",
-    f"- `libsvm32`: the same in float32 with `||grad f||_inf <= max({tol:g}, "
-    f"{suites_lib.FLOAT32_RELATIVE_TOL:g} ||grad f(x0)||_inf)` (grad f(x0) in float64; about 100 "
-    "float32 epsilons of the gradient's scale: these are sums over up to 10^5 rows). The SciPy rows "
-    "minimise the float32 objective (x rounded to float32, the gradient returned in float64).",
-    "- `user`: Rosenbrock n = 2, 100 from (-1.2, 1, -1.2, 1, ...); a tanh MLP 64-32-32-10 on "
-    "scikit-learn's digits (features / 16, mean cross-entropy, float32, N(0, 1/fan_in) weights "
-    "with seed 0); logistic regression on standardised breast cancer with an intercept, mean "
-    f"loss + {problems_lib.CANCER_RIDGE:g}/2 ||w||^2, from 0, float32 and float64 (L = "
-    "sigma_max(A)^2/(4m) + lambda); sum(x - log x), n = 10, from x = 5.",
-    "- `optx.BFGS` / `optx.LBFGS`: `optimistix.minimise(..., throw=False)` of "
-    "`optx.BFGS(rtol=0.0, atol=0.0)` (LBFGS alike): the Cauchy test off, stopped at the first "
-    "accepted point with `||grad f||_inf <= tol` (`solvers.GradientStop`); every objective "
-    "evaluation counted by a host callback, rejected line-search trials included; "
-    f"`optx.BFGS` up to n = {solvers_lib.OPTX_BFGS_MAX_N} (its dense n x n matrix; a "
-    "`skipped` row above). "
-    "`optax.contrib.*()` at their defaults; `optax.polyak_sgd(f_min=F_STAR)` only where f* is "
-    "known (CUTEst: the SIF file's value unless contradicted, `suites.WRONG_F_STAR`; Rosenbrock; "
-    "x - log x); `optax-gd-zoom` / `optax-gd-backtracking`: `optax.sgd(1.0)` chained with "
-    f"optax's zoom / backtracking line search ({solvers_lib.LINESEARCH_STEPS} steps, "
-    "backtracking with `store_grad=True`), each line-search step one call.",
-    "- `cutest_bounded`: the 38 problems of `../shared/benchmarks/cutest_bounded_dev.txt` "
-    "(`sif2jax.bounded_minimisation_problems`) with their own bounds, `y0` projected into the "
-    "box; `libsvm_bounded`: logistic regression with `w >= 0` on the LIBSVM datasets, the "
-    "paper's x0 projected. Solved there: the projected gradient "
-    f"`||clip(x - g, lo, hi) - x||_inf <= {tol:g}` at the returned point, inside the box "
-    "(`experiments/benchmark/bounded.py`). Rows: `trial_lbfgs(box)` "
-    "(`trial_lbfgs(lower=LOWER, upper=UPPER)`), SciPy L-BFGS-B with the box, "
-    "`jaxopt-lbfgsb` (jaxopt 0.8.5 `LBFGSB(tol, maxiter=budget)`, calls from its "
-    "`num_fun_eval`), `optax-pgd-box-backtracking` (`optax.sgd(1.0)`, optax's backtracking "
-    "line search, `projection_box` after each step: the line search's cache is not at the "
-    "projected point, so each step costs one more call), and the clipping habit "
-    "(`optax.lbfgs()-clip`, `trial_lbfgs()-clip`: the solver on `f(clip(x, lo, hi))`, its point "
-    "reported as `clip(x)`).",
-    f"- `optax.adam` runs at lr = {solvers_lib.ADAM_LR:g}; SciPy L-BFGS-B with `ftol=0` "
-    "(stops on the gradient only), BFGS with `norm=inf`; a SciPy call past the budget stops the run.",
-    "- Seconds: `compile_seconds` is the time to compile a program the first time it is needed "
-    "(0 when a compiled program is reused); the seeds of a vmapped program share its compile "
-    "and run time equally. Wall-time profiles use `run_seconds`.",
-  ]
 
 
 def write_summary(
@@ -365,7 +281,7 @@ def write_summary(
   timings = _timings(out / "timings.tsv")
   if timings:
     lines += ["## Wall time of the runs", "", *timings, ""]
-  lines += ["## Protocol", "", *protocol_notes(budget, tol), ""]
+  lines += ["## Protocol", "", PROTOCOL.format(budget=budget, tol=tol), ""]
   notes = out / "notes.md"  # what a reader should know about this particular run
   if notes.exists():
     lines += ["## This run", "", notes.read_text().strip(), ""]

@@ -93,7 +93,7 @@ def _optimistix(name: str) -> Callable:
   """One problem's solve by optimistix's ``name`` (its Cauchy test off), stopped on the gradient."""
   import optimistix as optx
 
-  from experiments.benchmark.solvers import GradientStop
+  from experiments.solvers import GradientStop
 
   def one(a, y, lip, tol, calls):
     del lip

@@ -26,31 +26,24 @@ before the loop):
   point) and ``apply_updates``;
 - ``t_solve``: one iteration of ``hdm_optax.solve(..., tol=0)`` (adds the
   trace and the ``||grad||_inf`` stopping test);
-- ``t_solve@k``: the same with ``check_every=k`` for each further ``--check-every``
-  value (the stopping rule tested once per k steps; the same run, call for call);
 - the ratios ``t_update / t_vg`` and ``t_solve / t_vg`` (target <= 1.15 at n >= 1e5);
 - ``state/params``: bytes of the optimizer state over bytes of the params,
   and the number of state leaves of size n;
 - with ``--peers optax.lbfgs(),optx.LBFGS``: each peer's K-iteration solve from the same
   start, timed in the same interleaved rounds, per oracle call (its line search's calls
-  counted), and the ratio of ``t_solve`` to it;
-- with ``--kernels``: the kernels of one loop iteration of each compiled program
-  and how many of them read or write a vector of n (:mod:`experiments.perf.hlo`;
-  a GPU launches each one), and with ``--hlo-dir DIR`` the optimized HLO texts.
+  counted), and the ratio of ``t_solve`` to it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 
 import jax
 import numpy as np
 
 from experiments import problems
 from experiments import protocol
-from experiments.perf import batched, hlo, timing
+from experiments.perf import batched, timing
 
 
 def _parse(argv=None):
@@ -60,15 +53,6 @@ def _parse(argv=None):
   p.add_argument("--repeats", type=int, default=7)
   p.add_argument("--steps", type=int, default=0, help="K (0: 200 for n < 1e6, else 50)")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument(
-    "--check-every",
-    default="1",
-    help="solve's check_every values to time, interleaved with the rest (e.g. 1,8); "
-    "the first is t_solve",
-  )
-  p.add_argument("--kernels", action="store_true", help="print the kernels per iteration")
-  p.add_argument("--hlo-dir", default=None, help="write each program's optimized HLO here")
-  p.add_argument("--json", default=None, help="also write the rows to this JSON file")
   p.add_argument(
     "--optimizer",
     default="hdm_best",
@@ -109,7 +93,7 @@ def peer_programs(peers, fun, steps) -> dict:
   """name -> (compiled program of ``(w, data)``, its oracle calls from its output) for each
   peer: K iterations. ``optax.lbfgs()`` runs through ``hdm_optax.solve(tol=0)``, which
   counts its zoom line search's calls; ``optx.LBFGS`` (its Cauchy test off) through
-  ``optimistix.minimise``, one call per step (``experiments/benchmark/runner.py``)."""
+  ``optimistix.minimise``, one call per step (``experiments/runner.py``)."""
   import optax
 
   import hdm_optax
@@ -150,8 +134,8 @@ def make_problem(n: int, dtype, seed: int = 0):
 def loops(opt, fun, probe_calls: int, steps: int):
   """The programs of one measurement, compiled: ``start_state(w, data)`` (the state after
   ``init`` and the probe updates), ``vg_loop(w, data)`` (K + 1 value-and-gradient calls),
-  ``update_loop(w, data, state0)`` (K updates from ``state0``) and ``solve_run(w, data, k)``
-  (``hdm_optax.solve(tol=0)`` for K iterations after the probes, ``check_every=k``)."""
+  ``update_loop(w, data, state0)`` (K updates from ``state0``) and ``solve_run(w, data)``
+  (``hdm_optax.solve(tol=0)`` for K iterations after the probes)."""
   import optax
 
   import hdm_optax
@@ -189,26 +173,11 @@ def loops(opt, fun, probe_calls: int, steps: int):
 
     return jax.lax.fori_loop(0, steps, body, (w, state0))
 
-  def solve_run(w, data, k):
+  def solve_run(w, data):
     # the probes are solve's first steps: K iterations follow them
-    return hdm_optax.solve(
-      opt, fun, w, max_steps=steps + probe_calls, tol=0.0, fun_args=data, check_every=k
-    )
+    return hdm_optax.solve(opt, fun, w, max_steps=steps + probe_calls, tol=0.0, fun_args=data)
 
   return start_state, vg_loop, update_loop, solve_run
-
-
-def programs(solve_run, vg_loop, update_loop, check_every) -> dict:
-  """name -> (compiled program, whether it takes ``state0`` after ``(w, data)``): the
-  programs whose loop iterations ``--kernels`` counts."""
-  progs = {
-    "vg": (vg_loop, False),
-    "update": (update_loop, True),
-    "solve": (jax.jit(lambda w, d: solve_run(w, d, check_every[0])), False),
-  }
-  for k in check_every[1:]:
-    progs[f"solve@{k}"] = (jax.jit(lambda w, d, k=k: solve_run(w, d, k)), False)
-  return progs
 
 
 def measure(
@@ -218,9 +187,6 @@ def measure(
   repeats: int,
   seed: int = 0,
   optimizer: str = "hdm_best",
-  check_every: tuple[int, ...] = (1,),
-  kernels: bool = False,
-  hlo_dir=None,
   peers: tuple[str, ...] = (),
 ):
   import hdm_optax
@@ -234,24 +200,10 @@ def measure(
   fns = {
     "vg": lambda: vg_loop(w0, data),
     "update": lambda: update_loop(w0, data, state0),
-    "solve": lambda: solve_run(w0, data, check_every[0]),
+    "solve": lambda: solve_run(w0, data),
   }
-  for k in check_every[1:]:
-    fns[f"solve@{k}"] = lambda k=k: solve_run(w0, data, k)
   peer_runs = peer_programs(peers, fun, steps)
   fns.update({name: (lambda p=p: p(w0, data)) for name, (p, _) in peer_runs.items()})
-  kernel_counts = {}
-  if kernels or hlo_dir:
-    progs = programs(solve_run, vg_loop, update_loop, check_every)
-    progs.update({name: (p, False) for name, (p, _) in peer_runs.items()})
-    for name, (program, with_state) in progs.items():
-      text = program.lower(w0, data, *((state0,) if with_state else ())).compile().as_text()
-      kernel_counts[name] = (hlo.loop_kernels(text, n), hlo.loop_kernels(text, n, by_trips=True))
-      if hlo_dir:
-        stem = f"{optimizer}_{name.replace('@', '_every')}_n{n}_{jax.default_backend()}"
-        path = pathlib.Path(hlo_dir) / f"{stem}.hlo"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
   seconds, outs = timing.best_times(fns, repeats)
   t_vg, t_up, t_solve = seconds["vg"], seconds["update"], seconds["solve"]
   (_, state), res = outs["update"], outs["solve"]
@@ -284,13 +236,11 @@ def measure(
     f0=float(fun(w0, *data)),
     f_end=float(res.value),
     nulls=int(res.state.info.num_null_steps),
-    t_solve_k={k: seconds[f"solve@{k}"] / solve_calls for k in check_every[1:]},
-    kernels=kernel_counts,
     peers={name: (seconds[name] / c, c) for name, c in peer_calls.items()},
   )
 
 
-def _print_row(r, args, check_every) -> None:
+def _print_row(r, args) -> None:
   print(
     f"{r['n']:>8} {r['kind']:>28} {r['steps']:>4} {r['t_vg'] * 1e3:>7.3f}ms "
     f"{r['t_update'] * 1e3:>7.3f}ms {r['t_solve'] * 1e3:>7.3f}ms "
@@ -299,12 +249,6 @@ def _print_row(r, args, check_every) -> None:
     f"({r['nulls']})",
     flush=True,
   )
-  for k, t in r["t_solve_k"].items():
-    print(
-      f"{'':>8} solve with check_every={k} (vs {check_every[0]}): {t * 1e3:.3f}ms, "
-      f"solve/vg {t / r['t_vg']:.3f}",
-      flush=True,
-    )
   for name, (t, calls) in r["peers"].items():
     print(
       f"{'':>8} {name}: {t * 1e3:.3f}ms per call ({calls} calls in {r['steps']} iterations), "
@@ -312,24 +256,6 @@ def _print_row(r, args, check_every) -> None:
       f"{r['t_solve'] / t:.3f}",
       flush=True,
     )
-  for name, (counts, by_trips) in r["kernels"].items():
-    print(f"{'':>8} {name} loop, one iteration: {counts}", flush=True)
-    if by_trips != counts:
-      print(f"{'':>8}   nested loops by their trip counts: {by_trips}", flush=True)
-
-
-def kernel_numbers(kernels: dict) -> dict:
-  """name -> the kernel counts of one iteration as numbers (nested loops by their trip
-  counts), from name -> ``(counts, by_trips)``: what ``--json`` writes."""
-  return {
-    name: dict(total=k.total, over_n=k.over_n, vectors=k.vectors, kinds=dict(k.kinds))
-    for name, (_, k) in kernels.items()
-  }
-
-
-def _json_row(r) -> dict:
-  """``r`` with its kernel counts as numbers."""
-  return {**r, "kernels": kernel_numbers(r["kernels"])}
 
 
 def main(argv=None) -> list[dict]:
@@ -351,25 +277,11 @@ def main(argv=None) -> list[dict]:
   )
   print(header)
   rows = []
-  check_every = tuple(int(k) for k in args.check_every.split(","))
   for n in sizes:
     steps = args.steps or (200 if n < 1_000_000 else 50)
-    r = measure(
-      n,
-      dtype,
-      steps,
-      args.repeats,
-      args.seed,
-      args.optimizer,
-      check_every,
-      args.kernels,
-      args.hlo_dir,
-      args.peers,
-    )
-    _print_row(r, args, check_every)
-    rows.append(dict(_json_row(r), optimizer=args.optimizer, device=device))
-    if args.json:
-      pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+    r = measure(n, dtype, steps, args.repeats, args.seed, args.optimizer, args.peers)
+    _print_row(r, args)
+    rows.append(dict(r, optimizer=args.optimizer, device=device))
   return rows
 
 

@@ -96,7 +96,7 @@ class Solver:
 
 def namespace(lipschitz=None, f_star=None, lower=None, upper=None) -> dict:
   """Names an expression may use."""
-  from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
+  from experiments import bounded  # pylint: disable=import-outside-toplevel
 
   names = {name: getattr(hdm_optax, name) for name in hdm_optax.__all__}
   names.update(hdm_optax=hdm_optax, optax=optax, optx=optx, jnp=jnp, L=lipschitz, F_STAR=f_star)
@@ -197,7 +197,7 @@ NAMED = {
 # n = 10,000, 121 GB at n = 123,200 (YATP1LS). It runs up to n = 5000.
 OPTX_BFGS_MAX_N = 5000
 NAMED_MAX_N = {"optx.BFGS": OPTX_BFGS_MAX_N}
-# The bounded suites' rows (``experiments.benchmark.bounded``): the box given to the
+# The bounded suites' rows (``experiments.bounded``): the box given to the
 # method, the naive projected gradient descent, the clipping habit (an unconstrained solver
 # on f(clip(x)); name -> its expression), and jaxopt's LBFGSB (its own runner). The SciPy
 # rows run there too, with the box.
@@ -247,7 +247,7 @@ def get(name: str) -> Solver:
   if name in CLIPPED:
     return dataclasses.replace(from_expression(name, CLIPPED[name]), clip=True)
   if name == JAXOPT_LBFGSB:
-    from experiments.benchmark import bounded  # pylint: disable=import-outside-toplevel
+    from experiments import bounded  # pylint: disable=import-outside-toplevel
 
     return Solver(name=name, program=bounded.jaxopt_lbfgsb, needs_box=True)
   if name.isidentifier() and name not in namespace():
