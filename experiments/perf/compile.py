@@ -14,14 +14,14 @@ excluded, the first call's tracing, lowering, XLA compile and run included):
 - ``scipy``: ``scipy.optimize.minimize(method="L-BFGS-B", jac=True)`` on the jitted
   ``jax.value_and_grad(f)`` (its default ``gtol=1e-5``).
 
-Problems: logistic regression (8000 x 800 Gaussian data, noisy labels, the summed loss, as
-in the paper) and nonnegative least squares (3000 x 1500, ``0.5 ||A x - b||^2 / m`` with
-``x >= 0``, where
-optax.lbfgs has no bounds and is left out). ``warm`` is the best of ``--repeats`` further
-calls in that process. ``trace``, ``lower`` and ``xla`` split the cold call's compile
-into JAX's tracing to a jaxpr, lowering to StableHLO and XLA's compile (summed over the
-call's jitted functions, from ``jax.monitoring``). ``--cache`` adds a row per solver run
-with JAX's persistent compilation cache, filled by an earlier process (docs/speed.md).
+Problems: logistic regression (8000 x 800 Gaussian data, noisy labels, the summed loss,
+as in the paper) and nonnegative least squares (3000 x 1500, ``0.5 ||A x - b||^2 / m``
+with ``x >= 0``, where optax.lbfgs has no bounds and is left out). ``warm`` is the best of
+``--repeats`` further calls in that process. ``trace``, ``lower`` and ``xla`` split the
+cold call's compile into JAX's tracing to a jaxpr, lowering to StableHLO and XLA's
+compile (summed over the call's jitted functions, from ``jax.monitoring``). ``--cache``
+adds a row per JAX solver run with JAX's persistent compilation cache
+(``jax_compilation_cache_dir``), filled by an earlier process (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -178,13 +178,15 @@ def one(solver, problem, repeats, cache_dir=None) -> dict:
     start = time.perf_counter()
     jax.block_until_ready(fn())
     warm.append(time.perf_counter() - start)
-  return dict(cold=cold, warm=min(warm), result=_steps(out), **parts)
+  return dict(cold=cold, warm=min(warm, default=float("nan")), result=_steps(out), **parts)
 
 
 def _child(solver, problem, repeats, cache_dir=None) -> dict:
   cmd = [sys.executable, "-m", "experiments.perf.compile", "--one", solver, problem]
   cmd += ["--repeats", str(repeats)] + (["--cache-dir", cache_dir] if cache_dir else [])
-  out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+  out = subprocess.run(cmd, capture_output=True, text=True)
+  if out.returncode:
+    raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.stderr}")
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
