@@ -1,11 +1,13 @@
 """LIBSVM binary-classification datasets: locate, verify, download and load.
 
-The datasets live outside the repository (never copy them in). By default they
-are read from ``$HDM_DATA_DIR`` or ``<repo>/../shared/datasets/libsvm``, a
-directory holding ``<name>.xz`` files and a ``MANIFEST.tsv`` that states, per
-dataset, the row count, the feature count of the LIBSVM page and the SHA-256 of
-the uncompressed text. Every file is checked against that SHA-256 before use,
-so an altered file is never parsed.
+The datasets live outside the repository, except ``a9a``, bundled in
+``experiments/datasets`` (its provenance and licence: the README there) so that the
+demo runs on a machine without them. By default they are read from
+``$HDM_DATA_DIR`` or ``<repo>/../shared/datasets/libsvm``, a directory holding
+``<name>.xz`` files and a ``MANIFEST.tsv`` that states, per dataset, the row
+count, the feature count of the LIBSVM page and the SHA-256 of the uncompressed
+text; then from the download cache; then from the bundled directory. Every file
+is checked against that SHA-256 before use, so an altered file is never parsed.
 
 Files can also be downloaded (``download_dataset``) into a cache directory
 (``$HDM_CACHE_DIR`` or ``~/.cache/hdm_optax/libsvm``); a download goes to a
@@ -37,6 +39,14 @@ LIBSVM_BINARY_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/bin
 # Files that the LIBSVM site only offers bz2-compressed.
 _REMOTE_NAMES = {"ijcnn1": "ijcnn1.bz2"}
 _CHUNK = 1 << 16
+# The datasets of the paper's experiments that the shared folder holds (Table 1's rows).
+PAPER_DATASETS = tuple(
+  "a1a a2a a3a a4a a7a a8a a9a australian_scale fourclass_scale german.numer_scale heart_scale "
+  "ijcnn1 ionosphere_scale mushrooms phishing sonar_scale splice_scale svmguide1 svmguide3 "
+  "w1a w4a w6a w7a w8a".split()
+)
+# The datasets that ship with the repository (MANIFEST.tsv, <name>.xz, README.md).
+BUNDLED_DIR = Path(__file__).resolve().parent / "datasets"
 
 
 @dataclass(frozen=True)
@@ -74,8 +84,12 @@ def default_data_dir() -> Path | None:
   env = os.environ.get("HDM_DATA_DIR")
   if env:
     return Path(env).expanduser()
-  candidate = (repo_root() / ".." / "shared" / "datasets" / "libsvm").resolve()
+  candidate = _shared_dir()
   return candidate if candidate.is_dir() else None
+
+
+def _shared_dir() -> Path:
+  return (repo_root() / ".." / "shared" / "datasets" / "libsvm").resolve()
 
 
 def default_cache_dir() -> Path:
@@ -126,9 +140,70 @@ def _find_file(name: str, directory: Path | None) -> Path | None:
 
 
 def list_datasets(data_dir: str | os.PathLike | None = None) -> list[str]:
-  """Returns the MANIFEST names whose file is present in ``data_dir``, in MANIFEST order."""
+  """Returns the MANIFEST names whose file is present in ``data_dir``, in MANIFEST order.
+
+  Without a data directory (``data_dir`` None and no ``default_data_dir()``) these are
+  the bundled datasets.
+  """
   data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+  data_dir = BUNDLED_DIR if data_dir is None else data_dir
   return [n for n in read_manifest(data_dir) if _find_file(n, data_dir) is not None]
+
+
+def find_dataset(
+  name: str,
+  data_dir: str | os.PathLike | None = None,
+  cache_dir: str | os.PathLike | None = None,
+) -> Path | None:
+  """Returns the file of dataset ``name``: in ``data_dir``, the cache or the bundled ones.
+
+  ``data_dir`` and ``cache_dir`` default to ``default_data_dir()`` and
+  ``default_cache_dir()``; None when no file is found.
+  """
+  data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+  cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+  for directory in (data_dir, cache_dir, BUNDLED_DIR):
+    path = _find_file(name, directory)
+    if path is not None:
+      return path
+  return None
+
+
+def _where_looked(data_dir: Path | None) -> str:
+  if data_dir is not None:
+    return f"not in the data directory {data_dir}"
+  return f"no data directory (HDM_DATA_DIR is unset and {_shared_dir()} does not exist)"
+
+
+def missing_message(name: str, data_dir: Path | None, cache_dir: Path) -> str:
+  """Says that dataset ``name`` is missing, where it was looked for and how to get it."""
+  bundled = ", ".join(list_datasets(BUNDLED_DIR)) or "none"
+  return (
+    f"dataset {name!r} not found: {_where_looked(data_dir)}, not in the download cache "
+    f"{cache_dir}, and not bundled (bundled: {bundled}). To get it: download "
+    f"{default_url(name)} into a directory and set HDM_DATA_DIR to that directory (or pass "
+    f"--data-dir DIR), or run `python -m experiments.data --download {name}` (into the "
+    "cache; needs network)"
+  )
+
+
+def data_dir_note(data_dir: str | os.PathLike | None, wanted=PAPER_DATASETS) -> str | None:
+  """Says which of ``wanted`` are missing without a data directory, or None when there is one.
+
+  For the experiments that run "all" datasets: without ``data_dir`` (and
+  ``default_data_dir()``) they run the bundled datasets only, and say so with this.
+  """
+  data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+  if data_dir is not None:
+    return None
+  bundled = list_datasets(BUNDLED_DIR)
+  missing = [n for n in wanted if n not in bundled]
+  return (
+    f"{_where_looked(None)}: running the bundled dataset(s) {', '.join(bundled)} only; "
+    f"missing: {' '.join(missing)}. Get the LIBSVM files from {LIBSVM_BINARY_URL} "
+    "(see experiments/datasets/README.md), put them in a directory and set HDM_DATA_DIR "
+    "to it or pass --data-dir DIR"
+  )
 
 
 def _read_text(path: Path) -> bytes:
@@ -159,9 +234,10 @@ def load_dataset(
   """Loads a LIBSVM dataset as (X, y).
 
   The file is looked up in ``data_dir`` (default ``default_data_dir()``), then
-  in ``cache_dir`` (default ``default_cache_dir()``); if absent and
-  ``download`` is True it is downloaded into ``cache_dir``. Its uncompressed
-  text must match the MANIFEST SHA-256 when one is listed.
+  in ``cache_dir`` (default ``default_cache_dir()``), then among the bundled
+  datasets (``BUNDLED_DIR``); if absent and ``download`` is True it is
+  downloaded into ``cache_dir``. Its uncompressed text must match the MANIFEST
+  SHA-256 when one is listed (the data directory's, else the bundled one's).
 
   Args:
       name: Dataset name as in MANIFEST.tsv, e.g. ``"a9a"``.
@@ -176,20 +252,19 @@ def load_dataset(
       y: float64 array of -1.0/+1.0 (the smaller original label -> -1).
 
   Raises:
-      FileNotFoundError: The dataset is missing and ``download`` is False.
+      FileNotFoundError: The dataset is missing and ``download`` is False; the
+        message says where it was looked for and how to get it.
       ValueError: The file's checksum or shape disagrees with MANIFEST.
       ConnectionError: A download was needed but failed.
   """
   data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
   cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-  entry = read_manifest(data_dir).get(name)
-  path = _find_file(name, data_dir) or _find_file(name, cache_dir)
+  entry = read_manifest(data_dir).get(name) if data_dir is not None else None
+  entry = entry or read_manifest(BUNDLED_DIR).get(name)
+  path = find_dataset(name, data_dir, cache_dir)
   if path is None:
     if not download:
-      raise FileNotFoundError(
-        f"dataset {name!r} not found in {data_dir} (nor in cache {cache_dir}); "
-        "set HDM_DATA_DIR or pass download=True"
-      )
+      raise FileNotFoundError(missing_message(name, data_dir, cache_dir))
     path = download_dataset(name, cache_dir, sha256=entry.sha256 if entry else None)
 
   text = _read_text(path)
@@ -314,3 +389,26 @@ def _stream_to_cache(response, name, url, target, sha256, offline) -> Path:
     tmp.unlink(missing_ok=True)
     raise
   return target
+
+
+def main(argv=None):
+  """``python -m experiments.data [--download NAME ...]``: lists or downloads datasets."""
+  import argparse
+
+  parser = argparse.ArgumentParser(description="LIBSVM datasets: where they are, download")
+  parser.add_argument("--download", nargs="+", default=[], metavar="NAME")
+  args = parser.parse_args(argv)
+  data_dir, cache_dir = default_data_dir(), default_cache_dir()
+  for name in args.download:
+    path = find_dataset(name, data_dir, cache_dir)
+    print(f"{name}: {path or download_dataset(name, cache_dir)}")
+  if not args.download:
+    print(f"data directory: {data_dir or _where_looked(None)}")
+    print(f"download cache: {cache_dir}")
+    print(f"bundled ({BUNDLED_DIR}): {' '.join(list_datasets(BUNDLED_DIR))}")
+    if data_dir is not None:
+      print(f"in the data directory: {' '.join(list_datasets(data_dir))}")
+
+
+if __name__ == "__main__":
+  main()

@@ -2,7 +2,10 @@
 
     python -m experiments.demo [--dataset ijcnn1] [--data-dir DIR] [--tol 1e-4]
 
-Loads a LIBSVM dataset (the paper's protocol: A = [X, 1], f(w) = sum_i
+Loads a LIBSVM dataset (by default ijcnn1 from ``--data-dir``, ``$HDM_DATA_DIR``,
+``../shared/datasets/libsvm`` or the download cache; where none has it, the bundled a9a,
+with a message that says so and how to get ijcnn1; see ``experiments.data``), builds the
+paper's logistic regression (A = [X, 1], f(w) = sum_i
 log(1 + exp(-y_i (A w)_i)), x0 = randn / ||randn|| with seed 20250128), solves
 it with ``hdm_optax.trial_lbfgs()`` and ``hdm_optax.hdm_auto()`` (no arguments),
 ``hdm_optax.hdm_best`` (its default step sizes, L = sigma_max(A)^2) and
@@ -15,24 +18,43 @@ it solved and the seconds of one solve (compilation excluded), each run by
 from __future__ import annotations
 
 import argparse
+import sys
 
 import optax
 
 import hdm_optax
+from experiments import data as data_lib
 from experiments import problems
 from experiments import protocol
 from experiments import runner
 from experiments.solvers import Solver
 
 
+DEFAULT = "ijcnn1"  # the paper's logistic regression
+FALLBACK = "a9a"  # bundled with the repository (experiments/datasets)
+
+
+def default_dataset(data_dir=None) -> str:
+  """Returns DEFAULT where a data directory or the cache has it, else FALLBACK (and says so)."""
+  if data_lib.find_dataset(DEFAULT, data_dir) is not None:
+    return DEFAULT
+  data_dir = data_dir if data_dir is not None else data_lib.default_data_dir()
+  note = data_lib.missing_message(DEFAULT, data_dir, data_lib.default_cache_dir())
+  print(f"{note}.\nThe demo runs on the bundled {FALLBACK} instead.", file=sys.stderr)
+  return FALLBACK
+
+
 def main(argv=None):
   protocol.enable_float64()
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--dataset", default="ijcnn1")
+  parser.add_argument(
+    "--dataset", default=None, help=f"default {DEFAULT} where found, else {FALLBACK} (bundled)"
+  )
   parser.add_argument("--data-dir", default=None)
   parser.add_argument("--tol", type=float, default=1e-4)
   parser.add_argument("--max-grad-calls", type=int, default=1000)
   args = parser.parse_args(argv)
+  args.dataset = args.dataset or default_dataset(args.data_dir)
   problem = problems.load_problem(args.dataset, "logistic", data_dir=args.data_dir)
   inst = problems.libsvm_instance(problem, tol=args.tol, pad=False)
   print(

@@ -616,3 +616,25 @@ def test_rotation_leaves_the_steps_and_a_diagonal_scaling_does_not():
   np.testing.assert_array_equal(np.asarray(rotated_acc), np.asarray(plain_acc))
   np.testing.assert_allclose(np.asarray(rotated), np.asarray(plain), rtol=1e-9)
   assert not np.allclose(np.asarray(scaled), np.asarray(plain), rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_substitution_loop_is_the_written_out_substitution_bit_for_bit(dtype, transpose):
+  """On a CPU the compact form's solves run as a loop over the rows (fewer kernels to
+  compile); the loop makes the written-out substitution's operations in its order."""
+  from hdm_optax.pieces import secant
+
+  loop = jax.jit(secant._substitution_loop, static_argnums=2)
+  unrolled = jax.jit(secant._substitution_unrolled, static_argnums=2)
+  for m in (1, 2, 10):
+    rng = np.random.default_rng(m)
+    for _ in range(20):
+      scale = 10.0 ** rng.uniform(-3, 3, (m, m))
+      r = np.triu(rng.standard_normal((m, m)) * scale) + np.diag(rng.uniform(0.1, 2, m))
+      b = rng.standard_normal(m) * 10.0 ** rng.uniform(-5, 5, m)
+      r, b = jnp.asarray(r, dtype), jnp.asarray(b, dtype)
+      got, want = np.asarray(loop(r, b, transpose)), np.asarray(unrolled(r, b, transpose))
+      np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+  hlo = jax.jit(secant._solve_upper, static_argnums=2).lower(r, b, transpose).as_text()
+  assert ("stablehlo.while" in hlo) == (jax.default_backend() == "cpu")

@@ -315,9 +315,22 @@ def libsvm_tasks(
   """Both problems (SVM, logistic) of every dataset on disk, seeds SEED0, SEED0 + 1, ...
 
   ``bounded``: the ``libsvm_bounded`` suite, logistic regression with ``w >= 0`` (the
-  paper's x0 projected onto the box).
+  paper's x0 projected onto the box). A dataset that is not found is left out with a message
+  (on stderr) that says where it was looked for and how to get it.
   """
   names = data_lib.list_datasets(data_dir) if datasets is None else list(datasets)
+  note = data_lib.data_dir_note(data_dir) if datasets is None else None
+  if note:
+    print(f"libsvm suites: {note}", file=sys.stderr)
+  for name in [n for n in names if data_lib.find_dataset(n, data_dir) is None]:
+    names.remove(name)
+    print(
+      f"libsvm suites: skipping {name}: "
+      + data_lib.missing_message(
+        name, data_dir or data_lib.default_data_dir(), data_lib.default_cache_dir()
+      ),
+      file=sys.stderr,
+    )
   seeds = tuple(SEED0 + i for i in range(num_seeds))
   suite = "libsvm" if dtype == "float64" else "libsvm32"
   kinds = [(kind, kind, {}) for kind in problems_lib.KINDS]

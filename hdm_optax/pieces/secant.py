@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hdm_optax import _common
@@ -221,24 +222,40 @@ def _triangle(memory: SecantMemory) -> tuple[jax.Array, jax.Array, jax.Array, ja
   return order, r, d, full
 
 
-# Up to this many pairs the compact form's triangular solves are written out as scalar
-# operations (m(m + 1) / 2 multiply-adds each); above, one ``triangular_solve`` each.
+# Up to this many pairs the compact form's triangular solves are substitutions of
+# m(m + 1) / 2 multiply-adds each; above, one ``triangular_solve`` each.
 _UNROLLED_SOLVE = 16
 
 
 def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
   r"""x with :math:`R x = b`, or :math:`R^T x = b` where ``transpose``; R upper triangular.
 
-  Back (forward) substitution written out for m <= 16: XLA:GPU fuses the scalar operations
-  into the small kernels around them, where a triangular solve is a cuBLAS call of its own
-  (compiled for an H100, ``experiments/perf/gpu_hlo.py``: 56 kernels per update at n = 1e6
-  instead of 58, the same passes over n). The m^2 operations cost compile time (a
-  ``solve(trial_lbfgs())`` compiled in 1.12 s instead of 0.98 at m = 10, 1.43 instead of 0.97
-  at m = 16, 2.43 instead of 0.95 at m = 32): above 16, ``solve_triangular``.
+  Back (forward) substitution for m <= 16, each :math:`x_i` its right-hand side minus the
+  known terms in increasing j, divided by :math:`r_{ii}`; above 16, ``solve_triangular``.
+  On a GPU or TPU it is written out as scalar operations (:func:`_substitution_unrolled`):
+  XLA:GPU fuses them into the small kernels around them, where a triangular solve is a
+  cuBLAS call of its own (compiled for an H100, ``experiments/perf/gpu_hlo.py``: 56 kernels
+  per update at n = 1e6 instead of 58, the same passes over n), and a loop would test its
+  condition on the host at every row. On a CPU it is a ``fori_loop`` over the rows
+  (:func:`_substitution_loop`), the same operations in the same order: XLA:CPU compiles the
+  written-out form into about one kernel per row, each a module of its own for LLVM, which
+  made the substitutions a fifth of the kernels of ``solve(trial_lbfgs())``'s program and
+  of its compile time; the loop's rows cost no measurable time there.
   """
   m = b.shape[0]
   if m > _UNROLLED_SOLVE:
     return jax.scipy.linalg.solve_triangular(r, b, lower=False, trans="T" if transpose else 0)
+  return jax.lax.platform_dependent(
+    r,
+    b,
+    cpu=functools.partial(_substitution_loop, transpose=transpose),
+    default=functools.partial(_substitution_unrolled, transpose=transpose),
+  )
+
+
+def _substitution_unrolled(r, b, transpose: bool) -> jax.Array:
+  """:func:`_solve_upper`'s substitution written out as m(m + 1) / 2 scalar operations."""
+  m = b.shape[0]
   entry = (lambda i, j: r[j, i]) if transpose else (lambda i, j: r[i, j])
   rows = range(m) if transpose else reversed(range(m))
   x = [None] * m
@@ -246,6 +263,29 @@ def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
     known = range(i) if transpose else range(i + 1, m)  # the x_j already solved for
     x[i] = functools.reduce(lambda acc, j: acc - entry(i, j) * x[j], known, b[i]) / r[i, i]
   return jnp.stack(x)
+
+
+def _substitution_loop(r, b, transpose: bool) -> jax.Array:
+  """:func:`_solve_upper`'s substitution as a loop over the rows, operation for operation.
+
+  Row i subtracts the known terms in increasing j, as :func:`_substitution_unrolled`
+  does; the terms not yet known are masked out (``where``), not added as zeros, so every
+  result is bit for bit the written-out one.
+  """
+  m = b.shape[0]
+  a = r.T if transpose else r
+  columns = jnp.asarray(np.arange(m))  # a constant of the program, not a kernel
+
+  def row(k, x):
+    i = k if transpose else m - 1 - k
+    known = columns < i if transpose else columns > i
+    acc = b[i]
+    for j in range(m):
+      acc = jnp.where(known[j], acc - a[i, j] * x[j], acc)
+    # A select, not an in-place update: XLA fuses the reads of x into it then.
+    return jnp.where(columns == i, acc / a[i, i], x)
+
+  return jax.lax.fori_loop(0, m, row, jnp.zeros_like(b))
 
 
 def _combination(coef, rows) -> jax.Array:
