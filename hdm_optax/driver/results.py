@@ -206,7 +206,7 @@ class MinimizeResult(NamedTuple):
   ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
   numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. ``res["x"]``
   reads a field by name, as SciPy's result does. SciPy's ``hess_inv`` is absent: the
-  inverse-Hessian operator is the method's state (``state.memory``), not L-BFGS-B's.
+  inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
 
   Attributes:
     x: the solution (``params``).
