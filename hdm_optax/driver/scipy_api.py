@@ -22,7 +22,7 @@ from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.methods._trial_lbfgs import trial_lbfgs
 
-__all__ = ("METHODS", "minimize")
+__all__ = ("METHODS", "SCIPY_DEFAULTS", "IntermediateResult", "bounds_to_box", "minimize")
 
 # The methods ``minimize`` runs by name; each takes ``lower=``, ``upper=`` and ``memory_size``.
 # SciPy's "L-BFGS-B" (any case) is read as trial_lbfgs: one call per iteration, no line search.
