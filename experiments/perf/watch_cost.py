@@ -80,8 +80,7 @@ def main(argv=None) -> None:
     per_step = 1e6 * best[name] / args.steps
     extra = 1e6 * (best[name] - best["plain"]) / args.steps
     print(
-      f"{name:9s} {best[name]:.4f} s  {per_step:8.1f} us/step  x{ratio:.3f}  "
-      f"(+{extra:.1f} us/step)"
+      f"{name:9s} {best[name]:.4f} s  {per_step:8.1f} us/step  x{ratio:.3f}  (+{extra:.1f} us/step)"
     )
   sys.stdout.flush()
 
