@@ -197,7 +197,17 @@ class SolveResult(NamedTuple):
     return messages[0] if codes.ndim == 0 else messages
 
 
-class MinimizeResult(NamedTuple):
+# SolveResult's fields, then SciPy's (one list: MinimizeResult extends SolveResult's).
+_MinimizeFields = NamedTuple(
+  "_MinimizeFields",
+  [
+    *((name, Any) for name in SolveResult._fields),
+    *((name, Any) for name in ("x", "fun", "jac", "success", "nit", "nfev", "njev")),
+  ],
+)
+
+
+class MinimizeResult(_MinimizeFields):
   """Result of :func:`hdm_optax.minimize`: :class:`SolveResult`'s fields, then SciPy's.
 
   The first fields are :class:`SolveResult`'s (``params``, ``state``, ``value``, ...,
@@ -219,26 +229,7 @@ class MinimizeResult(NamedTuple):
     njev: evaluations of the gradient (``num_grad_evals``).
   """
 
-  params: Any
-  state: Any
-  value: jax.Array
-  grad_norm: jax.Array
-  num_steps: jax.Array
-  num_value_evals: jax.Array
-  num_grad_evals: jax.Array
-  converged: jax.Array
-  status: jax.Array
-  trace: Trace
-  null_run: jax.Array
-  aux: Any
-  tol: Any
-  x: Any
-  fun: Any
-  jac: Any
-  success: Any
-  nit: Any
-  nfev: Any
-  njev: Any
+  __slots__ = ()
 
   message = SolveResult.message
 
