@@ -21,6 +21,7 @@ from hdm_optax.driver.loops import loop
 from hdm_optax.driver.minibatch import MinibatchStats
 from hdm_optax.driver.minibatch import minibatch_step
 from hdm_optax.driver.scipy_api import minimize
+from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
@@ -46,6 +47,7 @@ __all__ = (
   "Loop",
   "LoopState",
   "MinibatchStats",
+  "MinimizeResult",
   "SolveResult",
   "Status",
   "SweepResult",

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # docs/minibatch.md and docs/optimistix.md run in their own modules' tests.
-PAGES = ["README.md", "docs/guide.md", "docs/bounds.md"]
+PAGES = ["README.md", "docs/guide.md", "docs/bounds.md", "docs/scipy.md"]
 
 
 @pytest.mark.parametrize("page", PAGES)

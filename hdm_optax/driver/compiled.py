@@ -14,7 +14,9 @@ from hdm_optax import _common
 from hdm_optax.driver import grid as grid_lib
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import staging
+from hdm_optax.driver import watch as watch_lib
 from hdm_optax.driver.results import SolveResult
+from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.results import best_index
@@ -72,7 +74,9 @@ def _record(trace: Trace, index, s: loop_lib.LoopState) -> Trace:
   )
 
 
-def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux, tol) -> SolveResult:
+def _finish(
+  run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux, tol, status=None
+) -> SolveResult:
   # Freeze the tail of the trace at the final values.
   tail = jnp.arange(tr.value.shape[0], dtype=s.num_steps.dtype) > s.num_steps
   trace = Trace(
@@ -81,7 +85,13 @@ def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux, tol) 
     accepted=jnp.where(tail, False, tr.accepted),
     grad_evals=jnp.where(tail, s.num_grad_evals, tr.grad_evals),
   )
-  status = run.status(s)
+  converged = None
+  if status is None:
+    status = run.status(s)
+  else:  # the watched loop's status: ftol's convergence too
+    converged = status == Status.CONVERGED_FTOL
+  converged_rule = status == loop_lib.converged_status(s.opt_state)
+  converged = converged_rule if converged is None else converged_rule | converged
   num_value_evals, aux = s.num_value_evals, None
   if has_aux:  # one more evaluation of f (no gradient) gives aux at params
     aux = fun(s.params, *fun_args)[1]
@@ -94,7 +104,7 @@ def _finish(run, s: loop_lib.LoopState, tr: Trace, fun, fun_args, has_aux, tol) 
     num_steps=s.num_steps,
     num_value_evals=num_value_evals,
     num_grad_evals=s.num_grad_evals,
-    converged=status == loop_lib.converged_status(s.opt_state),
+    converged=converged,
     status=status,
     trace=trace,
     null_run=s.null_run,
@@ -167,7 +177,17 @@ def _start(optimizer, fun, fun_args, has_aux, limits, rtol, init_params, init_st
 
 
 def _solve(
-  optimizer, fun, trace_size, has_aux, check_every, init_params, fun_args, limits, init_state, rtol
+  optimizer,
+  fun,
+  trace_size,
+  has_aux,
+  check_every,
+  init_params,
+  fun_args,
+  limits,
+  init_state,
+  rtol,
+  watch=None,
 ):
   run, s, tol = _start(optimizer, fun, fun_args, has_aux, limits, rtol, init_params, init_state)
 
@@ -177,13 +197,18 @@ def _solve(
     return loop_lib.carried(s), _record(trace, s.num_steps, s)
 
   carry = (loop_lib.carried(s), _new_trace(s, trace_size))
+  if watch is not None:  # the watched loop (callback, progress, ftol); check_every is 1
+    s, trace, status = watch_lib.watched_loop(
+      watch, run, body, carry, limits.ftol, loop_lib.restored
+    )
+    return _finish(run, s, trace, fun, fun_args, has_aux, tol, status)
   if check_every > 1:
     carry = _blocks(run, check_every, limits.max_steps, body, carry)
   s, trace = jax.lax.while_loop(lambda c: ~run.done(c[0]), body, carry)
   return _finish(run, loop_lib.restored(s), trace, fun, fun_args, has_aux, tol)
 
 
-_solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2, 3, 4))
+_solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2, 3, 4, 10))
 
 # The public handle on JAX's current trace (jax >= 0.4.36); older versions
 # trace inline only when an argument is a tracer.
@@ -224,6 +249,8 @@ def solve(
   min_value: Optional[float] = -1e20,
   has_aux: bool = False,
   check_every: int = 1,
+  callback: Optional[Callable[[watch_lib.Snapshot], Any]] = None,
+  progress: bool = False,
 ) -> SolveResult:
   r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
 
@@ -317,6 +344,20 @@ def solve(
       costs about as much: on an H200, ``check_every=8`` took 1.06 (n = 1e6)
       and 1.01 (n = 1e7) times the time of ``check_every=1``
       (``docs/accelerators.md``), so the default is 1 on every backend.
+    callback: ``callback(snapshot)``, called on the host after every step
+      with a :class:`hdm_optax.driver.watch.Snapshot` (params, value,
+      grad norm, steps, calls, null steps, status), from the compiled program
+      (``jax.pure_callback``); it stops the run (status ``STOPPED``) by
+      returning True or raising ``StopIteration``. Under ``jax.vmap`` it is
+      called once per step of the batched loop with the whole batch (every
+      field with the batch's axes). The program is cached on the callable:
+      pass the same one to reuse it. Needs ``check_every=1``.
+    progress: show a live line on stderr (steps, gradient calls, f,
+      ||grad f||, null steps, seconds), redrawn at most 5 times a second, and
+      leave a summary line at the end; under ``jax.vmap``, one line for the
+      batch (how many converged). Off (the default) with no ``callback``, the
+      compiled program is the one without these hooks; on, each step makes a
+      call to the host (docs/guide.md gives its cost).
 
   Returns:
     A :class:`SolveResult`.
@@ -347,6 +388,11 @@ def solve(
   fun_args = tuple(fun_args)
   _common.params_dtype(init_params)
   check_every = _check_every(check_every)
+  watch = watch_lib.make_watch(callback, progress)
+  if watch is not None and check_every != 1:
+    raise ValueError(
+      f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
+    )
   traced = _under_trace(init_params, fun_args, tol, rtol, init_state)
   solve_fn = _solve if traced else _solve_jit
   result = solve_fn(
@@ -360,6 +406,7 @@ def solve(
     limits,
     init_state,
     rtol,
+    watch,
   )
   return _cut(result, max_steps)
 

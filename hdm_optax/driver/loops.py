@@ -92,6 +92,8 @@ class Limits(NamedTuple):
     max_grad_evals: stop before an update once this many gradient calls were made.
     max_null_steps: stop after this many consecutive null steps.
     min_value: stop once ``f < min_value``.
+    ftol: SciPy's relative decrease of f (:func:`hdm_optax.minimize`'s watched loop,
+      ``hdm_optax.driver.watch``); ``None`` elsewhere.
   """
 
   tol: Any
@@ -99,6 +101,7 @@ class Limits(NamedTuple):
   max_grad_evals: Any
   max_null_steps: Any
   min_value: Any
+  ftol: Any = None
 
 
 class Loop(NamedTuple):

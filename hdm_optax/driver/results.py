@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 __all__ = (
+  "MinimizeResult",
   "SolveResult",
   "Status",
   "SweepResult",
@@ -27,12 +28,16 @@ class Status(enum.IntEnum):
     MAX_STEPS: ``max_steps`` updates made, or ``max_grad_evals`` reached, before ``tol``.
     NON_FINITE: f or grad f is not finite at the current iterate.
     STOPPED: stopped before the stopping rule held (by
-      ``sweep(stop_at_first_converged=True)`` when another point converged).
+      ``sweep(stop_at_first_converged=True)`` when another point converged, or by a
+      ``callback`` that returned True or raised ``StopIteration``).
     STALLED: ``max_null_steps`` consecutive null steps (updates that left the iterate
       where it was).
     UNBOUNDED: ``f(params) < min_value``: the objective looks unbounded below.
     CONVERGED_IN_BOX: the optimizer holds a box (``lower=`` / ``upper=``) and the
       projected gradient ``||P(params - grad f) - params||_inf <= tol`` (L-BFGS-B's pgtol).
+    CONVERGED_FTOL: the relative decrease of f along an update that moved the iterate,
+      ``(f_k - f_{k+1}) / max(|f_k|, |f_{k+1}|, 1)``, is at most ``ftol`` (L-BFGS-B's
+      ``ftol``; :func:`hdm_optax.minimize`).
   """
 
   CONVERGED = 0
@@ -42,6 +47,7 @@ class Status(enum.IntEnum):
   STALLED = 4
   UNBOUNDED = 5
   CONVERGED_IN_BOX = 6
+  CONVERGED_FTOL = 7
 
   @property
   def message(self) -> str:
@@ -53,11 +59,14 @@ _MESSAGES = {
   Status.CONVERGED: "converged: ||grad f||_inf <= tol",
   Status.MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
   Status.NON_FINITE: "f or grad f is not finite at the current iterate",
-  Status.STOPPED: "stopped by sweep(stop_at_first_converged=True) before the end",
+  Status.STOPPED: "stopped before the end by sweep(stop_at_first_converged=True) or by the "
+  "callback",
   Status.STALLED: "stalled: max_null_steps consecutive null steps (the iterate did not move)",
   Status.UNBOUNDED: "unbounded: f < min_value (the objective looks unbounded below)",
   Status.CONVERGED_IN_BOX: "converged: ||P(x - grad f) - x||_inf <= tol (the box's projected "
   "gradient)",
+  Status.CONVERGED_FTOL: "converged: (f_k - f_k+1) / max(|f_k|, |f_k+1|, 1) <= ftol (the "
+  "relative decrease of f)",
 }
 
 
@@ -186,6 +195,55 @@ class SolveResult(NamedTuple):
       for i, code in enumerate(codes.ravel())
     ]
     return messages[0] if codes.ndim == 0 else messages
+
+
+# SolveResult's fields, then SciPy's (one list: MinimizeResult extends SolveResult's).
+_MinimizeFields = NamedTuple(
+  "_MinimizeFields",
+  [
+    *((name, Any) for name in SolveResult._fields),
+    *((name, Any) for name in ("x", "fun", "jac", "success", "nit", "nfev", "njev")),
+  ],
+)
+
+
+class MinimizeResult(_MinimizeFields):
+  """Result of :func:`hdm_optax.minimize`: :class:`SolveResult`'s fields, then SciPy's.
+
+  The first fields are :class:`SolveResult`'s (``params``, ``state``, ``value``, ...,
+  ``status`` a :class:`Status` code: 0 converged, 1 an iteration or call limit, as SciPy's
+  L-BFGS-B's 0 and 1; :attr:`message` says what a code means). Then those of
+  ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
+  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. ``res["x"]``
+  reads a field by name, as SciPy's result does. SciPy's ``hess_inv`` is absent: the
+  inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
+
+  Attributes:
+    x: the solution (``params``).
+    fun: f(x) (``value``).
+    jac: grad f(x).
+    success: whether the run converged (``converged``).
+    nit: iterations (``num_steps``; each one oracle call, a null step included).
+    nfev: evaluations of ``fun`` (``num_value_evals``; with forward differences
+      ``n + 1`` per gradient, as SciPy counts them).
+    njev: evaluations of the gradient (``num_grad_evals``).
+  """
+
+  __slots__ = ()
+
+  message = SolveResult.message
+
+  def __getitem__(self, key):
+    if isinstance(key, str):
+      try:
+        return getattr(self, key)
+      except AttributeError:
+        raise KeyError(key) from None
+    return tuple.__getitem__(self, key)
+
+  def keys(self) -> tuple:
+    """The field names, as ``OptimizeResult.keys()`` (a dict's) lists them."""
+    return self._fields
 
 
 class SweepResult(NamedTuple):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import inspect
+import math
+import warnings
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -10,15 +13,35 @@ import numpy as np
 
 from hdm_optax import _common
 from hdm_optax.driver import loops as loop_lib
+from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import compiled as solve_lib
+from hdm_optax.driver import objective as objective_lib
+from hdm_optax.driver import watch as watch_lib
+from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.methods._trial_lbfgs import trial_lbfgs
 
-__all__ = ("METHODS", "minimize")
+__all__ = ("METHODS", "SCIPY_DEFAULTS", "IntermediateResult", "bounds_to_box", "minimize")
 
-# The methods ``minimize`` runs by name; each takes ``lower=`` and ``upper=``.
-METHODS = {"trial_lbfgs": trial_lbfgs}
+# The methods ``minimize`` runs by name; each takes ``lower=``, ``upper=`` and ``memory_size``.
+# SciPy's "L-BFGS-B" (any case) is read as trial_lbfgs: one call per iteration, no line search.
+METHODS = {"trial_lbfgs": trial_lbfgs, "l-bfgs-b": trial_lbfgs}
+
+# SciPy's L-BFGS-B defaults (scipy.optimize._lbfgsb_py._minimize_lbfgsb).
+SCIPY_DEFAULTS = {
+  "maxcor": 10,
+  "ftol": 2.2204460492503131e-09,
+  "gtol": 1e-5,
+  "maxfun": 15000,
+  "maxiter": 15000,
+}
+# L-BFGS-B's options this method has no counterpart of.
+_REFUSED = {
+  "maxls": "the method makes no line search (one oracle call per iteration)",
+  "finite_diff_rel_step": "finite differences here take SciPy's absolute step eps only",
+  "workers": "the program evaluates fun itself (no parallel finite differences)",
+}
 
 
 def _is_number_or_none(value) -> bool:
@@ -27,10 +50,15 @@ def _is_number_or_none(value) -> bool:
   )
 
 
+def _one_array(x0) -> bool:
+  return isinstance(x0, (jax.Array, np.ndarray))
+
+
 def _is_pair_list(bounds, x0) -> bool:
   """SciPy's sequence of (min, max) pairs, one per entry of a flat x0."""
   return (
     isinstance(bounds, (list, tuple))
+    and _one_array(x0)
     and np.ndim(x0) == 1
     and len(bounds) == np.size(x0)
     and all(
@@ -61,6 +89,12 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
     return None, None
   dtype = _common.params_dtype(x0)
   if hasattr(bounds, "lb") and hasattr(bounds, "ub"):  # scipy.optimize.Bounds
+    for side in (bounds.lb, bounds.ub):
+      if np.ndim(side) and np.shape(side) != np.shape(x0):
+        raise ValueError(
+          f"bounds (scipy.optimize.Bounds) of shape {np.shape(side)} for x0 of shape "
+          f"{np.shape(x0)}: The number of bounds is not compatible with the length of `x0`."
+        )
     cast = lambda b: jnp.asarray(np.broadcast_to(np.asarray(b, np.float64), np.shape(x0)), dtype)
     return cast(bounds.lb), cast(bounds.ub)
   if _is_pair_list(bounds, x0):
@@ -71,11 +105,13 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
     f"bounds must be None, a pair (lower, upper), scipy.optimize.Bounds, or for a flat x0 of "
     f"{np.size(x0)} entries a sequence of {np.size(x0)} (min, max) pairs; got "
     f"{type(bounds).__name__}{f' of length {len(bounds)}' if hasattr(bounds, '__len__') else ''}"
-    ". Pass e.g. bounds=(0.0, None) for x >= 0."
+    f" (not a pair, and not {np.size(x0) if _one_array(x0) else 'SciPy'} (min, max) pairs"
+    f"{'' if _one_array(x0) else ', which need x0 as one flat array'}). Pass e.g. "
+    "bounds=(0.0, None) for x >= 0."
   )
 
 
-def _strong(x0, lower, upper, tol):
+def _strong(x0, lower, upper, *tols):
   """x0, the box's numbers and tol as arrays of x0's dtype that are not weakly typed.
 
   ``jnp.full(3, 2.0)`` or a Python float is weakly typed, another abstract value than
@@ -86,82 +122,338 @@ def _strong(x0, lower, upper, tol):
   dtype = _common.params_dtype(x0)
   weak = lambda b: isinstance(b, (int, float)) or getattr(b, "weak_type", False)
   cast = lambda tree: jax.tree.map(lambda b: jnp.asarray(b, dtype) if weak(b) else b, tree)
-  return cast(x0), cast(lower), cast(upper), cast(tol)
+  return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
 
 
-def _minimize(fun, method, max_steps, x0, args, lower, upper, tol) -> SolveResult:
-  optimizer = METHODS[method](lower=lower, upper=upper)
-  return solve_lib.solve(optimizer, fun, x0, max_steps=max_steps, tol=tol, fun_args=args)
+def _minimize(fun, method, max_steps, memory, watch, x0, args, lower, upper, limits):
+  optimizer = METHODS[method](memory, lower=lower, upper=upper)
+  return solve_lib._solve(  # pylint: disable=protected-access
+    optimizer,
+    fun,
+    solve_lib._trace_size(max_steps),  # pylint: disable=protected-access
+    False,
+    1,
+    x0,
+    args,
+    limits,
+    None,
+    0.0,
+    watch,
+  )
 
 
-_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2))
+_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2, 3, 4))
+
+
+def _method(method) -> str:
+  if method is None:
+    return "trial_lbfgs"
+  if not isinstance(method, str) or method.lower() not in METHODS:
+    raise ValueError(
+      f"unknown method {method!r}: minimize runs {sorted(METHODS)} ('L-BFGS-B' in any case "
+      "is trial_lbfgs); for SciPy's other methods call scipy.optimize.minimize."
+    )
+  return method.lower()
+
+
+def _unused(hess, hessp, constraints) -> None:
+  """SciPy's warnings for what L-BFGS-B does not use (it warns and goes on)."""
+  for name, given, what in (("hess", hess, "Hessian"), ("hessp", hessp, "Hessian-vector product")):
+    if given is not None:
+      warnings.warn(
+        f"Method L-BFGS-B does not use {what} information ({name}); it is ignored, as "
+        "scipy.optimize.minimize ignores it.",
+        RuntimeWarning,
+        stacklevel=3,
+      )
+  if constraints is not None and not (isinstance(constraints, (list, tuple)) and not constraints):
+    warnings.warn(
+      "Method L-BFGS-B cannot handle constraints; they are ignored, as scipy.optimize.minimize "
+      "ignores them (use scipy.optimize.minimize with method='SLSQP' or 'trust-constr').",
+      RuntimeWarning,
+      stacklevel=3,
+    )
+
+
+def _int_option(name, value, lower=1) -> int:
+  """A count as SciPy's L-BFGS-B compares it: ``n >= value``, so 100.1 allows 101."""
+  ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+  if not ok or not value >= lower:
+    raise ValueError(f"options {name} must be a number >= {lower}, got {value!r}.")
+  return int(math.ceil(value))
+
+
+def _options(options, tol, max_steps) -> dict:
+  """SciPy's L-BFGS-B options, checked, with ``tol`` as SciPy maps it (ftol and gtol)."""
+  options = dict(options or {})
+  unknown = set(options) - set(SCIPY_DEFAULTS) - set(_REFUSED) - {"eps", "disp", "iprint"}
+  if unknown:
+    raise ValueError(
+      f"unknown options {sorted(unknown)}; L-BFGS-B's are {sorted(SCIPY_DEFAULTS)}, eps, "
+      "disp and iprint."
+    )
+  for name, why in _REFUSED.items():
+    if options.get(name) is not None and not (name == "workers" and options[name] == 1):
+      raise ValueError(f"options {name}: not offered, {why}. Drop {name}.")
+  for name in ("disp", "iprint"):
+    if options.pop(name, None) is not None:
+      warnings.warn(
+        f"options {name} has no function (SciPy deprecated it in 1.15 and its L-BFGS-B prints "
+        "nothing); pass progress=True for a live line, or callback=.",
+        DeprecationWarning,
+        stacklevel=3,
+      )
+  if tol is not None:  # SciPy: tol is the default of ftol and gtol for L-BFGS-B
+    options.setdefault("ftol", tol)
+    options.setdefault("gtol", tol)
+  if max_steps is not None:
+    if "maxiter" in options:
+      raise ValueError("pass options maxiter or max_steps, not both (they are one limit).")
+    options["maxiter"] = max_steps
+  merged = {**SCIPY_DEFAULTS, **options}
+  for name in ("ftol", "gtol"):
+    loop_lib.check_tolerance(name, merged[name], f"SciPy's {name}", f"pass e.g. {name}=1e-8")
+  merged["maxiter"] = _int_option("maxiter", merged["maxiter"], 0)
+  merged["maxfun"] = _int_option("maxfun", merged["maxfun"])
+  merged["maxcor"] = _int_option("maxcor", merged["maxcor"])
+  return merged
+
+
+def _start_point(x0):
+  """x0 as SciPy reads it: numbers, lists and NumPy arrays become one float array (1-d at least).
+
+  A JAX array or a pytree of arrays (a tuple of arrays, a dict, a model) is kept as it is.
+  """
+  if isinstance(x0, jax.Array):
+    return x0
+  leaves = jax.tree.leaves(x0)
+  numbers = all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in leaves)
+  if isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple, int, float)) and numbers):
+    x0 = np.atleast_1d(np.asarray(x0))
+    if x0.dtype.kind in "iub":
+      x0 = x0.astype(float)
+    return jnp.asarray(x0)
+  return x0
+
+
+class _SciPyCallback:
+  """SciPy's ``callback`` on :func:`hdm_optax.solve`'s snapshot.
+
+  ``callback(intermediate_result)`` (a parameter of that name only, as SciPy tells them
+  apart) gets an :class:`IntermediateResult` with ``x`` and ``fun``; another signature gets
+  ``callback(x)``, a copy. Its return value is ignored, ``StopIteration`` stops the run
+  (SciPy's contract).
+  """
+
+  def __init__(self, callback):
+    self.callback = callback
+    params = inspect.signature(callback).parameters
+    self.new_style = set(params) == {"intermediate_result"}
+
+  def __eq__(self, other):
+    return isinstance(other, _SciPyCallback) and other.callback == self.callback
+
+  def __hash__(self):
+    return hash(self.callback)
+
+  def __call__(self, snapshot) -> bool:
+    if self.new_style:
+      self.callback(
+        intermediate_result=IntermediateResult(
+          x=snapshot.params,
+          fun=snapshot.value,
+          nit=snapshot.num_steps,
+          nfev=snapshot.num_value_evals,
+          njev=snapshot.num_grad_evals,
+        )
+      )
+    else:
+      self.callback(np.copy(snapshot.params))
+    return False
+
+
+class IntermediateResult(dict):
+  """SciPy's ``OptimizeResult`` as a callback sees it: a dict read as attributes.
+
+  Keys: ``x``, ``fun`` (SciPy's for L-BFGS-B), ``nit``, ``nfev``, ``njev``.
+  """
+
+  def __getattr__(self, name):
+    try:
+      return self[name]
+    except KeyError:
+      raise AttributeError(name) from None
+
+
+def _check_nan(lower, upper) -> None:
+  for name, side in (("lower", lower), ("upper", upper)):
+    for leaf in jax.tree.leaves(side):
+      value = box_lib._concrete(leaf)  # pylint: disable=protected-access
+      if value is not None and np.any(np.isnan(value)):
+        raise ValueError(
+          f"bounds' {name} contains NaN; use -inf / +inf (or None) for an open side."
+        )
+
+
+def _check_box(bounds, x0, lower, upper) -> None:
+  """The box's checks before the program is built; an error says how ``bounds`` was read."""
+  _check_nan(lower, upper)
+  try:
+    box_lib.check_order(lower, upper, "bounds' lower", "bounds' upper")
+  except ValueError as error:  # SciPy's sentence too, for code that matches it
+    raise ValueError(f"{error} (An upper bound is less than the corresponding lower bound.)")
+  if lower is None and upper is None:
+    return
+  read = (
+    f"bounds was read as SciPy's {np.size(x0)} (min, max) pairs"
+    if _is_pair_list(bounds, x0)
+    else "bounds was read as a pair (lower, upper), each a number, None or a pytree like x0"
+  )
+  try:
+    box_lib.make_box(x0, lower, upper)
+  except (ValueError, TypeError) as error:
+    raise type(error)(f"{read}: {error}") from None
+
+
+def _scipy_fields(res: SolveResult, objective, x0, traced) -> MinimizeResult:
+  """``res`` with SciPy's fields; host values outside a trace."""
+  grad = cache_lib.cache_at_params(res.state).grad
+  size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
+  differences = objective.host and objective.jac is None
+  nfev = res.num_value_evals * (size + 1) if differences else res.num_value_evals
+  fields = dict(
+    x=res.params,
+    fun=res.value,
+    jac=grad,
+    success=res.converged,
+    nit=res.num_steps,
+    nfev=nfev,
+    njev=res.num_grad_evals,
+  )
+  if not traced:
+    host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
+    fields = {
+      k: host[k](v) if k in host else jax.tree.map(np.asarray, v) for k, v in fields.items()
+    }
+    res = res._replace(status=int(res.status))  # SciPy's status is an int
+  return MinimizeResult(*res, **fields)
 
 
 def minimize(
   fun: Callable[..., Any],
   x0: Any,
-  *,
   args: Sequence[Any] = (),
+  method: Optional[str] = None,
+  jac: Any = None,
+  hess: Any = None,
+  hessp: Any = None,
   bounds: Any = None,
-  method: str = "trial_lbfgs",
-  tol: Any = 1e-5,
-  max_steps: int = 15000,
-) -> SolveResult:
+  constraints: Any = (),
+  tol: Optional[float] = None,
+  callback: Optional[Callable[..., Any]] = None,
+  options: Optional[dict] = None,
+  *,
+  max_steps: Optional[int] = None,
+  progress: bool = False,
+) -> MinimizeResult:
   r"""Minimizes ``fun(x, *args)`` from ``x0``, within ``bounds``, as one compiled program.
 
-  ``scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=...)``'s
-  counterpart: the run is :func:`hdm_optax.solve` of ``method`` (one oracle call per
-  iteration, see :func:`hdm_optax.trial_lbfgs`) with the box given to the transformation. An
-  infeasible ``x0`` is projected onto the box first (SciPy does the same). The run stops
-  once :math:`\|P(x - \nabla f(x)) - x\|_\infty \le` ``tol`` with bounds (L-BFGS-B's
-  ``pgtol``; status ``CONVERGED_IN_BOX``), :math:`\|\nabla f(x)\|_\infty \le` ``tol``
-  without, or after ``max_steps`` iterations (each one oracle call; SciPy's ``maxfun``).
-  The defaults are L-BFGS-B's (``gtol=1e-5``, 15000 calls); there is no test on f's
-  relative change (SciPy's ``ftol``).
+  ``scipy.optimize.minimize(fun, x0, args, method="L-BFGS-B", jac, bounds=bounds, tol=tol,
+  callback=callback, options=options)``'s counterpart, with SciPy's signature (positional
+  arguments too): the run is :func:`hdm_optax.solve` of :func:`hdm_optax.trial_lbfgs`
+  (one oracle call per iteration, no line search) with the box given to the
+  transformation. ``method`` is ``"L-BFGS-B"`` (any case), ``"trial_lbfgs"`` or ``None``:
+  the same method. An infeasible ``x0`` is projected onto the box first (SciPy does the
+  same).
 
-  Called outside ``jit``/``vmap`` it compiles once per (``fun``, ``method``,
-  ``max_steps``) and the shapes and dtypes of ``x0``, ``args`` and the bounds: another
-  start, data, box or ``tol`` reuses the program. Inside ``jax.vmap`` it traces inline, so
-  per-problem boxes batch into one program:
-  ``jax.vmap(lambda x0, lo, hi: minimize(fun, x0, bounds=(lo, hi), max_steps=200))``.
-  float32 and float64 both work (bounds given as numbers or SciPy objects take x0's dtype;
-  arrays must have it).
+  The run stops, as L-BFGS-B's, once the projected gradient
+  :math:`\|P(x - \nabla f(x)) - x\|_\infty \le` ``gtol`` (status ``CONVERGED_IN_BOX``;
+  without bounds :math:`\|\nabla f(x)\|_\infty`, ``CONVERGED``), once an update that moved
+  x decreased f by :math:`(f_k - f_{k+1}) / \max(|f_k|, |f_{k+1}|, 1) \le` ``ftol``
+  (``CONVERGED_FTOL``; a null step, which keeps x, is not tested), after ``maxiter``
+  iterations or ``maxfun`` calls (``MAX_STEPS``), or when a ``callback`` raises
+  ``StopIteration`` (``STOPPED``). The defaults are L-BFGS-B's.
+
+  ``fun`` and its gradient: with ``jac=None`` JAX differentiates ``fun``; ``jac=True``:
+  ``fun`` returns ``(value, gradient)``; a callable ``jac(x, *args)`` returns the
+  gradient. A ``fun`` JAX cannot trace (NumPy code) runs on the host through
+  ``jax.pure_callback`` with NumPy arrays, as SciPy calls it, and with ``jac=None`` its
+  gradient is SciPy's forward difference (step ``eps``): see
+  :mod:`hdm_optax.driver.objective`. ``fun`` is traced once with abstract values to tell
+  the two apart (a counter in ``fun`` sees that call).
+
+  Called outside ``jit``/``vmap`` it compiles once per (``fun``, ``jac``, ``method``,
+  ``maxiter``, ``maxcor``, ``callback``, ``progress``) and the shapes and dtypes of
+  ``x0``, ``args`` and the bounds: another start, data, box or tolerance reuses the
+  program. Inside ``jax.vmap`` it traces inline, so per-problem boxes batch into one
+  program: ``jax.vmap(lambda x0, lo, hi: minimize(fun, x0, bounds=(lo, hi)))``. float32
+  and float64 both work (bounds given as numbers or SciPy objects take x0's dtype; arrays
+  must have it).
 
   Args:
-    fun: ``fun(x, *args) -> scalar`` of x0's dtype, differentiable by JAX.
-    x0: the start, any pytree of float arrays of one dtype.
-    args: extra arguments of ``fun`` (data enters the program as arguments).
+    fun: ``fun(x, *args) -> scalar`` (``-> (scalar, gradient)`` with ``jac=True``).
+    x0: the start: a JAX array, any pytree of float arrays of one dtype, or (as SciPy)
+      a number, list or NumPy array, read as one float array of at least one dimension.
+    args: extra arguments of ``fun`` (and ``jac``); arrays and numbers enter the program
+      as arguments, other values are static (hashable).
+    method: ``None``, ``"L-BFGS-B"`` or ``"trial_lbfgs"`` (:data:`METHODS`).
+    jac: ``None``, ``True``, a callable, or ``"2-point"`` (a host ``fun`` only).
+    hess: not used by L-BFGS-B: must be ``None``.
+    hessp: not used by L-BFGS-B: must be ``None``.
     bounds: ``None``; ``(lower, upper)``, each a number, ``None`` (open) or a pytree shaped
-      like x0 (-inf / +inf for an open side); ``scipy.optimize.Bounds``; or, for a flat x0,
-      SciPy's sequence of ``(min, max)`` pairs with ``None`` for an open side.
-    method: the method's name, one of :data:`METHODS` (``"trial_lbfgs"``).
-    tol: stop once the (projected) gradient's inf-norm is at most ``tol``.
-    max_steps: iterations allowed (static; one oracle call each).
+      like x0 (-inf / +inf or ``None`` for an open side); ``scipy.optimize.Bounds``; or, for
+      a flat x0, SciPy's sequence of ``(min, max)`` pairs with ``None`` for an open side.
+    constraints: L-BFGS-B takes none: must be empty.
+    tol: SciPy's: the default of ``ftol`` and ``gtol``.
+    callback: ``callback(intermediate_result)`` (``.x``, ``.fun``) or ``callback(xk)``,
+      after every iteration, on the host; ``StopIteration`` stops the run. Under
+      ``jax.vmap`` it is called once per iteration with the batch.
+    options: L-BFGS-B's: ``maxiter`` (15000), ``maxfun`` (15000: each iteration is one
+      call), ``gtol`` (1e-5), ``ftol`` (2.2e-9), ``maxcor`` (10, the memory), ``eps`` (the
+      forward-difference step, 1e-8, host ``fun`` with ``jac=None`` only); ``disp`` and
+      ``iprint`` have no function (as in SciPy, with a ``DeprecationWarning``); ``maxls``,
+      ``finite_diff_rel_step`` and ``workers`` are refused (no line search, no relative or
+      parallel finite differences).
+    max_steps: ``maxiter`` under the name :func:`hdm_optax.solve` gives it.
+    progress: a live line on stderr (:func:`hdm_optax.solve`'s ``progress``).
 
   Returns:
-    A :class:`hdm_optax.SolveResult` (``grad_norm`` is the projected gradient's with bounds).
+    A :class:`hdm_optax.MinimizeResult`: :class:`hdm_optax.SolveResult`'s fields
+    (``grad_norm`` is the projected gradient's with bounds), then SciPy's ``x``, ``fun``,
+    ``jac``, ``success``, ``nit``, ``nfev``, ``njev``.
 
   Raises:
-    ValueError: ``lower > upper`` somewhere, a box of another structure or shape, an
-      unknown ``method``; TypeError: bounds of another dtype than x0's, or of a form not
-      listed above. Each message names the argument and the fix.
+    ValueError: ``lower > upper`` somewhere, NaN in ``bounds``, a box of another structure
+      or shape, an unknown ``method`` or option, a refused option, ``hess``, ``hessp`` or
+      ``constraints``; TypeError: bounds of another dtype than x0's, or of a form not listed
+      above. Each message names the argument and the fix.
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
     >>> fun = lambda x: jnp.sum((x - jnp.array([2.0, -1.0, 0.5])) ** 2)
-    >>> res = hdm_optax.minimize(fun, jnp.zeros(3), bounds=[(0, 1), (0, None), (None, None)])
-    >>> [round(float(v), 6) for v in res.params], res.message[:9]
-    ([1.0, 0.0, 0.5], 'converged')
+    >>> res = hdm_optax.minimize(fun, [0.0, 0.0, 0.0], method="L-BFGS-B",
+    ...                          bounds=[(0, 1), (0, None), (None, None)])
+    >>> [round(float(v), 6) for v in res.x], res.success
+    ([1.0, 0.0, 0.5], True)
   """
-  _common.lookup("method", method, METHODS)
-  max_steps = solve_lib._check_max_steps(max_steps)  # pylint: disable=protected-access
-  loop_lib.check_limits(tol=tol)
+  method = _method(method)
+  _unused(hess, hessp, constraints)
+  opts = _options(options, tol, max_steps)
+  x0 = _start_point(x0)
   _common.params_dtype(x0)
   lower, upper = bounds_to_box(bounds, x0)
-  box_lib.check_order(lower, upper, "bounds' lower", "bounds' upper")
-  x0, lower, upper, tol = _strong(x0, lower, upper, tol)
+  _check_box(bounds, x0, lower, upper)
+  x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
+  objective, args = objective_lib.objective(fun, jac, x0, args, opts.get("eps"))
   own = lambda a: jnp.asarray(a, a.dtype) if getattr(a, "weak_type", False) else a
   args = jax.tree.map(own, tuple(args))
-  traced = solve_lib._under_trace(x0, args, lower, upper, tol)  # pylint: disable=protected-access
+  limits = loop_lib.check_limits(tol=gtol, max_grad_evals=opts["maxfun"], min_value=None)
+  limits = limits._replace(max_steps=jnp.asarray(opts["maxiter"], jnp.int32), ftol=ftol)
+  user = _SciPyCallback(callback) if callback is not None else None
+  watch = watch_lib.make_watch(user, progress, ftol=True)
+  traced = solve_lib._under_trace(x0, args, lower, upper, gtol)  # pylint: disable=protected-access
   run = _minimize if traced else _minimize_jit
-  return run(fun, method, max_steps, x0, args, lower, upper, tol)
+  static = (objective, method, opts["maxiter"], opts["maxcor"], watch)
+  res = run(*static, x0, args, lower, upper, limits)
+  res = solve_lib._cut(res, opts["maxiter"])  # pylint: disable=protected-access
+  return _scipy_fields(res, objective, x0, traced)

@@ -89,12 +89,17 @@ def _side(name: str, bound, params, open_value: float):
   if isinstance(bound, (int, float)) or (hasattr(bound, "shape") and np.ndim(bound) == 0):
     bound_leaves = [bound] * len(leaves)
   else:
-    bound_leaves, bound_def = jax.tree.flatten(bound, is_leaf=lambda b: b is None)
-    if bound_def != treedef:
+    try:  # a leaf per params leaf (None: open); None where the params have None
+      bound_leaves = treedef.flatten_up_to(bound)
+      leafy = lambda b: b is None or jax.tree_util.treedef_is_leaf(jax.tree.structure(b))
+      if not all(map(leafy, bound_leaves)):
+        raise ValueError(name)
+    except (ValueError, TypeError):
+      bound_def = jax.tree.structure(bound, is_leaf=lambda b: b is None)
       raise ValueError(
         f"{name} must be a scalar or have the pytree structure of the params; params: "
         f"{treedef}, {name}: {bound_def}; {fix}."
-      )
+      ) from None
   out = []
   for leaf, b in zip(leaves, bound_leaves):
     if b is None:

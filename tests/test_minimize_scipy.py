@@ -1,0 +1,191 @@
+"""hdm_optax.minimize as SciPy's minimize(method="L-BFGS-B"): signature, jac, options,
+callback, the result's fields, x0 as SciPy reads it, bounds (NaN, pytrees, models)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hdm_optax
+
+scipy_optimize = pytest.importorskip("scipy.optimize")
+
+TARGET = np.array([2.0, -1.0, 0.5])
+
+
+def quadratic(x, t):
+  return jnp.sum((x - t) ** 2) + 0.1 * jnp.sum(x**4)
+
+
+def quadratic_and_grad(x, t):
+  return quadratic(x, t), jax.grad(quadratic)(x, t)
+
+
+def quadratic_grad(x, t):
+  return jax.grad(quadratic)(x, t)
+
+
+def numpy_quadratic(x, t):
+  x = np.asarray(x)  # NumPy code: JAX cannot trace it, so it runs on the host
+  return float(np.sum((x - t) ** 2) + 0.1 * np.sum(x**4))
+
+
+def numpy_grad(x, t):
+  return 2 * (x - t) + 0.4 * x**3
+
+
+def test_positional_signature_and_scipy_fields():
+  """minimize(fun, x0, args, method, jac, hess, hessp, bounds) as SciPy's, with its result."""
+  bounds = [(0, 1), (0, None), (None, None)]
+  ours = hdm_optax.minimize(
+    quadratic, [0.0, 0.0, 0.0], (TARGET,), "L-BFGS-B", None, None, None, bounds
+  )
+  ref = scipy_optimize.minimize(
+    numpy_quadratic, np.zeros(3), (TARGET,), "L-BFGS-B", numpy_grad, None, None, bounds
+  )
+  np.testing.assert_allclose(ours.x, ref.x, atol=1e-5)
+  assert isinstance(ours.x, np.ndarray) and isinstance(ours.fun, float)
+  assert ours.success is True and isinstance(ours.nit, int)
+  assert ours.nfev == int(ours.num_value_evals) and ours.njev == int(ours.num_grad_evals)
+  assert ours.fun == pytest.approx(float(quadratic(jnp.asarray(ours.x), TARGET)))
+  np.testing.assert_allclose(ours.jac, numpy_grad(ours.x, TARGET), atol=1e-12)
+  assert ours["x"] is ours.x and "nfev" in ours.keys()
+  assert hdm_optax.Status(ours.status) in (
+    hdm_optax.Status.CONVERGED_IN_BOX,
+    hdm_optax.Status.CONVERGED_FTOL,
+  )
+
+
+@pytest.mark.parametrize("form", ["jax", "jac_true", "jac_callable", "numpy_jac", "numpy_fd"])
+def test_jac_forms_agree(form):
+  """jac=None (JAX's gradient), jac=True, a callable jac, NumPy code with its jac or with
+  SciPy's forward differences: one answer."""
+  fun, jac = {
+    "jax": (quadratic, None),
+    "jac_true": (quadratic_and_grad, True),
+    "jac_callable": (quadratic, quadratic_grad),
+    "numpy_jac": (numpy_quadratic, numpy_grad),
+    "numpy_fd": (numpy_quadratic, None),
+  }[form]
+  res = hdm_optax.minimize(fun, np.zeros(3), args=(TARGET,), jac=jac, method="l-bfgs-b")
+  ref = scipy_optimize.minimize(numpy_quadratic, np.zeros(3), args=(TARGET,), jac=numpy_grad)
+  assert res.success
+  np.testing.assert_allclose(res.x, ref.x, atol=1e-4 if form == "numpy_fd" else 1e-5)
+  if form == "numpy_fd":  # SciPy's count: n + 1 evaluations of fun per gradient
+    assert res.nfev == 4 * int(res.num_value_evals)
+
+
+def test_options_and_tol():
+  res = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), options={"maxiter": 3})
+  assert res.nit == 3 and res.status == hdm_optax.Status.MAX_STEPS and not res.success
+  res = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), options={"maxfun": 4})
+  assert res.njev == 4 and res.status == hdm_optax.Status.MAX_STEPS
+  loose = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), tol=1e-2)
+  tight = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), tol=1e-10)
+  assert loose.nit < tight.nit and tight.fun < loose.fun and float(tight.grad_norm) <= 1e-7
+  assert hdm_optax.minimize(
+    quadratic, np.zeros(3), args=(TARGET,), options={"maxcor": 3, "gtol": 1e-9}
+  ).state.direction.memory.rho.shape == (3,)  # maxcor is the memory
+  with pytest.raises(ValueError, match="maxls"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), options={"maxls": 20})
+  with pytest.raises(ValueError, match="unknown options"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), options={"xtol": 1e-3})
+  with pytest.raises(ValueError, match="eps"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), options={"eps": 1e-6})
+  with pytest.warns(DeprecationWarning, match="disp"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), options={"disp": True})
+  with pytest.raises(ValueError, match="unknown method"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), method="BFGS")
+
+
+def test_ftol_stops_on_the_relative_decrease():
+  """SciPy's ftol: a loose ftol stops before the gradient test, with its own status."""
+  res = hdm_optax.minimize(
+    quadratic, np.zeros(3), args=(TARGET,), options={"ftol": 1e-3, "gtol": 1e-12}
+  )
+  assert res.status == hdm_optax.Status.CONVERGED_FTOL and res.success
+  assert "relative decrease" in res.message
+  trace = np.asarray(res.trace.value)
+  k = res.nit
+  assert (trace[k - 1] - trace[k]) / max(abs(trace[k - 1]), abs(trace[k]), 1) <= 1e-3
+
+
+def test_callback_both_signatures_and_stop_iteration():
+  seen, legacy = [], []
+
+  def new_style(intermediate_result):
+    seen.append((np.copy(intermediate_result.x), float(intermediate_result.fun)))
+
+  res = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), callback=new_style)
+  assert len(seen) == res.nit
+  np.testing.assert_array_equal(seen[-1][0], res.x)
+  assert seen[-1][1] == res.fun == pytest.approx(float(quadratic(jnp.asarray(seen[-1][0]), TARGET)))
+  res = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), callback=legacy.append)
+  assert len(legacy) == res.nit and isinstance(legacy[0], np.ndarray)
+
+  def stop(intermediate_result):
+    if len(seen) >= 2:
+      raise StopIteration
+    seen.append(intermediate_result.x)
+
+  seen.clear()
+  res = hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), callback=stop)
+  assert res.nit == 3 and res.status == hdm_optax.Status.STOPPED and not res.success
+
+
+def test_list_x0_and_bad_bounds():
+  seen = []
+
+  def fun(x):
+    value = float(np.dot(x - 1.0, x - 1.0))  # NumPy code (it needs a concrete x)
+    seen.append(type(x))
+    return value
+
+  res = hdm_optax.minimize(fun, [3, 4], jac=lambda x: 2 * (x - 1.0))
+  assert set(seen) == {np.ndarray} and res.x.dtype == np.float64
+  np.testing.assert_allclose(res.x, [1.0, 1.0], atol=1e-6)
+  with pytest.raises(ValueError, match="bounds' lower contains NaN"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=[(np.nan, 1)] * 3)
+  with pytest.raises(ValueError, match="bounds' upper contains NaN"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(0.0, jnp.full(3, jnp.nan)))
+  with pytest.raises(ValueError, match="read as a pair"):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(np.zeros(2), None))
+
+
+def _pair(p):
+  return jnp.sum((p[0] - 2.0) ** 2) + jnp.sum((p[1] + 2.0) ** 2)
+
+
+def test_bounds_on_a_tuple_of_arrays():
+  """params a tuple of arrays, bounds a pair of like tuples; a 0-d bound for a (1, 2) leaf."""
+  x0 = (jnp.zeros(3), jnp.zeros((1, 2)))
+  lower = (jnp.zeros(3), jnp.asarray(-1.0))
+  upper = (jnp.ones(3), jnp.zeros((1, 2)))
+  res = hdm_optax.minimize(_pair, x0, bounds=(lower, upper))
+  assert res.success
+  np.testing.assert_allclose(res.x[0], 1.0)
+  np.testing.assert_allclose(res.x[1], -1.0)
+  assert res.x[1].shape == (1, 2)
+
+
+def test_bounds_on_an_equinox_model():
+  """eqx.partition's params (None leaves) and bounds of the same structure, in trial_lbfgs
+  and minimize."""
+  eqx = pytest.importorskip("equinox")
+  model = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+  params, static = eqx.partition(model, eqx.is_array)
+  lower = jax.tree.map(lambda a: jnp.full_like(a, -0.1), params)
+  upper = jax.tree.map(lambda a: jnp.full_like(a, 0.1), params)
+  x = jnp.arange(3.0)
+
+  def loss(p):
+    m = eqx.combine(p, static)
+    return jnp.sum((m(x) - 5.0) ** 2)
+
+  res = hdm_optax.solve(
+    hdm_optax.trial_lbfgs(lower=lower, upper=upper), loss, params, max_steps=200, tol=1e-8
+  )
+  assert bool(res.converged)
+  assert float(jnp.max(jnp.abs(res.params.weight))) <= 0.1
+  other = hdm_optax.minimize(loss, params, bounds=(lower, upper))
+  np.testing.assert_allclose(other.x.weight, res.params.weight, atol=1e-6)
