@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _common
+from hdm_optax.driver import closure
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import compiled as solve_lib
 from hdm_optax.driver.results import SolveResult
@@ -163,5 +164,7 @@ def minimize(
   own = lambda a: jnp.asarray(a, a.dtype) if getattr(a, "weak_type", False) else a
   args = jax.tree.map(own, tuple(args))
   traced = solve_lib._under_trace(x0, args, lower, upper, tol)  # pylint: disable=protected-access
+  if not traced:  # the arrays fun reads at this call enter the program as arguments
+    fun, args = closure.hoist(fun, x0, args)
   run = _minimize if traced else _minimize_jit
   return run(fun, method, max_steps, x0, args, lower, upper, tol)
