@@ -17,6 +17,7 @@ import optax
 import pytest
 
 import hdm_optax
+from helpers import Compilations
 from hdm_optax.driver import compiled as solve_lib
 from hdm_optax.driver import scipy_api
 
@@ -219,3 +220,16 @@ def test_hoist_signature_ignores_new_constants_and_sees_literals():
   assert other != first
   nan = lambda x: jnp.sum(x) * jnp.nan  # a NaN literal equals itself
   assert closure.hoist(nan, jnp.ones(2), ())[0] == closure.hoist(nan, jnp.ones(2), ())[0]
+
+
+@pytest.mark.parametrize("case", [global_case, bound_method_case], ids=["global", "bound_method"])
+def test_value_and_grad_from_state_reads_rebound_data(case):
+  fun, rebind = case()
+  opt = optax.chain(hdm_optax.hdm_best(lipschitz=1.0), optax.scale(0.5))  # cache not used
+  value_and_grad = hdm_optax.value_and_grad_from_state(fun)
+  state = opt.init(X0)
+  np.testing.assert_allclose(value_and_grad(X0, state=state)[1], -FIRST)
+  rebind(SECOND)
+  with Compilations() as compiled:
+    np.testing.assert_allclose(value_and_grad(X0, state=state)[1], -SECOND)  # main: -FIRST
+  assert compiled.count == 0
