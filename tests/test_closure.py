@@ -233,3 +233,14 @@ def test_value_and_grad_from_state_reads_rebound_data(case):
   with Compilations() as compiled:
     np.testing.assert_allclose(value_and_grad(X0, state=state)[1], -SECOND)  # main: -FIRST
   assert compiled.count == 0
+
+
+def test_a_bound_method_accessed_at_each_call_reuses_the_program():
+  """``holder.loss`` is a new object at each access; equal ones share the program, as
+  ``jax.jit``'s static arguments do."""
+  holder = Holder(FIRST)
+  hdm_optax.solve(SGD, holder.loss, X0, max_steps=5)
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  holder.c = SECOND
+  np.testing.assert_allclose(hdm_optax.solve(SGD, holder.loss, X0, max_steps=5).params, SECOND)
+  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access

@@ -41,18 +41,19 @@ def _is_array(leaf) -> bool:
 def _identity(fun):
   """What of ``fun`` a program is keyed on besides its trace.
 
-  A function: itself (compared by identity, held so that its id stays its own). A
-  callable pytree (an equinox Module, its bound method): its structure, so that a
-  Module with new arrays of the same shapes reuses the program (its arrays are in the
-  trace's constants).
+  A function: itself, compared as ``jax.jit`` compares a static argument (by
+  ``==``, so ``obj.method`` accessed twice is one function). A callable pytree (an
+  equinox Module, its bound method): its structure, so that a Module with new
+  arrays of the same shapes reuses the program (its arrays are in the trace's
+  constants).
   """
   treedef = jax.tree.structure(fun)
   if jax.tree_util.treedef_is_leaf(treedef):
-    return _Same(fun)
+    return _Static(fun)
   try:
     hash(treedef)
-  except TypeError:  # a static field that cannot be hashed: by identity
-    return _Same(fun)
+  except TypeError:  # a static field that cannot be hashed
+    return _Static(fun)
   return treedef
 
 
@@ -101,17 +102,27 @@ def _signature(jaxpr) -> tuple:
   return head, eqns, tuple(map(atom, jaxpr.outvars))
 
 
-class _Same:
-  """``obj`` compared by identity."""
+class _Static:
+  """``obj`` compared by ``==`` where it is hashable (as ``jax.jit``'s static arguments), else
+  by identity; held, so that an identity stays its own."""
 
   def __init__(self, obj):
     self.obj = obj
+    try:
+      self._hash = hash(obj)
+      self._by_value = True
+    except TypeError:
+      self._hash, self._by_value = id(obj), False
 
   def __hash__(self):
-    return id(self.obj)
+    return self._hash
 
   def __eq__(self, other):
-    return isinstance(other, _Same) and other.obj is self.obj
+    if not isinstance(other, _Static) or other._hash != self._hash:
+      return False
+    if self.obj is other.obj:
+      return True
+    return self._by_value and other._by_value and bool(self.obj == other.obj)
 
 
 class Closed:
@@ -120,15 +131,15 @@ class Closed:
   ``closed(params, *args, consts)`` is ``fun(params, *fun_args)``, where ``args`` is
   ``fun_args`` with its non-array leaves replaced by ``None`` (they are held here) and
   ``consts`` the arrays ``fun`` read from outside its arguments. Two instances are equal
-  when ``fun`` is the same function (or a callable pytree, such as an equinox Module,
-  of the same structure), the held leaves are the same objects and the traces print
-  alike (equations, shapes, dtypes and literals); their constants may differ.
+  when ``fun`` and the held leaves compare equal as ``jax.jit``'s static arguments do (a
+  callable pytree, such as an equinox Module, by its structure) and the traces have one
+  signature (equations, shapes, dtypes and literals); their constants may differ.
   """
 
   def __init__(self, fun, statics, jaxpr, out_tree):
     self._jaxpr = jaxpr
     self._out_tree = out_tree
-    self._key = (_identity(fun), tuple(map(_Same, statics)), out_tree, _signature(jaxpr))
+    self._key = (_identity(fun), tuple(map(_Static, statics)), out_tree, _signature(jaxpr))
     self._name = getattr(fun, "__name__", type(fun).__name__)
 
   def __call__(self, params, *args):
