@@ -4,6 +4,9 @@ import inspect
 import re
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import optax
 import pytest
 
 import hdm_optax
@@ -19,7 +22,7 @@ from hdm_optax.methods import (
 )
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
 from hdm_optax.pieces import hypergradient, learners, momentum, secant, shell, step_control
-from hdm_optax.driver import cache, compiled, loops, scipy_api
+from hdm_optax.driver import cache, closure, compiled, loops, scipy_api
 
 PIECES = [
   acceptance,
@@ -84,6 +87,7 @@ def test_no_page_speaks_of_issue_numbers():
     _osgm_best,
     _trial_lbfgs,
     cache,
+    closure,
     loops,
     compiled,
     scipy_api,
@@ -110,3 +114,50 @@ def test_public_pieces_have_full_docstrings(module):
     obj = getattr(module, name)
     if inspect.isfunction(obj):
       assert obj.__doc__ and "Examples:" in obj.__doc__, f"{module.__name__}.{name}"
+
+
+# ---------------------------------------------------------------------------
+# docs/guide.md's claims that its blocks do not assert. Elsewhere: compiles once per
+# configuration, limits traced, trace lengths (test_driver_usage.py sections 1-2), arrays
+# closed over read at each call (test_closure.py), check_every's same run
+# (test_solver.py::test_check_every_*), a chain after the caching transformation
+# (test_solver.py::test_chain_after_a_caching_transformation_reports_f_at_params,
+# test_driver_usage.py section 3), stop_at_first_converged, compact and settings that fix
+# shapes (test_solver.py), composition with optax, pytrees and dtypes (test_interop.py).
+# ---------------------------------------------------------------------------
+
+
+def test_guide_configurations_compare_by_arguments_or_identity():
+  assert hdm_optax.trial_lbfgs() == hdm_optax.trial_lbfgs()
+  assert hdm_optax.trial_lbfgs() != hdm_optax.trial_lbfgs(memory_size=5)
+  assert optax.adam(1e-3) != optax.adam(1e-3)
+
+
+def test_guide_default_max_steps_and_its_trace():
+  """max_steps defaults to 1000; the program's trace then holds 1024 entries of 21 bytes
+  (float64) per problem of a vmapped solve (the result 1001), and 16384 for SciPy's 15000."""
+  fun = lambda x: 0.5 * jnp.sum(x**2)
+  opt = optax.sgd(1e-3)  # far from converging in 1000 steps
+  res = hdm_optax.solve(opt, fun, jnp.ones(2), tol=0.0)
+  assert int(res.num_steps) == 1000 and res.trace.value.shape == (1001,)
+  batched = jax.jit(jax.vmap(lambda x: hdm_optax.solve(opt, fun, x, tol=0.0).trace))
+  shapes = jax.eval_shape(batched, jnp.ones((1000, 2)))
+  assert {leaf.shape for leaf in jax.tree.leaves(shapes)} == {(1000, 1001)}  # 1024 inside
+  assert sum(leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes)) == 21
+  sizes = compiled._trace_size(1000), compiled._trace_size(15000)  # pylint: disable=protected-access
+  assert sizes == (1024, 16384)
+  assert 1000 * 1024 * 21 / 1e6 == pytest.approx(21.5, abs=0.05)
+  assert 1000 * 16384 * 21 / 1e6 == pytest.approx(344, abs=0.5)
+
+
+def _rosenbrock(x):
+  return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the figure is the CPU's")
+def test_guide_un_jitted_steps_round_apart_from_the_compiled_ones():
+  """Rosenbrock-100: grad f at x0 un-jitted differs from the compiled one by 3e-14."""
+  x0 = jnp.tile(jnp.array([-1.2, 1.0]), 50)
+  run = hdm_optax.loop(hdm_optax.trial_lbfgs(), _rosenbrock)
+  gap = float(jnp.max(jnp.abs(run.start(x0).grad - jax.jit(run.start)(x0).grad)))
+  assert 0.0 < gap < 1e-12 and f"{gap:.0e}" == "3e-14"

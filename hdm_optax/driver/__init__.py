@@ -12,7 +12,9 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   ``step``, ``done``), and the stopping rule.
 - :mod:`~hdm_optax.driver.compiled`: :func:`solve` and :func:`sweep`, compiled
   runs of the loop (:mod:`~hdm_optax.driver.grid` lays out a sweep's points,
-  problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch).
+  problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch;
+  :mod:`~hdm_optax.driver.closure` passes the arrays an objective closes over
+  to a compiled program as arguments).
 - :mod:`~hdm_optax.driver.scipy_api`: :func:`minimize`, SciPy's entry point (bounds as
   SciPy takes them) over :func:`solve`, one compiled program.
 - :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
@@ -22,6 +24,7 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
 """
 
 from hdm_optax.driver import cache
+from hdm_optax.driver import closure
 from hdm_optax.driver import compiled
 from hdm_optax.driver import grid
 from hdm_optax.driver import loops
@@ -32,6 +35,7 @@ from hdm_optax.driver import staging
 
 __all__ = (
   "cache",
+  "closure",
   "compiled",
   "grid",
   "loops",

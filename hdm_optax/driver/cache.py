@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import closure
 
 __all__ = (
   "cache_at_params",
@@ -117,10 +118,12 @@ def value_and_grad_from_state(
   any cache it finds, e.g. the one of ``hdm_best`` inside ``optax.chain(hdm_best(),
   optax.scale(0.5))``, which is at another point.
 
-  The returned function is compiled (``jax.jit``) once per structure of its
-  arguments: called in a Python loop it costs one dispatch, not a new
-  ``lax.cond`` each time. Create it once, outside the loop; ``args`` are
-  arrays (pytrees of arrays), passed to the compiled program.
+  The returned function runs a program compiled (``jax.jit``) once per
+  structure of its arguments: called in a Python loop it costs one dispatch and
+  a trace of ``fun``, not a new ``lax.cond`` each time. Create it once, outside
+  the loop. ``args`` and the arrays ``fun`` reads from outside its arguments
+  (closure cells, globals, a bound method's object) are arguments of the
+  program, read at each call, as in :func:`hdm_optax.solve`.
 
   Args:
     fun: ``fun(params, *args) -> scalar`` (``-> (scalar, aux)`` with ``has_aux``).
@@ -128,7 +131,7 @@ def value_and_grad_from_state(
       so the cache is never used with it.
 
   Returns:
-    ``value_and_grad(params, *args, state) -> (value, grad)``, jitted.
+    ``value_and_grad(params, *args, state) -> (value, grad)``.
 
   Examples:
     >>> import jax.numpy as jnp, optax, hdm_optax
@@ -146,14 +149,21 @@ def value_and_grad_from_state(
     True
   """
 
-  def evaluate(params, *args):
-    return _common.value_and_grad(lambda p: fun(p, *args), params, has_aux=has_aux)
+  def compiled(closed, params, *args, state):
+    def evaluate():
+      return _common.value_and_grad(lambda p: closed(p, *args), params, has_aux=has_aux)
 
-  def value_and_grad(params, *args, state):
     holder = None if has_aux else cache_at_params(state)
     if holder is None:
-      return evaluate(params, *args)
+      return evaluate()
     fresh = jnp.isfinite(holder.value)
-    return jax.lax.cond(fresh, lambda: (holder.value, holder.grad), lambda: evaluate(params, *args))
+    return jax.lax.cond(fresh, lambda: (holder.value, holder.grad), evaluate)
 
-  return jax.jit(value_and_grad)
+  compiled = jax.jit(compiled, static_argnums=0)
+
+  def value_and_grad(params, *args, state):
+    # The arrays fun reads from outside its arguments, as they are at this call.
+    closed, hoisted = closure.hoist(fun, params, args)
+    return compiled(closed, params, *hoisted, state=state)
+
+  return value_and_grad

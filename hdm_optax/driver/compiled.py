@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import closure
 from hdm_optax.driver import grid as grid_lib
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import staging
@@ -21,7 +22,7 @@ from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.results import best_index
 
-__all__ = ("DEFAULT_MAX_NULL_STEPS", "solve", "sweep")
+__all__ = ("DEFAULT_MAX_NULL_STEPS", "DEFAULT_MAX_STEPS", "solve", "sweep")
 
 
 def _check_max_steps(max_steps) -> int:
@@ -233,13 +234,19 @@ def _under_trace(*args) -> bool:
 # below the budget leaves the paper's runs unchanged.
 DEFAULT_MAX_NULL_STEPS = None
 
+# The paper's budget (Table 1: 1000 gradient calls) and the benchmark's. A run stops at
+# ``tol`` first; the budget bounds the runs that do not get there. The trace holds 1024
+# entries (21 bytes each in float64), which a vmapped solve holds per problem; SciPy's
+# L-BFGS-B allows 15000 iterations (16384 entries), optimistix 256 steps.
+DEFAULT_MAX_STEPS = 1000
+
 
 def solve(
   optimizer: optax.GradientTransformation,
   fun: Callable[..., Any],
   init_params: Any,
   *,
-  max_steps: int,
+  max_steps: int = DEFAULT_MAX_STEPS,
   tol: Any = 1e-4,
   rtol: Any = 0.0,
   init_state: Optional[Any] = None,
@@ -274,10 +281,20 @@ def solve(
   warning says to put the caching transformation last). See
   :func:`cache_at_params`.
 
-  Called outside a trace, ``solve`` compiles once per configuration: the
-  program is cached on (optimizer, ``fun``, ``has_aux``, ``check_every``, the
-  trace's length) and the shapes and dtypes of ``init_params``, ``fun_args``
-  and ``init_state``. hdm_optax's factories return transformations equal to
+  Each call solves ``fun`` as it is at the call: outside a trace, ``solve``
+  traces ``fun`` first and the arrays it reads from outside its arguments
+  (closure cells, module globals, a bound method's object, an equinox Module's
+  fields) enter the program as arguments, as ``fun_args`` do
+  (:mod:`~hdm_optax.driver.closure`). Arrays read only inside a custom
+  derivative rule (``jax.custom_vjp``'s backward function) or inside a function
+  that is itself ``jax.jit``-ed are fixed when the program is compiled: pass
+  those in ``fun_args``. Called outside a trace, ``solve`` compiles once per
+  configuration: the program is cached on (optimizer, ``fun``, the structure of
+  its trace, ``has_aux``, ``check_every``, the trace's length) and the shapes
+  and dtypes of ``init_params``, ``fun_args`` and ``init_state``, so new arrays
+  of the same shapes reuse it and a changed Python number that ``fun`` reads
+  compiles a new one. An equinox Module as ``fun`` is keyed on its structure.
+  hdm_optax's factories return transformations equal to
   every other one built with equal arguments (they carry their
   ``configuration``: the factory and its arguments), so
   ``solve(trial_lbfgs(), fun, x0, ...)`` in a loop over datasets compiles once,
@@ -299,7 +316,10 @@ def solve(
       dtype (``-> (scalar, aux)`` with ``has_aux``).
     init_params: x^1, any pytree of float arrays of one dtype.
     max_steps: the number of updates allowed (a Python int; traced, and it
-      sets the trace's length as above).
+      sets the trace's length as above). The default, 1000, is the paper's budget
+      of gradient calls (:data:`DEFAULT_MAX_STEPS`; SciPy's L-BFGS-B allows 15000
+      iterations, optimistix 256 steps): a run that needs more stops with status
+      ``MAX_STEPS``.
     tol: stop when ||grad f||_inf <= tol (>= 0; 0 runs to the other limits).
     rtol: also stop when ||grad f||_inf <= rtol ||grad f(x0)||_inf (>= 0; 0,
       the default, leaves ``tol`` alone): a reduction by a factor from x0. The
@@ -394,6 +414,8 @@ def solve(
       f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
     )
   traced = _under_trace(init_params, fun_args, tol, rtol, init_state)
+  if not traced:  # the arrays fun reads at this call enter the program as arguments
+    fun, fun_args = closure.hoist(fun, init_params, fun_args)
   solve_fn = _solve if traced else _solve_jit
   result = solve_fn(
     optimizer,
@@ -478,13 +500,26 @@ def _sweep(
 _sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4, 5, 6))
 
 
+def _hoisted(fun, params, problems: grid_lib.Problems):
+  """``fun`` and the problems with the arrays ``fun`` reads at this call as a fixed argument."""
+  point = lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype, weak_type=a.weak_type)
+  args = problems.layout.args([point(a) for a in problems.mapped[1]], problems.fixed[1])
+  closed, (*args, consts) = closure.hoist(fun, params, args)
+  layout = problems.layout._replace(
+    args_def=jax.tree.structure((*args, consts)),
+    args_mapped=problems.layout.args_mapped + (False,) * len(consts),
+  )
+  fixed = (problems.fixed[0], [*problems.fixed[1], *consts])
+  return closed, problems._replace(layout=layout, fixed=fixed)
+
+
 def sweep(
   make_optimizer: Callable[..., optax.GradientTransformation],
   grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
   fun: Callable[..., Any],
   init_params: Any,
   *,
-  max_steps: int,
+  max_steps: int = DEFAULT_MAX_STEPS,
   tol: Any = 1e-4,
   rtol: Any = 0.0,
   fun_args: Sequence[Any] = (),
@@ -508,8 +543,11 @@ def sweep(
   compile time grows). Worth it when the objective's cost grows with the
   batch (large data); on small problems per-step overhead dominates. The
   results are those of the lockstep sweep up to rounding (another compiled
-  program). The compiled program is cached on (``make_optimizer``, ``fun``,
-  the trace's length as in :func:`solve`) and the shapes and dtypes, so a
+  program). As in :func:`solve`, the arrays ``fun`` reads from outside its
+  arguments are read at each call and enter the program as arguments; those
+  that ``make_optimizer`` closes over are constants of its program. The
+  compiled program is cached on (``make_optimizer``, ``fun`` and the structure
+  of its trace, the trace's length as in :func:`solve`) and the shapes and dtypes, so a
   module-level ``make_optimizer`` (a factory such as ``hdm_optax.hdm_best``)
   reused across problems of the same shapes compiles once, whatever the
   limits; pass problem constants (such as L) as grid columns or ``fun_args``
@@ -528,7 +566,8 @@ def sweep(
       row-major order), or an explicit list of points (dicts with the same keys).
     fun: the objective, as in :func:`solve`.
     init_params: the starting point (of every problem, unless ``in_axes`` maps it).
-    max_steps: as in :func:`solve`.
+    max_steps: as in :func:`solve` (default 1000); every point holds a trace of
+      ``max_steps + 1`` rounded up to a power of two entries.
     tol: as in :func:`solve`.
     rtol: as in :func:`solve`, from each point's own ||grad f(x0)||_inf.
     fun_args: as in :func:`solve`.
@@ -575,6 +614,7 @@ def sweep(
       "drop stop_at_first_converged."
     )
   first = problems.layout.params([a[0] for a in problems.mapped[0]], problems.fixed[0])
+  fun, problems = _hoisted(fun, first, problems)
   static = grid_lib.static_names(make_optimizer, names, points, first, dtype)
   points, ids = grid_lib.expand(points, problems.count)
   common = (fun, _trace_size(max_steps), bool(has_aux), bool(stop_at_first_converged))

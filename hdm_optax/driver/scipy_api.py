@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _common
+from hdm_optax.driver import closure
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import compiled as solve_lib
@@ -452,8 +453,11 @@ def minimize(
   user = _SciPyCallback(callback) if callback is not None else None
   watch = watch_lib.make_watch(user, progress, ftol=True)
   traced = solve_lib._under_trace(x0, args, lower, upper, gtol)  # pylint: disable=protected-access
+  program = objective
+  if not traced and not objective.host:  # the arrays fun reads now enter as arguments
+    program, args = closure.hoist(objective, x0, args)
   run = _minimize if traced else _minimize_jit
-  static = (objective, method, opts["maxiter"], opts["maxcor"], watch)
+  static = (program, method, opts["maxiter"], opts["maxcor"], watch)
   res = run(*static, x0, args, lower, upper, limits)
   res = solve_lib._cut(res, opts["maxiter"])  # pylint: disable=protected-access
   return _scipy_fields(res, objective, x0, traced)

@@ -1,0 +1,246 @@
+"""Arrays an objective closes over are read at each call (driver/closure.py).
+
+``solve``, ``minimize`` and ``sweep`` compile one program per configuration; the arrays
+``fun`` reads from outside its arguments (closure cells, module globals, a bound method's
+object, an equinox Module, a pytree, a NumPy array changed in place) enter it as
+arguments, so rebinding them to new data of the same shapes gives the new data's answer,
+without a new compile.
+"""
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import hdm_optax
+from helpers import Compilations
+from hdm_optax.driver import compiled as solve_lib
+from hdm_optax.driver import scipy_api
+
+X0 = jnp.zeros(3)
+FIRST, SECOND = jnp.array([1.0, -2.0, 3.0]), jnp.array([-4.0, 5.0, 0.5])
+SGD = optax.sgd(1.0)  # one step from X0 to the target of f(x) = ||x - c||^2 / 2
+
+
+def _half_square(x, c):
+  return 0.5 * jnp.sum((x - c) ** 2)
+
+
+# --- the scenarios: each returns (fun, rebind); rebind(c) makes fun's target c ----------
+
+TARGET = FIRST
+
+
+def _reads_global(x):
+  return _half_square(x, TARGET)
+
+
+def global_case():
+  def rebind(c):
+    global TARGET  # pylint: disable=global-statement
+    TARGET = c
+
+  rebind(FIRST)
+  return _reads_global, rebind
+
+
+def cell_case():
+  c = FIRST
+
+  def fun(x):
+    return _half_square(x, c)
+
+  def rebind(new):
+    nonlocal c
+    c = new
+
+  return fun, rebind
+
+
+class Holder:
+  def __init__(self, c):
+    self.c = c
+
+  def loss(self, x):
+    return _half_square(x, self.c)
+
+
+def bound_method_case():
+  holder = Holder(FIRST)
+  return holder.loss, lambda c: setattr(holder, "c", c)
+
+
+class Model(eqx.Module):
+  c: jax.Array
+
+  def __call__(self, x):
+    return _half_square(x, self.c)
+
+
+def equinox_closure_case():
+  model = Model(FIRST)
+
+  def rebind(c):
+    nonlocal model
+    model = eqx.tree_at(lambda m: m.c, model, c)
+
+  return (lambda x: model(x)), rebind
+
+
+def pytree_case():
+  """A dict of a float target and an integer permutation (not only float constants)."""
+  tree = {"c": FIRST[::-1], "perm": jnp.array([2, 1, 0])}
+
+  def rebind(c):
+    tree["c"], tree["perm"] = c[jnp.array([1, 2, 0])], jnp.array([2, 0, 1])
+
+  return (lambda x: _half_square(x, tree["c"][tree["perm"]])), rebind
+
+
+def numpy_in_place_case():
+  c = np.array(FIRST)
+  fun = functools.partial(lambda x, c: _half_square(x, c), c=c)
+
+  def rebind(new):
+    c[:] = np.asarray(new)
+
+  return fun, rebind
+
+
+CASES = [
+  global_case,
+  cell_case,
+  bound_method_case,
+  equinox_closure_case,
+  pytree_case,
+  numpy_in_place_case,
+]
+IDS = [case.__name__.removesuffix("_case") for case in CASES]
+
+
+def _sgd(learning_rate):
+  return optax.sgd(learning_rate)
+
+
+DRIVERS = {
+  "solve": (
+    lambda fun: hdm_optax.solve(SGD, fun, X0, max_steps=5).params,
+    solve_lib._solve_jit,  # pylint: disable=protected-access
+  ),
+  "minimize": (
+    lambda fun: hdm_optax.minimize(fun, X0, max_steps=50).params,
+    scipy_api._minimize_jit,  # pylint: disable=protected-access
+  ),
+  "sweep": (
+    lambda fun: hdm_optax.sweep(
+      _sgd, {"learning_rate": [1.0]}, fun, X0, max_steps=5
+    ).results.params[0],
+    solve_lib._sweep_jit,  # pylint: disable=protected-access
+  ),
+}
+
+
+@pytest.mark.parametrize("driver", list(DRIVERS))
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_rebound_data_is_solved_without_a_new_compile(case, driver):
+  run, program = DRIVERS[driver]
+  fun, rebind = case()
+  np.testing.assert_allclose(run(fun), FIRST, atol=1e-5)
+  before = program._cache_size()  # pylint: disable=protected-access
+  rebind(SECOND)
+  np.testing.assert_allclose(run(fun), SECOND, atol=1e-5)  # main: FIRST again
+  assert program._cache_size() == before  # pylint: disable=protected-access
+
+
+def test_an_equinox_module_is_the_objective():
+  """A Module as ``fun`` (main could not hash it); a new Module of one structure reuses the
+  program."""
+  first = hdm_optax.solve(SGD, Model(FIRST), X0, max_steps=5)
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  second = hdm_optax.solve(SGD, Model(SECOND), X0, max_steps=5)
+  np.testing.assert_allclose(first.params, FIRST)
+  np.testing.assert_allclose(second.params, SECOND)
+  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access
+
+
+SCALE = 1.0
+
+
+def _scaled(x):
+  return SCALE * _half_square(x, FIRST)
+
+
+def test_a_changed_python_number_compiles_anew_rather_than_answering_stale():
+  global SCALE  # pylint: disable=global-statement
+  sgd = optax.sgd(0.5)
+  run = lambda: hdm_optax.solve(sgd, _scaled, X0, max_steps=1, tol=0.0).params
+  np.testing.assert_allclose(run(), 0.5 * FIRST)  # x1 = x0 - 0.5 * SCALE * (x0 - c)
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  SCALE = 2.0
+  try:
+    np.testing.assert_allclose(run(), FIRST)
+  finally:
+    SCALE = 1.0
+  assert solve_lib._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+
+
+def test_functions_in_fun_args_with_aux_and_pytree_params():
+  """A function in ``fun_args`` (main: not a valid JAX type) whose own closure is read at
+  each call; ``has_aux`` and pytree params."""
+  target = {"a": FIRST, "b": SECOND[:2]}
+
+  def loss(p):
+    return _half_square(p["a"], target["a"]) + _half_square(p["b"], target["b"])
+
+  fun = lambda p, inner: (inner(p), {"sum": jnp.sum(p["a"])})
+  x0 = {"a": X0, "b": jnp.zeros(2)}
+  run = lambda: hdm_optax.solve(SGD, fun, x0, max_steps=5, fun_args=(loss,), has_aux=True)
+  first = run()
+  target["a"] = SECOND
+  second = run()
+  np.testing.assert_allclose(first.params["a"], FIRST)
+  np.testing.assert_allclose(second.params["a"], SECOND)
+  np.testing.assert_allclose(second.aux["sum"], jnp.sum(SECOND))
+
+
+def test_hoist_signature_ignores_new_constants_and_sees_literals():
+  from hdm_optax.driver import closure  # pylint: disable=import-outside-toplevel
+
+  a = jnp.ones(2)
+  fun = lambda x: jnp.sum(a * x) + 1.5
+  first, _ = closure.hoist(fun, jnp.ones(2), ())
+  a = jnp.zeros(2)
+  again, (consts,) = closure.hoist(fun, jnp.ones(2), ())
+  assert again == first and hash(again) == hash(first) and consts[0] is a
+  other, _ = closure.hoist(lambda x: jnp.sum(a * x) + 2.5, jnp.ones(2), ())
+  assert other != first
+  nan = lambda x: jnp.sum(x) * jnp.nan  # a NaN literal equals itself
+  assert closure.hoist(nan, jnp.ones(2), ())[0] == closure.hoist(nan, jnp.ones(2), ())[0]
+
+
+@pytest.mark.parametrize("case", [global_case, bound_method_case], ids=["global", "bound_method"])
+def test_value_and_grad_from_state_reads_rebound_data(case):
+  fun, rebind = case()
+  opt = optax.chain(hdm_optax.hdm_best(lipschitz=1.0), optax.scale(0.5))  # cache not used
+  value_and_grad = hdm_optax.value_and_grad_from_state(fun)
+  state = opt.init(X0)
+  np.testing.assert_allclose(value_and_grad(X0, state=state)[1], -FIRST)
+  rebind(SECOND)
+  with Compilations() as compiled:
+    np.testing.assert_allclose(value_and_grad(X0, state=state)[1], -SECOND)  # main: -FIRST
+  assert compiled.count == 0
+
+
+def test_a_bound_method_accessed_at_each_call_reuses_the_program():
+  """``holder.loss`` is a new object at each access; equal ones share the program, as
+  ``jax.jit``'s static arguments do."""
+  holder = Holder(FIRST)
+  hdm_optax.solve(SGD, holder.loss, X0, max_steps=5)
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  holder.c = SECOND
+  np.testing.assert_allclose(hdm_optax.solve(SGD, holder.loss, X0, max_steps=5).params, SECOND)
+  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access
