@@ -23,6 +23,7 @@ hashable.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -105,6 +106,13 @@ def _like(grad, x):
   return jax.tree.unflatten(treedef, out)
 
 
+def _zero_cotangent(leaf):
+  """A zero cotangent for ``leaf`` (float0 for integer and boolean arrays, as JAX wants)."""
+  if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+    return jnp.zeros_like(leaf)
+  return np.zeros(jnp.shape(leaf), jax.dtypes.float0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
   """``f(x, *dynamic_args)``: SciPy's ``fun`` / ``jac`` for :func:`hdm_optax.solve`.
@@ -128,17 +136,19 @@ class Objective:
   eps: float = 1e-8
 
   def __call__(self, x, *dynamic):
-    args = _merge(self.layout, dynamic)
     dtype = jax.tree.leaves(x)[0].dtype
+    if self.jac is None and not self.host:
+      return _scalar(self.fun(x, *_merge(self.layout, dynamic)), dtype)
+    return self._custom(functools.partial(self._value_and_grad, dtype=dtype), x, dynamic)
+
+  def _value_and_grad(self, x, dynamic, *, dtype):
+    """``(f(x), grad f(x))`` from the user's ``fun`` and ``jac`` (or on the host)."""
     if self.host:
-      return self._custom(lambda x: self._on_host(x, dynamic, dtype), x)
-    if self.jac is None:
-      return _scalar(self.fun(x, *args), dtype)
+      return self._on_host(x, dynamic, dtype)
+    args = _merge(self.layout, dynamic)
     if self.jac is True:
-      pair = lambda x: self._pair(self.fun(x, *args), x, dtype)
-    else:
-      pair = lambda x: (_scalar(self.fun(x, *args), dtype), _like(self.jac(x, *args), x))
-    return self._custom(pair, x)
+      return self._pair(self.fun(x, *args), x, dtype)
+    return _scalar(self.fun(x, *args), dtype), _like(self.jac(x, *args), x)
 
   @staticmethod
   def _pair(out, x, dtype):
@@ -149,22 +159,28 @@ class Objective:
     return _scalar(out[0], dtype), _like(out[1], x)
 
   @staticmethod
-  def _custom(pair, x):
-    """f with the gradient of ``pair(x) -> (value, grad)``: one call per oracle call."""
+  def _custom(pair, x, dynamic):
+    """f with the gradient of ``pair(x, dynamic) -> (value, grad)``: one call per oracle call.
+
+    ``dynamic`` is an argument, not closed over, so that the function can be traced and
+    its trace evaluated with new arrays (:func:`hdm_optax.driver.closure.hoist`). The user's
+    ``jac`` gives the derivative in x only: the one in ``dynamic`` is reported as zero.
+    """
 
     @jax.custom_vjp
-    def f(x):
-      return pair(x)[0]
+    def f(x, dynamic):
+      return pair(x, dynamic)[0]
 
-    def forward(x):
-      value, grad = pair(x)
-      return value, grad
+    def forward(x, dynamic):
+      value, grad = pair(x, dynamic)
+      return value, (grad, dynamic)
 
-    def backward(grad, cotangent):
-      return (jax.tree.map(lambda g: cotangent * g, grad),)
+    def backward(residual, cotangent):
+      grad, dynamic = residual
+      return jax.tree.map(lambda g: cotangent * g, grad), jax.tree.map(_zero_cotangent, dynamic)
 
     f.defvjp(forward, backward)
-    return f(x)
+    return f(x, dynamic)
 
   def _on_host(self, x, dynamic, dtype):
     shapes = (
