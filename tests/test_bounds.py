@@ -15,6 +15,7 @@ import pytest
 import hdm_optax
 from hdm_optax.driver import scipy_api as minimize_lib
 from hdm_optax.pieces import box as box_lib
+from hdm_optax.pieces.lbfgs import bounded
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import reference as ref
@@ -122,15 +123,10 @@ def test_unbounded_program_never_traces_the_box(monkeypatch):
   def poisoned(*args, **kwargs):
     raise AssertionError("the unbounded program traced a box function")
 
-  for name in (
-    "project",
-    "projected_step",
-    "free_mask",
-    "projected_gradient_norm",
-    "two_metric_step",
-    "restricted_memory",
-  ):
+  for name in ("project", "projected_step", "free_mask", "projected_gradient_norm"):
     monkeypatch.setattr(box_lib, name, poisoned)
+  for name in ("free_part", "free_scaling", "two_metric_step", "restricted_memory"):
+    monkeypatch.setattr(bounded, name, poisoned)
   assert trace(hdm_optax.trial_lbfgs()) == before
   assert trace(hdm_optax.trial_lbfgs(lower=None, upper=None)) == before
   with pytest.raises(AssertionError, match="traced a box function"):
