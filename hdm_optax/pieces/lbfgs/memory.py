@@ -294,7 +294,7 @@ def two_loop_recursion(memory: SecantMemory, gamma, vector):
   Newest to oldest, then oldest to newest, skipping empty slots (:math:`\rho_i = 0`);
   2m dependent passes over v. It reads only ``s``, ``y`` and ``rho``, so it serves pairs
   changed for one update (the pairs restricted to a box's free variables,
-  :func:`hdm_optax.pieces.box.restricted_memory`), whose stored products
+  :func:`hdm_optax.pieces.lbfgs.bounded.restricted_memory`), whose stored products
   ``sy`` would be stale for the compact form of :func:`inverse_hessian_product`.
 
   Examples:
