@@ -22,9 +22,7 @@ References:
   keeps); Bertsekas, *Projected Newton methods for optimization problems with simple constraints*,
   SIAM J. Control Optim. 20(2), 1982 (the binding set, the two-metric projection); Byrd, Lu,
   Nocedal, Zhu, *A limited memory algorithm for bound constrained optimization*, SIAM J. Sci.
-  Comput. 16(5), 1995 (L-BFGS-B: the projected gradient test); Kim, Sra, Dhillon, *Tackling
-  box-constrained optimization via a new projected quasi-Newton approach*, SIAM J. Sci.
-  Comput. 32(6), 2010 (the quasi-Newton operator on the free variables).
+  Comput. 16(5), 1995 (L-BFGS-B: the projected gradient test).
 """
 
 from __future__ import annotations
@@ -35,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 
 __all__ = (
   "Box",
