@@ -797,7 +797,7 @@ def evidence_alpha(
   hi=0.5,
   agree=3.0,
 ):
-  """hdm_optax.pieces.step_control.evidence_step's alpha after one trial, case by case."""
+  """hdm_optax.pieces.lbfgs.step_rule.evidence_step's alpha after one trial, case by case."""
   if not finite:
     return alpha * shrink
   if accepted:
@@ -811,11 +811,6 @@ def evidence_alpha(
   if _agree(f0, f1, d0, d1, agree):
     t = t / _secant_t(d0, d1)
   return alpha * (min(max(t, lo), hi) if math.isfinite(t) else shrink)
-
-
-def capped_alpha(alpha, f0, f1, d0, d1, finite, accepted, *, shrink=0.5, grow=1.5, cap=1.0):
-  """The committed rule before evidence_step: halve, or grow up to ``cap`` (1 unbounded)."""
-  return min(cap, alpha * grow) if accepted else alpha * shrink
 
 
 def trial_lbfgs_reference(
@@ -897,10 +892,8 @@ def trial_lbfgs_box_reference(
   kept pair restricted to the F it was proposed on (the full pair's where <s_F, y_F> <= 0),
   its first value min(1, 1/||g_F||). d = H_F g_F on F and gamma g elsewhere; the step is clip(x - alpha d)
   - x, or clip(x - alpha gamma g) - x where <g, step> >= 0. Pairs (step, g+ - g) and the
-  acceptance are the unbounded method's; after an accepted trial alpha <- min(cap, grow
-  alpha) with cap = inf where <s, y> <= 0 and each moving variable has a finite bound in
-  its direction, 1 otherwise (the capped rule's cap; the default ``alpha_rule``,
-  :func:`evidence_alpha`, has none). ``rule``: ``pair_tol``, ``band``, ``curvature``,
+  acceptance are the unbounded method's, alpha ``alpha_rule``'s (default
+  :func:`evidence_alpha`). ``rule``: ``pair_tol``, ``band``, ``curvature``,
   ``agree`` and ``alpha_rule``, as :func:`trial_lbfgs_reference`'s.
   """
   defaults = dict(pair_tol=1e-10, band=1e-10, curvature=0.9, agree=3.0, alpha_rule=evidence_alpha)
@@ -929,7 +922,7 @@ def trial_lbfgs_box_reference(
       step = np.clip(x - alpha * g0 * g, lower, upper) - x
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1
-    accepted, cap = False, 1.0
+    accepted = False
     d0 = d1 = math.nan
     if finite:
       accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
@@ -938,13 +931,7 @@ def trial_lbfgs_box_reference(
       sy_free = float(np.where(free, step, 0.0) @ np.where(free, y, 0.0))
       if kept and accepted and sy_free > 0:  # the scale of the pair restricted to F
         gamma = sy_free / float(np.where(free, y, 0.0) @ np.where(free, y, 0.0))
-      up, down = step > 0, step < 0
-      blocked = np.all(~(up | down) | (up & (upper < np.inf)) | (down & (lower > -np.inf)))
-      cap = np.inf if (sy <= 0 and blocked) else 1.0
-    if alpha_rule is capped_alpha:
-      alpha = capped_alpha(alpha, fx, f_t, d0, d1, finite, accepted, cap=cap)
-    else:
-      alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
+    alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if accepted:
       x, fx, g = x + step, f_t, g_t
     _append(out, xs=x.copy(), values=fx, accepted=accepted, calls=calls, alphas=alpha)

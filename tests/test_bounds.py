@@ -6,6 +6,8 @@ list stay in the box; ``bounds=None`` leaves the unbounded program as it was (th
 functions are never traced); a vmapped batch of bounded problems is one program.
 """
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import hdm_optax
 from hdm_optax.driver import scipy_api as minimize_lib
 from hdm_optax.pieces import box as box_lib
+from hdm_optax.pieces.lbfgs import bounded
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import reference as ref
@@ -126,19 +129,42 @@ def test_unbounded_program_never_traces_the_box(monkeypatch):
   def poisoned(*args, **kwargs):
     raise AssertionError("the unbounded program traced a box function")
 
-  for name in (
-    "project",
-    "projected_step",
-    "free_mask",
-    "projected_gradient_norm",
-    "two_metric_step",
-    "restricted_memory",
-  ):
+  for name in ("project", "projected_step", "free_mask", "projected_gradient_norm"):
     monkeypatch.setattr(box_lib, name, poisoned)
+  for name in ("free_part", "free_scaling", "two_metric_step", "restricted_memory"):
+    monkeypatch.setattr(bounded, name, poisoned)
   assert trace(hdm_optax.trial_lbfgs()) == before
   assert trace(hdm_optax.trial_lbfgs(lower=None, upper=None)) == before
   with pytest.raises(AssertionError, match="traced a box function"):
     trace(hdm_optax.trial_lbfgs(lower=0.0))
+
+
+def test_one_free_set_per_update(monkeypatch):
+  """A bounded update computes the free set once and hands it on (the step, H_0's first
+  scale and the pair's gamma read it)."""
+  calls = []
+  free_mask = box_lib.free_mask
+  monkeypatch.setattr(box_lib, "free_mask", lambda *a: calls.append(1) or free_mask(*a))
+  fun = lambda x: jnp.sum((x - 2.0) ** 2)
+  opt, x = hdm_optax.trial_lbfgs(lower=0.0, upper=1.0), jnp.ones(3)
+  value, grad = jax.value_and_grad(fun)(x)
+  jax.make_jaxpr(lambda s: opt.update(grad, s, x, value=value, grad=grad, value_fn=fun))(
+    opt.init(x)
+  )
+  assert len(calls) == 1
+
+
+def test_the_driver_finds_a_box_by_its_type():
+  """held_box finds a Box wherever a state holds it, under any field name."""
+
+  class Holder(NamedTuple):
+    bounds: Any
+
+  box = box_lib.make_box(jnp.zeros(2), 0.0, 1.0)
+  assert box_lib.held_box(Holder(box), Holder(box)) is box
+  assert box_lib.held_box(Holder(None), Holder(None)) is None
+  with pytest.raises(ValueError, match="last one of the chain"):
+    box_lib.held_box((Holder(box), Holder(None)), Holder(None))
 
 
 def test_infeasible_start_is_projected_and_pytrees_with_scalars():

@@ -21,7 +21,8 @@ from hdm_optax.methods import (
   _trial_lbfgs,
 )
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
-from hdm_optax.pieces import hypergradient, learners, momentum, secant, shell, step_control
+from hdm_optax.pieces import hypergradient, learners, momentum, shell, step_control
+from hdm_optax.pieces.lbfgs import bounded, direction, memory, step_rule
 from hdm_optax.driver import cache, closure, compiled, loops, scipy_api
 
 PIECES = [
@@ -35,9 +36,12 @@ PIECES = [
   hypergradient,
   learners,
   momentum,
-  secant,
   shell,
   step_control,
+  bounded,
+  direction,
+  memory,
+  step_rule,
 ]
 
 ROOT = Path(__file__).resolve().parents[1]

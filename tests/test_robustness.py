@@ -648,5 +648,5 @@ def test_a_finite_damped_trial_carries_the_damping_into_p(name):
     value, grad = jax.value_and_grad(fun)(x)
     updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
     x = x + updates
-  assert bool(state.info.accepted) and float(state.control) == 1.0
+  assert bool(state.info.accepted) and float(state.rule) == 1.0
   np.testing.assert_allclose(jnp.max(state.direction.precond), 0.5, rtol=1e-6)

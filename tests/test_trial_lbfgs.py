@@ -7,8 +7,9 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.pieces import shell, step_control
-from hdm_optax.pieces import secant as tl
+from hdm_optax.pieces import shell
+from hdm_optax.pieces.lbfgs import memory as tl
+from hdm_optax.pieces.lbfgs import step_rule
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends
@@ -193,7 +194,7 @@ def _flat(tree):
 )
 @pytest.mark.parametrize("initial", ["scalar", "diagonal"])
 def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
-  """two_loop (compact form) against the two-loop recursion on random pairs of a dict pytree
+  """inverse_hessian_product (compact form) against the two-loop recursion on random pairs of a dict pytree
   (leaves (3, 4), (5,), ()), memory m = 5: empty slots, a wrapped head, declined pairs, reset;
   H_0 = 0.7 I or a diagonal spanning 1e-2..1e2 (H_0 = diag(h))."""
   rng = np.random.default_rng(len(history))
@@ -212,7 +213,7 @@ def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
   h0 = jnp.asarray(0.7, dtype)
   if initial == "diagonal":
     h0 = {k: jnp.asarray(10.0 ** rng.uniform(-2, 2, shape), dtype) for k, shape in shapes.items()}
-  got = jax.jit(tl.two_loop)(mem, h0, v)
+  got = jax.jit(tl.inverse_hessian_product)(mem, h0, v)
   assert jax.tree.structure(got) == jax.tree.structure(v)
   assert all(
     g.dtype == dtype and g.shape == x.shape
@@ -230,7 +231,7 @@ def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
     # 1e4) the recursion's own residual is 1.6e-4 relative, the compact form's 5e-4.
     rtol = 2e-3 if (dtype == jnp.float32 and initial == "diagonal") else rtol
     newest = (int(mem.head) - 1) % 5
-    h_y = jax.jit(tl.two_loop)(mem, h0, {k: a[newest] for k, a in mem.y.items()})
+    h_y = jax.jit(tl.inverse_hessian_product)(mem, h0, {k: a[newest] for k, a in mem.y.items()})
     s_k = _flat({k: a[newest] for k, a in mem.s.items()})
     np.testing.assert_allclose(_flat(h_y), s_k, rtol=rtol, atol=rtol * np.max(np.abs(s_k)))
 
@@ -240,22 +241,20 @@ def test_compact_two_loop_matches_the_recursion(history, dtype, initial):
 def test_compact_form_triangular_solves(m, transpose):
   """The compact form's solves with R (upper triangular): written out as scalar operations
   up to 16 pairs, ``triangular_solve`` above; both against NumPy, in float64."""
-  from hdm_optax.pieces import secant
-
   rng = np.random.default_rng(m)
   r = np.triu(rng.standard_normal((m, m))) / m + np.diag(rng.uniform(1, 2, m))
   b = rng.standard_normal(m)
-  got = jax.jit(secant._solve_upper, static_argnums=2)(jnp.asarray(r), jnp.asarray(b), transpose)
+  got = jax.jit(tl._solve_upper, static_argnums=2)(jnp.asarray(r), jnp.asarray(b), transpose)
   want = np.linalg.solve(r.T if transpose else r, b)
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
-  jaxpr = str(jax.make_jaxpr(secant._solve_upper, static_argnums=2)(r, b, transpose))
-  assert ("triangular_solve" in jaxpr) == (m > secant._UNROLLED_SOLVE)
+  jaxpr = str(jax.make_jaxpr(tl._solve_upper, static_argnums=2)(r, b, transpose))
+  assert ("triangular_solve" in jaxpr) == (m > tl._UNROLLED_SOLVE)
 
 
 def test_two_loop_is_the_recursion_where_n_is_at_most_m():
   """JENSMP (CUTEst, n = 2) with m = 10: more pairs than dimensions, so the compact form's
   triangular matrix is singular up to rounding (its H g erred by 1.7e-3 relative on these
-  states); two_loop takes the recursion there and matches the NumPy recursion."""
+  states); inverse_hessian_product takes the recursion there and matches the NumPy recursion."""
 
   def jensmp(x):
     i = jnp.arange(1.0, 11.0)
@@ -274,7 +273,7 @@ def test_two_loop_is_the_recursion_where_n_is_at_most_m():
   value, grad = jax.value_and_grad(jensmp)(x0)
   start = (x0, opt.init(x0)._replace(value=value, grad=grad))
   _, states = jax.jit(lambda c: jax.lax.scan(step, c, None, length=150))(start)
-  two_loop = jax.jit(tl.two_loop)
+  two_loop = jax.jit(tl.inverse_hessian_product)
   checked = 0
   for k in range(150):
     mem = jax.tree.map(lambda a: a[k], states.direction.memory)
@@ -354,7 +353,7 @@ def test_non_finite_trial_changes_nothing_but_alpha():
   assert not np.any(np.asarray(upd))
   assert float(new.value) == float(value) and np.array_equal(new.grad, grad)
   assert int(new.direction.memory.head) == 0 and not np.any(np.asarray(new.direction.memory.rho))
-  assert float(new.control) == 0.5 and not bool(new.info.accepted)
+  assert float(new.rule) == 0.5 and not bool(new.info.accepted)
   res = hdm_optax.solve(opt, fun, x0, max_steps=200, tol=1e-8)
   assert bool(res.converged)
 
@@ -405,8 +404,6 @@ def test_float32_and_strict_promotion():
   [
     dict(memory_size=0),
     dict(memory_size=2.5),
-    dict(shrink=1.0),
-    dict(agree=0.5),
     dict(pair_tol=-1.0),
     dict(diagonal="pairs"),
   ],
@@ -463,22 +460,33 @@ def test_float32_converges_where_steps_fall_below_1024_eps_of_x():
   assert float(jnp.linalg.norm(res.params)) > 20  # the regime the test is about
 
 
-def _update(rule, alpha, *, value, trial_value, slope, trial_slope, finite, accepted, restart):
-  """One update of a step control: a one-variable step s = 1, so <g, s> = g and <g+, s> = g+."""
-  ctx = shell.Context(None, None, jnp.asarray(value), jnp.array([slope]), 0, alpha, None)
-  trial = shell.Trial(
-    jnp.array([1.0]), jnp.asarray(trial_value), jnp.array([trial_slope]), finite, True
+def _judge(rule, alpha, *, value, trial_value, slope, trial_slope, finite):
+  """One verdict of a step rule on a trial along s with slopes d0 = ``slope``, d1 = ``trial_slope``."""
+  evidence = shell.Evidence(
+    jnp.asarray(value),
+    jnp.asarray(trial_value),
+    None,
+    None,
+    None,
+    jnp.asarray(slope),
+    jnp.asarray(trial_slope),
+    jnp.asarray(finite),
+    jnp.asarray(False),
   )
-  learned = shell.Learned(None, jnp.asarray(restart), 0.0)
-  return float(rule.update(jnp.asarray(alpha), trial, accepted=accepted, learned=learned, ctx=ctx))
+  return rule.judge(jnp.asarray(alpha), evidence)
 
 
 def _trial(alpha=1.0, **kw):
-  """One update of evidence_step from alpha with f = 1, slope -1 unless said."""
+  """alpha after one trial judged by evidence_step from alpha, with f = 1, slope -1 unless said.
+
+  ``accepted`` is what the rule decided (checked); ``restart`` is the shell's (alpha = 1).
+  """
   args = dict(value=1.0, trial_value=0.5, slope=-1.0, trial_slope=-0.5, finite=True)
-  args.update(accepted=True, restart=False)
+  accepted, restart = kw.pop("accepted", True), kw.pop("restart", False)
   args.update(kw)
-  return _update(step_control.evidence_step(), alpha, **args)
+  verdict = _judge(step_rule.evidence_step(), alpha, **args)
+  assert bool(verdict.accepted) == accepted
+  return 1.0 if restart else float(verdict.state)
 
 
 def test_evidence_step_extrapolates_only_while_the_slope_stays_steep():
@@ -503,37 +511,27 @@ def test_evidence_step_interpolates_after_a_null_step():
   wall = _trial(1.0, accepted=False, trial_value=1e8, slope=-1.0, trial_slope=1e9)
   assert 0.1 <= wall <= 0.5
   assert _trial(1.0, accepted=False, finite=False) == 0.5  # non-finite: shrink
-  assert not bool(step_control.models_agree(1.0, 1e8, -1.0, 1e9, 4.0))
-  assert bool(step_control.models_agree(1.0, 2.0, -1.0, 3.0, 4.0))
+  assert not bool(step_rule.models_agree(1.0, 1e8, -1.0, 1e9, 4.0))
+  assert bool(step_rule.models_agree(1.0, 2.0, -1.0, 3.0, 4.0))
 
 
-def test_capped_step_is_the_former_rule():
-  rule = step_control.capped_step()
-  update = lambda a, acc: _update(
-    rule,
-    a,
-    value=1.0,
-    trial_value=0.5,
-    slope=-1.0,
-    trial_slope=-0.99,
-    finite=True,
-    accepted=acc,
-    restart=False,
-  )
-  assert update(1.0, True) == 1.0 and update(0.5, True) == 0.75 and update(1.0, False) == 0.5
+def test_evidence_step_keeps_a_rejected_pair_only_where_the_models_agree():
+  """keep_pair: always after an accepted trial; after a rejected one, only where the cubic
+  and the secant agree on the minimum along s (the quadratic: yes; the wall: no)."""
+  rule = step_rule.evidence_step()
+  quadratic = dict(value=1.0, trial_value=2.0, slope=-1.0, trial_slope=3.0, finite=True)
+  wall = dict(value=1.0, trial_value=1e8, slope=-1.0, trial_slope=1e9, finite=True)
+  steep = dict(value=1.0, trial_value=0.5, slope=-1.0, trial_slope=-0.95, finite=True)
+  assert bool(_judge(rule, 1.0, **quadratic).keep_pair)
+  assert not bool(_judge(rule, 1.0, **wall).keep_pair)
+  assert bool(_judge(rule, 1.0, **steep).keep_pair)
 
 
-def test_the_former_rule_matches_the_reference():
-  """step_control=capped_step(): the reference with the halving rule, 30 float64 steps."""
-  data, _ = problems.make_problem("quadratic", seed=3)
-  f, grad = problems.np_oracle(data)
-  fun = lambda x: problems.jax_objective(data)(x)
-  x0 = 3.0 * problems.x_start(2)
-  want = ref.trial_lbfgs_reference(f, grad, x0, 30, memory_size=3, alpha_rule=ref.capped_alpha)
-  opt = hdm_optax.trial_lbfgs(3, step_control=step_control.capped_step())
-  _, (xs, _, accepted) = _run(opt, fun, jnp.asarray(x0), 30)
-  np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
-  np.testing.assert_allclose(np.asarray(xs), np.asarray(want["xs"]), rtol=1e-8, atol=1e-10)
+def test_bad_step_rule_arguments():
+  with pytest.raises(ValueError, match="shrink"):
+    step_rule.evidence_step(shrink=1.0)
+  with pytest.raises(ValueError, match="agree"):
+    step_rule.evidence_step(agree=0.5)
 
 
 def _cliff(x):
@@ -548,8 +546,13 @@ def test_a_trial_into_a_wall_does_not_collapse_the_operator():
   secant disagree), the run converges."""
   x0 = jnp.array([0.0, -1.0])
   res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _cliff, x0, max_steps=300, tol=1e-4)
-  old = hdm_optax.trial_lbfgs(step_control=step_control.capped_step(), agree=1e300)
-  stuck = hdm_optax.solve(old, _cliff, x0, max_steps=300, tol=1e-4)
+  rule = step_rule.evidence_step()
+  trusting = rule._replace(  # keeps every pair, the wall's too
+    judge=lambda alpha, evidence: rule.judge(alpha, evidence)._replace(keep_pair=True)
+  )
+  stuck = hdm_optax.solve(
+    hdm_optax.trial_lbfgs(step_rule=trusting), _cliff, x0, max_steps=300, tol=1e-4
+  )
   assert bool(res.converged) and int(res.num_grad_evals) < 100
   assert not bool(stuck.converged)
 
@@ -623,10 +626,10 @@ def test_rotation_leaves_the_steps_and_a_diagonal_scaling_does_not():
 def test_substitution_loop_is_the_written_out_substitution_bit_for_bit(dtype, transpose):
   """On a CPU the compact form's solves run as a loop over the rows (fewer kernels to
   compile); the loop makes the written-out substitution's operations in its order."""
-  from hdm_optax.pieces import secant
+  from hdm_optax.pieces.lbfgs import memory
 
-  loop = jax.jit(secant._substitution_loop, static_argnums=2)
-  unrolled = jax.jit(secant._substitution_unrolled, static_argnums=2)
+  loop = jax.jit(memory._substitution_loop, static_argnums=2)
+  unrolled = jax.jit(memory._substitution_unrolled, static_argnums=2)
   for m in (1, 2, 10):
     rng = np.random.default_rng(m)
     for _ in range(20):

@@ -361,9 +361,7 @@ def solve(
       copy of its state (the block's start): 21 instead of 15 vectors of n in
       the compiled ``solve(hdm_auto())``. On a GPU the test of the loop's
       condition is a round trip to the host, but copying the block's start
-      costs about as much: on an H200, ``check_every=8`` took 1.06 (n = 1e6)
-      and 1.01 (n = 1e7) times the time of ``check_every=1``
-      (``docs/accelerators.md``), so the default is 1 on every backend.
+      costs about as much, so the default is 1 on every backend.
     callback: ``callback(snapshot)``, called on the host after every step
       with a :class:`hdm_optax.driver.watch.Snapshot` (params, value,
       grad norm, steps, calls, null steps, status), from the compiled program

@@ -284,7 +284,7 @@ def _inf_norm(tree):
 
 
 def _box(opt_state):
-  return box_lib.find_box(opt_state, cache_lib.cache_at_params(opt_state))
+  return box_lib.held_box(opt_state, cache_lib.cache_at_params(opt_state))
 
 
 def converged_status(opt_state) -> Status:

@@ -122,6 +122,5 @@ def hdm(
   return shell.iteration(
     "hdm",
     direction,
-    acceptance=acceptance if null_step else acceptance_lib.always(),
-    step_control=step_control_lib.damping(),
+    step_rule=step_control_lib.damping(acceptance if null_step else acceptance_lib.always()),
   )

@@ -140,6 +140,5 @@ def hdm_auto(
   return shell.iteration(
     "hdm_auto",
     direction,
-    acceptance=acceptance_lib.resolved_decrease(),
-    step_control=step_control_lib.damping(),
+    step_rule=step_control_lib.damping(acceptance_lib.resolved_decrease()),
   )

@@ -207,8 +207,9 @@ def hdm_best(
   return shell.iteration(
     "hdm_best",
     direction,
-    acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,
-    step_control=step_control_lib.damping(),
+    step_rule=step_control_lib.damping(
+      acceptance_lib.resolved_decrease() if acceptance is None else acceptance
+    ),
   )
 
 

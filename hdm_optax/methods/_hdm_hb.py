@@ -124,6 +124,4 @@ def hdm_hb(
     omega=omega,
     denominator=hypergradient_lib.fixed_tau(tau),
   )
-  return shell.iteration(
-    "hdm_hb", direction, acceptance=acceptance, step_control=step_control_lib.damping()
-  )
+  return shell.iteration("hdm_hb", direction, step_rule=step_control_lib.damping(acceptance))

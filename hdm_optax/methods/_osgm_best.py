@@ -136,6 +136,5 @@ def osgm_best(
   return shell.iteration(
     "osgm_best",
     direction,
-    acceptance=acceptance_lib.resolved_decrease(),
-    step_control=step_control_lib.damping(),
+    step_rule=step_control_lib.damping(acceptance_lib.resolved_decrease()),
   )

@@ -7,11 +7,10 @@ from typing import Any, Callable, Optional
 import optax
 
 from hdm_optax import _common
-from hdm_optax.pieces import acceptance as acceptance_lib
-from hdm_optax.pieces import secant as secant_lib
 from hdm_optax.pieces import shell
-from hdm_optax.pieces import directions as directions_lib
-from hdm_optax.pieces import step_control as step_control_lib
+from hdm_optax.pieces.lbfgs import direction as direction_lib
+from hdm_optax.pieces.lbfgs import memory as memory_lib
+from hdm_optax.pieces.lbfgs import step_rule as step_rule_lib
 
 __all__ = ("trial_lbfgs",)
 
@@ -20,117 +19,84 @@ __all__ = ("trial_lbfgs",)
 def trial_lbfgs(
   memory_size: int = 10,
   *,
-  shrink: Any = 0.5,
   pair_tol: Any = 1e-10,
-  agree: Any = 3.0,
-  step_control: Optional[shell.StepControl] = None,
+  step_rule: Optional[shell.StepRule] = None,
   lower: Any = None,
   upper: Any = None,
-  diagonal: Optional[Callable[..., tuple[Any, Any]]] = secant_lib.pairs_diagonal(),
+  diagonal: Optional[Callable[..., tuple[Any, Any]]] = memory_lib.pairs_diagonal(),
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
   Each update evaluates f and grad f once, at the trial point
 
   .. math::
-    x^+ = x - \alpha H_m \nabla f(x),
+    x^+ = x - \alpha H_m u,
 
-  where :math:`H_m` is the L-BFGS inverse-Hessian operator (:func:`hdm_optax.pieces.secant.two_loop`)
-  of the last m secant pairs :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla
-  f(x))`, one from every finite trial, kept when
-  :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` (nonconvex problems give
-  pairs of negative curvature) and the trial was accepted or, rejected, its values and
-  slopes agree on where the minimum along s lies (within a factor ``agree``:
-  :func:`hdm_optax.pieces.step_control.models_agree`; the pair of a step into an
-  exponential wall says the minimum is 1e-11 of the way, and kept, it collapsed every later
-  step). :math:`H_0 = \gamma I` with
-  :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest
-  *accepted* kept pair (a long rejected trial in a direction of high
-  curvature would otherwise shrink every step outside the pairs' span), and
-  :math:`\gamma = \min(1, 1/\|\nabla f(x_0)\|)` before one exists (as
-  ``optax.scale_by_lbfgs``). Where the kept pairs show badly scaled coordinates,
-  :math:`H_0` is instead the diagonal :math:`h_i = \sqrt{\sum_k s_{ki}^2 / \sum_k y_{ki}^2}`
-  (``diagonal``, default :func:`hdm_optax.pieces.secant.pairs_diagonal`: two or more pairs
-  and :math:`\max h / \min h > 10^3`; only where n >= m: with more pairs than dimensions
-  the pairs determine the operator, and there the diagonal lost runs); it moves as the inverse Hessian does under
-  :math:`x \to f(D x)`, and solves Rosenbrock-10 rescaled by D over 1e-2..1e2 in 128 calls,
-  which neither :math:`\gamma I` nor ``optax.lbfgs()`` solves in 1000 (``docs/secant.md``).
-  The trial becomes the iterate when
-  :func:`hdm_optax.pieces.acceptance.curvature_checked` accepts it; otherwise x stays (HDM's null step).
-  alpha, the step control (``step_control``, default
-  :func:`hdm_optax.pieces.step_control.evidence_step`), is updated from what the trial
-  revealed: x4 while an accepted trial's slope along s is still steep
-  (:math:`\langle \nabla f(x^+), s\rangle < 0.9 \langle \nabla f(x), s\rangle`, up to
-  1e6), back to 1 after other accepted trials (or kept above 1, falling by the secant's
-  minimiser where the trial passed the minimum), and after a null step scaled by the
-  cubic's minimiser along s (relative to the secant's, which the new pair already
-  applies), safeguarded to [0.1, 0.5]; halved after a non-finite trial.
-  :func:`hdm_optax.pieces.step_control.capped_step` is the former rule (halve, grow x1.5
-  up to 1). A step shorter than
-  :math:`1024\,\epsilon_{64}\|x\|` (float64's eps, in every dtype) or a
-  trial whose gradient equals :math:`\nabla f(x)` carries no curvature: the
-  memory restarts (:math:`\gamma` from the gradient again, alpha = 1). With
-  the dtype's own eps, float32's threshold (1.2e-4 relative) caught the short
-  steps of ordinary convergence near a large x, and every restart ended in
-  null steps.
+  with u the incoming updates (:math:`\nabla f(x)` when ``trial_lbfgs`` is first or alone in
+  a chain) and :math:`H_m` the L-BFGS inverse-Hessian operator of the last m secant pairs
+  :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))`, one from every finite trial,
+  accepted or not. The trial becomes the iterate when the step rule accepts it; otherwise x
+  stays (HDM's null step). There is no line search and no argument to tune.
 
-  How it relates to HDM and L-BFGS. From HDM (Algorithm 1 and 4 of Chu et
-  al.) it keeps the trial point, the null step and the single oracle call
-  per iteration; it learns nothing by a hypergradient: the preconditioner P
-  of HDM is replaced by :math:`\alpha H_m`, which the secant pairs determine.
-  Learning alpha or a diagonal :math:`H_0` by HDM's hypergradient made it
-  worse on the development problems, or, gated as the pairs' diagonal is, slower than
-  it (``docs/secant.md``). From L-BFGS it
-  keeps the two-loop operator; it has no line search (L-BFGS spends extra
-  calls on it), takes pairs from rejected trials too (each is exact
-  curvature information along an explored direction), and accepts a trial on
-  the value and its slope instead of the Wolfe conditions.
+  The parts (:mod:`hdm_optax.pieces.lbfgs`):
 
-  Bounds (``lower=``, ``upper=``; ``docs/bounds.md``): the trial is projected onto the box,
-  :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (those not at a
-  bound with u pushing outward; :math:`H_F` the operator of the pairs restricted to them) and
-  :math:`\gamma u` on the binding ones (:func:`hdm_optax.pieces.box.two_metric_step`); the
-  pair's s is the projected step taken, gamma that of the newest accepted kept pair restricted
-  to the variables free when it was proposed (:func:`hdm_optax.pieces.box.free_scaling`: the
-  binding variables' gradient change made the free steps too short); one oracle call and the
-  null step are kept; after an accepted trial of non-positive curvature whose moving
-  variables all have a finite bound ahead, the former rule's alpha may grow past 1 (:func:`hdm_optax.pieces.box.step_cap`;
-  the default step control extrapolates there on its own). The box is held in the
-  state, where ``solve`` finds it: it projects an infeasible x0 and stops on the projected
-  gradient (status ``CONVERGED_IN_BOX``); the transformation must be last in a chain. Without
-  bounds the program is the unbounded one.
+  - the direction (:func:`~hdm_optax.pieces.lbfgs.direction.lbfgs_direction`): a pair is
+    kept when :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` and the step rule trusts
+    it; :math:`H_0 = \gamma I` with :math:`\gamma = \langle s, y\rangle / \langle y,
+    y\rangle` of the newest accepted kept pair (:math:`\min(1, 1/\|u\|)` before one exists,
+    as ``optax.scale_by_lbfgs``), or the diagonal :math:`h_i = \sqrt{\sum_k s_{ki}^2 /
+    \sum_k y_{ki}^2}` where the pairs show badly scaled coordinates (``diagonal``). A step
+    below :math:`1024\,\epsilon_{64}\|x\|` or a trial that leaves the gradient unchanged
+    carries no curvature: the memory restarts, and alpha is 1 again;
+  - the step rule (``step_rule``, default
+    :func:`~hdm_optax.pieces.lbfgs.step_rule.evidence_step`), from f, f+ and the slopes
+    :math:`\langle \nabla f(x), s\rangle`, :math:`\langle \nabla f(x^+), s\rangle`: it
+    accepts a trial that does not increase f, or increases it within rounding while the
+    slope shrank; it sets the next alpha (extrapolated while an accepted trial's slope stays
+    steep, interpolated by the cubic along s after a null step, halved after a non-finite
+    trial); it trusts a rejected trial's pair only where the cubic and the secant agree on
+    where the minimum along s lies.
 
-  The operator acts on the incoming ``updates`` u (grad f(x) when
-  ``trial_lbfgs`` is first or alone in a chain): :math:`x^+ = x - \alpha H_m
-  u`, so a clip or weight decay before it is honoured, while the pairs, the
-  acceptance test and the reported values stay those of f
-  (``docs/pitfalls.md``). The state is 2m + 1 vectors of n (the pairs and the cached gradient) plus
-  O(m^2) scalars (the pairs' inner products); the diagonal is formed from the pairs in each
-  update (one more pass over them), not stored. A non-finite trial changes nothing but alpha.
+  From HDM (Algorithms 1 and 4 of Chu et al.) it keeps the trial point, the null step and
+  one oracle call per iteration; HDM's learned preconditioner P becomes :math:`\alpha H_m`.
+  From L-BFGS it keeps the operator; it takes pairs from rejected trials too, and accepts a
+  trial on the value and its slope instead of the Wolfe conditions.
+
+  Bounds (``lower=``, ``upper=``): the trial is projected onto the box,
+  :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (not at a
+  bound with u pushing outward) and :math:`\gamma u` on the binding ones
+  (:func:`hdm_optax.pieces.lbfgs.bounded.two_metric_step`). The box is held in the state
+  (:func:`hdm_optax.pieces.box.held_box`), where ``solve``, ``loop`` and ``minimize`` find
+  it: they project an infeasible x0 and stop on the projected gradient (status
+  ``CONVERGED_IN_BOX``). The transformation must then be last in a chain. Without bounds the
+  program is the unbounded one.
+
+  A clip or weight decay before it in a chain is honoured (it acts on u), while the pairs,
+  the acceptance test and the reported values stay those of f. The state is 2m + 1 vectors
+  of n (the pairs and the cached gradient) plus O(m^2) scalars. A non-finite trial changes
+  nothing but alpha.
 
   Args:
     memory_size: m, the number of pairs kept.
-    shrink: the factor of alpha after a non-finite trial (or a null step whose cubic has
-      no minimiser), in (0, 1).
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
-    agree: the factor within which a rejected trial's cubic and secant minimisers along s
-      must agree for its pair to be kept (also the step control's, by default), >= 1.
-    step_control: a :class:`hdm_optax.pieces.shell.StepControl` (default
-      ``evidence_step(shrink=shrink, agree=agree)``;
-      :func:`~hdm_optax.pieces.step_control.capped_step` is the former rule).
+    step_rule: a :class:`hdm_optax.pieces.shell.StepRule` (default
+      :func:`hdm_optax.pieces.lbfgs.step_rule.evidence_step` ``()``: its arguments set the
+      factor after a non-finite trial, ``shrink``, and the models' agreement, ``agree``).
     lower: the box's lower bound l: ``None`` (none), a number, or a pytree shaped like the
       params (leaves: numbers, ``None`` or arrays of the params' dtype); -inf for an open side.
-    upper: the upper bound u, like ``lower``. With either, the iterates stay in the box
-      (see Bounds above and ``docs/bounds.md``).
+    upper: the upper bound u, like ``lower``.
     diagonal: :math:`H_0`'s diagonal where the pairs call for one,
       ``diagonal(memory, gamma) -> (h, on)`` (default
-      :func:`hdm_optax.pieces.secant.pairs_diagonal` with its gate 1e3); ``None``:
+      :func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal` ``()``); ``None``:
       :math:`H_0 = \gamma I` always. Not used in a box, nor where the params have fewer
       entries than ``memory_size``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
     ``grad`` and ``value_fn`` and returns the step to the new iterate.
+
+  Raises:
+    ValueError: an argument out of range (the message names it and the fix).
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
@@ -149,17 +115,13 @@ def trial_lbfgs(
     point and the null step, Algorithm 1 line 3); Liu and Nocedal, *On the
     limited memory BFGS method for large scale optimization*, Math.
     Programming 45, 1989 (the operator and the scaling of H_0); Nocedal and
-    Wright, *Numerical Optimization*, 2nd ed., Algorithm 7.4; Bertsekas, SIAM J.
-    Control Optim. 20(2), 1982 and Kim, Sra, Dhillon, SIAM J. Sci. Comput. 32(6), 2010
-    (the bounded step, :mod:`hdm_optax.pieces.box`).
+    Wright, *Numerical Optimization*, 2nd ed., Algorithm 7.4 and Section 3.5; Bertsekas,
+    SIAM J. Control Optim. 20(2), 1982 and Kim, Sra, Dhillon, SIAM J. Sci. Comput. 32(6),
+    2010 (the bounded step).
   """
-  if step_control is None:
-    step_control = step_control_lib.evidence_step(shrink=shrink, agree=agree)
-  return shell.iteration(
-    "trial_lbfgs",
-    directions_lib.secant(
-      memory_size, pair_tol=pair_tol, agree=agree, lower=lower, upper=upper, diagonal=diagonal
-    ),
-    acceptance=acceptance_lib.curvature_checked(),
-    step_control=step_control,
+  direction = direction_lib.lbfgs_direction(
+    memory_size, pair_tol=pair_tol, lower=lower, upper=upper, diagonal=diagonal
   )
+  if step_rule is None:
+    step_rule = step_rule_lib.evidence_step()
+  return shell.iteration("trial_lbfgs", direction, step_rule=step_rule)

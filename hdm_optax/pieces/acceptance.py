@@ -19,16 +19,9 @@ potential psi) and the gradients at both points:
 - :func:`resolved_decrease`: f's decrease where it is above f's rounding, the
   decrease computed from the two gradients along the step where it is not;
   the default of every HDM variant whose values are f;
-- :func:`curvature_checked`: no increase of f, or an increase within rounding
-  along which the slope shrank (:func:`hdm_optax.trial_lbfgs`'s rule). In float32 the values of
-  a nearly solved problem differ by rounding long before the gradient is
-  small; a comparison of values is then a coin toss that depends on the
-  backend's summation order, and each lost toss is a null step (L2-regularised
-  logistic regression on breast cancer, summed in reverse row order: the
-  strict rule and a 4-ulp tie band accept nothing after ~420 of 3000 steps,
-  ``||g||_inf`` 2e-4; the gradients' decrease converges in ~500 in every
-  order). In float64 the values of the paper's problems are resolved, and
-  their runs are unchanged.
+
+trial_lbfgs decides the null step in its step rule
+(:func:`hdm_optax.pieces.lbfgs.step_rule.curvature_checked`).
 
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
@@ -51,7 +44,6 @@ import optax
 __all__ = (
   "AcceptanceRule",
   "always",
-  "curvature_checked",
   "no_increase",
   "resolved_decrease",
   "strict_decrease",
@@ -242,52 +234,5 @@ def resolved_decrease(ulps: float = 64.0) -> AcceptanceRule:
     # A non-finite difference is never rounding: f decides (and rejects +inf, NaN).
     by_f = ~jnp.isfinite(diff) | (jnp.abs(diff) > rounding)
     return jnp.where(by_f, diff < 0, decrease < 0)
-
-  return AcceptanceRule(accept=accept)
-
-
-def curvature_checked(
-  band: float = 1e-10, curvature: float = 0.9, ulps: float = 1024.0
-) -> AcceptanceRule:
-  r"""No increase, or an increase within rounding along which the slope shrank.
-
-  .. math::
-    f(x^+) \le f(x) \quad\text{or}\quad
-    \bigl(f(x^+) \le f(x) + \max(b, u\epsilon)\,|f(x)| \ \text{and}\
-    |\langle \nabla f(x^+), s\rangle| \le c\,|\langle \nabla f(x), s\rangle|\bigr),
-
-  s = x+ - x, b = ``band``, c = ``curvature`` (the strong Wolfe constant),
-  u = ``ulps`` and :math:`\epsilon` the dtype's machine epsilon. Where f's
-  change is below its rounding, the values cannot rank the two points, but
-  the directional derivative can: a trial whose slope along the step fell by
-  the Wolfe factor has passed the minimum along the step or come close to it.
-
-  Args:
-    band: b, the relative increase of f still treated as rounding (float64).
-    curvature: c, in (0, 1).
-    ulps: u, the band in units of the dtype's eps (float32's b).
-
-  Returns:
-    An :class:`AcceptanceRule` (it needs ``step=``).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import acceptance
-    >>> rule = acceptance.curvature_checked()
-    >>> f = jnp.asarray(1.0, jnp.float32)  # float32: the band is 1024 eps = 1.2e-4
-    >>> g, s = jnp.array([-1.0], jnp.float32), jnp.array([1.0], jnp.float32)
-    >>> bool(rule.accept(f + 1e-5, f, jnp.array([0.1], jnp.float32), g, step=s))
-    True
-    >>> bool(rule.accept(f + 1e-5, f, jnp.array([-0.95], jnp.float32), g, step=s))
-    False
-  """
-
-  def accept(trial_value, value, trial_grad, grad, step=None):
-    eps = jnp.finfo(jnp.result_type(value)).eps
-    width = jnp.maximum(jnp.asarray(band, value.dtype), ulps * eps) * jnp.abs(value)
-    near = trial_value <= value + width
-    slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
-    flat = jnp.abs(trial_slope) <= curvature * jnp.abs(slope)
-    return (trial_value <= value) | (near & flat)
 
   return AcceptanceRule(accept=accept)

@@ -8,16 +8,13 @@ The pieces a one-call method needs to stay in a box (:func:`hdm_optax.trial_lbfg
 - :func:`project` is :math:`P(x) = \min(\max(x, l), u)`, leaf by leaf;
 - :func:`free_mask` marks the variables the quasi-Newton operator acts on: all but those at a
   bound whose gradient pushes outward (Bertsekas' binding set);
-- :func:`free_part` is a vector restricted to them;
-- :func:`free_scaling` is the :math:`\gamma` of :math:`H_0 = \gamma I` from a pair restricted
-  to them;
 - :func:`projected_step` is the step actually taken, :math:`P(x + d) - x`;
 - :func:`projected_gradient_norm` is :math:`\|P(x - \nabla f(x)) - x\|_\infty`, the
   stationarity measure of L-BFGS-B's ``pgtol`` (0 exactly at a KKT point of the box);
-- :func:`two_metric_step` puts them together: the trial step of a projected quasi-Newton
-  iteration with one oracle call.
+- :func:`held_box` is how a driver learns the box a transformation holds in its state.
 
-Every function is pure and traceable, so per-problem boxes run under ``jax.vmap``.
+The L-BFGS step in a box is :mod:`hdm_optax.pieces.lbfgs.bounded`. Every function is pure and
+traceable, so per-problem boxes run under ``jax.vmap``.
 
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation with
@@ -25,35 +22,26 @@ References:
   keeps); Bertsekas, *Projected Newton methods for optimization problems with simple constraints*,
   SIAM J. Control Optim. 20(2), 1982 (the binding set, the two-metric projection); Byrd, Lu,
   Nocedal, Zhu, *A limited memory algorithm for bound constrained optimization*, SIAM J. Sci.
-  Comput. 16(5), 1995 (L-BFGS-B: the projected gradient test); Kim, Sra, Dhillon, *Tackling
-  box-constrained optimization via a new projected quasi-Newton approach*, SIAM J. Sci.
-  Comput. 32(6), 2010 (the quasi-Newton operator on the free variables).
+  Comput. 16(5), 1995 (L-BFGS-B: the projected gradient test).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax.pieces import secant as secant_lib
-
 __all__ = (
   "Box",
-  "find_box",
   "free_mask",
-  "free_part",
-  "free_scaling",
+  "held_box",
   "make_box",
   "project",
   "projected_gradient_norm",
   "projected_step",
-  "restricted_memory",
-  "step_cap",
-  "two_metric_step",
 )
 
 
@@ -173,11 +161,6 @@ def make_box(params, lower=None, upper=None) -> Optional[Box]:
   return Box(lower=lower, upper=upper)
 
 
-def _where(mask, x, y):
-  """``x`` where the boolean tree ``mask``, else ``y``, leaf by leaf."""
-  return jax.tree.map(jnp.where, mask, x, y)
-
-
 def project(box: Box, x):
   """:math:`P(x) = \\min(\\max(x, l), u)`, leaf by leaf.
 
@@ -230,9 +213,7 @@ def free_mask(box: Box, x, grad):
 
   A variable is *binding* where :math:`x_i \le l_i` and :math:`g_i > 0`, or
   :math:`x_i \ge u_i` and :math:`g_i < 0`: a descent step along :math:`-g` would leave
-  the box there (Bertsekas' binding set at distance 0; his :math:`\epsilon`-active set,
-  which also holds variables near a bound, took more calls on the bounded dev problems,
-  ``docs/bounds.md``).
+  the box there (Bertsekas' binding set at distance 0, not his :math:`\epsilon`-active set).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -248,66 +229,6 @@ def free_mask(box: Box, x, grad):
     box.lower,
     box.upper,
   )
-
-
-def free_part(box: Optional[Box], x, vector, grad=None):
-  """``vector`` on the free variables (:func:`free_mask` of ``grad``, default ``vector``), else 0.
-
-  With ``box=None`` it is ``vector`` itself (nothing is traced).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import box
-    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
-    >>> [float(v) for v in box.free_part(b, jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25]))]
-    [0.0, -0.25]
-  """
-  if box is None:
-    return vector
-  free = free_mask(box, x, vector if grad is None else grad)
-  return _where(free, vector, optax.tree.zeros_like(vector))
-
-
-def free_scaling(box: Box, x, direction, step, change, full_scaling):
-  r"""The :math:`\gamma` of :math:`H_0 = \gamma I` from a pair restricted to its free variables.
-
-  .. math::
-    \gamma = \frac{\langle s_F, y_F\rangle}{\langle y_F, y_F\rangle},
-
-  F the variables free when the step s was proposed (:func:`free_mask` at x of the
-  ``direction`` u that proposed it), :math:`y = \nabla f(x + s) - \nabla f(x)`. H acts on the
-  free variables (:func:`two_metric_step`), so its scale is the reduced Hessian's: a binding
-  variable does not move (:math:`s_B = 0`) but its gradient change :math:`y_B` enters
-  :math:`\langle y, y\rangle`, and where many variables sit at a bound with a large
-  gradient (logistic regression with :math:`w \ge 0`) the full pair's
-  :math:`\langle s, y\rangle / \langle y, y\rangle` makes every step on the free
-  variables too short. Where :math:`\langle s_F, y_F\rangle \le 0` it is
-  ``full_scaling`` (the full pair's).
-
-  Args:
-    box: the :class:`Box`.
-    x: the iterate the step was taken from.
-    direction: u, the incoming updates at x (the gradient when the method is alone).
-    step: s, the step taken.
-    change: y, the gradient's change along it.
-    full_scaling: :math:`\langle s, y\rangle / \langle y, y\rangle` of the full pair.
-
-  Returns:
-    :math:`\gamma`, a scalar of ``full_scaling``'s dtype.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import box
-    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
-    >>> x, u = jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25])
-    >>> s, y = jnp.array([0.0, 0.25]), jnp.array([4.0, 0.5])
-    >>> float(box.free_scaling(b, x, u, s, y, jnp.asarray(0.125 / 16.25)))
-    0.5
-  """
-  s_free, y_free = free_part(box, x, step, direction), free_part(box, x, change, direction)
-  curvature = optax.tree.vdot(s_free, y_free)
-  scaling = curvature / jnp.where(curvature > 0, optax.tree.vdot(y_free, y_free), 1)
-  return jnp.where(curvature > 0, scaling, full_scaling).astype(jnp.result_type(full_scaling))
 
 
 def projected_gradient_norm(box: Box, x, grad) -> jax.Array:
@@ -326,147 +247,36 @@ def projected_gradient_norm(box: Box, x, grad) -> jax.Array:
   return optax.tree.norm(moved, ord=jnp.inf)
 
 
-def two_metric_step(
-  box: Box, x, direction, step_size, gamma, operator: Callable[[Any], Any]
-) -> tuple[Any, jax.Array]:
-  r"""The projected quasi-Newton trial step of a one-call iteration, and whether it is one.
+def held_box(state, last) -> Optional[Box]:
+  """The :class:`Box` an optimizer state holds, or ``None``: how a driver learns the bounds.
 
-  With F the free variables of :func:`free_mask` (of ``direction`` u, the gradient when the
-  method is alone) and B the binding ones,
-
-  .. math::
-    d_F = H\,u_F, \qquad d_B = \gamma\, u_B, \qquad s = P(x - \alpha d) - x,
-
-  H the ``operator`` applied to u restricted to F (zero on B, so that the pairs' coupling
-  of a binding variable does not move a free one), B scaled by :math:`\gamma` as a
-  gradient step (Bertsekas' two-metric projection; the projection keeps a binding
-  variable where it is). The step is the projected step actually taken. Where it is not a
-  descent direction (:math:`\langle u, s\rangle \ge 0`: the projection cut the
-  quasi-Newton step so that what is left goes uphill), it is the projected scaled gradient
-  step :math:`P(x - \alpha\gamma u) - x` instead, a descent direction wherever x is not
-  stationary. Neither choice calls the oracle.
-
-  Args:
-    box: the :class:`Box`.
-    x: the iterate (in the box).
-    direction: u, the incoming updates (the gradient when alone in a chain).
-    step_size: alpha.
-    gamma: the scalar of :math:`H_0`.
-    operator: ``(v, free) -> H v`` on the free variables ``free`` (a boolean tree), e.g.
-      ``lambda v, free: secant.recursion(restricted_memory(memory, free), gamma, v)``.
-
-  Returns:
-    ``(s, quasi_newton)``: the step and whether it is the quasi-Newton one.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import box
-    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
-    >>> x, g = jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25])
-    >>> step, newton = box.two_metric_step(b, x, g, 1.0, 0.5, lambda v, free: v)
-    >>> [float(v) for v in step], bool(newton)
-    ([0.0, 0.25], True)
-  """
-  free = free_mask(box, x, direction)
-  zeros = optax.tree.zeros_like(direction)
-  newton = operator(_where(free, direction, zeros), free)
-  scaled = optax.tree.scale(gamma, direction)
-  d = _where(free, newton, scaled)
-  step = projected_step(box, x, optax.tree.scale(-step_size, d))
-  fallback = projected_step(box, x, optax.tree.scale(-step_size, scaled))
-  descent = optax.tree.vdot(direction, step) < 0
-  return optax.tree.where(descent, step, fallback), descent
-
-
-def step_cap(box: Optional[Box], curvature, step):
-  r"""The largest alpha after an accepted trial: 1, or no cap where the box bounds the step.
-
-  Where the curvature :math:`\langle s, y\rangle` along an accepted step is not positive
-  and every variable the step moves has a finite bound in the direction it moves, the
-  quadratic model has no minimum along the step and the box is what stops it (the
-  minimisers of a concave piece are at the box's vertices): alpha then grows past 1 by the
-  method's ``grow`` per accepted step, and the projection keeps each trial in the box.
-  L-BFGS-B's generalized Cauchy point reaches the same vertices by following the projected
-  gradient path to its last breakpoint. Elsewhere (positive curvature, or a variable moving
-  towards an open side) the cap is 1, the unbounded method's; without a box it is the
-  number 1 (nothing is traced).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import box
-    >>> b = box.make_box(jnp.zeros(2), 0.0, 1.0)
-    >>> float(box.step_cap(b, jnp.asarray(-1.0), jnp.array([0.0, 0.5]))), box.step_cap(None, 1.0, None)
-    (inf, 1)
-  """
-  if box is None:
-    return 1
-
-  def blocked(s, lo, hi):
-    return jnp.all((s == 0) | ((s > 0) & (hi < jnp.inf)) | ((s < 0) & (lo > -jnp.inf)))
-
-  leaves = jax.tree.leaves(jax.tree.map(blocked, step, box.lower, box.upper))
-  bounded = jnp.all(jnp.stack(leaves))
-  return jnp.where((curvature > 0) | ~bounded, 1, jnp.inf).astype(jnp.result_type(curvature))
-
-
-def restricted_memory(memory: secant_lib.SecantMemory, free, pair_tol=1e-10):
-  r"""The secant pairs restricted to the free variables: :math:`(s_F, y_F)`.
-
-  Where the variables outside F did not move along a pair, :math:`y_F = (Z^T B Z) s_F` is
-  the secant pair of the reduced Hessian on F, so the two-loop operator of the restricted
-  pairs approximates :math:`(Z^T B Z)^{-1}` (the quasi-Newton step on the free subspace,
-  as L-BFGS-B's subspace minimisation), not :math:`Z^T H Z`. A restricted pair whose
-  curvature :math:`\langle s_F, y_F\rangle` is not above ``pair_tol`` times
-  :math:`\|s_F\|\|y_F\|` is left out (:math:`\rho = 0`).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import box, secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 2)
-    >>> mem = secant.secant_record(mem, jnp.array([1.0, 1.0]), jnp.array([2.0, 3.0]), True)
-    >>> restricted = box.restricted_memory(mem, jnp.array([False, True]))
-    >>> [float(v) for v in restricted.s[0]], round(float(restricted.rho[0]), 4)
-    ([0.0, 1.0], 0.3333)
-  """
-  mask = lambda stacked: jax.tree.map(
-    lambda a, f: jnp.where(f, a, jnp.zeros((), a.dtype)), stacked, free
-  )
-  s, y = mask(memory.s), mask(memory.y)
-  per_pair = lambda a, b: sum(
-    jnp.sum((u * v).reshape(u.shape[0], -1), axis=1)
-    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-  )
-  sy, ss, yy = per_pair(s, y), per_pair(s, s), per_pair(y, y)
-  tol = jnp.asarray(pair_tol, sy.dtype)
-  keep = (memory.rho != 0) & (sy > tol * jnp.sqrt(ss * yy))
-  rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
-  return memory._replace(s=s, y=y, rho=rho)
-
-
-def find_box(state, last) -> Optional[Box]:
-  """The :class:`Box` held in an optimizer state (a ``box`` field), or ``None``.
-
-  ``last`` is the state of the transformation whose update reaches the params unchanged
-  (:func:`hdm_optax.driver.cache.cache_at_params`). The box must be held there: a later
-  transformation could move the iterate out of the box, and then a ``ValueError`` says so.
+  A transformation with bounds declares them by holding its :class:`Box` in its state (any
+  field, any depth); a driver finds it by type. ``last`` is the state of the transformation
+  whose update reaches the params unchanged (:func:`hdm_optax.driver.cache.cache_at_params`).
+  The box must be held there: a later transformation could move the iterate out of the box,
+  and then a ``ValueError`` says so.
 
   Examples:
     >>> import jax.numpy as jnp, hdm_optax
     >>> from hdm_optax.pieces import box
     >>> state = hdm_optax.trial_lbfgs(lower=0.0).init(jnp.ones(2))
-    >>> float(box.find_box(state, state).lower)
+    >>> float(box.held_box(state, state).lower)
     0.0
   """
-  found = [b for _, b in optax.tree.get_all_with_path(state, "box") if isinstance(b, Box)]
+  found, held = _boxes(state), _boxes(last)
   if not found:
     return None
-  held = [b for _, b in optax.tree.get_all_with_path(last, "box") if isinstance(b, Box)]
-  last_box = held[0] if len(held) == 1 else None
-  if len(found) > 1 or last_box is None:
+  if len(found) > 1 or len(held) != 1:
     raise ValueError(
       "a transformation with bounds (lower=/upper=) must be the last one of the chain, and "
       "the only one with bounds: a later transformation changes its step and could move the "
       "iterate out of the box. Put the bounded transformation last (clipping, weight decay "
       "and the like go before it)."
     )
-  return last_box
+  return held[0]
+
+
+def _boxes(state) -> list:
+  """The :class:`Box` values in ``state``."""
+  is_box = lambda node: isinstance(node, Box)
+  return [node for node in jax.tree.leaves(state, is_leaf=is_box) if is_box(node)]

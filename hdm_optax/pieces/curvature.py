@@ -232,8 +232,8 @@ def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 
   the update probes (under a ``lax.cond``); elsewhere it is drawn at every
   update and selected (``lax.platform_dependent``): a GPU reads a
   ``lax.cond``'s predicate on the host, a round trip that stalls every
-  iteration, while the draw costs one kernel that writes a vector of n (the
-  H200's optimized HLO, ``docs/accelerators.md``). Both give the same offsets.
+  iteration, while the draw costs one kernel that writes a vector of n. Both give
+  the same offsets.
 
   Examples:
     >>> import jax, jax.numpy as jnp

@@ -259,8 +259,8 @@ def momentum_direction(
     ...   denominator=hypergradient.curvature_tau(),
     ...   curvature_estimate=curvature.running_mean(),
     ...   lipschitz=200.0)
-    >>> opt = shell.iteration("example", direction, acceptance=acceptance.strict_decrease(),
-    ...                           step_control=step_control.damping())
+    >>> rule = step_control.damping(acceptance.strict_decrease())
+    >>> opt = shell.iteration("example", direction, step_rule=rule)
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x ** 2)
     >>> bool(hdm_optax.solve(opt, fun, jnp.ones(3), max_steps=500).converged)
     True
@@ -302,7 +302,10 @@ def momentum_direction(
   def propose(state, ctx):
     diff = optax.tree.sub(ctx.params, state.prev_params)  # x - x^-
     # Algorithm 4, line 2: x^+ = x - P u + beta (x - x^-), damped by s.
-    direction, s_diff = optax.tree.scale(ctx.scale, ctx.updates), optax.tree.scale(ctx.scale, diff)
+    direction, s_diff = (
+      optax.tree.scale(ctx.step_size, ctx.updates),
+      optax.tree.scale(ctx.step_size, diff),
+    )
     step = candidates_lib.trial_step(
       _DIAG, state.precond, direction, _SCALAR, state.momentum, s_diff
     )
@@ -341,7 +344,7 @@ def momentum_direction(
     )
     count = ctx.count + (~probing(state)).astype(jnp.int32)
     lr_schedule = schedule.update(state.schedule, count, state.curvature.active & ~probing(state))
-    kept = step_control_lib.kept_scale(ctx.scale, live)
+    kept = step_control_lib.kept_scale(ctx.step_size, live)
     lr_schedule = lr_schedule._replace(factor=lr_schedule.factor * kept)
     eta_p, lower, upper = precond_rule(lip, state.curvature, lr_schedule.factor)
     precond, precond_learner_state = learner.learn(
@@ -388,7 +391,7 @@ def momentum_direction(
     if precond_from_probe:
       start = _common.keep_if(last_probe, optax.tree.full_like(state.precond, 1 / lip), start)
     observed = _Observed(start, lip, grad_change, hypergrad_norm)
-    trial = trial._replace(finite=finite, iteration=~probing(state), aux=observed)
+    trial = trial._replace(finite=finite, probe=probing(state), aux=observed)
     if lookahead is None:
       return learned, trial
     look = lookahead(
@@ -411,8 +414,8 @@ def momentum_direction(
     )
     return learned, trial
 
-  def learn(state, trial, accepted, ctx):
-    observed = trial.aux
+  def learn(state, trial, verdict, ctx):
+    accepted, observed = verdict.accepted, trial.aux
     # Line 9: the null step's action on P; a probe leaves P (the last one sets P_1 = 1/L_0).
     precond = null_action(state.precond, accepted)
     precond = _common.keep_if(probing(state), observed.start, precond)

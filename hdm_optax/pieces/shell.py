@@ -1,36 +1,34 @@
 r"""The iteration every one-call method runs: propose a trial, evaluate it once, keep or stay.
 
-Every method of the package but HDM-AGD is one iteration with three slots
+Every method of the package but HDM-AGD is one iteration with two slots
 (Algorithm 1, line 3 and Algorithm 4, lines 2 and 9 of Chu et al.):
 
 .. math::
-  x^+ = x + \text{direction}(\text{state}, u;\ \text{scale}), \qquad
-  x \leftarrow \begin{cases} x^+ & \text{if acceptance}(f(x^+), f(x),
-    \nabla f(x^+), \nabla f(x), x^+ - x) \\ x & \text{otherwise (the null step),}
-  \end{cases}
+  x^+ = x + \text{direction}(\text{state}, u;\ \alpha), \qquad
+  x \leftarrow \begin{cases} x^+ & \text{if the step rule accepts the trial} \\
+    x & \text{otherwise (the null step),} \end{cases}
 
 with u the incoming updates (grad f(x) when the method is first or alone in a
 chain) and one value-and-gradient call at :math:`x^+`:
 
 - a :class:`Direction` proposes the step from its state and u, and learns
-  from the trial (its step, value and gradient, whether they are finite and
-  whether the trial was accepted): HDM's learned P
-  (:func:`hdm_optax.hdm`), HDM-HB's (P, B) (:func:`hdm_optax.hdm_hb`), the
-  diagonal-P, scalar-beta family of Algorithm 4
-  (:func:`hdm_optax.pieces.momentum.momentum_direction`), the L-BFGS operator of the trials'
-  secant pairs (:func:`hdm_optax.trial_lbfgs`);
-- an acceptance rule (:mod:`hdm_optax.pieces.acceptance`) decides the null step;
-- a :class:`StepControl` scales the next proposal from what the trial
-  revealed (:func:`hdm_optax.pieces.step_control.damping`: HDM's halving after a
-  non-finite trial; :func:`hdm_optax.pieces.step_control.evidence_step`:
-  trial_lbfgs's alpha from what each trial showed).
+  from the trial: HDM's learned P (:func:`hdm_optax.hdm`), HDM-HB's (P, B)
+  (:func:`hdm_optax.hdm_hb`), the diagonal-P, scalar-beta family of Algorithm 4
+  (:func:`hdm_optax.pieces.momentum.momentum_direction`), the L-BFGS operator of the
+  trials' secant pairs (:func:`hdm_optax.pieces.lbfgs.direction.lbfgs_direction`);
+- a :class:`StepRule` sets the step size :math:`\alpha` of each trial and, from the
+  :class:`Evidence` the shell computes once per trial (the merit at both points and the
+  slopes along the step), returns a :class:`Verdict`: whether the trial is accepted, its
+  next state and whether the trial's secant pair may be kept
+  (:func:`hdm_optax.pieces.step_control.damping`: HDM's acceptance test and damping;
+  :func:`hdm_optax.pieces.lbfgs.step_rule.evidence_step`: trial_lbfgs's).
 
 The shell does what every method shares: it requires the oracle, evaluates the
-trial once, rejects a non-finite trial (the direction and the control see
-``finite`` and keep their learned quantities), caches f and grad f at the
-iterate, counts every oracle call in ``info`` and returns the step to the new
-iterate (zero on a null step). HDM-AGD evaluates three points per update and
-keeps its own update (:func:`hdm_optax.hdm_agd`).
+trial once, rejects a non-finite trial (the direction sees ``finite`` and keeps its
+learned quantities), restarts the step rule when the direction says so, caches f and
+grad f at the iterate, counts every oracle call in ``info`` and returns the step to the
+new iterate (zero on a null step). HDM-AGD evaluates three points per update and keeps
+its own update (:func:`hdm_optax.hdm_agd`).
 
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
@@ -46,15 +44,16 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.pieces import acceptance as acceptance_lib
 
 __all__ = (
   "Context",
   "Direction",
+  "Evidence",
   "IterationState",
   "Learned",
-  "StepControl",
+  "StepRule",
   "Trial",
+  "Verdict",
   "iteration",
 )
 
@@ -68,7 +67,7 @@ class Context(NamedTuple):
     value: f(x).
     grad: grad f(x).
     count: the iterations made before this update.
-    scale: the step control's factor for this trial.
+    step_size: the step rule's factor for this trial (alpha; HDM's damping s).
     value_and_grad: ``value_and_grad(point) -> (value, grad)``, one oracle
       call (for a direction that refines its trial; count it in
       :attr:`Trial.calls`).
@@ -79,7 +78,7 @@ class Context(NamedTuple):
   value: jax.Array
   grad: Any
   count: jax.Array
-  scale: jax.Array
+  step_size: jax.Array
   value_and_grad: Callable[[Any], tuple[jax.Array, Any]]
 
 
@@ -92,8 +91,8 @@ class Trial(NamedTuple):
     grad: :math:`\\nabla f(x^+)`.
     finite: the value and gradient are finite (the shell sets it from the
       value; :attr:`Direction.observe` adds the gradient's test).
-    iteration: the update is an iteration (counted in ``count``, may be
-      accepted); False on a probe that measures curvature and leaves x.
+    probe: the update is a probe that measures curvature and leaves x (not
+      counted in ``count``, never accepted).
     calls: the value-and-gradient calls the update made.
     aux: what :attr:`Direction.propose` (then :attr:`Direction.observe`)
       hands on to the direction's later phases.
@@ -103,9 +102,50 @@ class Trial(NamedTuple):
   value: jax.Array
   grad: Any
   finite: jax.Array
-  iteration: jax.Array
+  probe: jax.Array
   calls: Any = 1
   aux: Any = None
+
+
+class Evidence(NamedTuple):
+  """What the trial showed, computed once by the shell for the step rule.
+
+  Attributes:
+    value: the merit at x (f(x), or HDM-HB's potential).
+    trial_value: the merit at :math:`x^+`.
+    grad: :math:`\\nabla f(x)`.
+    trial_grad: :math:`\\nabla f(x^+)`.
+    step: s, the tree :math:`x^+ - x` (``None`` where the merit is not f).
+    slope: :math:`\\langle \\nabla f(x), s\\rangle` (``None`` without ``step``).
+    trial_slope: :math:`\\langle \\nabla f(x^+), s\\rangle` (``None`` without ``step``).
+    finite: the trial's value and gradient are finite.
+    probe: the trial is a probe (never accepted).
+  """
+
+  value: jax.Array
+  trial_value: jax.Array
+  grad: Any
+  trial_grad: Any
+  step: Any
+  slope: Optional[jax.Array]
+  trial_slope: Optional[jax.Array]
+  finite: jax.Array
+  probe: jax.Array
+
+
+class Verdict(NamedTuple):
+  """What a :class:`StepRule` decides from the :class:`Evidence`.
+
+  Attributes:
+    accepted: the trial becomes the iterate (False on a probe and a non-finite trial).
+    state: the rule's next state (its step size for the next trial).
+    keep_pair: the trial's values and slopes describe f along s, so its secant pair may
+      enter a memory (a direction that keeps none ignores it).
+  """
+
+  accepted: jax.Array
+  state: Any
+  keep_pair: jax.Array
 
 
 class Learned(NamedTuple):
@@ -113,19 +153,15 @@ class Learned(NamedTuple):
 
   Attributes:
     state: the direction's new state.
-    restart: the step control restarts (trial_lbfgs: the memory lost the
-      curvature along the gradient).
-    hypergrad_norm: the norm of the hypergradient the direction learned from
-      (0 when it learns none), for ``info``.
-    step_cap: the largest factor the step control may reach after this trial
-      (trial_lbfgs in a box: no cap where the box bounds a step of negative
-      curvature, :func:`hdm_optax.pieces.box.step_cap`).
+    restart: the step rule starts again from its initial state (trial_lbfgs: the memory
+      lost the curvature along the gradient).
+    hypergrad_norm: the norm of the hypergradient the direction learned from, for
+      ``info`` (``None`` for a direction that learns none: ``info`` reports 0).
   """
 
   state: Any
   restart: jax.Array
-  hypergrad_norm: jax.Array
-  step_cap: Any = 1
+  hypergrad_norm: Optional[jax.Array] = None
 
 
 def _finite_gradient(state, trial: Trial, ctx: Context):
@@ -144,17 +180,17 @@ class Direction(NamedTuple):
   Attributes:
     init: ``init(params) -> state``.
     propose: ``propose(state, ctx) -> (step, aux)``: the tree :math:`x^+ - x`
-      (the direction applies ``ctx.scale`` itself) and anything it hands on
+      (the direction applies ``ctx.step_size`` itself) and anything it hands on
       to ``observe`` and ``learn`` in :attr:`Trial.aux`.
-    learn: ``learn(state, trial, accepted, ctx) -> Learned``, after the
-      acceptance test. A trial that is not ``finite`` must leave the learned
+    learn: ``learn(state, trial, verdict, ctx) -> Learned``, after the step rule's
+      :class:`Verdict`. A trial that is not ``finite`` must leave the learned
       quantities as they are.
     observe: ``observe(state, trial, ctx) -> (state, trial)``, before the
-      acceptance test: adds the gradient's finiteness to ``trial.finite``,
+      step rule: adds the gradient's finiteness to ``trial.finite``,
       and may learn or refine the trial (a lookahead, with its calls counted).
       Default: ``finite`` also requires a finite gradient.
     merit: ``merit(state, trial, ctx) -> (trial_value, value, step)``: what
-      the acceptance rule compares (default: f at both points and the step;
+      the step rule compares (default: f at both points and the step;
       HDM-HB's potential, with no step since it is not f).
   """
 
@@ -165,19 +201,19 @@ class Direction(NamedTuple):
   merit: Callable[..., tuple[jax.Array, jax.Array, Optional[Any]]] = _values
 
 
-class StepControl(NamedTuple):
-  """The factor of the next proposal, from what the trial revealed.
+class StepRule(NamedTuple):
+  """The step size of each trial and the decision on it, from the trial's :class:`Evidence`.
 
   Attributes:
-    init: ``init(dtype) -> state``.
-    scale: ``scale(state) -> factor`` (a 0-d array of the params' dtype).
-    update: ``update(state, trial, *, accepted, learned, ctx) -> state``, with
-      ``learned`` the direction's :class:`Learned` (its ``restart`` and ``step_cap``).
+    init: ``init(dtype) -> state`` (also the state after a restart of the direction).
+    step_size: ``step_size(state) -> factor`` (a 0-d array of the params' dtype).
+    judge: ``judge(state, evidence) -> Verdict``: whether the trial is accepted, the
+      next state and whether its pair may be kept.
   """
 
   init: Callable[[Any], Any]
-  scale: Callable[[Any], jax.Array]
-  update: Callable[..., Any]
+  step_size: Callable[[Any], jax.Array]
+  judge: Callable[[Any, Evidence], Verdict]
 
 
 class IterationState(NamedTuple):
@@ -186,7 +222,7 @@ class IterationState(NamedTuple):
   Attributes:
     count: the iterations made (probes excluded).
     direction: the direction's state.
-    control: the step control's state.
+    rule: the step rule's state.
     value: f(x) at the iterate (+inf before the first update).
     grad: grad f(x) at the iterate.
     info: :class:`hdm_optax.HDMInfo` diagnostics.
@@ -194,26 +230,22 @@ class IterationState(NamedTuple):
 
   count: jax.Array
   direction: Any
-  control: Any
+  rule: Any
   value: jax.Array
   grad: Any
   info: _common.HDMInfo
 
 
 def iteration(
-  name: str,
-  direction: Direction,
-  *,
-  acceptance: acceptance_lib.AcceptanceRule,
-  step_control: StepControl,
+  name: str, direction: Direction, *, step_rule: StepRule
 ) -> optax.GradientTransformationExtraArgs:
-  r"""The one-call iteration with its three slots filled.
+  r"""The one-call iteration with its two slots filled.
 
   Args:
     name: the method's name, for error messages.
     direction: proposes the trial step and learns from the trial.
-    acceptance: the null step's rule.
-    step_control: the factor of each proposal.
+    step_rule: the step size of each trial, the null step's decision and whether the
+      trial's secant pair may be kept.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -224,11 +256,10 @@ def iteration(
     >>> from hdm_optax.pieces import acceptance, shell, step_control
     >>> gd = shell.Direction(
     ...   init=lambda params: (),
-    ...   propose=lambda state, ctx: (-0.01 * ctx.scale * ctx.updates, None),
-    ...   learn=lambda state, trial, accepted, ctx: shell.Learned(
-    ...     state, jnp.asarray(False), jnp.zeros([])))
-    >>> opt = shell.iteration("gd", gd, acceptance=acceptance.strict_decrease(),
-    ...                           step_control=step_control.damping())
+    ...   propose=lambda state, ctx: (-0.01 * ctx.step_size * ctx.updates, None),
+    ...   learn=lambda state, trial, verdict, ctx: shell.Learned(state, jnp.asarray(False)))
+    >>> rule = step_control.damping(acceptance.strict_decrease())
+    >>> opt = shell.iteration("gd", gd, step_rule=rule)
     >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
     >>> bool(hdm_optax.solve(opt, fun, jnp.ones(2), max_steps=2000).converged)
     True
@@ -239,7 +270,17 @@ def iteration(
     return IterationState(
       **_common.oracle_fields(params, dtype),
       direction=direction.init(params),
-      control=step_control.init(dtype),
+      rule=step_rule.init(dtype),
+    )
+
+  def evidence(direction_state, trial: Trial, ctx: Context) -> Evidence:
+    """The merit at both points and the slopes along the step, once per update."""
+    trial_value, value, step = direction.merit(direction_state, trial, ctx)
+    slope = trial_slope = None
+    if step is not None:
+      slope, trial_slope = optax.tree.vdot(ctx.grad, step), optax.tree.vdot(trial.grad, step)
+    return Evidence(
+      value, trial_value, ctx.grad, trial.grad, step, slope, trial_slope, trial.finite, trial.probe
     )
 
   @_common.track_point(name)
@@ -255,33 +296,31 @@ def iteration(
       value=jnp.asarray(value, dtype),
       grad=grad,
       count=state.count,
-      scale=step_control.scale(state.control),
+      step_size=step_rule.step_size(state.rule),
       value_and_grad=lambda point: _common.value_and_grad(value_fn, point),
     )
     step, aux = direction.propose(state.direction, ctx)
     trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(params, step))
     trial_value = jnp.asarray(trial_value, dtype)
     trial = Trial(
-      step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(True), aux=aux
+      step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
     )
     direction_state, trial = direction.observe(state.direction, trial, ctx)
-    trial_merit, merit, merit_step = direction.merit(direction_state, trial, ctx)
-    accepted = (
-      trial.iteration
-      & trial.finite
-      & acceptance.accept(trial_merit, merit, trial.grad, grad, step=merit_step)
-    )
-    learned = direction.learn(direction_state, trial, accepted, ctx)
+    verdict = step_rule.judge(state.rule, evidence(direction_state, trial, ctx))
+    accepted = verdict.accepted
+    learned = direction.learn(direction_state, trial, verdict, ctx)
+    hypergrad_norm = learned.hypergrad_norm
     new_state = IterationState(
-      count=state.count + trial.iteration.astype(jnp.int32),
+      count=state.count + (~trial.probe).astype(jnp.int32),
       direction=learned.state,
-      control=step_control.update(
-        state.control, trial, accepted=accepted, learned=learned, ctx=ctx
-      ),
+      rule=_common.keep_if(learned.restart, step_rule.init(dtype), verdict.state),
       value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
       grad=_common.keep_if(accepted, trial.grad, grad),
       info=_common.next_info(
-        state.info, accepted=accepted, hypergrad_norm=learned.hypergrad_norm, calls=trial.calls
+        state.info,
+        accepted=accepted,
+        hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
+        calls=trial.calls,
       ),
     )
     return _common.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state

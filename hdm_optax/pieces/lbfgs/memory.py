@@ -3,9 +3,10 @@ r"""Secant pieces: the last m pairs (s, y) of a run and the L-BFGS operator they
 Every trial of an HDM-style iteration evaluates the gradient at a trial point;
 :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))` is a secant pair,
 exact curvature information along s, free whether the trial is accepted or
-not. :class:`SecantMemory` keeps the last m of them, :func:`two_loop` applies
-the L-BFGS inverse-Hessian operator :math:`H_m` they define (O(mn), no n x n
-matrix; a preconditioner operator ``P v = two_loop(memory, gamma, v)``).
+not. :class:`SecantMemory` keeps the last m of them, :func:`inverse_hessian_product`
+applies the L-BFGS inverse-Hessian operator :math:`H_m` they define (O(mn), no n x n
+matrix; a preconditioner operator ``P v = inverse_hessian_product(memory, gamma, v)``),
+in the compact form or by :func:`two_loop_recursion`.
 
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
@@ -33,11 +34,11 @@ __all__ = (
   "SecantMemory",
   "pair_products",
   "pairs_diagonal",
-  "recursion",
+  "inverse_hessian_product",
   "reset",
   "secant_memory",
   "secant_record",
-  "two_loop",
+  "two_loop_recursion",
 )
 
 
@@ -74,8 +75,8 @@ def secant_memory(params, size: int) -> SecantMemory:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(3), 10)
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(3), 10)
     >>> mem.s.shape, mem.sy.shape, int(mem.head)
     ((10, 3), (10, 10), 0)
   """
@@ -112,9 +113,8 @@ def _row_dots(stacked, vector, dtype) -> jax.Array:
 def pair_products(step, change) -> PairProducts:
   r""":math:`\|s\|^2`, :math:`\|y\|^2` and :math:`\langle s, y\rangle`.
 
-  Three dot products in the leaves' precision. One variadic reduction over s and y read
-  them once, but XLA on the CPU sums it in order, not pairwise: at n = 1e6 in float32 its
-  :math:`\|s\|^2` was off by 4e-4 relative, for no gain in time (1.24 against 1.19 ms).
+  Three dot products in the leaves' precision (a single variadic reduction over s and y
+  is summed in order, not pairwise, by XLA on the CPU, and loses accuracy at large n).
 
   Args:
     step: s, a pytree.
@@ -125,8 +125,8 @@ def pair_products(step, change) -> PairProducts:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> p = secant.pair_products(jnp.array([1.0, 2.0]), jnp.array([3.0, 0.0]))
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> p = memory.pair_products(jnp.array([1.0, 2.0]), jnp.array([3.0, 0.0]))
     >>> float(p.ss), float(p.yy), float(p.sy)
     (5.0, 9.0, 3.0)
   """
@@ -162,9 +162,9 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 2)
-    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 2)
+    >>> mem = memory.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
     >>> float(mem.rho[0]), int(mem.head)
     (0.5, 1)
   """
@@ -192,10 +192,10 @@ def reset(memory: SecantMemory, where) -> SecantMemory:
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 2)
-    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
-    >>> float(secant.reset(mem, True).rho[0])
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 2)
+    >>> mem = memory.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([2.0, 0.0]), True)
+    >>> float(memory.reset(mem, True).rho[0])
     0.0
   """
   return memory._replace(
@@ -232,15 +232,12 @@ def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
 
   Back (forward) substitution for m <= 16, each :math:`x_i` its right-hand side minus the
   known terms in increasing j, divided by :math:`r_{ii}`; above 16, ``solve_triangular``.
-  On a GPU or TPU it is written out as scalar operations (:func:`_substitution_unrolled`):
-  XLA:GPU fuses them into the small kernels around them, where a triangular solve is a
-  cuBLAS call of its own (compiled for an H100, ``experiments/perf/gpu_hlo.py``: 56 kernels
-  per update at n = 1e6 instead of 58, the same passes over n), and a loop would test its
-  condition on the host at every row. On a CPU it is a ``fori_loop`` over the rows
-  (:func:`_substitution_loop`), the same operations in the same order: XLA:CPU compiles the
-  written-out form into about one kernel per row, each a module of its own for LLVM, which
-  made the substitutions a fifth of the kernels of ``solve(trial_lbfgs())``'s program and
-  of its compile time; the loop's rows cost no measurable time there.
+  On a GPU or TPU it is written out as scalar operations (:func:`_substitution_unrolled`),
+  which XLA:GPU fuses into the small kernels around them (a triangular solve is a cuBLAS
+  call of its own, and a loop would test its condition on the host at every row). On a CPU
+  it is a ``fori_loop`` over the rows (:func:`_substitution_loop`), the same operations in
+  the same order: XLA:CPU compiles the written-out form into about one kernel per row, each
+  compiled on its own.
   """
   m = b.shape[0]
   if m > _UNROLLED_SOLVE:
@@ -292,9 +289,8 @@ def _combination(coef, rows) -> jax.Array:
   """:math:`\\sum_k c_k a_k` over the m rows of ``rows``, written out as an elementwise sum.
 
   XLA fuses it with the elementwise work around it (``H_0 (v - Y c)``) into one pass over
-  the rows, which it does not do with a matrix-vector product (on the CPU at n = 1e6,
-  0.96 against 1.32 ms for ``v - Y c``). Only where its result has one consumer: XLA
-  repeats it in each.
+  the rows, which it does not do with a matrix-vector product. Only where its result has
+  one consumer: XLA repeats it in each.
   """
   coef = coef.astype(rows.dtype)
   return functools.reduce(jnp.add, [coef[k] * rows[k] for k in range(rows.shape[0])])
@@ -332,21 +328,21 @@ def _compact(memory: SecantMemory, initial, vector):
   return jax.tree.map(lambda hu, s: hu + back(p[by_slot], s), h_u, memory.s)
 
 
-def recursion(memory: SecantMemory, gamma, vector):
+def two_loop_recursion(memory: SecantMemory, gamma, vector):
   r""":math:`H_m v` by the two-loop recursion (Nocedal and Wright, Algorithm 7.4).
 
   Newest to oldest, then oldest to newest, skipping empty slots (:math:`\rho_i = 0`);
   2m dependent passes over v. It reads only ``s``, ``y`` and ``rho``, so it serves pairs
   changed for one update (the pairs restricted to a box's free variables,
-  :func:`hdm_optax.pieces.box.restricted_memory`), whose stored products
-  ``sy`` would be stale for the compact form of :func:`two_loop`.
+  :func:`hdm_optax.pieces.lbfgs.bounded.restricted_memory`), whose stored products
+  ``sy`` would be stale for the compact form of :func:`inverse_hessian_product`.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
-    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
-    >>> [float(v) for v in secant.recursion(mem, 0.5, jnp.array([4.0, 2.0]))]
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 3)
+    >>> mem = memory.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
+    >>> [float(v) for v in memory.two_loop_recursion(mem, 0.5, jnp.array([4.0, 2.0]))]
     [1.0, 1.0]
   """
   size = memory.rho.shape[0]
@@ -385,7 +381,7 @@ def _apply_initial(gamma, vector, dtype):
   return optax.tree.scale(jnp.asarray(gamma, dtype), vector)
 
 
-def two_loop(memory: SecantMemory, gamma, vector):
+def inverse_hessian_product(memory: SecantMemory, gamma, vector):
   r"""The L-BFGS inverse-Hessian operator applied to ``vector``: :math:`H_m v`.
 
   The operator of the two-loop recursion (Nocedal and Wright, Algorithm 7.4)
@@ -402,10 +398,8 @@ def two_loop(memory: SecantMemory, gamma, vector):
   :math:`Y^T H_0 u`, :math:`S p`; :math:`S^T y` is stored with each pair), and two
   m x m triangular solves; the same operator up to rounding. Where n <= m the
   pairs are linearly dependent, the triangular matrix :math:`R` of the compact
-  form is singular up to rounding, and the recursion is used: on CUTEst's
-  JENSMP (n = 2, m = 10) the compact form's :math:`H_m g` had relative errors
-  up to 2.3e-6 against the recursion's 2.7e-14 (both against a long-double
-  recursion), while at n >= 50 both stayed within 2e-14.
+  form is singular up to rounding, and the two-loop recursion is used
+  (:func:`two_loop_recursion`).
 
   Args:
     memory: the pairs (:class:`SecantMemory`).
@@ -417,10 +411,10 @@ def two_loop(memory: SecantMemory, gamma, vector):
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
-    >>> mem = secant.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
-    >>> [float(v) for v in secant.two_loop(mem, 0.5, jnp.array([4.0, 2.0]))]
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 3)
+    >>> mem = memory.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
+    >>> [float(v) for v in memory.inverse_hessian_product(mem, 0.5, jnp.array([4.0, 2.0]))]
     [1.0, 1.0]
 
   References:
@@ -429,7 +423,7 @@ def two_loop(memory: SecantMemory, gamma, vector):
   """
   n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(vector))
   if n <= memory.rho.shape[0]:
-    return recursion(memory, gamma, vector)
+    return two_loop_recursion(memory, gamma, vector)
   return _compact(memory, gamma, vector)
 
 
@@ -481,15 +475,15 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
 
   Returns:
     A :class:`PairsDiagonal`, ``rule(memory, gamma) -> (h, on)``: h shaped like the params
-    and whether it is used, for :func:`hdm_optax.pieces.directions.secant`'s ``diagonal=``.
+    and whether it is used, for :func:`hdm_optax.pieces.lbfgs.direction.lbfgs_direction`'s ``diagonal=``.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces import secant
-    >>> mem = secant.secant_memory(jnp.zeros(2), 3)
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 3)
     >>> for s in ([1.0, 1.0], [1.0, -1.0]):
-    ...   mem = secant.secant_record(mem, jnp.array(s), jnp.array([1e4, 1.0]) * jnp.array(s), True)
-    >>> h, on = secant.pairs_diagonal(gate=1e3)(mem, 1.0)
+    ...   mem = memory.secant_record(mem, jnp.array(s), jnp.array([1e4, 1.0]) * jnp.array(s), True)
+    >>> h, on = memory.pairs_diagonal(gate=1e3)(mem, 1.0)
     >>> [round(float(v), 6) for v in h], bool(on)
     ([0.0001, 1.0], True)
   """

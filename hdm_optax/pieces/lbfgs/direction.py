@@ -1,0 +1,205 @@
+r"""trial_lbfgs's direction: :math:`-\alpha H_m u`, the L-BFGS operator of the trials' pairs.
+
+A :class:`hdm_optax.pieces.shell.Direction`: it proposes the trial step from the secant
+pairs of earlier trials (:mod:`hdm_optax.pieces.lbfgs.memory`; in a box,
+:mod:`hdm_optax.pieces.lbfgs.bounded`) and keeps the trial's pair where the step rule
+(:func:`hdm_optax.pieces.lbfgs.step_rule.evidence_step`) trusts it.
+
+References:
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation with
+  Hypergradient Descent*, arXiv:2502.11229, 2025 (the trial point and the null step);
+  Liu and Nocedal, *On the limited memory BFGS method for large scale optimization*, Math.
+  Programming 45, 1989 (the operator and the scaling of :math:`H_0`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hdm_optax import _common
+from hdm_optax.pieces import box as box_lib
+from hdm_optax.pieces import shell
+from hdm_optax.pieces.lbfgs import bounded
+from hdm_optax.pieces.lbfgs import memory as memory_lib
+
+__all__ = (
+  "LBFGSState",
+  "lbfgs_direction",
+)
+
+
+class LBFGSState(NamedTuple):
+  """State of :func:`lbfgs_direction`.
+
+  Attributes:
+    memory: the last m secant pairs (:class:`hdm_optax.pieces.lbfgs.memory.SecantMemory`).
+    gamma: the scalar of :math:`H_0 = \\gamma I`, from the newest accepted kept pair
+      (0 before the first: then :math:`\\min(1, 1/\\|u\\|)`).
+    box: the :class:`hdm_optax.pieces.box.Box` of ``lower=`` / ``upper=`` (``None``
+      without bounds); a driver finds it with :func:`hdm_optax.pieces.box.held_box`.
+  """
+
+  memory: memory_lib.SecantMemory
+  gamma: jax.Array
+  box: Optional[box_lib.Box] = None
+
+
+class _Observed(NamedTuple):
+  """What ``observe`` hands on to ``learn``: the free set, y and the pair's products."""
+
+  free: Any
+  change: Any
+  products: memory_lib.PairProducts
+
+
+# A step shorter than this, relative to x, is below x's resolution in float64 (1024 eps);
+# in float32, whose eps is 5e8 times larger, a step that leaves x (and so the gradient)
+# unchanged shows it by the gradient's change alone.
+_RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
+
+
+def _check(memory_size, pair_tol, diagonal, lower, upper):
+  if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
+    raise ValueError(
+      f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
+    )
+  _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  if diagonal is not None and not callable(diagonal):
+    raise ValueError(
+      f"diagonal must be None or a function (memory, gamma) -> (h, on), got {diagonal!r}; "
+      "pass e.g. diagonal=hdm_optax.pieces.lbfgs.memory.pairs_diagonal()."
+    )
+  box_lib.check_order(lower, upper)
+
+
+def lbfgs_direction(
+  memory_size: int = 10,
+  *,
+  pair_tol: Any = 1e-10,
+  lower: Any = None,
+  upper: Any = None,
+  diagonal: Optional[Callable[..., tuple[Any, jax.Array]]] = None,
+) -> shell.Direction:
+  r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
+
+  :math:`H_m` is the L-BFGS inverse-Hessian operator
+  (:func:`hdm_optax.pieces.lbfgs.memory.inverse_hessian_product`) of the last m pairs
+  :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))` of finite trials, kept when
+  :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` and the step rule trusts the pair
+  (:attr:`hdm_optax.pieces.shell.Verdict.keep_pair`). :math:`H_0 = \gamma I` with
+  :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
+  (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
+  returns where it says so; alpha is the step rule's factor. A step shorter than
+  :math:`1024\,\epsilon_{64}\|x\|` or a trial whose gradient equals :math:`\nabla f(x)`
+  carries no curvature: the memory empties, gamma comes from the gradient again and the step
+  rule restarts.
+
+  In a box (``lower=``, ``upper=``) the trial is projected, :math:`x^+ = P(x - \alpha d)`,
+  with :math:`d = H_F u` on the free variables F (:func:`hdm_optax.pieces.box.free_mask`,
+  computed once per update) and :math:`\gamma u` on the binding ones
+  (:func:`hdm_optax.pieces.lbfgs.bounded.two_metric_step`); the pair's s is the projected
+  step taken; gamma is that of the pair restricted to F
+  (:func:`hdm_optax.pieces.lbfgs.bounded.free_scaling`). Without bounds the program is the
+  unbounded one.
+
+  Args:
+    memory_size: m, the number of pairs kept.
+    pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
+      the params; -inf for an open side.
+    upper: the upper bound, like ``lower``.
+    diagonal: ``None`` (:math:`H_0 = \gamma I`) or ``diagonal(memory, gamma) -> (h, on)``
+      (:func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal`): :math:`H_0 =
+      \operatorname{diag}(h)` where ``on``. Not used in a box, nor where the params have
+      fewer entries than ``memory_size`` (there the pairs determine the operator).
+
+  Returns:
+    A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`LBFGSState`).
+
+  Raises:
+    ValueError: a ``memory_size``, ``pair_tol``, ``diagonal`` or box out of range.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces.lbfgs import direction
+    >>> state = direction.lbfgs_direction(5).init(jnp.zeros(3))
+    >>> state.memory.s.shape, float(state.gamma)
+    ((5, 3), 0.0)
+  """
+  _check(memory_size, pair_tol, diagonal, lower, upper)
+
+  def init(params):
+    memory = memory_lib.secant_memory(params, memory_size)
+    dtype = _common.params_dtype(params)
+    box = box_lib.make_box(params, lower, upper)
+    return LBFGSState(memory=memory, gamma=jnp.zeros([], dtype), box=box)
+
+  def operator(memory, gamma, updates):
+    n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
+    if diagonal is None or n < memory_size:  # fewer dimensions than pairs: gamma I
+      return memory_lib.inverse_hessian_product(memory, gamma, updates)
+    # H_0 = diag(h) where the rule says so, gamma I elsewhere: one program, no branch (a
+    # lax.cond over the pairs made XLA copy them at every update).
+    h0, on = diagonal(memory, gamma)
+    h0 = jax.tree.map(lambda h: jnp.where(on, h, gamma).astype(h.dtype), h0)
+    return memory_lib.inverse_hessian_product(memory, h0, updates)
+
+  def propose(state, ctx):
+    dtype = ctx.value.dtype
+    # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
+    free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
+    # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
+    grad_norm = optax.tree.norm(
+      ctx.updates if free is None else bounded.free_part(free, ctx.updates)
+    )
+    first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
+    first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
+    gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
+    if state.box is None:  # x+ = x - alpha H_m u.
+      return optax.tree.scale(-ctx.step_size, operator(state.memory, gamma, ctx.updates)), free
+    # In a box: P(x - alpha d), H acting on the free variables.
+    tol = _common.cast(pair_tol, dtype)
+    on_free = lambda v, free: memory_lib.two_loop_recursion(
+      bounded.restricted_memory(state.memory, free, tol), gamma, v
+    )
+    step = bounded.two_metric_step(
+      state.box, ctx.params, ctx.updates, free, ctx.step_size, gamma, on_free
+    )
+    return step, free
+
+  def observe(state, trial, ctx):
+    change = optax.tree.sub(trial.grad, ctx.grad)
+    products = memory_lib.pair_products(trial.step, change)
+    # A finite <s, y> needs every y_i = g+_i - g_i finite (s_i * inf is inf or NaN), so every
+    # g+_i finite: no separate pass over grad f(x+).
+    finite = trial.finite & jnp.isfinite(products.sy)
+    return state, trial._replace(finite=finite, aux=_Observed(trial.aux, change, products))
+
+  def learn(state, trial, verdict, ctx):
+    c = lambda x: _common.cast(x, ctx.value.dtype)
+    step, finite, (free, change, products) = trial.step, trial.finite, trial.aux
+    sy = products.sy
+    step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
+    # A step below the resolution of x (or one that left the gradient as it was) carries
+    # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
+    short = step_norm <= c(_RESOLUTION) * optax.tree.norm(ctx.params)
+    lost = finite & (short | (change_norm == 0))
+    # A finite trial's pair with enough positive curvature enters the memory where the step
+    # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).
+    curved = sy > c(pair_tol) * step_norm * change_norm
+    keep = finite & curved & ~lost & verdict.keep_pair
+    memory = memory_lib.secant_record(state.memory, step, change, keep, sy=sy)
+    memory = memory_lib.reset(memory, lost)
+    scaling = _common.safe_div(sy, products.yy)
+    if free is not None:  # the scale of H on the free variables the step was taken on
+      scaling = bounded.free_scaling(free, step, change, scaling)
+    gamma = jnp.where(keep & verdict.accepted, scaling, state.gamma)
+    gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
+    return shell.Learned(LBFGSState(memory, gamma, state.box), lost)
+
+  return shell.Direction(init=init, propose=propose, learn=learn, observe=observe)

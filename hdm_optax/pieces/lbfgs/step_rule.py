@@ -1,0 +1,231 @@
+r"""trial_lbfgs's step rule: accept, the next alpha and the pair's trust, from f, f+ and two slopes.
+
+The shell hands the rule one :class:`hdm_optax.pieces.shell.Evidence` per trial: f and f+ at
+the two ends of the step s and the slopes :math:`d_0 = \langle \nabla f(x), s\rangle`,
+:math:`d_1 = \langle \nabla f(x^+), s\rangle`. From these four numbers :func:`evidence_step`
+decides whether the trial is accepted, the factor alpha of the next trial, and whether the
+trial's secant pair describes f along s (so that the direction may keep it). The models of f
+along s it reads are :func:`secant_minimiser`, :func:`cubic_minimiser` and
+:func:`models_agree`; the acceptance test is :func:`curvature_checked`.
+
+References:
+  Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation with
+  Hypergradient Descent*, arXiv:2502.11229, 2025: Algorithm 1, line 3 (the null step);
+  Nocedal and Wright, *Numerical Optimization*, 2nd ed., Section 3.5 (interpolation by the
+  cubic through two values and two slopes, eq. (3.59)); Hager, Zhang, SIAM J. Optim. 16(1),
+  2005 (a decision by slopes where values cancel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hdm_optax import _common
+from hdm_optax.pieces import shell
+
+__all__ = (
+  "cubic_minimiser",
+  "curvature_checked",
+  "evidence_step",
+  "models_agree",
+  "secant_minimiser",
+)
+
+
+def secant_minimiser(slope, trial_slope):
+  r"""The minimiser along s of the quadratic with the two slopes: :math:`t_s = d_0 / (d_0 - d_1)`.
+
+  t in units of the step (t = 1 is the trial). It is where the L-BFGS operator updated by
+  this pair puts the minimum along s. NaN where the curvature along s, :math:`d_1 - d_0`, is
+  not positive.
+
+  Examples:
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> float(step_rule.secant_minimiser(-2.0, 2.0))
+    0.5
+  """
+  slope, trial_slope = jnp.asarray(slope), jnp.asarray(trial_slope)
+  curved = trial_slope > slope
+  return jnp.where(curved, slope / jnp.where(curved, slope - trial_slope, 1), jnp.nan)
+
+
+def cubic_minimiser(value, trial_value, slope, trial_slope):
+  r"""The minimiser in t of the cubic through :math:`(0, f, d_0)` and :math:`(1, f^+, d_1)`.
+
+  Nocedal and Wright, eq. (3.59), on [0, 1]; NaN where the cubic has no local minimiser.
+  Unlike :func:`secant_minimiser` it uses the two values as well, so it sees where the
+  quadratic model along s is wrong (a wall, a flat stretch).
+
+  Examples:
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> float(step_rule.cubic_minimiser(1.0, 1.0, -2.0, 2.0))  # f = 1 + 2 t (t - 1)
+    0.5
+  """
+  d1 = slope + trial_slope - 3 * (trial_value - value)
+  disc = d1 * d1 - slope * trial_slope
+  d2 = jnp.sqrt(jnp.where(disc > 0, disc, 0))
+  den = trial_slope - slope + 2 * d2
+  t = 1 - (trial_slope + d2 - d1) / jnp.where(den != 0, den, 1)
+  return jnp.where((disc >= 0) & (den != 0) & jnp.isfinite(t), t, jnp.nan)
+
+
+def models_agree(value, trial_value, slope, trial_slope, factor):
+  """Whether :func:`cubic_minimiser` and :func:`secant_minimiser` agree within ``factor``.
+
+  Both must be finite. Where they agree, the pair's curvature describes f along s; where
+  they do not (a step into an exponential wall), the pair would make the operator collapse
+  along the gradient.
+
+  Examples:
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> bool(step_rule.models_agree(1.0, 1.0, -2.0, 2.0, 4.0))
+    True
+  """
+  cubic = cubic_minimiser(value, trial_value, slope, trial_slope)
+  ratio = cubic / secant_minimiser(slope, trial_slope)
+  return jnp.isfinite(ratio) & (ratio >= 1 / factor) & (ratio <= factor)
+
+
+def curvature_checked(
+  value, trial_value, slope, trial_slope, band: Any = 1e-10, curvature: Any = 0.9, ulps=1024.0
+) -> jax.Array:
+  r"""No increase of f, or an increase within rounding along which the slope shrank.
+
+  .. math::
+    f(x^+) \le f(x) \quad\text{or}\quad
+    \bigl(f(x^+) \le f(x) + \max(b, u\epsilon)\,|f(x)| \ \text{and}\ |d_1| \le c\,|d_0|\bigr),
+
+  b = ``band``, c = ``curvature`` (the strong Wolfe constant), u = ``ulps`` and
+  :math:`\epsilon` the dtype's machine epsilon. Where f's change is below its rounding, the
+  values cannot rank the two points, but the directional derivative can: a trial whose slope
+  along the step fell by the Wolfe factor has passed the minimum along the step or come close
+  to it.
+
+  Args:
+    value: f(x).
+    trial_value: :math:`f(x^+)`.
+    slope: :math:`d_0 = \langle \nabla f(x), s\rangle`.
+    trial_slope: :math:`d_1 = \langle \nabla f(x^+), s\rangle`.
+    band: b, the relative increase of f still treated as rounding (float64).
+    curvature: c, in (0, 1).
+    ulps: u, the band in units of the dtype's eps (float32's b).
+
+  Returns:
+    Whether the trial is accepted (a boolean 0-d array).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> f = jnp.asarray(1.0, jnp.float32)  # float32: the band is 1024 eps = 1.2e-4
+    >>> bool(step_rule.curvature_checked(f, f + 1e-5, -1.0, 0.1))
+    True
+    >>> bool(step_rule.curvature_checked(f, f + 1e-5, -1.0, -0.95))
+    False
+  """
+  eps = jnp.finfo(jnp.result_type(value)).eps
+  width = jnp.maximum(jnp.asarray(band, value.dtype), ulps * eps) * jnp.abs(value)
+  near = trial_value <= value + width
+  flat = jnp.abs(trial_slope) <= curvature * jnp.abs(slope)
+  return (trial_value <= value) | (near & flat)
+
+
+def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, lo):
+  """alpha after an accepted trial (see :func:`evidence_step`)."""
+  steep_still = trial_slope < steep * slope
+  overshot = trial_slope > 0
+  back = jnp.maximum(1, alpha * jnp.clip(secant_minimiser(slope, trial_slope), lo, 1))
+  above = jnp.where(overshot & jnp.isfinite(back), back, alpha)
+  return jnp.where(steep_still, alpha * extrapolate, jnp.where(alpha > 1, above, 1))
+
+
+def _null_factor(cubic, secant, agreed, lo, hi, shrink):
+  """The factor of alpha after a finite rejected trial (see :func:`evidence_step`)."""
+  t = jnp.where(agreed, cubic / secant, cubic)
+  return jnp.where(jnp.isfinite(t), jnp.clip(t, lo, hi), shrink)
+
+
+def evidence_step(
+  shrink: float = 0.5,
+  steep: float = 0.9,
+  extrapolate: float = 4.0,
+  max_step: float = 1e6,
+  bracket: tuple = (0.1, 0.5),
+  agree: float = 3.0,
+) -> shell.StepRule:
+  r"""trial_lbfgs's step rule: accept, alpha and the pair's trust from f, f+, :math:`d_0, d_1`.
+
+  *Acceptance*: :func:`curvature_checked` (no increase of f, or one within rounding along
+  which the slope shrank), for a finite trial that is no probe.
+
+  *The pair*: an accepted trial's pair may be kept; a rejected trial's only where the cubic
+  through f, f+, :math:`d_0, d_1` and the secant of the slopes agree on where the minimum
+  along s lies, within the factor ``agree`` (:func:`models_agree`).
+
+  *alpha*: after an accepted trial whose slope is still steep, :math:`d_1 < c\,d_0`
+  (c = ``steep``, the strong Wolfe constant), alpha is multiplied by ``extrapolate`` (up to
+  ``max_step``). After other accepted trials, alpha returns to 1 (the quasi-Newton step);
+  above 1 it stays, or, where the trial passed the minimum along s (:math:`d_1 > 0`), falls
+  by the secant's :math:`t_s` (not below 1). After a rejected trial alpha is multiplied by
+  the minimiser of the cubic (:func:`cubic_minimiser`) relative to the secant's (the
+  operator, updated by this pair, already moves the minimum along s to :math:`t_s`), or by
+  the cubic's own where the two disagree, clipped to ``bracket``; by ``shrink`` where the
+  cubic has no minimiser or the trial was not finite. A restart of the direction's memory
+  sets alpha = 1 (the shell restarts the rule).
+
+  Args:
+    shrink: the factor after a non-finite trial, or a rejected one without a cubic
+      minimiser, in (0, 1).
+    steep: c in (0, 1).
+    extrapolate: the factor while steep, >= 1.
+    max_step: the largest alpha.
+    bracket: (lo, hi), the safeguard of the interpolated factor after a rejected trial.
+    agree: the factor within which the cubic and the secant must agree, >= 1.
+
+  Returns:
+    A :class:`hdm_optax.pieces.shell.StepRule` whose state is alpha.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces import shell
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> rule = step_rule.evidence_step()
+    >>> evidence = shell.Evidence(  # f = 1, f+ = 0.5, d0 = -1, d1 = -0.95: still steep
+    ...   jnp.asarray(1.0), jnp.asarray(0.5), None, None, None, jnp.asarray(-1.0),
+    ...   jnp.asarray(-0.95), jnp.asarray(True), jnp.asarray(False))
+    >>> verdict = rule.judge(rule.init(jnp.float32), evidence)
+    >>> bool(verdict.accepted), float(verdict.state), bool(verdict.keep_pair)
+    (True, 4.0, True)
+
+  References:
+    Nocedal and Wright, *Numerical Optimization*, 2nd ed., Section 3.5.
+  """
+  lo, hi = bracket
+  _common.check_interval("shrink", shrink, 0, 1, lo_open=True, hi_open=True)
+  _common.check_interval("steep", steep, 0, 1, lo_open=True, hi_open=True)
+  _common.check_at_least("extrapolate", extrapolate, 1)
+  _common.check_at_least("agree", agree, 1)
+  _common.check_finite("agree", agree)
+
+  def judge(alpha, evidence):
+    e = evidence
+    c = lambda x: _common.cast(x, e.value.dtype)
+    test = curvature_checked(e.value, e.trial_value, e.slope, e.trial_slope)
+    accepted = ~e.probe & e.finite & test
+    cubic = cubic_minimiser(e.value, e.trial_value, e.slope, e.trial_slope)
+    secant = secant_minimiser(e.slope, e.trial_slope)
+    ratio = cubic / secant
+    agreed = jnp.isfinite(ratio) & (ratio >= 1 / c(agree)) & (ratio <= c(agree))
+    up = _accepted_factor(alpha, e.slope, e.trial_slope, steep, extrapolate, lo)
+    null = _null_factor(cubic, secant, agreed, lo, hi, shrink)
+    factor = jnp.where(e.finite, null, shrink)
+    new = jnp.where(accepted, jnp.minimum(up, max_step), alpha * factor)
+    return shell.Verdict(
+      accepted=accepted, state=new.astype(alpha.dtype), keep_pair=accepted | agreed
+    )
+
+  return shell.StepRule(
+    init=lambda dtype: jnp.ones([], dtype), step_size=lambda alpha: alpha, judge=judge
+  )
