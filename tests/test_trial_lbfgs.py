@@ -639,5 +639,5 @@ def test_substitution_loop_is_the_written_out_substitution_bit_for_bit(dtype, tr
       r, b = jnp.asarray(r, dtype), jnp.asarray(b, dtype)
       got, want = np.asarray(loop(r, b, transpose)), np.asarray(unrolled(r, b, transpose))
       np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
-  hlo = jax.jit(secant._solve_upper, static_argnums=2).lower(r, b, transpose).as_text()
+  hlo = jax.jit(memory._solve_upper, static_argnums=2).lower(r, b, transpose).as_text()
   assert ("stablehlo.while" in hlo) == (jax.default_backend() == "cpu")
