@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import math
@@ -295,6 +297,25 @@ def _recorded(info: HDMInfo, params, updates, point_scale, stale) -> HDMInfo:
   )
 
 
+_VALUES_AT_PARAMS = contextvars.ContextVar("hdm_optax_values_at_params", default=False)
+
+
+@contextlib.contextmanager
+def values_at_params():
+  """Within it, ``update`` calls traced or run take ``value`` and ``grad`` as f and grad f at
+  the params: :func:`track_point`'s check is left out of the program.
+
+  The drivers trace their loops inside it (they always evaluate at the params). It is the
+  drivers' form of the extra argument ``value_at_params=True``, which optax's linesearches
+  (``optax.lbfgs``) would pass on to ``value_fn`` and reject.
+  """
+  token = _VALUES_AT_PARAMS.set(True)
+  try:
+    yield
+  finally:
+    _VALUES_AT_PARAMS.reset(token)
+
+
 def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
   """Decorates an ``update_fn``: it never acts on a cache of another point.
 
@@ -319,8 +340,9 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
   update. A caller that always passes f and grad f at the params (as
   ``hdm_optax.solve``, ``sweep``, ``minibatch_step`` and
   ``hdm_optax.value_and_grad_from_state`` loops do) says so with the extra argument
-  ``value_at_params=True``: the check is then left out of the program (optax
-  transformations ignore extra arguments they do not know).
+  ``value_at_params=True`` (where no optax linesearch is in the chain: it passes extra
+  arguments on to ``value_fn``) or by calling ``update`` within :func:`values_at_params`,
+  as the drivers do: the check is then left out of the program.
 
   Args:
     name: the transformation's name, for the warning.
@@ -354,7 +376,7 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       )
       point_sum, point_scale = point_fingerprint(params)
       stale = False
-      if not value_at_params:
+      if not (value_at_params or _VALUES_AT_PARAMS.get()):
         value, fresh, stale = _refresh(
           state, params, value, received, value_fn, (point_sum, point_scale), report
         )
