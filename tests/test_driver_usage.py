@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import hdm_optax
+from hdm_optax import _common
 from helpers import Compilations, logistic, logistic_problem, python_blocks
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import compiled as solve_lib
@@ -281,6 +282,35 @@ def test_the_stale_warning_is_once_per_transformation_under_jit():
       jax.effects_barrier()
     assert sum("other than the point" in str(w.message) for w in record) == expected
     assert _stale(state) >= 2
+
+
+def test_value_at_params_leaves_the_check_out():
+  """A caller's promise is taken as given: the stale cache is then neither evaluated nor
+  counted (the extra argument, and the drivers' context)."""
+  fun = lambda w: logistic(w, *ARGS)
+  opt = optax.chain(hdm_optax.hdm(), optax.scale(0.5))
+  x, state = PROBLEM.x0, opt.init(PROBLEM.x0)
+  value, grad = jax.value_and_grad(fun)(x)
+  accepted = False
+  while not accepted:  # until a step is taken: the cache is then at x + u, not x + u / 2
+    updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+    x = optax.apply_updates(x, updates)
+    value, grad = optax.tree.get(state, "value"), optax.tree.get(state, "grad")
+    accepted = bool(optax.tree.get(state, "accepted"))
+  assert _stale(state) == 0
+  calls = _grad_evals(state)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    _, promised = opt.update(
+      grad, state, x, value=value, grad=grad, value_fn=fun, value_at_params=True
+    )
+    with _common.values_at_params():
+      _, context = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+  assert _stale(promised) == _stale(context) == 0
+  assert _grad_evals(promised) == _grad_evals(context) == calls + 1
+  with pytest.warns(UserWarning, match="other than the point"):
+    _, checked = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+  assert _stale(checked) == 1 and _grad_evals(checked) == calls + 2
 
 
 def test_drivers_leave_the_stale_check_out_of_a_vmapped_solve():
