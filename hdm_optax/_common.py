@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import math
@@ -217,8 +219,8 @@ def _sample(tree) -> list:
   return out
 
 
-def _track(state, info: HDMInfo, params, value, grad, updates):
-  """``info`` with the fingerprint of the new cache's point, and whether this update met a stale cache.
+def _is_stale(state, params, value, grad, point_sum, point_scale) -> jax.Array:
+  """Whether ``update`` received a stale cache.
 
   Stale: the params are not the point of the cache (beyond rounding) while the value and
   gradient received are the cached ones (the value bit for bit, and a few entries of the
@@ -229,38 +231,118 @@ def _track(state, info: HDMInfo, params, value, grad, updates):
   """
   old = state.info
   dtype = old.point_sum.dtype
-  point_sum, point_scale = point_fingerprint(params)
   tol = _POINT_EPS * float(jnp.finfo(dtype).eps) * (point_scale + old.point_scale)
   elsewhere = (old.num_grad_evals > 0) & (jnp.abs(point_sum - old.point_sum) > tol)
   same_value = jnp.isfinite(state.value) & (jnp.asarray(value).astype(dtype) == state.value)
   same_grad = jnp.all(
     jnp.stack([jnp.all(a == b) for a, b in zip(_sample(grad), _sample(state.grad))])
   )
-  stale = elsewhere & same_value & same_grad
+  return elsewhere & same_value & same_grad
+
+
+def _stale_warning(name: str) -> str:
+  return (
+    f"{name}.update received params other than the point where it cached f and grad f, "
+    "together with that cached value: value= and grad= belong to another point. It "
+    "evaluated f and grad f at the params instead (one more oracle call at every such "
+    "update, counted in info.num_stale_updates). A transformation after it in optax.chain "
+    f"changed its update (e.g. optax.chain({name}(), optax.scale(0.5))) and "
+    f"optax.value_and_grad_from_state returned the cache. Put {name} last in the chain, or "
+    "call hdm_optax.value_and_grad_from_state(fun), which evaluates f at the params then "
+    "(docs/pitfalls.md)."
+  )
+
+
+def _refresh(state, params, value, grad, value_fn, fingerprint, report):
+  """``(value, grad, stale)``: f and grad f at ``params`` where the cache received was stale.
+
+  Concrete values (outside ``jit``) branch in Python; traced ones in ``lax.cond``, whose
+  evaluation branch reports through ``jax.debug.callback``. (Under ``vmap`` the cond runs
+  both branches: one more oracle call per update, which the drivers avoid by passing
+  ``value_at_params=True``.)
+  """
+  dtype = state.value.dtype
+  stale = _is_stale(state, params, value, grad, *fingerprint)
+
+  def evaluate():
+    fresh_value, fresh_grad = value_and_grad(value_fn, params)
+    fresh_grad = jax.tree.map(lambda new, old: jnp.asarray(new).astype(old.dtype), fresh_grad, grad)
+    return jnp.asarray(fresh_value).astype(dtype), fresh_grad
+
+  if not isinstance(stale, jax.core.Tracer):
+    if bool(stale):
+      report(True)
+      return (*evaluate(), stale)
+    return value, grad, stale
+
+  def evaluate_and_report():
+    jax.debug.callback(report, stale)
+    return evaluate()
+
+  kept = lambda: (jnp.asarray(value).astype(dtype), grad)
+  return (*jax.lax.cond(stale, evaluate_and_report, kept), stale)
+
+
+def _recorded(info: HDMInfo, params, updates, point_scale, stale) -> HDMInfo:
+  """``info`` with the fingerprint of the new cache's point and the stale update's call."""
+  dtype = info.point_sum.dtype
   next_point, _ = point_fingerprint(optax.apply_updates(params, updates))
-  info = info._replace(
-    num_stale_updates=old.num_stale_updates + stale.astype(jnp.int32),
+  calls = jnp.asarray(stale).astype(jnp.int32)
+  return info._replace(
+    num_value_evals=info.num_value_evals + calls,
+    num_grad_evals=info.num_grad_evals + calls,
+    num_stale_updates=info.num_stale_updates + calls,
     point_sum=next_point.astype(dtype),
     point_scale=point_scale.astype(dtype),
   )
-  return info, stale
+
+
+_VALUES_AT_PARAMS = contextvars.ContextVar("hdm_optax_values_at_params", default=False)
+
+
+@contextlib.contextmanager
+def values_at_params():
+  """Within it, ``update`` calls traced or run take ``value`` and ``grad`` as f and grad f at
+  the params: :func:`track_point`'s check is left out of the program.
+
+  The drivers trace their loops inside it (they always evaluate at the params). It is the
+  drivers' form of the extra argument ``value_at_params=True``, which optax's linesearches
+  (``optax.lbfgs``) would pass on to ``value_fn`` and reject.
+  """
+  token = _VALUES_AT_PARAMS.set(True)
+  try:
+    yield
+  finally:
+    _VALUES_AT_PARAMS.reset(token)
 
 
 def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-  """Decorates an ``update_fn``: it checks that its params are the point of its cache.
+  """Decorates an ``update_fn``: it never acts on a cache of another point.
 
   A transformation caches f and grad f at ``params + u``, ``u`` the update it
   returns. The next ``update`` must receive that point; when it receives another
   one (a later transformation in ``optax.chain`` changed ``u``) together with the
   cached ``value`` (``optax.value_and_grad_from_state`` returns the cache it finds),
-  the value and gradient it was given belong to another point, and the run is
-  silently wrong. The decorated ``update_fn`` then counts it in
-  ``info.num_stale_updates`` and, called outside ``jit`` (its values concrete),
-  warns. The check compares :func:`point_fingerprint` of the params with the one
+  the value and gradient it was given belong to another point. The decorated
+  ``update_fn`` then evaluates f and grad f at the params with ``value_fn`` (one
+  more oracle call, counted in ``info``'s calls) and acts on those, counts the
+  update in ``info.num_stale_updates`` and warns, once per transformation, under
+  ``jit`` too (through ``jax.debug.callback``). Incoming ``updates`` that are the
+  received gradient itself (the method first in the chain) are replaced by the
+  fresh gradient; updates that a transformation before the method made from the
+  stale gradient are kept as they are.
+
+  The check compares :func:`point_fingerprint` of the params with the one
   recorded for the cache (two scalars in ``info``, no vector of n kept), within
   rounding: a change of the point below ``256 eps`` of its entries' magnitudes
-  goes unseen. ``hdm_optax.solve`` and ``hdm_optax.value_and_grad_from_state``
-  evaluate f at the params when the cache is elsewhere, so they never count one.
+  goes unseen. Under ``jit`` the evaluation is a ``lax.cond``; under ``vmap`` a
+  cond runs both branches, so a vmapped loop of one's own pays the call at every
+  update. A caller that always passes f and grad f at the params (as
+  ``hdm_optax.solve``, ``sweep``, ``minibatch_step`` and
+  ``hdm_optax.value_and_grad_from_state`` loops do) says so with the extra argument
+  ``value_at_params=True`` (where no optax linesearch is in the chain: it passes extra
+  arguments on to ``value_fn``) or by calling ``update`` within :func:`values_at_params`,
+  as the drivers do: the check is then left out of the program.
 
   Args:
     name: the transformation's name, for the warning.
@@ -270,29 +352,51 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
   """
 
   def decorate(update_fn):
+    warned = []
+
+    def report(stale):
+      if np.any(stale) and not warned:
+        warned.append(True)
+        warnings.warn(_stale_warning(name), stacklevel=5)
+
     @functools.wraps(update_fn)
-    def checked(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-      out, new_state = update_fn(
-        updates, state, params, value=value, grad=grad, value_fn=value_fn, **extra_args
+    def checked(
+      updates,
+      state,
+      params,
+      *,
+      value=None,
+      grad=None,
+      value_fn=None,
+      value_at_params=False,
+      **extra_args,
+    ):
+      value, received = require_oracle(
+        name, value, grad, value_fn, updates, params=params, state_grad=state.grad
       )
-      received = updates if grad is None else grad
-      info, stale = _track(state, new_state.info, params, value, received, out)
-      if not isinstance(stale, jax.core.Tracer) and bool(stale):
-        warnings.warn(
-          f"{name}.update received params other than the point where it cached f and grad f, "
-          "together with that cached value: value= and grad= belong to another point, so the "
-          "run is wrong. A transformation after it in optax.chain changed its update (e.g. "
-          f"optax.chain({name}(), optax.scale(0.5))) and optax.value_and_grad_from_state "
-          f"returned the cache. Put {name} last in the chain, or call "
-          "hdm_optax.value_and_grad_from_state(fun), which evaluates f at the params then "
-          "(docs/pitfalls.md). info.num_stale_updates counts such updates.",
-          stacklevel=2,
+      point_sum, point_scale = point_fingerprint(params)
+      stale = False
+      if not (value_at_params or _VALUES_AT_PARAMS.get()):
+        value, fresh, stale = _refresh(
+          state, params, value, received, value_fn, (point_sum, point_scale), report
         )
+        if updates is None or _same_leaves(updates, received):
+          updates = fresh
+        received = fresh
+      out, new_state = update_fn(
+        updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
+      )
+      info = _recorded(new_state.info, params, out, point_scale, stale)
       return out, new_state._replace(info=info)
 
     return checked
 
   return decorate
+
+
+def _same_leaves(a, b) -> bool:
+  """The two trees hold the same leaf objects (one tree passed twice, at trace time)."""
+  return all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 class _Identity:
@@ -419,8 +523,7 @@ def require_untransformed(name: str, updates, grad, reason: str):
   a word. Identity is checked on the leaves (at trace time), so ``grad`` passed
   as both ``updates`` and ``grad=``, or through ``optax.identity()``, passes.
   """
-  same = all(u is g for u, g in zip(jax.tree.leaves(updates), jax.tree.leaves(grad)))
-  if not same:
+  if not _same_leaves(updates, grad):
     raise ValueError(
       f"{name}.update got updates that differ from grad=: a transformation before "
       f"{name} in optax.chain changed them, and {name} cannot honour it ({reason}). "

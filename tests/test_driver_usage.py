@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import hdm_optax
+from hdm_optax import _common
 from helpers import Compilations, logistic, logistic_problem, python_blocks
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import compiled as solve_lib
@@ -161,18 +162,24 @@ def test_the_first_loop_as_written_compiles_once(page):
   assert len(counts) >= 3 and counts[1] == counts[-1], counts
 
 
-# ---------------------------------------------------------------------------
-# 3. A stale cache is flagged (and warned of outside jit)
+# 3. A stale cache is never acted on: evaluated again, counted, warned of once
 # ---------------------------------------------------------------------------
 
 
-def _own_loop(opt, value_and_grad, fun, x, steps, jit):
+def _own_loop(opt, value_and_grad, fun, x, steps, jit, tol=0.0):
+  """optax's own-loop recipe; stops before an update once ||grad f|| <= tol at x (evaluated
+  apart: optax's cached gradient may be another point's)."""
+
   def update(grad, state, x, value):  # grad once, as hdm_agd asks (one tracer under jit)
     return opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
 
   update = jax.jit(update) if jit else update
+  value_and_grad = jax.jit(value_and_grad)  # optax's is not: a cond traced at every call
+  grad_norm = jax.jit(lambda x: optax.tree.norm(jax.grad(fun)(x)))
   state = opt.init(x)
   for _ in range(steps):
+    if tol and float(grad_norm(x)) <= tol:
+      break
     value, grad = value_and_grad(x, state=state)
     updates, state = update(grad, state, x, value)
     x = optax.apply_updates(x, updates)
@@ -183,22 +190,144 @@ def _stale(state) -> int:
   return sum(int(v) for _, v in optax.tree.get_all_with_path(state, "num_stale_updates"))
 
 
-CHAIN_CASES = [
-  c for c in FACTORIES if c[0] in (hdm_optax.hdm, hdm_optax.hdm_agd, hdm_optax.trial_lbfgs)
-]
+def _grad_evals(state) -> int:
+  return sum(int(v) for _, v in optax.tree.get_all_with_path(state, "num_grad_evals"))
 
 
-@pytest.mark.parametrize("factory, base, _", CHAIN_CASES, ids=[c[0].__name__ for c in CHAIN_CASES])
-def test_a_chain_after_the_method_with_optax_cache_is_flagged(factory, base, _):
+TAILS = {
+  "scale": optax.scale(0.5),
+  "weight_decay": optax.add_decayed_weights(1e-6),
+  "clip": optax.clip_by_global_norm(0.1),
+}
+STALE_TOL = 1e-4
+
+
+def _like_solve(opt, jit):
+  """The own loop with optax's cache reaches solve's point in as many updates, with no more
+  calls; returns its state."""
   fun = lambda w: logistic(w, *ARGS)
-  opt = optax.chain(factory(**base), optax.scale(0.5))
-  with pytest.warns(UserWarning, match="other than the point where it cached"):
-    _, state = _own_loop(opt, optax.value_and_grad_from_state(fun), fun, PROBLEM.x0, 25, jit=False)
-  assert _stale(state) >= 1
+  with pytest.warns(UserWarning, match="later transformation may change"):
+    res = hdm_optax.solve(opt, fun, PROBLEM.x0, max_steps=1000, tol=STALE_TOL)
+  assert res.converged
+  with pytest.warns(UserWarning, match="other than the point where it cached") as record:
+    x, state = _own_loop(
+      opt, optax.value_and_grad_from_state(fun), fun, PROBLEM.x0, 1000, jit, tol=STALE_TOL
+    )
+    jax.effects_barrier()
+  assert sum("other than the point" in str(w.message) for w in record) == 1  # once, jit or not
+  steps = int(optax.tree.get(state, "count"))
+  assert float(optax.tree.norm(jax.grad(fun)(x))) <= STALE_TOL
+  assert steps <= 1.1 * int(res.num_steps) + 3, (steps, int(res.num_steps))
+  assert 1 + _grad_evals(state) <= int(res.num_grad_evals)  # no extra call after a null step
+  np.testing.assert_allclose(float(fun(x)), float(res.value), rtol=1e-8)
+  return state
+
+
+@pytest.mark.parametrize(
+  "tail, jit", [("scale", False)] + [(tail, True) for tail in TAILS], ids=lambda v: str(v)
+)
+def test_trial_lbfgs_then_a_transformation_with_optax_cache_converges_as_solve(tail, jit):
+  """optax.chain(trial_lbfgs(), tail) with optax.value_and_grad_from_state: each update
+  that receives the cache of another point evaluates f at the params."""
+  state = _like_solve(optax.chain(hdm_optax.trial_lbfgs(), TAILS[tail]), jit)
+  assert _stale(state) >= 2
+
+
+@pytest.mark.parametrize("factory, base, _", FACTORIES, ids=IDS)
+def test_every_method_then_scale_with_optax_cache_converges_as_solve(factory, base, _):
+  _like_solve(optax.chain(factory(**base), optax.scale(0.5)), jit=True)
+
+
+def _counted(fun, calls: list):
+  """``fun`` that appends to ``calls`` at each executed (not traced) evaluation."""
+
+  def counted(*args):
+    jax.debug.callback(lambda: calls.append(1))
+    return fun(*args)
+
+  return counted
+
+
+def test_every_stale_update_is_counted_and_evaluated_once_more():
+  """Outside jit, with f's calls counted in Python: each update after an accepted scaled
+  step is stale, is counted, and costs exactly one more call, in info's calls too."""
+  calls = []
+  fun = _counted(lambda w: logistic(w, *ARGS), calls)
+
+  opt = optax.chain(hdm_optax.trial_lbfgs(), optax.scale(0.5))
+  value_and_grad = optax.value_and_grad_from_state(fun)
+  x, state, accepted, stale = PROBLEM.x0, opt.init(PROBLEM.x0), [], []
+  with pytest.warns(UserWarning, match="other than the point"):
+    for _ in range(12):
+      value, grad = value_and_grad(x, state=state)
+      updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+      x = optax.apply_updates(x, updates)
+      accepted.append(bool(optax.tree.get(state, "accepted")))
+      stale.append(_stale(state))
+  jax.effects_barrier()
+  # The update after an accepted step gets the cache at x + u, not x + u / 2.
+  assert np.diff([0] + stale).tolist() == [0] + [int(a) for a in accepted[:-1]]
+  assert sum(accepted[:-1]) >= 5
+  assert len(calls) == 1 + _grad_evals(state)  # optax's first call, then info's
+
+
+def test_the_stale_warning_is_once_per_transformation_under_jit():
+  fun = lambda w: logistic(w, *ARGS)
+  value_and_grad = optax.value_and_grad_from_state(fun)
+  opt = optax.chain(hdm_optax.hdm(), optax.scale(0.5))
+  for expected in (1, 0):  # the same transformation, a second loop: no second warning
+    with warnings.catch_warnings(record=True) as record:
+      warnings.simplefilter("always")
+      _, state = _own_loop(opt, value_and_grad, fun, PROBLEM.x0, 10, jit=True)
+      jax.effects_barrier()
+    assert sum("other than the point" in str(w.message) for w in record) == expected
+    assert _stale(state) >= 2
+
+
+def test_value_at_params_leaves_the_check_out():
+  """A caller's promise is taken as given: the stale cache is then neither evaluated nor
+  counted (the extra argument, and the drivers' context)."""
+  fun = lambda w: logistic(w, *ARGS)
+  opt = optax.chain(hdm_optax.hdm(), optax.scale(0.5))
+  x, state = PROBLEM.x0, opt.init(PROBLEM.x0)
+  value, grad = jax.value_and_grad(fun)(x)
+  accepted = False
+  while not accepted:  # until a step is taken: the cache is then at x + u, not x + u / 2
+    updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+    x = optax.apply_updates(x, updates)
+    value, grad = optax.tree.get(state, "value"), optax.tree.get(state, "grad")
+    accepted = bool(optax.tree.get(state, "accepted"))
+  assert _stale(state) == 0
+  calls = _grad_evals(state)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    _, state = _own_loop(opt, optax.value_and_grad_from_state(fun), fun, PROBLEM.x0, 25, jit=True)
-  assert _stale(state) >= 1  # compiled: the flag, no warning
+    _, promised = opt.update(
+      grad, state, x, value=value, grad=grad, value_fn=fun, value_at_params=True
+    )
+    with _common.values_at_params():
+      _, context = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+  assert _stale(promised) == _stale(context) == 0
+  assert _grad_evals(promised) == _grad_evals(context) == calls + 1
+  with pytest.warns(UserWarning, match="other than the point"):
+    _, checked = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+  assert _stale(checked) == 1 and _grad_evals(checked) == calls + 2
+
+
+def test_drivers_leave_the_stale_check_out_of_a_vmapped_solve():
+  """A vmapped solve executes one oracle call per member per iteration: the check's cond,
+  which would run both branches under vmap, is not in the program."""
+  executed = []
+  fun = _counted(logistic, executed)
+  x0 = jnp.stack([PROBLEM.x0, 0.5 * PROBLEM.x0, -PROBLEM.x0])
+
+  def solve(x):
+    return hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x, fun_args=ARGS, max_steps=50)
+
+  res = jax.jit(jax.vmap(solve))(x0)
+  jax.effects_barrier()
+  # The batched loop runs until its slowest member stops; a callback under vmap runs once for
+  # the batch.
+  assert len(executed) == int(jnp.max(res.num_grad_evals))
 
 
 # The point check is written twice (the iteration shell, hdm_agd's own update): every method

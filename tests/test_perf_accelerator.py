@@ -33,6 +33,15 @@ def test_batched_throughput_rows(capsys):
   assert out.startswith(device) and "hdm_auto()" in out and "problems/s" in out
 
 
+def test_batched_spread_rows(capsys):
+  """The heavy-tailed batch: lockstep and retiring rows per solver, every member solved."""
+  from experiments.perf import batched_spread
+
+  rows = batched_spread.run([5], jnp.dtype("float64"), 4, 200, 1e-4, 1, 1e1, 1e3)
+  assert len(rows) == 4 and all(r["solved"] == 5 and r["per_second"] > 0 for r in rows)
+  assert "sweep(compact=True)" in capsys.readouterr().out
+
+
 def test_batched_rejects_an_unknown_solver(capsys):
   with pytest.raises(SystemExit):
     batched.main(["--solvers", "hdm_auto(),adam"])

@@ -22,6 +22,10 @@ solve (compilation excluded, ``--repeats`` interleaved runs), how many of the
 B problems were solved, problems solved per second (solved / time), and the
 mean and the largest gradient calls per problem (the vmapped loop runs until
 its slowest problem stops). ``--dtype float64`` enables x64.
+
+``--spread`` runs ``experiments.perf.batched_spread`` instead (its own options): a batch
+whose condition numbers spread over 1e1..1e6, solved in lockstep and by ``sweep(compact=True)``,
+which retires converged members.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from typing import Callable
 
@@ -240,6 +245,11 @@ def run_args(args, run_fn=None) -> list[dict]:
 
 
 def main(argv=None) -> list[dict]:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if "--spread" in argv:  # the heavy-tailed batch, lockstep against retiring members
+    from experiments.perf import batched_spread
+
+    return batched_spread.main([a for a in argv if a != "--spread"])
   return run_args(parse_args(argv, SOLVERS, __doc__.split("\n")[0]))
 
 

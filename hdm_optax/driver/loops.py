@@ -452,9 +452,12 @@ def _moves(optimizer, fun, fun_args: tuple, has_aux: bool):
     )
 
   def update(s: LoopState):
-    updates, opt_state = optimizer.update(
-      s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=value_fn
-    )
+    # value and grad are f and grad f at the params: hdm_optax's transformations leave their
+    # stale-cache check out of the program.
+    with _common.values_at_params():
+      updates, opt_state = optimizer.update(
+        s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=value_fn
+      )
     params = optax.apply_updates(s.params, updates)
     values, grads = cache_lib.calls_in_update(s.opt_state, opt_state)
     return params, opt_state, values, grads
