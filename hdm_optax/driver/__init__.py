@@ -13,6 +13,9 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
 - :mod:`~hdm_optax.driver.compiled`: :func:`solve` and :func:`sweep`, compiled
   runs of the loop (:mod:`~hdm_optax.driver.grid` lays out a sweep's points,
   problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch).
+- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run: implicitly at
+  the returned point (:class:`ImplicitAdjoint`) or through the iterations
+  (:class:`UnrolledAdjoint`).
 - :mod:`~hdm_optax.driver.scipy_api`: :func:`minimize`, SciPy's entry point (bounds as
   SciPy takes them) over :func:`solve`, one compiled program.
 - :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
@@ -21,6 +24,7 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   (optional, needs optimistix; not imported here).
 """
 
+from hdm_optax.driver import adjoint
 from hdm_optax.driver import cache
 from hdm_optax.driver import compiled
 from hdm_optax.driver import grid
@@ -31,6 +35,7 @@ from hdm_optax.driver import scipy_api
 from hdm_optax.driver import staging
 
 __all__ = (
+  "adjoint",
   "cache",
   "compiled",
   "grid",

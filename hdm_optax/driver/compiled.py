@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import grid as grid_lib
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import staging
@@ -224,6 +225,7 @@ def solve(
   min_value: Optional[float] = -1e20,
   has_aux: bool = False,
   check_every: int = 1,
+  adjoint: Any = None,
 ) -> SolveResult:
   r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
 
@@ -317,6 +319,12 @@ def solve(
       costs about as much: on an H200, ``check_every=8`` took 1.06 (n = 1e6)
       and 1.01 (n = 1e7) times the time of ``check_every=1``
       (``docs/accelerators.md``), so the default is 1 on every backend.
+    adjoint: how ``jax.grad``/``jax.jvp`` see ``params`` and ``value`` as functions of
+      ``fun_args`` (and of arrays ``fun`` closes over):
+      :class:`hdm_optax.ImplicitAdjoint` (``None``, the default: the implicit function
+      theorem at the returned point, ``x0`` gets zero) or
+      :class:`hdm_optax.UnrolledAdjoint` (through the iterations of a ``lax.scan`` run
+      of ``max_steps`` iterations). See :mod:`hdm_optax.driver.adjoint`.
 
   Returns:
     A :class:`SolveResult`.
@@ -349,17 +357,31 @@ def solve(
   check_every = _check_every(check_every)
   traced = _under_trace(init_params, fun_args, tol, rtol, init_state)
   solve_fn = _solve if traced else _solve_jit
-  result = solve_fn(
-    optimizer,
-    fun,
-    _trace_size(max_steps),
-    bool(has_aux),
-    check_every,
-    init_params,
-    fun_args,
-    limits,
-    init_state,
-    rtol,
+
+  def run(fun, init_params, fun_args, init_state):
+    size, aux = _trace_size(max_steps), bool(has_aux)
+    return solve_fn(
+      optimizer, fun, size, aux, check_every, init_params, fun_args, limits, init_state, rtol
+    )
+
+  # Differentiation (hdm_optax.driver.adjoint): implicit at the returned point, or unrolled.
+  def unrolled(fun, init_params, fun_args, init_state):
+    return adjoint_lib.unrolled_run(
+      adjoint,
+      optimizer,
+      fun,
+      has_aux,
+      max_steps,
+      traced,
+      init_params,
+      fun_args,
+      limits,
+      init_state,
+      rtol,
+    )
+
+  result = adjoint_lib.differentiable_run(
+    adjoint, run, unrolled, traced, fun, has_aux, init_params, fun_args, init_state
   )
   return _cut(result, max_steps)
 
