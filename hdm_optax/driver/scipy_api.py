@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _common
+from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import compiled as solve_lib
 from hdm_optax.driver.results import SolveResult
@@ -89,12 +90,14 @@ def _strong(x0, lower, upper, tol):
   return cast(x0), cast(lower), cast(upper), cast(tol)
 
 
-def _minimize(fun, method, max_steps, x0, args, lower, upper, tol) -> SolveResult:
+def _minimize(fun, method, max_steps, adjoint, x0, args, lower, upper, tol) -> SolveResult:
   optimizer = METHODS[method](lower=lower, upper=upper)
-  return solve_lib.solve(optimizer, fun, x0, max_steps=max_steps, tol=tol, fun_args=args)
+  return solve_lib.solve(
+    optimizer, fun, x0, max_steps=max_steps, tol=tol, fun_args=args, adjoint=adjoint
+  )
 
 
-_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2))
+_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2, 3))
 
 
 def minimize(
@@ -106,6 +109,7 @@ def minimize(
   method: str = "trial_lbfgs",
   tol: Any = 1e-5,
   max_steps: int = 15000,
+  adjoint: Any = None,
 ) -> SolveResult:
   r"""Minimizes ``fun(x, *args)`` from ``x0``, within ``bounds``, as one compiled program.
 
@@ -137,6 +141,10 @@ def minimize(
     method: the method's name, one of :data:`METHODS` (``"trial_lbfgs"``).
     tol: stop once the (projected) gradient's inf-norm is at most ``tol``.
     max_steps: iterations allowed (static; one oracle call each).
+    adjoint: how ``jax.grad``/``jax.jvp`` see the result as a function of ``args``:
+      :class:`hdm_optax.ImplicitAdjoint` (``None``, the default; with bounds on the free
+      variables, the others have derivative 0) or :class:`hdm_optax.UnrolledAdjoint`
+      (through the iterations of a ``max_steps`` run), as in :func:`hdm_optax.solve`.
 
   Returns:
     A :class:`hdm_optax.SolveResult` (``grad_norm`` is the projected gradient's with bounds).
@@ -164,4 +172,5 @@ def minimize(
   args = jax.tree.map(own, tuple(args))
   traced = solve_lib._under_trace(x0, args, lower, upper, tol)  # pylint: disable=protected-access
   run = _minimize if traced else _minimize_jit
-  return run(fun, method, max_steps, x0, args, lower, upper, tol)
+  adjoint = adjoint_lib.check_adjoint(adjoint)
+  return run(fun, method, max_steps, adjoint, x0, args, lower, upper, tol)
