@@ -19,7 +19,7 @@ from hdm_optax.methods import (
 )
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
 from hdm_optax.pieces import hypergradient, learners, momentum, secant, shell, step_control
-from hdm_optax.driver import cache, compiled, loops, scipy_api
+from hdm_optax.driver import adjoint, cache, compiled, loops, scipy_api
 
 PIECES = [
   acceptance,
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # docs/minibatch.md and docs/optimistix.md run in their own modules' tests.
-PAGES = ["README.md", "docs/guide.md", "docs/bounds.md"]
+PAGES = ["README.md", "docs/guide.md", "docs/bounds.md", "docs/gradients.md"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -72,6 +72,7 @@ def test_every_docs_page_is_in_the_index():
     _hdm_auto,
     _osgm_best,
     _trial_lbfgs,
+    adjoint,
     cache,
     loops,
     compiled,

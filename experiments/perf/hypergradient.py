@@ -49,8 +49,8 @@ def _held_out(w, X, y, train):
   return jnp.sum(~train * _terms(w, X, y)) / jnp.sum(~train)
 
 
-def _hdm(adjoint, X, y, masks):
-  def fit(train, log_lam):
+def _hdm(adjoint):
+  def fit(train, log_lam, X, y):
     return hdm_optax.solve(
       hdm_optax.trial_lbfgs(),
       _train_loss,
@@ -64,17 +64,17 @@ def _hdm(adjoint, X, y, masks):
   return fit
 
 
-def _optimistix(solver_name, X, y, masks):
+def _optimistix(solver_name):
   import optimistix as optx  # pylint: disable=import-outside-toplevel
 
   solver = getattr(optx, solver_name)(rtol=TOL, atol=TOL)
 
-  def fit(train, log_lam):
+  def fit(train, log_lam, X, y):
     sol = optx.minimise(
-      lambda w, a: _train_loss(w, X, y, *a),
+      lambda w, a: _train_loss(w, *a),
       solver,
       jnp.zeros(X.shape[1]),
-      args=(train, log_lam),
+      args=(X, y, train, log_lam),
       adjoint=optx.ImplicitAdjoint(),
       max_steps=2000,
       throw=False,
@@ -84,20 +84,19 @@ def _optimistix(solver_name, X, y, masks):
   return fit
 
 
-def _hypergradient(fit, X, y, masks):
-  def cv(log_lam):
-    return jnp.mean(jax.vmap(lambda m: _held_out(fit(m, log_lam), X, y, m))(masks))
+def _hypergradient(fit):
+  def cv(log_lam, X, y, masks):
+    return jnp.mean(jax.vmap(lambda m: _held_out(fit(m, log_lam, X, y), X, y, m))(masks))
 
   return jax.jit(jax.value_and_grad(cv))
 
 
 def _reference(X, y, masks, log_lam):
   """The hypergradient from dense Hessians at tight solutions."""
-  fit = _hdm(None, X, y, masks)
+  fit = jax.jit(_hdm(None))
   total = 0.0
   for m in masks:
-    w = fit(m, log_lam)
-    w = jax.jit(_hdm(None, X, y, masks))(m, log_lam)
+    w = fit(m, log_lam, X, y)
     hess = jax.hessian(_train_loss)(w, X, y, m, log_lam)
     cross = jax.jacfwd(jax.grad(_train_loss), argnums=4)(w, X, y, m, log_lam)
     w_dot = -jnp.linalg.solve(hess, cross)
@@ -110,11 +109,16 @@ def _cg_steps(X, y, masks, log_lam):
   steps = {False: [], True: []}
   for m in masks:
     res = hdm_optax.solve(
-      hdm_optax.trial_lbfgs(), _train_loss, jnp.zeros(X.shape[1]), max_steps=2000, tol=TOL,
+      hdm_optax.trial_lbfgs(),
+      _train_loss,
+      jnp.zeros(X.shape[1]),
+      max_steps=2000,
+      tol=TOL,
       fun_args=(X, y, m, log_lam),
     )
     w = res.params
-    hvp = jax.jit(lambda v: jax.jvp(lambda u: jax.grad(_train_loss)(u, X, y, m, log_lam), (w,), (v,))[1])
+    grad = jax.grad(_train_loss)
+    hvp = lambda v, w=w, m=m: jax.jvp(lambda u: grad(u, X, y, m, log_lam), (w,), (v,))[1]
     b = jax.grad(_held_out)(w, X, y, m)
     memory = adjoint_lib._secant_memory(res.state)  # pylint: disable=protected-access
     for on in (False, True):
@@ -134,23 +138,24 @@ def main():
   X, y, masks = _problem(args.rows, args.dim, args.folds)
   log_lam = jnp.asarray(args.log_lam)
   rows = {
-    "hdm_optax trial_lbfgs, ImplicitAdjoint()": _hdm(hdm_optax.ImplicitAdjoint(), X, y, masks),
+    "hdm_optax trial_lbfgs, ImplicitAdjoint()": _hdm(hdm_optax.ImplicitAdjoint()),
     "hdm_optax trial_lbfgs, ImplicitAdjoint(precondition=False)": _hdm(
-      hdm_optax.ImplicitAdjoint(precondition=False), X, y, masks
+      hdm_optax.ImplicitAdjoint(precondition=False)
     ),
-    "optimistix BFGS, ImplicitAdjoint()": _optimistix("BFGS", X, y, masks),
-    "optimistix LBFGS, ImplicitAdjoint()": _optimistix("LBFGS", X, y, masks),
+    "optimistix BFGS, ImplicitAdjoint()": _optimistix("BFGS"),
+    "optimistix LBFGS, ImplicitAdjoint()": _optimistix("LBFGS"),
   }
-  fns = {name: _hypergradient(fit, X, y, masks) for name, fit in rows.items()}
+  fns = {name: _hypergradient(fit) for name, fit in rows.items()}
+  data = (X, y, masks)
   compile_s, grads, times = {}, {}, {name: [] for name in fns}
   for name, fn in fns.items():
     start = time.perf_counter()
-    grads[name] = float(jax.block_until_ready(fn(log_lam))[1])
+    grads[name] = float(jax.block_until_ready(fn(log_lam, *data))[1])
     compile_s[name] = time.perf_counter() - start
   for _ in range(args.repeats):
     for name, fn in fns.items():
       start = time.perf_counter()
-      jax.block_until_ready(fn(log_lam))
+      jax.block_until_ready(fn(log_lam, *data))
       times[name].append(time.perf_counter() - start)
   reference = _reference(X, y, masks, log_lam)
   cg = _cg_steps(X, y, masks, log_lam)
