@@ -5,9 +5,9 @@ a ridge logistic regression over K folds, the folds vmapped in one program. Each
 jitted ``jax.value_and_grad`` of that function, timed after compilation (median of
 ``--repeats`` calls, the rows interleaved); the gradients are compared with one computed from
 the dense Hessian at a tight solution (``jnp.linalg.solve`` of H x' = -d grad / d lambda,
-per fold). The last column is the mean number of conjugate-gradient iterations per fold's
-reverse-mode solve (hdm_optax rows), with and without the run's secant pairs as the
-preconditioner.
+per fold). The last line times one fold's reverse-mode linear solve alone (conjugate
+gradients on Hessian-vector products), with and without the run's secant pairs as the
+preconditioner: its iterations and milliseconds.
 
     python -m experiments.perf.hypergradient [--rows 2000] [--dim 100] [--folds 5]
 """
@@ -104,9 +104,22 @@ def _reference(X, y, masks, log_lam):
   return float(total) / len(masks)
 
 
-def _cg_steps(X, y, masks, log_lam):
-  """Mean CG iterations per fold's solve, without and with the pairs as preconditioner."""
-  steps = {False: [], True: []}
+def _cg_solver(on):
+  @jax.jit
+  def solve(w, X, y, m, log_lam, memory):
+    grad = jax.grad(_train_loss)
+    hvp = lambda v: jax.jvp(lambda u: grad(u, X, y, m, log_lam), (w,), (v,))[1]
+    b = jax.grad(_held_out)(w, X, y, m)
+    precond = adjoint_lib._preconditioner(memory, None) if on else None  # pylint: disable=protected-access
+    return adjoint_lib.conjugate_gradient(hvp, b, precond, rtol=1e-10)
+
+  return solve
+
+
+def _cg_steps(X, y, masks, log_lam, repeats):
+  """Per fold's reverse-mode solve alone: CG iterations and ms, without and with the pairs."""
+  solvers = {on: _cg_solver(on) for on in (False, True)}
+  steps, times = {False: [], True: []}, {False: [], True: []}
   for m in masks:
     res = hdm_optax.solve(
       hdm_optax.trial_lbfgs(),
@@ -116,15 +129,16 @@ def _cg_steps(X, y, masks, log_lam):
       tol=TOL,
       fun_args=(X, y, m, log_lam),
     )
-    w = res.params
-    grad = jax.grad(_train_loss)
-    hvp = lambda v, w=w, m=m: jax.jvp(lambda u: grad(u, X, y, m, log_lam), (w,), (v,))[1]
-    b = jax.grad(_held_out)(w, X, y, m)
     memory = adjoint_lib._secant_memory(res.state)  # pylint: disable=protected-access
-    for on in (False, True):
-      precond = adjoint_lib._preconditioner(memory, None) if on else None  # pylint: disable=protected-access
-      steps[on].append(int(adjoint_lib.conjugate_gradient(hvp, b, precond, rtol=1e-10)[1]))
-  return {on: float(np.mean(v)) for on, v in steps.items()}
+    call = lambda on: jax.block_until_ready(solvers[on](res.params, X, y, m, log_lam, memory))
+    for on in solvers:
+      steps[on].append(int(call(on)[1]))
+    for _ in range(repeats):
+      for on in solvers:
+        start = time.perf_counter()
+        call(on)
+        times[on].append(time.perf_counter() - start)
+  return {on: (float(np.mean(steps[on])), 1e3 * float(np.median(times[on]))) for on in solvers}
 
 
 def main():
@@ -158,7 +172,7 @@ def main():
       jax.block_until_ready(fn(log_lam, *data))
       times[name].append(time.perf_counter() - start)
   reference = _reference(X, y, masks, log_lam)
-  cg = _cg_steps(X, y, masks, log_lam)
+  cg = _cg_steps(X, y, masks, log_lam, args.repeats)
   print(
     f"{args.folds} folds vmapped, {args.rows} rows x {args.dim}, lambda = "
     f"{float(np.exp(args.log_lam)):.3g}, solver tol {TOL:g}, {jax.devices()[0].platform}; "
@@ -170,8 +184,9 @@ def main():
     error = abs(grads[name] - reference) / abs(reference)
     print(f"| {name} | {1e3 * np.median(times[name]):.2f} | {compile_s[name]:.1f} | {error:.1e} |")
   print(
-    f"CG iterations per fold (rtol 1e-10, n = {args.dim}): {cg[False]:.1f} plain, "
-    f"{cg[True]:.1f} preconditioned by the run's secant pairs"
+    f"one fold's reverse-mode linear solve alone (CG to rtol 1e-10, n = {args.dim}): "
+    f"{cg[False][0]:.1f} iterations in {cg[False][1]:.2f} ms plain, {cg[True][0]:.1f} in "
+    f"{cg[True][1]:.2f} ms preconditioned by the run's secant pairs"
   )
 
 
