@@ -301,3 +301,14 @@ def test_adjoint_argument_is_checked():
     hdm_optax.solve(
       hdm_optax.trial_lbfgs(), lambda x: jnp.sum(x**2), jnp.ones(2), max_steps=5, adjoint="implicit"
     )
+
+
+def test_unrolled_through_a_converged_run_is_the_implicit_derivative_vmapped():
+  # Iterations after convergence are frozen (a select under vmap): their derivative must
+  # not turn the converged members' gradients into NaN.
+  unrolled = hdm_optax.UnrolledAdjoint()
+  loss = lambda lam: _validation_of(_ridge_fit(lam, A_TRAIN, unrolled, max_steps=80, tol=1e-10))
+  lams = jnp.array([0.01, 0.1])
+  grads = jax.jit(jax.vmap(jax.grad(loss)))(lams)
+  for lam, grad in zip(lams, grads):
+    np.testing.assert_allclose(grad, _GRAD_VALIDATION(lam, A_TRAIN), rtol=1e-6)
