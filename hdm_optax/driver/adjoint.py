@@ -369,7 +369,8 @@ def differentiable_run(
     adjoint: :class:`ImplicitAdjoint`, :class:`UnrolledAdjoint` or ``None`` (implicit).
     run: ``run(fun, init_params, fun_args, init_state) -> SolveResult``, the
       ``while_loop`` run.
-    unrolled: the same signature, the ``lax.scan`` run of :class:`UnrolledAdjoint`.
+    unrolled: the same signature, the ``lax.scan`` run of :class:`UnrolledAdjoint`
+      (:func:`unrolled_run`).
     traced: whether the call is inside a JAX trace (outside one nothing is differentiated
       and ``run`` is called as it is).
     fun: the objective.
@@ -416,36 +417,19 @@ def _unrolled(
 _unrolled_jit = jax.jit(_unrolled, static_argnums=(0, 1, 2, 3, 4))
 
 
-def unrolled_run(
-  adjoint,
-  optimizer,
-  fun,
-  has_aux,
-  max_steps,
-  traced,
-  init_params,
-  fun_args,
-  limits,
-  init_state,
-  rtol,
-):
+def unrolled_run(adjoint, optimizer, has_aux, max_steps, traced, limits, rtol):
   """``solve``'s run as a ``lax.scan`` of ``max_steps`` iterations (:class:`UnrolledAdjoint`).
 
-  Each iteration after the stopping rule held leaves the loop state as it is (a
-  ``lax.cond``, so reverse mode goes through the iterations made only), and the result,
-  counts and trace are those of the ``while_loop`` run. Compiled once per configuration
-  outside a trace, inline inside one.
+  Returns ``run(fun, init_params, fun_args, init_state) -> SolveResult``. An iteration after
+  the stopping rule held leaves the loop state as it is (a ``lax.cond``: reverse mode goes
+  through the iterations made; under ``vmap`` both branches run and the frozen ones get a
+  zero cotangent), so the result, counts and trace are those of the ``while_loop`` run.
+  Compiled once per configuration outside a trace, inline inside one.
   """
-  run = _unrolled if traced else _unrolled_jit
-  return run(
-    adjoint,
-    optimizer,
-    fun,
-    bool(has_aux),
-    max_steps,
-    init_params,
-    fun_args,
-    limits,
-    init_state,
-    rtol,
-  )
+  scan = _unrolled if traced else _unrolled_jit
+
+  def run(fun, init_params, fun_args, init_state):
+    settings = (adjoint, optimizer, fun, bool(has_aux), max_steps)
+    return scan(*settings, init_params, fun_args, limits, init_state, rtol)
+
+  return run

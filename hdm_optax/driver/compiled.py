@@ -365,21 +365,7 @@ def solve(
     )
 
   # Differentiation (hdm_optax.driver.adjoint): implicit at the returned point, or unrolled.
-  def unrolled(fun, init_params, fun_args, init_state):
-    return adjoint_lib.unrolled_run(
-      adjoint,
-      optimizer,
-      fun,
-      has_aux,
-      max_steps,
-      traced,
-      init_params,
-      fun_args,
-      limits,
-      init_state,
-      rtol,
-    )
-
+  unrolled = adjoint_lib.unrolled_run(adjoint, optimizer, has_aux, max_steps, traced, limits, rtol)
   result = adjoint_lib.differentiable_run(
     adjoint, run, unrolled, traced, fun, has_aux, init_params, fun_args, init_state
   )
