@@ -30,7 +30,9 @@ category=hdm_optax.ImplicitGradientWarning)`` turns it into an error):
 - the run did not converge: the derivative is that of the stationarity condition at the
   returned point (first-order accurate in its gradient norm), finite;
 - conjugate gradients met non-positive curvature (:math:`H_{FF}` singular or indefinite:
-  no minimiser, or not an isolated one): the derivative does not exist and is NaN;
+  no minimiser, or not an isolated one): the derivative does not exist and is NaN (a
+  singular direction that the right-hand side does not reach is not seen: there the
+  minimum-norm solution is returned);
 - conjugate gradients used ``max_steps`` iterations before their tolerance: the
   derivative is its last iterate, inexact.
 """
