@@ -14,6 +14,9 @@ their result types. The parts the methods are configured from are in
 
 from hdm_optax import pieces
 from hdm_optax._common import HDMInfo
+from hdm_optax.driver.adjoint import ImplicitAdjoint
+from hdm_optax.driver.adjoint import ImplicitGradientWarning
+from hdm_optax.driver.adjoint import UnrolledAdjoint
 from hdm_optax.driver.cache import value_and_grad_from_state
 from hdm_optax.driver.loops import Loop
 from hdm_optax.driver.loops import LoopState
@@ -43,6 +46,8 @@ __version__ = "0.1.0"
 __all__ = (
   "HDMAGDState",
   "HDMInfo",
+  "ImplicitAdjoint",
+  "ImplicitGradientWarning",
   "IterationState",
   "Loop",
   "LoopState",
@@ -52,6 +57,7 @@ __all__ = (
   "Status",
   "SweepResult",
   "Trace",
+  "UnrolledAdjoint",
   "hdm",
   "hdm_agd",
   "hdm_auto",

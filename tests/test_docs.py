@@ -23,7 +23,7 @@ from hdm_optax.methods import (
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
 from hdm_optax.pieces import hypergradient, learners, momentum, shell, step_control
 from hdm_optax.pieces.lbfgs import bounded, direction, memory, step_rule
-from hdm_optax.driver import cache, closure, compiled, loops, scipy_api
+from hdm_optax.driver import adjoint, cache, closure, compiled, loops, scipy_api
 
 PIECES = [
   acceptance,
@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # docs/minibatch.md and docs/optimistix.md run in their own modules' tests.
-PAGES = ["README.md", "docs/guide.md", "docs/bounds.md", "docs/scipy.md"]
+PAGES = ["README.md", "docs/guide.md", "docs/bounds.md", "docs/scipy.md", "docs/gradients.md"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -90,6 +90,7 @@ def test_no_page_speaks_of_issue_numbers():
     _hdm_auto,
     _osgm_best,
     _trial_lbfgs,
+    adjoint,
     cache,
     closure,
     loops,

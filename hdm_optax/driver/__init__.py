@@ -15,6 +15,9 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch;
   :mod:`~hdm_optax.driver.closure` passes the arrays an objective closes over
   to a compiled program as arguments).
+- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run: implicitly at
+  the returned point (:class:`ImplicitAdjoint`) or through the iterations
+  (:class:`UnrolledAdjoint`).
 - :mod:`~hdm_optax.driver.scipy_api`: :func:`minimize`, SciPy's entry point (bounds as
   SciPy takes them) over :func:`solve`, one compiled program.
 - :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
@@ -23,6 +26,7 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   (optional, needs optimistix; not imported here).
 """
 
+from hdm_optax.driver import adjoint
 from hdm_optax.driver import cache
 from hdm_optax.driver import closure
 from hdm_optax.driver import compiled
@@ -34,6 +38,7 @@ from hdm_optax.driver import scipy_api
 from hdm_optax.driver import staging
 
 __all__ = (
+  "adjoint",
   "cache",
   "closure",
   "compiled",

@@ -12,6 +12,7 @@ import optax
 
 from hdm_optax import _common
 from hdm_optax.driver import closure
+from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import grid as grid_lib
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import staging
@@ -258,6 +259,7 @@ def solve(
   check_every: int = 1,
   callback: Optional[Callable[[watch_lib.Snapshot], Any]] = None,
   progress: bool = False,
+  adjoint: Any = None,
 ) -> SolveResult:
   r"""Minimizes ``fun(params, *fun_args)`` with ``optimizer``, compiled end to end.
 
@@ -376,6 +378,12 @@ def solve(
       batch (how many converged). Off (the default) with no ``callback``, the
       compiled program is the one without these hooks; on, each step makes a
       call to the host (docs/guide.md gives its cost).
+    adjoint: how ``jax.grad``/``jax.jvp`` see ``params`` and ``value`` as functions of
+      ``fun_args`` (and of arrays ``fun`` closes over):
+      :class:`hdm_optax.ImplicitAdjoint` (``None``, the default: the implicit function
+      theorem at the returned point, ``x0`` gets zero) or
+      :class:`hdm_optax.UnrolledAdjoint` (through the iterations of a ``lax.scan`` run
+      of ``max_steps`` iterations). See :mod:`hdm_optax.driver.adjoint`.
 
   Returns:
     A :class:`SolveResult`.
@@ -415,18 +423,17 @@ def solve(
   if not traced:  # the arrays fun reads at this call enter the program as arguments
     fun, fun_args = closure.hoist(fun, init_params, fun_args)
   solve_fn = _solve if traced else _solve_jit
-  result = solve_fn(
-    optimizer,
-    fun,
-    _trace_size(max_steps),
-    bool(has_aux),
-    check_every,
-    init_params,
-    fun_args,
-    limits,
-    init_state,
-    rtol,
-    watch,
+
+  def run(fun, init_params, fun_args, init_state):
+    size, aux = _trace_size(max_steps), bool(has_aux)
+    return solve_fn(
+      optimizer, fun, size, aux, check_every, init_params, fun_args, limits, init_state, rtol, watch
+    )
+
+  # Differentiation (hdm_optax.driver.adjoint): implicit at the returned point, or unrolled.
+  unrolled = adjoint_lib.unrolled_run(adjoint, optimizer, has_aux, max_steps, traced, limits, rtol)
+  result = adjoint_lib.differentiable_run(
+    adjoint, run, unrolled, traced, fun, has_aux, init_params, fun_args, init_state
   )
   return _cut(result, max_steps)
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from hdm_optax import _common
 from hdm_optax.driver import closure
+from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import compiled as solve_lib
@@ -126,24 +127,21 @@ def _strong(x0, lower, upper, *tols):
   return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
 
 
-def _minimize(fun, method, max_steps, memory, watch, x0, args, lower, upper, limits):
+def _minimize(fun, method, max_steps, memory, watch, adjoint, x0, args, lower, upper, limits):
   optimizer = METHODS[method](memory, lower=lower, upper=upper)
-  return solve_lib._solve(  # pylint: disable=protected-access
-    optimizer,
-    fun,
-    solve_lib._trace_size(max_steps),  # pylint: disable=protected-access
-    False,
-    1,
-    x0,
-    args,
-    limits,
-    None,
-    0.0,
-    watch,
-  )
+  size = solve_lib._trace_size(max_steps)  # pylint: disable=protected-access
+
+  def run(fun, x0, args, init_state):
+    return solve_lib._solve(  # pylint: disable=protected-access
+      optimizer, fun, size, False, 1, x0, args, limits, init_state, 0.0, watch
+    )
+
+  # Differentiation (hdm_optax.driver.adjoint), as in solve: implicit or unrolled.
+  unrolled = adjoint_lib.unrolled_run(adjoint, optimizer, False, max_steps, True, limits, 0.0)
+  return adjoint_lib.differentiable_run(adjoint, run, unrolled, True, fun, False, x0, args, None)
 
 
-_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2, 3, 4))
+_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2, 3, 4, 5))
 
 
 def _method(method) -> str:
@@ -356,6 +354,7 @@ def minimize(
   *,
   max_steps: Optional[int] = None,
   progress: bool = False,
+  adjoint: Any = None,
 ) -> MinimizeResult:
   r"""Minimizes ``fun(x, *args)`` from ``x0``, within ``bounds``, as one compiled program.
 
@@ -417,6 +416,11 @@ def minimize(
       parallel finite differences).
     max_steps: ``maxiter`` under the name :func:`hdm_optax.solve` gives it.
     progress: a live line on stderr (:func:`hdm_optax.solve`'s ``progress``).
+    adjoint: how ``jax.grad``/``jax.jvp`` see the result as a function of ``args``:
+      :class:`hdm_optax.ImplicitAdjoint` (``None``, the default; with bounds on the free
+      variables, the others have derivative 0; needs ``jac=None`` and a ``fun`` JAX
+      differentiates twice) or :class:`hdm_optax.UnrolledAdjoint` (through the iterations
+      of a ``maxiter`` run), as in :func:`hdm_optax.solve`.
 
   Returns:
     A :class:`hdm_optax.MinimizeResult`: :class:`hdm_optax.SolveResult`'s fields
@@ -457,7 +461,8 @@ def minimize(
   if not traced and not objective.host:  # the arrays fun reads now enter as arguments
     program, args = closure.hoist(objective, x0, args)
   run = _minimize if traced else _minimize_jit
-  static = (program, method, opts["maxiter"], opts["maxcor"], watch)
+  adjoint = adjoint_lib.check_adjoint(adjoint)
+  static = (program, method, opts["maxiter"], opts["maxcor"], watch, adjoint)
   res = run(*static, x0, args, lower, upper, limits)
   res = solve_lib._cut(res, opts["maxiter"])  # pylint: disable=protected-access
   return _scipy_fields(res, objective, x0, traced)

@@ -185,7 +185,10 @@ def _inside(x, target, lo, hi):
   step = target - x
   end = x + step
   inward = jnp.where(end > hi, -jnp.inf, jnp.inf).astype(step.dtype)
-  step = jnp.where((end > hi) | (end < lo), jnp.nextafter(step, inward), step)
+  # The one-ulp correction has derivative 1 (a run differentiated through its iterations).
+  fixed = jax.lax.stop_gradient(step)
+  nudge = jnp.nextafter(fixed, inward) - fixed
+  step = jnp.where((end > hi) | (end < lo), step + nudge, step)
   end = x + step
   return jnp.where((end > hi) | (end < lo), jnp.zeros((), step.dtype), step)
 

@@ -66,7 +66,8 @@ def cubic_minimiser(value, trial_value, slope, trial_slope):
   """
   d1 = slope + trial_slope - 3 * (trial_value - value)
   disc = d1 * d1 - slope * trial_slope
-  d2 = jnp.sqrt(jnp.where(disc > 0, disc, 0))
+  # sqrt at 1, not 0, where unused: a finite derivative for a run differentiated through
+  d2 = jnp.where(disc > 0, jnp.sqrt(jnp.where(disc > 0, disc, 1)), 0)
   den = trial_slope - slope + 2 * d2
   t = 1 - (trial_slope + d2 - d1) / jnp.where(den != 0, den, 1)
   return jnp.where((disc >= 0) & (den != 0) & jnp.isfinite(t), t, jnp.nan)
@@ -136,13 +137,16 @@ def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, lo):
   """alpha after an accepted trial (see :func:`evidence_step`)."""
   steep_still = trial_slope < steep * slope
   overshot = trial_slope > 0
-  back = jnp.maximum(1, alpha * jnp.clip(secant_minimiser(slope, trial_slope), lo, 1))
-  above = jnp.where(overshot & jnp.isfinite(back), back, alpha)
+  t_s = secant_minimiser(slope, trial_slope)
+  curved = ~jnp.isnan(t_s)  # NaN (no minimiser) kept out of the product's derivative
+  back = jnp.maximum(1, alpha * jnp.clip(jnp.where(curved, t_s, 1), lo, 1))
+  above = jnp.where(overshot & curved, back, alpha)
   return jnp.where(steep_still, alpha * extrapolate, jnp.where(alpha > 1, above, 1))
 
 
 def _null_factor(cubic, secant, agreed, lo, hi, shrink):
   """The factor of alpha after a finite rejected trial (see :func:`evidence_step`)."""
+  secant = jnp.where(agreed, secant, 1)  # NaN kept out of the quotient's derivative
   t = jnp.where(agreed, cubic / secant, cubic)
   return jnp.where(jnp.isfinite(t), jnp.clip(t, lo, hi), shrink)
 

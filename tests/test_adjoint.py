@@ -1,0 +1,314 @@
+"""Derivatives through solve and minimize (hdm_optax.driver.adjoint) against finite differences.
+
+Central differences in float64 with step 1e-5 (relative error <= 1e-4 required); the runs
+solve to tol=1e-12 so that the differenced function is the solution map, not a run's
+rounding. Each differentiated function is jitted once and reused.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import hdm_optax
+from hdm_optax.driver import adjoint as adjoint_lib
+
+STEP = 1e-5
+RTOL = 1e-4
+
+
+def _directional_fd(f, x, direction):
+  return (f(x + STEP * direction) - f(x - STEP * direction)) / (2 * STEP)
+
+
+def _close(derivative, reference):
+  derivative, reference = float(derivative), float(reference)
+  assert abs(derivative - reference) <= RTOL * max(abs(reference), 1e-8), (derivative, reference)
+
+
+def _logistic(w, A, y, lam):
+  return jnp.mean(jnp.logaddexp(0.0, -y * (A @ w))) + 0.5 * lam * jnp.sum(w**2)
+
+
+def _data(seed, m, n=6):
+  A = jax.random.normal(jax.random.key(seed), (m, n))
+  y = jnp.sign(A @ jnp.linspace(-1.0, 1.0, n) + 0.3 * jax.random.normal(jax.random.key(seed), (m,)))
+  return A, y
+
+
+A_TRAIN, Y_TRAIN = _data(0, 40)
+A_VALID, Y_VALID = _data(1, 30)
+
+
+def _ridge_fit(lam, A, adjoint=None, max_steps=200, tol=1e-12):
+  return hdm_optax.solve(
+    hdm_optax.trial_lbfgs(),
+    _logistic,
+    jnp.zeros(A.shape[1]),
+    max_steps=max_steps,
+    tol=tol,
+    fun_args=(A, Y_TRAIN, lam),
+    adjoint=adjoint,
+  )
+
+
+@jax.jit
+def _validation(lam, A):
+  w = _ridge_fit(lam, A).params
+  return jnp.mean(jnp.logaddexp(0.0, -Y_VALID * (A_VALID @ w)))
+
+
+_GRAD_VALIDATION = jax.jit(jax.grad(_validation))
+
+
+def test_ridge_logistic_gradient_wrt_penalty_and_data():
+  lam = 0.1
+  grad_lam, grad_A = jax.jit(jax.grad(_validation, argnums=(0, 1)))(lam, A_TRAIN)
+  _close(grad_lam, _directional_fd(lambda t: _validation(t, A_TRAIN), lam, 1.0))
+  direction = jax.random.normal(jax.random.key(7), A_TRAIN.shape)
+  fd = _directional_fd(lambda a: _validation(lam, a), A_TRAIN, direction)
+  _close(jnp.vdot(grad_A, direction), fd)
+  # forward mode: the same derivative by jax.jvp
+  _, tangent = jax.jit(lambda t: jax.jvp(lambda s: _validation(s, A_TRAIN), (t,), (1.0,)))(lam)
+  _close(tangent, grad_lam)
+
+
+def test_vmapped_grid_of_penalties_in_one_program():
+  lams = jnp.array([0.01, 0.1, 1.0])
+  grads = jax.jit(jax.vmap(jax.grad(_validation), in_axes=(0, None)))(lams, A_TRAIN)
+  for lam, grad in zip(lams, grads):
+    _close(grad, _directional_fd(lambda t: _validation(t, A_TRAIN), lam, 1.0))
+
+
+def _nnls(x, M, b):
+  return 0.5 * jnp.sum((M @ x - b) ** 2)
+
+
+M_LS = jax.random.normal(jax.random.key(2), (30, 8))
+B_LS = jax.random.normal(jax.random.key(3), (30,))
+WEIGHTS = jnp.arange(1.0, 9.0)
+
+
+def _bounded_fit(b, adjoint=None, max_steps=15000):
+  return hdm_optax.minimize(
+    _nnls,
+    jnp.zeros(8),
+    args=(M_LS, b),
+    bounds=(0.0, None),
+    tol=1e-12,
+    max_steps=max_steps,
+    adjoint=adjoint,
+  )
+
+
+def test_nonnegative_least_squares_gradient_wrt_b():
+  res = _bounded_fit(B_LS)
+  active = np.asarray(res.params) == 0
+  assert 0 < active.sum() < 8  # both kinds of variables
+  f = jax.jit(lambda b: jnp.vdot(WEIGHTS, _bounded_fit(b).params))
+  grad = jax.jit(jax.grad(f))(B_LS)
+  direction = jax.random.normal(jax.random.key(4), B_LS.shape)
+  _close(jnp.vdot(grad, direction), _directional_fd(f, B_LS, direction))
+  jac = jax.jit(jax.jacfwd(lambda b: _bounded_fit(b).params))(B_LS)
+  assert np.all(np.asarray(jac)[active] == 0)  # active variables do not move
+  np.testing.assert_allclose(jac.T @ WEIGHTS, grad, rtol=1e-8, atol=1e-12)
+
+
+def test_pytree_parameters_and_arguments():
+  def fun(params, data):
+    r = data["X"] @ params["w"] + params["b"] - data["t"]
+    return 0.5 * jnp.sum(r**2) + data["lam"] * (jnp.sum(params["w"] ** 2) + params["b"] ** 2)
+
+  data = {
+    "X": jax.random.normal(jax.random.key(5), (20, 3)),
+    "t": jax.random.normal(jax.random.key(6), (20,)),
+    "lam": jnp.asarray(0.3),
+  }
+  x0 = {"w": jnp.zeros(3), "b": jnp.asarray(0.0)}
+
+  @jax.jit
+  def loss(data):
+    res = hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), fun, x0, max_steps=100, tol=1e-12, fun_args=(data,)
+    )
+    return jnp.sum(res.params["w"] ** 3) + res.params["b"] + res.value  # value too
+
+  grad = jax.jit(jax.grad(loss))(data)
+  direction = jax.tree.map(lambda a: jnp.cos(jnp.arange(a.size).reshape(a.shape) + 1.0), data)
+  fd = (
+    loss(jax.tree.map(lambda a, d: a + STEP * d, data, direction))
+    - loss(jax.tree.map(lambda a, d: a - STEP * d, data, direction))
+  ) / (2 * STEP)
+  _close(optax.tree.vdot(grad, direction), fd)
+
+
+def test_arrays_closed_over_are_differentiated_too():
+  def loss(lam):
+    fun = lambda w: _logistic(w, A_TRAIN, Y_TRAIN, lam)  # lam closed over, not a fun_arg
+    res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(6), max_steps=200, tol=1e-12)
+    return jnp.mean(jnp.logaddexp(0.0, -Y_VALID * (A_VALID @ res.params)))
+
+  np.testing.assert_allclose(
+    jax.jit(jax.grad(loss))(0.1), _GRAD_VALIDATION(0.1, A_TRAIN), rtol=1e-8
+  )
+
+
+def test_float32_gradient_agrees_with_float64():
+  lam = 0.1
+  a32, y32 = A_TRAIN.astype(jnp.float32), Y_TRAIN.astype(jnp.float32)
+
+  def loss32(lam):
+    res = hdm_optax.solve(
+      hdm_optax.trial_lbfgs(),
+      _logistic,
+      jnp.zeros(6, jnp.float32),
+      max_steps=200,
+      tol=1e-6,
+      fun_args=(a32, y32, lam),
+    )
+    return jnp.mean(
+      jnp.logaddexp(0.0, -Y_VALID.astype(jnp.float32) * (A_VALID.astype(jnp.float32) @ res.params))
+    )
+
+  with warnings.catch_warnings(), jax.numpy_dtype_promotion("strict"):
+    warnings.simplefilter("error", hdm_optax.ImplicitGradientWarning)
+    g32 = jax.jit(jax.grad(loss32))(jnp.float32(lam))
+    jax.effects_barrier()
+  assert g32.dtype == jnp.float32
+  np.testing.assert_allclose(g32, _GRAD_VALIDATION(lam, A_TRAIN), rtol=1e-3)
+
+
+def test_agrees_with_optimistix_implicit_adjoint():
+  optx = pytest.importorskip("optimistix")
+  lam = 0.1
+
+  def ours(lam):
+    return _ridge_fit(lam, A_TRAIN).params
+
+  def theirs(lam):
+    sol = optx.minimise(
+      lambda w, lam: _logistic(w, A_TRAIN, Y_TRAIN, lam),
+      optx.BFGS(rtol=1e-12, atol=1e-12),
+      jnp.zeros(6),
+      args=lam,
+      adjoint=optx.ImplicitAdjoint(),
+      max_steps=500,
+    )
+    return sol.value
+
+  np.testing.assert_allclose(
+    jax.jit(jax.jacfwd(ours))(lam), jax.jit(jax.jacrev(theirs))(lam), rtol=1e-6, atol=1e-10
+  )
+
+
+def test_unrolled_gradient_of_a_truncated_run_against_finite_differences():
+  unrolled = hdm_optax.UnrolledAdjoint()
+  f = jax.jit(lambda lam, A: _validation_of(_ridge_fit(lam, A, unrolled, max_steps=6)))
+  res = _ridge_fit(0.1, A_TRAIN, unrolled, max_steps=6)
+  assert int(res.num_steps) == 6 and not bool(res.converged)  # truncated
+  grad_lam, grad_A = jax.jit(jax.grad(f, argnums=(0, 1)))(0.1, A_TRAIN)
+  _close(grad_lam, _directional_fd(lambda t: f(t, A_TRAIN), 0.1, 1.0))
+  direction = jax.random.normal(jax.random.key(8), A_TRAIN.shape)
+  _close(jnp.vdot(grad_A, direction), _directional_fd(lambda a: f(0.1, a), A_TRAIN, direction))
+
+
+def _validation_of(res):
+  return jnp.mean(jnp.logaddexp(0.0, -Y_VALID * (A_VALID @ res.params)))
+
+
+def test_unrolled_run_is_the_while_loop_run():
+  scan = _ridge_fit(0.1, A_TRAIN, hdm_optax.UnrolledAdjoint(), tol=1e-8)
+  loop = _ridge_fit(0.1, A_TRAIN, tol=1e-8)
+  assert bool(loop.converged) and int(scan.num_steps) == int(loop.num_steps)
+  np.testing.assert_allclose(scan.params, loop.params, rtol=1e-12)
+  np.testing.assert_array_equal(scan.trace.grad_evals, loop.trace.grad_evals)
+
+
+def test_unrolled_hypergradient_of_a_step_size_and_in_a_box():
+  fun = lambda x: jnp.sum(jnp.array([1.0, 4.0]) * x**2)
+  final = jax.jit(
+    lambda lr: (
+      hdm_optax.solve(
+        optax.sgd(lr), fun, jnp.ones(2), max_steps=5, tol=0.0, adjoint=hdm_optax.UnrolledAdjoint()
+      ).value
+    )
+  )
+  _close(jax.jit(jax.grad(final))(0.05), _directional_fd(final, 0.05, 1.0))
+  boxed = jax.jit(
+    lambda b: jnp.vdot(WEIGHTS, _bounded_fit(b, hdm_optax.UnrolledAdjoint(), max_steps=8).params)
+  )
+  direction = jax.random.normal(jax.random.key(9), B_LS.shape)
+  grad = jax.jit(jax.grad(boxed))(B_LS)
+  _close(jnp.vdot(grad, direction), _directional_fd(boxed, B_LS, direction))
+
+
+def _caught(fn, *args):
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = fn(*args)
+    jax.effects_barrier()
+  return out, [str(w.message) for w in caught if w.category is hdm_optax.ImplicitGradientWarning]
+
+
+def test_unconverged_run_warns():
+  grad, messages = _caught(
+    jax.jit(jax.grad(lambda lam: _validation_of(_ridge_fit(lam, A_TRAIN, max_steps=2)))), 0.1
+  )
+  assert np.isfinite(grad) and any("did not converge" in m for m in messages)
+  _, messages = _caught(_GRAD_VALIDATION, 0.1, A_TRAIN)
+  assert not messages
+
+
+def test_indefinite_hessian_gives_nan_and_a_warning():
+  # A saddle: x1 never moves from 0 (its gradient is -2 x1 + theta = 0 at theta = 0), but
+  # the derivative with respect to theta needs the negative curvature along x1.
+  fun = lambda x, theta: (x[0] - 1.0) ** 2 - x[1] ** 2 + theta * x[1]
+  loss = lambda theta: jnp.sum(
+    hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), fun, jnp.zeros(2), max_steps=50, fun_args=(theta,)
+    ).params
+  )
+  grad, messages = _caught(jax.jit(jax.grad(loss)), 0.0)
+  assert np.isnan(grad) and any("singular or indefinite" in m for m in messages)
+
+
+def test_cg_out_of_steps_warns():
+  adjoint = hdm_optax.ImplicitAdjoint(max_steps=1, precondition=False)
+  loss = lambda lam: _validation_of(_ridge_fit(lam, A_TRAIN, adjoint))
+  _, messages = _caught(jax.jit(jax.grad(loss)), 0.1)
+  assert any("did not reach their tolerance" in m for m in messages)
+
+
+def test_preconditioned_cg_solves_in_fewer_steps():
+  # The Hessian of a badly scaled quadratic, and the L-BFGS pairs a run left.
+  scales = jnp.logspace(0, 3, 20)
+  fun = lambda x: 0.5 * jnp.sum(scales * x**2)
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.ones(20), max_steps=200, tol=1e-10)
+  memory = adjoint_lib._secant_memory(res.state)  # pylint: disable=protected-access
+  precond = adjoint_lib._preconditioner(memory, None)  # pylint: disable=protected-access
+  b = jnp.ones(20)
+  plain = adjoint_lib.conjugate_gradient(lambda v: scales * v, b)
+  better = adjoint_lib.conjugate_gradient(lambda v: scales * v, b, precond)
+  np.testing.assert_allclose(better[0], b / scales, rtol=1e-8)
+  assert int(better[1]) < int(plain[1])
+
+
+def test_adjoint_argument_is_checked():
+  with pytest.raises(TypeError, match="adjoint must be"):
+    hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), lambda x: jnp.sum(x**2), jnp.ones(2), max_steps=5, adjoint="implicit"
+    )
+
+
+def test_unrolled_through_a_converged_run_is_the_implicit_derivative_vmapped():
+  # Iterations after convergence are frozen (a select under vmap): their derivative must
+  # not turn the converged members' gradients into NaN.
+  unrolled = hdm_optax.UnrolledAdjoint()
+  loss = lambda lam: _validation_of(_ridge_fit(lam, A_TRAIN, unrolled, max_steps=80, tol=1e-10))
+  lams = jnp.array([0.01, 0.1])
+  grads = jax.jit(jax.vmap(jax.grad(loss)))(lams)
+  for lam, grad in zip(lams, grads):
+    np.testing.assert_allclose(grad, _GRAD_VALIDATION(lam, A_TRAIN), rtol=1e-6)
