@@ -51,6 +51,7 @@ import optax
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver.results import Trace
 from hdm_optax.pieces import box as box_lib
+from hdm_optax.pieces.lbfgs import bounded as bounded_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
 __all__ = (
@@ -265,7 +266,7 @@ def _preconditioner(memory, free):
   if memory is None:
     return None
   if free is not None:
-    memory = box_lib.restricted_memory(memory, free)
+    memory = bounded_lib.restricted_memory(memory, free)
   kept = memory.rho != 0
   per_pair = lambda a, b: sum(
     jnp.sum((u * v).reshape(u.shape[0], -1), axis=1)
