@@ -44,3 +44,15 @@ def test_table_lists_the_paper_column(results):
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[-2:] == [str(svm), str(logistic)]
     assert cells[1].endswith("/2") and cells[2].endswith("/2")
+
+
+def test_grid_seconds_times_the_hdm_best_grid_alone(tmp_path, capsys):
+  data_dir = data_lib.default_data_dir()
+  if data_dir is None or "heart_scale" not in data_lib.list_datasets(data_dir):
+    pytest.skip("the shared LIBSVM datasets are not available")
+  out = tmp_path / "out"
+  argv = ["--grid-seconds", "--datasets", "heart_scale", "--problems", "svm"]
+  table1.main([*argv, "--max-grad-calls", "50", "--out", str(out)])
+  line = next(ln for ln in capsys.readouterr().out.splitlines() if "HDM-Best grid" in ln)
+  assert "warm lockstep" in line and "compact" in line, line
+  assert not out.exists()  # no table, no rows: the grid is only timed
