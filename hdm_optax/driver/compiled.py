@@ -326,9 +326,8 @@ def solve(
     rtol: also stop when ||grad f||_inf <= rtol ||grad f(x0)||_inf (>= 0; 0,
       the default, leaves ``tol`` alone): a reduction by a factor from x0. The
       threshold follows ||grad f(x0)||_inf, which grows with the number of
-      terms of f: ``rtol=1e-5`` stopped a float32 logistic regression of 2,000
-      samples at 3.5e-3, 35 times the default ``tol``, which float32 reached
-      there. :attr:`SolveResult.tol` is the threshold a run used;
+      terms of f, so it may lie far above ``tol``. :attr:`SolveResult.tol` is
+      the threshold a run used;
       docs/pitfalls.md says when ``rtol`` helps (a float32 run whose gradient
       cannot get below ``tol``).
     init_state: resume from this optimizer state instead of ``optimizer.init``.
@@ -339,9 +338,8 @@ def solve(
     max_null_steps: stop with status ``STALLED`` after this many consecutive
       updates that left the iterate where it was. ``None`` (the default):
       never, because HDM's null steps still adapt P and a run may move again
-      after many of them (after as many as 888 in the paper's Table 1 runs);
-      ``null_run`` and :attr:`SolveResult.message` still report a final run
-      of null steps.
+      after many of them; ``null_run`` and :attr:`SolveResult.message` still
+      report a final run of null steps.
     min_value: stop with status ``UNBOUNDED`` once f < min_value (the objective
       looks unbounded below; ``None``: never).
     has_aux: ``fun`` returns ``(value, aux)``, as in ``jax.value_and_grad``;
