@@ -37,7 +37,8 @@ case "$phase" in
   suite)
     export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes share the GPU
     stamp "tests and suites in parallel"
-    (timeout 200 $py -m pytest -n 10 -q -rfs -p no:cacheprovider > "$out/pytest.txt" 2>&1
+    # -v: one line per test as it ends, so a run cut off by the timeout still names its failures
+    (timeout 200 $py -m pytest -n 10 -v -rfs -p no:cacheprovider > "$out/pytest.txt" 2>&1
       stamp "pytest exit $?" >> "$out/pytest.txt") &
     (timeout 200 $py -m experiments.benchmark --no-progress --suite libsvm32 --seeds 5 \
       --solvers 'hdm_auto()' 'optax.lbfgs()' --jobs 2 --out "$out/work/libsvm32" > "$out/libsvm32.txt" 2>&1
