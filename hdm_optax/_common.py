@@ -302,12 +302,31 @@ _VALUES_AT_PARAMS = contextvars.ContextVar("hdm_optax_values_at_params", default
 
 @contextlib.contextmanager
 def values_at_params():
-  """Within it, ``update`` calls traced or run take ``value`` and ``grad`` as f and grad f at
-  the params: :func:`track_point`'s check is left out of the program.
+  """A context in which ``update`` takes ``value`` and ``grad`` as f and grad f at the params.
 
-  The drivers trace their loops inside it (they always evaluate at the params). It is the
-  drivers' form of the extra argument ``value_at_params=True``, which optax's linesearches
-  (``optax.lbfgs``) would pass on to ``value_fn`` and reject.
+  Updates traced or run inside it leave :func:`track_point`'s stale-cache check out of
+  the program (under ``jax.vmap`` that check's evaluation at the params runs at every
+  update). The drivers trace their loops inside it, since they always evaluate at the
+  params; a loop of your own that does the same can too. It is the form of the extra
+  argument ``value_at_params=True`` for chains with ``optax.lbfgs``, whose linesearch
+  passes extra arguments on to ``value_fn`` and rejects that one.
+
+  Returns:
+    A context manager.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, hdm_optax
+    >>> fun = lambda x: jnp.sum(x ** 2)
+    >>> opt = hdm_optax.trial_lbfgs()
+    >>> x = jnp.ones((4, 3))
+    >>> state = jax.vmap(opt.init)(x)
+    >>> def step(x, state):
+    ...   value, grad = jax.value_and_grad(fun)(x)
+    ...   return opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+    >>> with hdm_optax.values_at_params():
+    ...   updates, state = jax.jit(jax.vmap(step))(x, state)
+    >>> updates.shape
+    (4, 3)
   """
   token = _VALUES_AT_PARAMS.set(True)
   try:
