@@ -7,7 +7,7 @@ HDM-Best (Algorithms 1-4); the authors' OSGM-Best (arXiv:2509.11007, 2025);
 point and null step with the L-BFGS operator of every trial's secant pair.
 
 At the top: the methods (``trial_lbfgs`` first), the drivers (``solve``,
-``sweep``, ``loop``, ``minibatch_step``, ``value_and_grad_from_state``) and
+``solve_batch``, ``sweep``, ``loop``, ``minibatch_step``, ``value_and_grad_from_state``) and
 their result types. The parts the methods are configured from are in
 :mod:`hdm_optax.pieces`.
 """
@@ -31,6 +31,7 @@ from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.compiled import solve
+from hdm_optax.driver.compiled import solve_batch
 from hdm_optax.driver.compiled import sweep
 from hdm_optax.methods import HDMAGDState
 from hdm_optax.methods import hdm
@@ -70,6 +71,7 @@ __all__ = (
   "osgm_best",
   "pieces",
   "solve",
+  "solve_batch",
   "sweep",
   "trial_lbfgs",
   "value_and_grad_from_state",

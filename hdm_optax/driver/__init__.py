@@ -10,7 +10,7 @@ in the optax transformation protocol: ``init``, ``update`` with ``value``,
   and grad f are, how many calls an ``update`` made).
 - :mod:`~hdm_optax.driver.loops`: the public loop, :func:`loop` (``start``,
   ``step``, ``done``), and the stopping rule.
-- :mod:`~hdm_optax.driver.compiled`: :func:`solve` and :func:`sweep`, compiled
+- :mod:`~hdm_optax.driver.compiled`: :func:`solve`, :func:`solve_batch` and :func:`sweep`, compiled
   runs of the loop (:mod:`~hdm_optax.driver.grid` lays out a sweep's points,
   problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch;
   :mod:`~hdm_optax.driver.closure` passes the arrays an objective closes over

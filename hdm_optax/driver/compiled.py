@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.extend.core
@@ -23,7 +23,7 @@ from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.results import best_index
 
-__all__ = ("DEFAULT_MAX_NULL_STEPS", "DEFAULT_MAX_STEPS", "solve", "sweep")
+__all__ = ("DEFAULT_MAX_NULL_STEPS", "DEFAULT_MAX_STEPS", "solve", "solve_batch", "sweep")
 
 
 def _check_max_steps(max_steps) -> int:
@@ -443,6 +443,7 @@ def _sweep(
   has_aux,
   stop_at_first,
   sizes,
+  in_order,
   layout,
   points,
   mapped,
@@ -464,24 +465,24 @@ def _sweep(
     _, s, tol = _start(make_optimizer(**columns), fun, args, has_aux, limits, rtol, params)
     return loop_lib.carried(s), tol
 
-  def active(batch):
-    points, tols, s, _ = batch
+  def active(points, batch):
+    tols, s, _ = batch
     return jax.vmap(lambda p, tol, s: ~run(p, tol).done(s))(points, tols, s)
 
-  def advance(batch, t):
+  def advance(points, batch, t):
     # Points that are done stay frozen (as in a vmapped while_loop); the active
     # ones have made t - 1 steps, so their entry t is step k + 1.
-    points, tols, s, trace = batch
+    tols, s, trace = batch
     step = lambda p, tol, s: loop_lib.carried(run(p, tol).step(loop_lib.restored(s)))
     moved = jax.vmap(step)(points, tols, s)
-    s = jax.vmap(optax.tree.where)(active(batch), moved, s)
+    s = jax.vmap(optax.tree.where)(active(points, batch), moved, s)
     trace = jax.vmap(lambda tr, s: _record(tr, t, s))(trace, s)
-    return points, tols, s, trace
+    return tols, s, trace
 
-  def stop(batch):
+  def stop(points, batch):
     if not stop_at_first:
       return jnp.asarray(False)
-    points, tols, s, _ = batch
+    tols, s, _ = batch
     converged = lambda p, tol, s: run(p, tol).status(s) == loop_lib.converged_status(s.opt_state)
     return jnp.any(jax.vmap(converged)(points, tols, s))
 
@@ -490,17 +491,20 @@ def _sweep(
     return _finish(run(point, tol), loop_lib.restored(s), trace, fun, args, has_aux, tol)
 
   columns, ids = points
-  # Each point's problem data, gathered once (its own copy of the mapped leaves); the
-  # problem ids keep the batch non-empty when nothing else is mapped.
-  points = (columns, ids, [a[ids] for a in mapped[0]], [a[ids] for a in mapped[1]])
+  # Each point's problem data, gathered once (its own copy of the mapped leaves) unless
+  # the points are the problems in order; the problem ids keep the batch non-empty when
+  # nothing else is mapped.
+  own = (lambda a: a) if in_order else (lambda a: a[ids])
+  points = (columns, ids, [own(a) for a in mapped[0]], [own(a) for a in mapped[1]])
   s, tols = jax.vmap(start)(points)
   trace = jax.vmap(lambda s: _new_trace(s, trace_size))(s)
-  batch = (points, tols, s, trace)
-  batch = staging.run_in_stages(sizes, batch, active=active, advance=advance, stop=stop)
-  return jax.vmap(finish)(*batch)
+  batch = staging.run_in_stages(
+    sizes, points, (tols, s, trace), active=active, advance=advance, stop=stop
+  )
+  return jax.vmap(finish)(points, *batch)
 
 
-_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4, 5, 6))
+_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3, 4, 5, 6, 7))
 
 
 def _hoisted(fun, params, problems: grid_lib.Problems):
@@ -542,9 +546,10 @@ def sweep(
   ``best`` is the same, and the others stop early with status ``STOPPED``.
   With ``compact``, finished points stop costing work: once at most a quarter
   of the batch is still active, those points continue as a batch of a quarter
-  the size (B, B/4, B/16, ..., 1; each stage is one more compiled loop, so
-  compile time grows). Worth it when the objective's cost grows with the
-  batch (large data); on small problems per-step overhead dominates. The
+  the size (B, B/4, B/16, ..., down to 1, or to 16 for more than 64 points;
+  each stage is one more compiled loop, so compile time grows). Worth it when
+  the objective's cost grows with the batch, or when a few points need many more
+  steps than the others (:func:`solve_batch`). The
   results are those of the lockstep sweep up to rounding (another compiled
   program). As in :func:`solve`, the arrays ``fun`` reads from outside its
   arguments are read at each call and enter the program as arguments; those
@@ -601,14 +606,6 @@ def sweep(
     >>> len(out.points), out.results.num_steps.shape
     (4, (4,))
   """
-  names, points = grid_lib.grid_points(grid)
-  max_steps = _check_max_steps(max_steps)
-  limits = loop_lib.check_limits(
-    tol=tol, max_grad_evals=max_grad_evals, max_null_steps=max_null_steps, min_value=min_value
-  )
-  limits = limits._replace(max_steps=jnp.asarray(max_steps, jnp.int32))
-  _check_rtol(rtol)
-  dtype = _common.params_dtype(init_params)
   problems = grid_lib.problems(init_params, tuple(fun_args), in_axes)
   if stop_at_first_converged and problems.count > 1:
     raise ValueError(
@@ -616,16 +613,128 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
+  limits = dict(
+    max_steps=max_steps,
+    tol=tol,
+    rtol=rtol,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  points, results = _run_sweep(
+    make_optimizer, grid, fun, problems, limits, has_aux, stop_at_first_converged, compact
+  )
+  return SweepResult(points=points, results=results, best=best_index(results))
+
+
+def _run_sweep(make_optimizer, grid, fun, problems, limits, has_aux, stop_at_first, compact):
+  """:func:`sweep`'s points and results (``limits``: its keywords of :func:`solve`'s)."""
+  names, points = grid_lib.grid_points(grid)
+  max_steps = _check_max_steps(limits.pop("max_steps"))
+  rtol = limits.pop("rtol")
+  _check_rtol(rtol)
+  limits = loop_lib.check_limits(**limits)._replace(max_steps=jnp.asarray(max_steps, jnp.int32))
   first = problems.layout.params([a[0] for a in problems.mapped[0]], problems.fixed[0])
+  dtype = _common.params_dtype(first)
   fun, problems = _hoisted(fun, first, problems)
   static = grid_lib.static_names(make_optimizer, names, points, first, dtype)
   points, ids = grid_lib.expand(points, problems.count)
-  common = (fun, _trace_size(max_steps), bool(has_aux), bool(stop_at_first_converged))
+  common = (fun, _trace_size(max_steps), bool(has_aux), bool(stop_at_first))
   results = []
   for indices, make, columns in grid_lib.programs(make_optimizer, names, points, static, dtype):
     sizes = staging.stage_sizes(len(indices), bool(compact))
+    in_order = problems.count > 1 and np.array_equal(ids[indices], np.arange(problems.count))
     batch = (columns, jnp.asarray(ids[indices]))
     data = (problems.layout, batch, problems.mapped, problems.fixed, limits, rtol)
-    results.append((indices, _sweep_jit(make, *common, sizes, *data)))
-  results = _cut(grid_lib.combine(results, len(points)), max_steps)
-  return SweepResult(points=points, results=results, best=best_index(results))
+    results.append((indices, _sweep_jit(make, *common, sizes, in_order, *data)))
+  return points, _cut(grid_lib.combine(results, len(points)), max_steps)
+
+
+class _Given(NamedTuple):
+  """``make_optimizer`` for :func:`solve_batch`: the given transformation, hashed as it is
+  (equal transformations, one compiled program)."""
+
+  optimizer: Any
+
+  def __call__(self):
+    return self.optimizer
+
+
+def solve_batch(
+  optimizer: optax.GradientTransformation,
+  fun: Callable[..., Any],
+  init_params: Any,
+  *,
+  fun_args: Sequence[Any] = (),
+  in_axes: Any = (0, 0),
+  compact: bool = True,
+  max_steps: int = DEFAULT_MAX_STEPS,
+  tol: Any = 1e-4,
+  rtol: Any = 0.0,
+  max_grad_evals: Optional[int] = None,
+  max_null_steps: Optional[int] = DEFAULT_MAX_NULL_STEPS,
+  min_value: Optional[float] = -1e20,
+  has_aux: bool = False,
+) -> SolveResult:
+  """Solves a batch of problems in one compiled call, retiring the members that have stopped.
+
+  ``jax.jit(jax.vmap(solve))`` runs every member in lockstep until the slowest one
+  stops: a batch whose members need different numbers of steps pays for the slowest at
+  every step. Here, once at most a quarter of the batch is still running, the running
+  members move to a batch a quarter the size (B, B/4, ..., down to 1, or to 16 for more
+  than 64 members; each stage is one more loop in the same program, so compiling takes
+  longer than the lockstep program's). Each member runs the loop of :func:`solve`, so the
+  results are those of ``jax.vmap(solve)`` up to rounding (another compiled program). It
+  is :func:`sweep` over one grid point, and, as there, the program is cached on the
+  optimizer, ``fun`` and the shapes: a second call with new data of the same shapes, or
+  with an equal optimizer (hdm_optax's factories called with equal arguments), does not
+  compile again.
+
+  Args:
+    optimizer: the optax transformation, as in :func:`solve`.
+    fun: the objective, as in :func:`solve`.
+    init_params: the starting points (or one, shared: ``in_axes=(None, ...)``).
+    fun_args: as in :func:`solve`; the problems' data.
+    in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s ``in_axes`` for
+      ``init_params`` and ``fun_args``: an int, ``None`` or a pytree prefix per argument;
+      the mapped axes (of one size B) are the batch. Default: both on axis 0.
+    compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``).
+    max_steps: as in :func:`solve`.
+    tol: as in :func:`solve`.
+    rtol: as in :func:`solve`, from each member's own ||grad f(x0)||_inf.
+    max_grad_evals: as in :func:`solve`.
+    max_null_steps: as in :func:`solve`.
+    min_value: as in :func:`solve`.
+    has_aux: as in :func:`solve`.
+
+  Returns:
+    A :class:`SolveResult` whose leaves have a leading axis of B, in the batch's order.
+
+  Raises:
+    ValueError: ``in_axes`` maps nothing, or axes of different sizes.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> scales = jnp.array([[1.0, 10.0], [1.0, 1e4], [1.0, 2.0]])
+    >>> fun = lambda x, d: jnp.sum(d * (x - 1.0) ** 2)
+    >>> out = hdm_optax.solve_batch(
+    ...     hdm_optax.trial_lbfgs(), fun, jnp.zeros(2), fun_args=(scales,), in_axes=(None, 0))
+    >>> out.converged.tolist(), out.params.shape
+    ([True, True, True], (3, 2))
+  """
+  problems = grid_lib.problems(init_params, tuple(fun_args), in_axes)
+  if not (problems.mapped[0] or problems.mapped[1]):
+    raise ValueError(
+      f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
+      "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
+    )
+  limits = dict(
+    max_steps=max_steps,
+    tol=tol,
+    rtol=rtol,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  _, results = _run_sweep(_Given(optimizer), [{}], fun, problems, limits, has_aux, False, compact)
+  return results

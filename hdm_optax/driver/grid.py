@@ -208,7 +208,7 @@ def _split(tree, axes, what: str):
     leaf = jnp.asarray(leaf)
     if not -leaf.ndim <= axis < leaf.ndim:
       raise ValueError(f"in_axes for {what}: axis {axis} of a leaf of shape {leaf.shape}")
-    mapped.append(jnp.moveaxis(leaf, axis, 0))
+    mapped.append(leaf if axis % leaf.ndim == 0 else jnp.moveaxis(leaf, axis, 0))
     sizes.append(leaf.shape[axis])
   return treedef, tuple(a is not None for a in leaf_axes), mapped, fixed, sizes
 
