@@ -30,8 +30,8 @@ case "$phase" in
     timeout 60 $py -m experiments.perf.overhead --optimizer hdm_auto --sizes "${SIZES:-1e6,1e7}" \
       --repeats 3 2>&1 | tee "$out/overhead_hdm_auto.txt"
     stamp batched
-    timeout 90 $py -m experiments.perf.batched --batches "${BATCHES:-1,1024,16384}" \
-      --solvers 'hdm_auto(),osgm_best(),trial_lbfgs(),optax.lbfgs()' --repeats 3 2>&1 \
+    timeout 150 $py -m experiments.perf.batched --batches "${BATCHES:-1,1024,16384}" \
+      --solvers 'hdm_auto(),osgm_best(),trial_lbfgs(),optax.lbfgs(),trial_lbfgs() sb' --repeats 3 2>&1 \
       | tee "$out/batched.txt"
     ;;
   suite)

@@ -12,9 +12,9 @@ gradient calls. One row per way of solving the batch:
 
 - ``jax.vmap(solve)``: one lockstep vmapped loop (``jax.jit(jax.vmap(hdm_optax.solve))``), as
   for ``optax.lbfgs()`` (its linesearch's calls counted);
-- ``sweep(compact=True)``: ``hdm_optax.sweep(opt_factory, [{}], f, x0s, in_axes=(0, 0),
-  compact=True)``, whose batch shrinks to a quarter once three quarters of its members have
-  stopped (B, B/4, ..., 1): converged members are retired.
+- ``solve_batch``: ``hdm_optax.solve_batch(optimizer, f, x0s, fun_args=(Q, c))``, whose
+  batch shrinks to a quarter once three quarters of its members have stopped (B, B/4, ...,
+  16): converged members are retired.
 
 Columns: the first call (compile included, seconds), the best of ``--repeats`` interleaved
 warm calls, members solved, problems solved per second, mean and largest calls per member.
@@ -67,22 +67,15 @@ def _ways(factory, q, c, tol, calls):
 
   lockstep = jax.jit(jax.vmap(one))
 
-  def retiring():
-    out = hdm_optax.sweep(
-      factory,
-      [{}],
-      quadratic,
-      x0,
-      fun_args=(q, c),
-      in_axes=(0, 0),
-      max_steps=calls,
-      max_grad_evals=calls,
-      tol=tol,
-      compact=True,
-    )
-    return out.results.converged, out.results.num_grad_evals
+  optimizer = factory()
 
-  return {"jax.vmap(solve)": lambda: lockstep(x0, q, c), "sweep(compact=True)": retiring}
+  def retiring():
+    out = hdm_optax.solve_batch(
+      optimizer, quadratic, x0, fun_args=(q, c), max_steps=calls, max_grad_evals=calls, tol=tol
+    )
+    return out.converged, out.num_grad_evals
+
+  return {"jax.vmap(solve)": lambda: lockstep(x0, q, c), "solve_batch": retiring}
 
 
 def run(batches, dtype, cols, calls, tol, repeats, kappa_min, kappa_max):
