@@ -735,17 +735,34 @@ def _learn_trial(
   return accepted, d0, d1, y, sy, kept, pairs, gamma
 
 
-def pairs_diagonal_reference(pairs, gamma: float, gate: float, bound: float):
+def _square_sums(pairs):
+  return sum(s * s for s, _ in pairs), sum(y * y for _, y in pairs)
+
+
+def _predicts_newest(pairs) -> bool:
+  """h of the older pairs predicts the newest pair's s from its y better than their scalar
+  c = sqrt(sum ss / sum yy) does."""
+  *old, (s_new, y_new) = pairs
+  ss, yy = _square_sums(old)
+  c = math.sqrt(ss.sum() / max(yy.sum(), np.finfo(np.float64).tiny))
+  seen = (ss > 0) & (yy > 0)
+  h = np.where(seen, np.sqrt(np.where(seen, ss, 1.0) / np.where(seen, yy, 1.0)), c)
+  return np.sum((h * y_new - s_new) ** 2) < np.sum((c * y_new - s_new) ** 2)
+
+
+def pairs_diagonal_reference(pairs, gamma: float, gate: float, bound: float, memory_size: int):
   """H_0 from the pairs: h_i = sqrt(sum_k s_ki^2 / sum_k y_ki^2) clipped to [gamma / bound,
-  gamma bound] (gamma where a coordinate's sums are 0), where at least two pairs are kept and
-  max h / min h over the coordinates with nonzero sums exceeds ``gate``; gamma otherwise."""
+  gamma bound] (gamma where a coordinate's sums are 0), where at least two pairs are kept,
+  max h / min h over the coordinates with nonzero sums exceeds ``gate`` and, until the memory
+  is full, the older pairs' h predicts the newest pair better than their scalar; gamma
+  otherwise."""
   if len(pairs) < 2:
     return gamma
-  ss = sum(s * s for s, _ in pairs)
-  yy = sum(y * y for _, y in pairs)
+  ss, yy = _square_sums(pairs)
   seen = (ss > 0) & (yy > 0)
   h = np.sqrt(np.where(seen, ss, 1.0) / np.where(seen, yy, 1.0))
-  if not seen.any() or h[seen].max() <= gate * h[seen].min():
+  predicted = len(pairs) == memory_size or _predicts_newest(pairs)
+  if not seen.any() or h[seen].max() <= gate * h[seen].min() or not predicted:
     return gamma
   return np.where(seen, np.clip(h, gamma / bound, gamma * bound), gamma)
 
@@ -847,7 +864,7 @@ def trial_lbfgs_reference(
   for _ in range(steps):
     h0 = _first_gamma(gamma, g)
     if diagonal is not None:
-      h0 = pairs_diagonal_reference(pairs, h0, *diagonal)
+      h0 = pairs_diagonal_reference(pairs, h0, *diagonal, memory_size)
     step = -alpha * (_bfgs_matrix(pairs, h0, x.size) @ g)
     f_t, g_t, finite = _oracle(f, grad, x + step)
     calls += 1

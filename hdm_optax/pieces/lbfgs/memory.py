@@ -427,6 +427,44 @@ def inverse_hessian_product(memory: SecantMemory, gamma, vector):
   return _compact(memory, gamma, vector)
 
 
+def _ratio(a, b):
+  """sqrt(a / b) where both are positive; 0 where the pairs have not seen the coordinate."""
+  ok = (a > 0) & (b > 0)
+  return jnp.where(ok, jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1)), 0)
+
+
+def _total(tree) -> jax.Array:
+  return functools.reduce(jnp.add, [jnp.sum(x) for x in jax.tree.leaves(tree)])
+
+
+def _predicts_newest(memory: SecantMemory, full) -> jax.Array:
+  r"""Whether h of the older pairs predicts the newest pair's s from its y better than
+  their scalar :math:`c = \sqrt{\sum_k \|s_k\|^2 / \sum_k \|y_k\|^2}`:
+  :math:`\|h \circ y - s\| < \|c\,y - s\|`, h taking c where the older pairs have not
+  seen a coordinate."""
+  size = memory.rho.shape[0]
+  newest = (memory.head - 1) % size
+  old = full & (jnp.arange(size, dtype=jnp.int32) != newest)
+  squares = lambda a: sum(jnp.where(old[k], a[k] * a[k], 0) for k in range(a.shape[0]))
+  ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
+  tiny = jnp.finfo(memory.rho.dtype).tiny
+  c = jnp.sqrt(_total(ss) / jnp.maximum(_total(yy), tiny)).astype(memory.rho.dtype)
+
+  def misses(a, b, s, y):  # the two squared residuals on this leaf
+    h = _ratio(a, b)
+    h = jnp.where(h > 0, h, c.astype(h.dtype))
+    return jnp.stack(
+      [jnp.sum((h * y[newest] - s[newest]) ** 2), jnp.sum((c * y[newest] - s[newest]) ** 2)]
+    )
+
+  diagonal, scalar = _total_rows(jax.tree.map(misses, ss, yy, memory.s, memory.y))
+  return diagonal < scalar
+
+
+def _total_rows(tree) -> jax.Array:
+  return functools.reduce(jnp.add, jax.tree.leaves(tree))
+
+
 class PairsDiagonal(NamedTuple):
   """:func:`pairs_diagonal`'s rule: ``rule(memory, gamma) -> (h, on)``; equal for equal
   ``gate`` and ``bound`` (so ``trial_lbfgs(diagonal=pairs_diagonal())`` built twice is one
@@ -442,15 +480,13 @@ class PairsDiagonal(NamedTuple):
     squares = lambda a: sum(jnp.where(full[k], a[k] * a[k], 0) for k in range(a.shape[0]))
     ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
 
-    def ratio(a, b):  # 0 where the pairs have not seen the coordinate (or it underflows)
-      ok = (a > 0) & (b > 0)
-      return jnp.where(ok, jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1)), 0)
-
     # One array out of the pass over the pairs: what follows reads it, not the pairs again.
-    raw = jax.tree.leaves(jax.tree.map(ratio, ss, yy))
+    raw = jax.tree.leaves(jax.tree.map(_ratio, ss, yy))
     hi = functools.reduce(jnp.maximum, [jnp.max(h) for h in raw])
     lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(h > 0, h, jnp.inf)) for h in raw])
-    on = (jnp.sum(full) >= 2) & (hi > gate * lo)
+    held = jnp.sum(full)
+    settled = held == full.shape[0]  # a full memory: the spread of m pairs is evidence enough
+    on = (held >= 2) & (hi > gate * lo) & (settled | _predicts_newest(memory, full))
     gamma = jnp.asarray(gamma, memory.rho.dtype)
     clip = lambda h: jnp.where(h > 0, jnp.clip(h, gamma / bound, gamma * bound), gamma)
     treedef = jax.tree.structure(memory.s)
@@ -463,11 +499,19 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
   Per coordinate :math:`h_i = \sqrt{\sum_k s_{ki}^2 / \sum_k y_{ki}^2}` over the kept
   pairs: on a quadratic with a diagonal Hessian A, :math:`1/A_{ii}`; under
   :math:`x \to f(D x)` it moves as :math:`D^{-2} h`, as the inverse Hessian does. It replaces
-  :math:`\gamma I` only where at least two pairs are kept and its spread
-  :math:`\max h / \min h` over the coordinates the pairs have seen exceeds ``gate``
-  (elsewhere the L-BFGS scaling of Liu and Nocedal is kept as it is), clipped to
-  :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the pairs have not
-  seen keeps :math:`\gamma`. The two sums are one pass over the pairs.
+  :math:`\gamma I` only where at least two pairs are kept, its spread
+  :math:`\max h / \min h` over the coordinates the pairs have seen exceeds ``gate``, and,
+  while the memory is not full, it has predicted the newest pair: h of the older pairs maps
+  the newest y closer to its s than the older pairs' scalar
+  :math:`c = \sqrt{\sum_k \|s_k\|^2 / \sum_k \|y_k\|^2}` does,
+  :math:`\|h \circ y - s\| < \|c\, y - s\|` (elsewhere the L-BFGS scaling of Liu and
+  Nocedal is kept as it is). Where the Hessian is not diagonal, y mixes coordinates and a
+  few pairs spread h by chance; the out-of-sample test keeps such an h out, and where
+  coordinates are badly scaled h predicts the next pair and c does not. With m pairs the
+  spread is evidence enough (and the test on one pair would switch h by rounding near a
+  float32 minimiser). h is
+  clipped to :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the
+  pairs have not seen keeps :math:`\gamma`. The sums are one pass over the pairs.
 
   Args:
     gate: the spread of h above which it is used, >= 1.
