@@ -613,27 +613,36 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  limits = dict(
-    max_steps=max_steps,
-    tol=tol,
-    rtol=rtol,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
+  limits = _Limits(max_steps, tol, rtol, max_grad_evals, max_null_steps, min_value)
   points, results = _run_sweep(
     make_optimizer, grid, fun, problems, limits, has_aux, stop_at_first_converged, compact
   )
   return SweepResult(points=points, results=results, best=best_index(results))
 
 
+class _Limits(NamedTuple):
+  """The limits :func:`sweep` and :func:`solve_batch` take as :func:`solve` does."""
+
+  max_steps: Any
+  tol: Any
+  rtol: Any
+  max_grad_evals: Any
+  max_null_steps: Any
+  min_value: Any
+
+
 def _run_sweep(make_optimizer, grid, fun, problems, limits, has_aux, stop_at_first, compact):
-  """:func:`sweep`'s points and results (``limits``: its keywords of :func:`solve`'s)."""
+  """:func:`sweep`'s points and results (``limits``: :class:`_Limits`)."""
   names, points = grid_lib.grid_points(grid)
-  max_steps = _check_max_steps(limits.pop("max_steps"))
-  rtol = limits.pop("rtol")
+  max_steps = _check_max_steps(limits.max_steps)
+  rtol = limits.rtol
   _check_rtol(rtol)
-  limits = loop_lib.check_limits(**limits)._replace(max_steps=jnp.asarray(max_steps, jnp.int32))
+  limits = loop_lib.check_limits(
+    tol=limits.tol,
+    max_grad_evals=limits.max_grad_evals,
+    max_null_steps=limits.max_null_steps,
+    min_value=limits.min_value,
+  )._replace(max_steps=jnp.asarray(max_steps, jnp.int32))
   first = problems.layout.params([a[0] for a in problems.mapped[0]], problems.fixed[0])
   dtype = _common.params_dtype(first)
   fun, problems = _hoisted(fun, first, problems)
@@ -728,13 +737,6 @@ def solve_batch(
       f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
       "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
     )
-  limits = dict(
-    max_steps=max_steps,
-    tol=tol,
-    rtol=rtol,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
+  limits = _Limits(max_steps, tol, rtol, max_grad_evals, max_null_steps, min_value)
   _, results = _run_sweep(_Given(optimizer), [{}], fun, problems, limits, has_aux, False, compact)
   return results
