@@ -433,8 +433,18 @@ def _ratio(a, b):
   return jnp.where(ok, jnp.sqrt(jnp.where(ok, a, 1) / jnp.where(ok, b, 1)), 0)
 
 
-def _total(tree) -> jax.Array:
-  return functools.reduce(jnp.add, [jnp.sum(x) for x in jax.tree.leaves(tree)])
+def _square_sums(stacked, mask):
+  """Per coordinate, the sum over the slots where ``mask`` of the squares of ``stacked``.
+
+  A sum over the m slots written out: XLA on CPU reduces a leading axis 50x slower.
+  """
+  return jax.tree.map(
+    lambda a: sum(jnp.where(mask[k], a[k] * a[k], 0) for k in range(a.shape[0])), stacked
+  )
+
+
+def _add_leaves(tree) -> jax.Array:
+  return functools.reduce(jnp.add, jax.tree.leaves(tree))
 
 
 def _predicts_newest(memory: SecantMemory, full) -> jax.Array:
@@ -445,10 +455,10 @@ def _predicts_newest(memory: SecantMemory, full) -> jax.Array:
   size = memory.rho.shape[0]
   newest = (memory.head - 1) % size
   old = full & (jnp.arange(size, dtype=jnp.int32) != newest)
-  squares = lambda a: sum(jnp.where(old[k], a[k] * a[k], 0) for k in range(a.shape[0]))
-  ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
+  ss, yy = _square_sums(memory.s, old), _square_sums(memory.y, old)
+  total = lambda tree: _add_leaves(jax.tree.map(jnp.sum, tree))
   tiny = jnp.finfo(memory.rho.dtype).tiny
-  c = jnp.sqrt(_total(ss) / jnp.maximum(_total(yy), tiny)).astype(memory.rho.dtype)
+  c = jnp.sqrt(total(ss) / jnp.maximum(total(yy), tiny)).astype(memory.rho.dtype)
 
   def misses(a, b, s, y):  # the two squared residuals on this leaf
     h = _ratio(a, b)
@@ -457,12 +467,8 @@ def _predicts_newest(memory: SecantMemory, full) -> jax.Array:
       [jnp.sum((h * y[newest] - s[newest]) ** 2), jnp.sum((c * y[newest] - s[newest]) ** 2)]
     )
 
-  diagonal, scalar = _total_rows(jax.tree.map(misses, ss, yy, memory.s, memory.y))
+  diagonal, scalar = _add_leaves(jax.tree.map(misses, ss, yy, memory.s, memory.y))
   return diagonal < scalar
-
-
-def _total_rows(tree) -> jax.Array:
-  return functools.reduce(jnp.add, jax.tree.leaves(tree))
 
 
 class PairsDiagonal(NamedTuple):
@@ -476,9 +482,7 @@ class PairsDiagonal(NamedTuple):
   def __call__(self, memory: SecantMemory, gamma) -> tuple[Any, jax.Array]:
     gate, bound = self.gate, self.bound
     full = memory.rho != 0
-    # A sum over the m slots written out: XLA on CPU reduces a leading axis 50x slower.
-    squares = lambda a: sum(jnp.where(full[k], a[k] * a[k], 0) for k in range(a.shape[0]))
-    ss, yy = jax.tree.map(squares, memory.s), jax.tree.map(squares, memory.y)
+    ss, yy = _square_sums(memory.s, full), _square_sums(memory.y, full)
 
     # One array out of the pass over the pairs: what follows reads it, not the pairs again.
     raw = jax.tree.leaves(jax.tree.map(_ratio, ss, yy))
@@ -509,9 +513,9 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
   few pairs spread h by chance; the out-of-sample test keeps such an h out, and where
   coordinates are badly scaled h predicts the next pair and c does not. With m pairs the
   spread is evidence enough (and the test on one pair would switch h by rounding near a
-  float32 minimiser). h is
-  clipped to :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the
-  pairs have not seen keeps :math:`\gamma`. The sums are one pass over the pairs.
+  float32 minimiser). h is clipped to
+  :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the pairs have
+  not seen keeps :math:`\gamma`. The sums are one pass over the pairs.
 
   Args:
     gate: the spread of h above which it is used, >= 1.
