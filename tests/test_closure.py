@@ -156,6 +156,31 @@ def test_rebound_data_is_solved_without_a_new_compile(case, driver):
   assert program._cache_size() == before  # pylint: disable=protected-access
 
 
+@jax.custom_vjp
+def _shifted(x, c):
+  """x - c, with a hand-written derivative (as the sparse kernels of the LIBSVM problems)."""
+  return x - c
+
+
+_shifted.defvjp(lambda x, c: (x - c, None), lambda _, g: (g, -g))
+
+
+def test_an_objective_with_a_custom_derivative_compiles_once():
+  """A custom_vjp inside f: each trace wraps its rules anew, and the program must still be
+  found again (main compiled solve and sweep at every call)."""
+  fun = lambda x, c: 0.5 * jnp.sum(_shifted(x, c) ** 2)
+  run = lambda c: hdm_optax.solve(SGD, fun, X0, fun_args=(c,), max_steps=5).params
+  np.testing.assert_allclose(run(FIRST), FIRST)
+  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  np.testing.assert_allclose(run(SECOND), SECOND)
+  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access
+  grid = lambda c: hdm_optax.sweep(_sgd, {"learning_rate": [1.0]}, fun, X0, fun_args=(c,))
+  np.testing.assert_allclose(grid(FIRST).results.params[0], FIRST)
+  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  np.testing.assert_allclose(grid(SECOND).results.params[0], SECOND)
+  assert solve_lib._sweep_jit._cache_size() == before  # pylint: disable=protected-access
+
+
 def test_an_equinox_module_is_the_objective():
   """A Module as ``fun`` (main could not hash it); a new Module of one structure reuses the
   program."""

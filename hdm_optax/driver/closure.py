@@ -26,6 +26,7 @@ from typing import Any, Callable
 import jax
 import jax.core
 import jax.extend.core as jex
+from jax.extend import linear_util as lu
 import numpy as np
 
 __all__ = ("Closed", "hoist")
@@ -81,7 +82,9 @@ def _signature(jaxpr) -> tuple:
       return ("jaxpr", _signature(value))
     if isinstance(value, (tuple, list)):
       return tuple(map(param, value))
-    if callable(value) and not isinstance(value, type):
+    # A custom rule arrives wrapped anew at every trace (``lu.WrappedFun``, equal only to
+    # itself): it too is compared by name.
+    if isinstance(value, lu.WrappedFun) or (callable(value) and not isinstance(value, type)):
       return ("callable", getattr(value, "__name__", type(value).__name__))
     try:
       hash(value)
