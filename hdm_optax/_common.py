@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hdm_optax import _blocks
+
 
 class HDMInfo(NamedTuple):
   """Diagnostics of the last update, kept in every HDM state as ``info``.
@@ -118,8 +120,7 @@ def cast(value, dtype) -> jax.Array:
 
 
 def all_finite(*trees) -> jax.Array:
-  leaves = [jnp.all(jnp.isfinite(leaf)) for t in trees for leaf in jax.tree.leaves(t)]
-  return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+  return _blocks.all_finite(*trees)
 
 
 def safe_div(num, den):

@@ -1,6 +1,8 @@
 """Run as a script (by tests/test_sharding.py): HDM-Best and ``solve`` on 8
 forced host devices, with the data row-sharded (params replicated) and with a
-wide model (params sharded), against the single-device answer."""
+wide model (params sharded), against the single-device answer; trial_lbfgs on
+params of a sharded leaf and small replicated ones, whose secant memory packs the
+small leaves together and keeps the sharded one apart, in its sharding."""
 
 import os
 import sys
@@ -22,6 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import hdm_optax  # noqa: E402
+from hdm_optax import _blocks  # noqa: E402
 
 
 def logistic(w, a, y):
@@ -99,11 +102,58 @@ def check(name, m, n, a_spec, x_spec, mesh, steps=30):
   )
 
 
+def check_packed_memory(mesh, steps=30):
+  """trial_lbfgs's memory packs the small leaves and keeps a large sharded leaf's block
+  in the leaf's sharding; the run matches the single-device one."""
+  _blocks.OWN_BLOCK = 512  # a leaf of 1024 entries is then large (the default is 65536)
+  rng = np.random.default_rng(1)
+  m, n = 64, 1024
+  a = rng.normal(size=(m, n)) / np.sqrt(n)
+  y = np.where(rng.normal(size=m) > 0, 1.0, -1.0)
+
+  def f(p, a, y):
+    margin = a @ p["w"] + p["b"][0] - p["b"][1] + p["c"]
+    return jnp.sum(jax.nn.softplus(-y * margin)) + 0.5 * jnp.sum(p["w"] ** 2)
+
+  params = {"w": jnp.zeros(n), "b": jnp.zeros(2), "c": jnp.zeros(())}
+  opt = hdm_optax.trial_lbfgs()
+  data = (jnp.asarray(a), jnp.asarray(y))
+  ref = hdm_optax.solve(opt, f, params, max_steps=steps, tol=0.0, fun_args=data)
+  w_sh = NamedSharding(mesh, P("d"))
+  sharded = dict(params, w=jax.device_put(params["w"], w_sh))
+  a_s = jax.device_put(a, NamedSharding(mesh, P(None, "d")))
+  y_s = jax.device_put(y, NamedSharding(mesh, P()))
+  memory_sh = NamedSharding(mesh, P(None, "d"))
+  for how, res in (
+    ("solve", hdm_optax.solve(opt, f, sharded, max_steps=steps, tol=0.0, fun_args=(a_s, y_s))),
+    (
+      "solve in jit",
+      jax.jit(
+        lambda x, a, y: hdm_optax.solve(opt, f, x, max_steps=steps, tol=0.0, fun_args=(a, y))
+      )(sharded, a_s, y_s),
+    ),
+  ):
+    err = rel_err(res.params["w"], ref.params["w"])
+    assert err < 1e-9, (how, err)
+    assert int(res.num_steps) == int(ref.num_steps), how
+    assert same_sharding(res.params["w"], w_sh), (how, res.params["w"].sharding)
+    assert same_sharding(res.state.grad["w"], w_sh), (how, res.state.grad["w"].sharding)
+    memory = res.state.direction.memory
+    # Blocks in the order of their first leaf: (b, c) packed, then w alone.
+    assert [blk.shape for blk in memory.s] == [(10, 3), (10, n)], [b.shape for b in memory.s]
+    for blk in (memory.s[1], memory.y[1]):
+      assert same_sharding(blk, memory_sh), (how, blk.sharding)
+  state = opt.init(sharded)  # eager: the sharded leaf's block is made in its sharding
+  assert same_sharding(state.direction.memory.s[1], memory_sh), state.direction.memory.s[1]
+  print(f"packed memory: rel err {err:.1e}, w's block {memory.s[1].sharding.spec}")
+
+
 def main():
   assert jax.device_count() == 8 and jax.default_backend() == "cpu", jax.devices()
   mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   check("rows sharded, params replicated", 512, 16, P("d", None), P(), mesh)
   check("wide, params sharded", 64, 1024, P(None, "d"), P("d"), mesh)
+  check_packed_memory(mesh)
   print("OK")
 
 

@@ -412,7 +412,7 @@ def test_sweep_over_an_axis_of_fun_args_and_x0():
     )
     assert int(out.results.num_steps[i]) == int(res.num_steps)
     np.testing.assert_allclose(out.results.params[i], res.params, rtol=1e-9, atol=1e-12)
-    assert out.results.state[i].direction.memory.s.shape[0] == point["memory_size"]
+    assert out.results.state[i].direction.memory.s[0].shape[0] == point["memory_size"]
   exact = jnp.linalg.solve(a.T @ a + lams[2] * jnp.eye(4), a.T @ y)
   np.testing.assert_allclose(out.results.params[5], exact, rtol=1e-6)
 
@@ -424,7 +424,7 @@ def test_a_shape_setting_gets_a_program_of_its_own():
   )
   assert [p["memory_size"] for p in out.points] == [5, 10, 20]
   assert bool(jnp.all(out.results.converged))
-  assert [int(s.direction.memory.s.shape[0]) for s in out.results.state] == [5, 10, 20]
+  assert [int(s.direction.memory.s[0].shape[0]) for s in out.results.state] == [5, 10, 20]
 
 
 def test_sweep_rtol_is_solves():

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
@@ -153,7 +154,7 @@ def hdm_agd(
     trial does not return (a safeguard, not in the paper).
     """
     dtype = state.value.dtype
-    den = optax.tree.vdot(y_grad, y_grad)
+    den = _blocks.vdot(y_grad, y_grad)
     hypergrad = hypergradient_lib.hypergradient(cand, pre_grad, y_grad, den=den)
     new_p, new_l = learners_lib.learn(
       cand,
@@ -215,7 +216,7 @@ def hdm_agd(
     new_params = _common.keep_if(accepted, best, params)
     new_grad = _common.keep_if(accepted, best_grad, grad)
     # Line 6: v_k from h_{y^k}(P_k) = (f(x_P) - f(y)) / ||grad f(y)||^2.
-    den = optax.tree.vdot(y_grad, y_grad)
+    den = _blocks.vdot(y_grad, y_grad)
     h = jnp.where(pre_ok, _common.safe_div(pre_value - y_value, den), inf)
     v = jnp.maximum(
       1 / (2 * jnp.maximum(-h, 1 / (2 * lip))), lip / (2 * _common.cast(theta, dtype))
@@ -232,7 +233,7 @@ def hdm_agd(
       value=jnp.where(accepted, best_value, value).astype(dtype),
       grad=new_grad,
       info=_common.next_info(
-        state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=3
+        state.info, accepted=accepted, hypergrad_norm=_blocks.norm(hypergrad), calls=3
       ),
     )
     step = _common.keep_if(

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 
 __all__ = ("LookaheadResult", "armijo_lookahead", "gated_lookahead")
@@ -91,7 +92,7 @@ def armijo_lookahead(
   """
   dtype = jnp.result_type(value)
   c = lambda v: _common.cast(v, dtype)
-  slope = optax.tree.vdot(grad, direction)
+  slope = _blocks.vdot(grad, direction)
 
   def cond(carry):
     eta, _, _, _, calls, moved = carry
@@ -145,7 +146,7 @@ def gated_lookahead(growth: Any = 2.0) -> Callable[..., LookaheadResult]:
   """
 
   def run(vg, params, value, grad, direction, *, finite, estimating, grad_norm):
-    enabled = finite & ~estimating & (optax.tree.norm(grad) > growth * grad_norm)
+    enabled = finite & ~estimating & (_blocks.norm(grad) > growth * grad_norm)
     return armijo_lookahead(vg, params, value, grad, direction, enabled=enabled)
 
   return run

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 
 __all__ = ("CANDIDATE_SETS", "CandidateSet", "diagonal", "full", "get", "scalar", "trial_step")
@@ -84,7 +85,7 @@ def scalar() -> CandidateSet:
   return CandidateSet(
     init=lambda params, value: jnp.asarray(value).astype(_dtype(params)),
     apply=lambda p, v: jax.tree.map(lambda x: p * x, v),
-    outer=lambda u, w: optax.tree.vdot(u, w),
+    outer=lambda u, w: _blocks.vdot(u, w),
     project=_clip,
   )
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 
 __all__ = (
@@ -197,8 +198,8 @@ def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
 
   def offset(index, params, grad, active):
     del index, active
-    grad_sq = optax.tree.vdot(grad, grad)
-    delta = _common.cast(size, grad_sq.dtype) * jnp.maximum(1, optax.tree.norm(params))
+    grad_sq = _blocks.vdot(grad, grad)
+    delta = _common.cast(size, grad_sq.dtype) * jnp.maximum(1, _blocks.norm(params))
     return optax.tree.scale(-_common.safe_div(delta, jnp.sqrt(grad_sq)), grad), delta
 
   return Probe(num=1, offset=offset, finish=_finisher(fallback))

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Optional
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
@@ -131,12 +132,12 @@ def preconditioned(precond: Learnable) -> shell.Direction:
   def learn(state, trial, verdict, ctx):
     del verdict
     # Line 4: grad h_{x^k}(P_k) = -grad f(x^+) grad f(x^k)^T / ||grad f(x^k)||^2, at sP.
-    den = optax.tree.vdot(ctx.grad, ctx.grad)
+    den = _blocks.vdot(ctx.grad, ctx.grad)
     hypergrad = hypergradient_lib.hypergradient(precond.candidate, trial.grad, ctx.updates, den=den)
     kept = step_control_lib.kept_scale(ctx.step_size, trial.finite)
     new = precond.learn(state.precond, hypergrad, state.learner_state, kept, ctx.value.dtype)
     learned = _common.keep_if(trial.finite, new, (state.precond, state.learner_state))
-    return shell.Learned(PrecondState(*learned), jnp.asarray(False), optax.tree.norm(hypergrad))
+    return shell.Learned(PrecondState(*learned), jnp.asarray(False), _blocks.norm(hypergrad))
 
   return shell.Direction(init=init, propose=propose, learn=learn)
 
@@ -221,14 +222,14 @@ def heavy_ball(
     # Line 6: the null step on the potential psi, which is not f (no step for the rule).
     om = _common.cast(omega, ctx.value.dtype)
     diff = optax.tree.sub(ctx.params, state.prev_params)
-    psi_new = trial.value + 0.5 * om * optax.tree.vdot(trial.step, trial.step)
-    return psi_new, ctx.value + 0.5 * om * optax.tree.vdot(diff, diff), None
+    psi_new = trial.value + 0.5 * om * _blocks.vdot(trial.step, trial.step)
+    return psi_new, ctx.value + 0.5 * om * _blocks.vdot(diff, diff), None
 
   def learn(state, trial, verdict, ctx):
     dtype = ctx.value.dtype
     diff = optax.tree.sub(ctx.params, state.prev_params)
     # Lines 4-5, with the gradients of Appendix D.1, at the damped (sP, sB).
-    den = denominator(optax.tree.vdot(ctx.grad, ctx.grad), optax.tree.vdot(diff, diff), None)
+    den = denominator(_blocks.vdot(ctx.grad, ctx.grad), _blocks.vdot(diff, diff), None)
     resid = optax.tree.add_scale(trial.grad, _common.cast(omega, dtype), trial.step)
     grad_p = hypergradient_lib.hypergradient(precond.candidate, resid, ctx.updates, den=den)
     grad_b = hypergradient_lib.hypergradient(momentum.candidate, resid, diff, den=den, negate=False)
@@ -243,7 +244,7 @@ def heavy_ball(
       (state.precond, state.momentum, state.precond_learner_state, state.momentum_learner_state),
     )
     prev_params = _common.keep_if(verdict.accepted, ctx.params, state.prev_params)
-    hypergrad_norm = jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + optax.tree.vdot(grad_b, grad_b))
+    hypergrad_norm = jnp.sqrt(_blocks.vdot(grad_p, grad_p) + _blocks.vdot(grad_b, grad_b))
     return shell.Learned(HeavyBallState(*learned, prev_params), jnp.asarray(False), hypergrad_norm)
 
   return shell.Direction(init=init, propose=propose, learn=learn, merit=merit)

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import curvature as curvature_lib
@@ -336,8 +337,8 @@ def momentum_direction(
     eta_p updated, and the hypergradient's norm.
     """
     diff = optax.tree.sub(ctx.params, state.prev_params)
-    grad_sq = optax.tree.vdot(ctx.grad, ctx.grad)
-    den = denominator(grad_sq, optax.tree.vdot(diff, diff), state.curvature.l_hat)
+    grad_sq = _blocks.vdot(ctx.grad, ctx.grad)
+    den = denominator(grad_sq, _blocks.vdot(diff, diff), state.curvature.l_hat)
     inv_den = hypergradient_lib.reciprocal(den, live)
     grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
       _DIAG, _SCALAR, trial.grad, ctx.updates, diff, inv_den, live
@@ -379,10 +380,10 @@ def momentum_direction(
       schedule=lr_schedule,
       precond_lr=jnp.asarray(eta_p, ctx.value.dtype),
     )
-    return learned, jnp.sqrt(optax.tree.vdot(grad_p, grad_p) + grad_b**2)
+    return learned, jnp.sqrt(_blocks.vdot(grad_p, grad_p) + grad_b**2)
 
   def observe(state, trial, ctx):
-    grad_change = optax.tree.norm(optax.tree.sub(trial.grad, ctx.grad))
+    grad_change = _blocks.norm(optax.tree.sub(trial.grad, ctx.grad))
     lip, last_probe = lipschitz_now(state, grad_change, trial.aux)
     finite = trial.finite & jnp.isfinite(grad_change)
     live = finite & ~probing(state)
@@ -402,9 +403,9 @@ def momentum_direction(
       _DIAG.apply(learned.precond, trial.grad),
       finite=live,
       estimating=state.curvature.active,
-      grad_norm=jnp.sqrt(optax.tree.vdot(ctx.grad, ctx.grad)),
+      grad_norm=jnp.sqrt(_blocks.vdot(ctx.grad, ctx.grad)),
     )
-    observed = observed._replace(grad_change=optax.tree.norm(optax.tree.sub(look.grad, ctx.grad)))
+    observed = observed._replace(grad_change=_blocks.norm(optax.tree.sub(look.grad, ctx.grad)))
     trial = trial._replace(
       step=optax.tree.sub(look.params, ctx.params),
       value=look.value,
@@ -422,7 +423,7 @@ def momentum_direction(
     curv = curvature_estimate.record(
       state.curvature,
       accepted=accepted,
-      step_norm=optax.tree.norm(trial.step),
+      step_norm=_blocks.norm(trial.step),
       grad_change=observed.grad_change,
       frozen=probing(state),
     )

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 
 __all__ = (
@@ -110,12 +111,16 @@ class Trial(NamedTuple):
 class Evidence(NamedTuple):
   """What the trial showed, computed once by the shell for the step rule.
 
+  The vectors are packed (``hdm_optax._blocks.pack``: the params' small leaves raveled
+  into one vector), so that a rule's reductions over them are one per block, not one per
+  leaf of the params.
+
   Attributes:
     value: the merit at x (f(x), or HDM-HB's potential).
     trial_value: the merit at :math:`x^+`.
-    grad: :math:`\\nabla f(x)`.
-    trial_grad: :math:`\\nabla f(x^+)`.
-    step: s, the tree :math:`x^+ - x` (``None`` where the merit is not f).
+    grad: :math:`\\nabla f(x)`, packed.
+    trial_grad: :math:`\\nabla f(x^+)`, packed.
+    step: s, :math:`x^+ - x` packed (``None`` where the merit is not f).
     slope: :math:`\\langle \\nabla f(x), s\\rangle` (``None`` without ``step``).
     trial_slope: :math:`\\langle \\nabla f(x^+), s\\rangle` (``None`` without ``step``).
     finite: the trial's value and gradient are finite.
@@ -276,11 +281,13 @@ def iteration(
   def evidence(direction_state, trial: Trial, ctx: Context) -> Evidence:
     """The merit at both points and the slopes along the step, once per update."""
     trial_value, value, step = direction.merit(direction_state, trial, ctx)
+    grad, trial_grad = _blocks.pack(ctx.grad), _blocks.pack(trial.grad)
     slope = trial_slope = None
     if step is not None:
-      slope, trial_slope = optax.tree.vdot(ctx.grad, step), optax.tree.vdot(trial.grad, step)
+      step = _blocks.pack(step)
+      slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
     return Evidence(
-      value, trial_value, ctx.grad, trial.grad, step, slope, trial_slope, trial.finite, trial.probe
+      value, trial_value, grad, trial_grad, step, slope, trial_slope, trial.finite, trial.probe
     )
 
   @_common.track_point(name)

@@ -142,35 +142,5 @@ def two_metric_step(
   return optax.tree.where(descent, step, fallback)
 
 
-def restricted_memory(memory: memory_lib.SecantMemory, free, pair_tol=1e-10):
-  r"""The secant pairs restricted to the free variables: :math:`(s_F, y_F)`.
-
-  Where the variables outside F did not move along a pair, :math:`y_F = (Z^T B Z) s_F` is
-  the secant pair of the reduced Hessian on F, so the two-loop operator of the restricted
-  pairs approximates :math:`(Z^T B Z)^{-1}` (the quasi-Newton step on the free subspace,
-  as L-BFGS-B's subspace minimisation), not :math:`Z^T H Z`. A restricted pair whose
-  curvature :math:`\langle s_F, y_F\rangle` is not above ``pair_tol`` times
-  :math:`\|s_F\|\|y_F\|` is left out (:math:`\rho = 0`).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> from hdm_optax.pieces.lbfgs import bounded, memory
-    >>> mem = memory.secant_memory(jnp.zeros(2), 2)
-    >>> mem = memory.secant_record(mem, jnp.array([1.0, 1.0]), jnp.array([2.0, 3.0]), True)
-    >>> restricted = bounded.restricted_memory(mem, jnp.array([False, True]))
-    >>> [float(v) for v in restricted.s[0]], round(float(restricted.rho[0]), 4)
-    ([0.0, 1.0], 0.3333)
-  """
-  mask = lambda stacked: jax.tree.map(
-    lambda a, f: jnp.where(f, a, jnp.zeros((), a.dtype)), stacked, free
-  )
-  s, y = mask(memory.s), mask(memory.y)
-  per_pair = lambda a, b: sum(
-    jnp.sum((u * v).reshape(u.shape[0], -1), axis=1)
-    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-  )
-  sy, ss, yy = per_pair(s, y), per_pair(s, s), per_pair(y, y)
-  tol = jnp.asarray(pair_tol, sy.dtype)
-  keep = (memory.rho != 0) & (sy > tol * jnp.sqrt(ss * yy))
-  rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
-  return memory._replace(s=s, y=y, rho=rho)
+# The pairs restricted to the free variables (with the memory, whose layout it reads).
+restricted_memory = memory_lib.restricted_memory

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces import shell
@@ -49,10 +50,20 @@ class LBFGSState(NamedTuple):
   box: Optional[box_lib.Box] = None
 
 
-class _Observed(NamedTuple):
-  """What ``observe`` hands on to ``learn``: the free set, y and the pair's products."""
+class _Proposed(NamedTuple):
+  """What ``propose`` hands on: the free set (packed; ``None`` without a box) and the step
+  packed as the memory is."""
 
   free: Any
+  step: Any
+
+
+class _Observed(NamedTuple):
+  """What ``observe`` hands on to ``learn``: the free set, s and y (packed) and the pair's
+  products."""
+
+  free: Any
+  step: Any
   change: Any
   products: memory_lib.PairProducts
 
@@ -107,6 +118,10 @@ def lbfgs_direction(
   (:func:`hdm_optax.pieces.lbfgs.bounded.free_scaling`). Without bounds the program is the
   unbounded one.
 
+  The operator, the pair and the memory work on the params packed into a few flat blocks
+  (:mod:`hdm_optax._blocks`), so the program does not grow with the number of leaves of
+  the params: they are unpacked only into the trial step.
+
   Args:
     memory_size: m, the number of pairs kept.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
@@ -128,8 +143,8 @@ def lbfgs_direction(
     >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces.lbfgs import direction
     >>> state = direction.lbfgs_direction(5).init(jnp.zeros(3))
-    >>> state.memory.s.shape, float(state.gamma)
-    ((5, 3), 0.0)
+    >>> state.memory.rho.shape, float(state.gamma)
+    ((5,), 0.0)
   """
   _check(memory_size, pair_tol, diagonal, lower, upper)
 
@@ -153,15 +168,18 @@ def lbfgs_direction(
     dtype = ctx.value.dtype
     # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
     free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
+    packed_free = None if free is None else _blocks.pack(free)
     # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
+    updates = _blocks.pack(ctx.updates)
     grad_norm = optax.tree.norm(
-      ctx.updates if free is None else bounded.free_part(free, ctx.updates)
+      updates if free is None else bounded.free_part(packed_free, updates)
     )
     first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
     first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
     gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
     if state.box is None:  # x+ = x - alpha H_m u.
-      return optax.tree.scale(-ctx.step_size, operator(state.memory, gamma, ctx.updates)), free
+      step = optax.tree.scale(-ctx.step_size, operator(state.memory, gamma, updates))
+      return _blocks.unpack(step, ctx.params), _Proposed(None, step)
     # In a box: P(x - alpha d), H acting on the free variables.
     tol = _common.cast(pair_tol, dtype)
     on_free = lambda v, free: memory_lib.two_loop_recursion(
@@ -170,24 +188,25 @@ def lbfgs_direction(
     step = bounded.two_metric_step(
       state.box, ctx.params, ctx.updates, free, ctx.step_size, gamma, on_free
     )
-    return step, free
+    return step, _Proposed(packed_free, _blocks.pack(step))
 
   def observe(state, trial, ctx):
-    change = optax.tree.sub(trial.grad, ctx.grad)
-    products = memory_lib.pair_products(trial.step, change)
+    change = optax.tree.sub(_blocks.pack(trial.grad), _blocks.pack(ctx.grad))
+    products = memory_lib.pair_products(trial.aux.step, change)
     # A finite <s, y> needs every y_i = g+_i - g_i finite (s_i * inf is inf or NaN), so every
     # g+_i finite: no separate pass over grad f(x+).
     finite = trial.finite & jnp.isfinite(products.sy)
-    return state, trial._replace(finite=finite, aux=_Observed(trial.aux, change, products))
+    observed = _Observed(trial.aux.free, trial.aux.step, change, products)
+    return state, trial._replace(finite=finite, aux=observed)
 
   def learn(state, trial, verdict, ctx):
     c = lambda x: _common.cast(x, ctx.value.dtype)
-    step, finite, (free, change, products) = trial.step, trial.finite, trial.aux
+    finite, (free, step, change, products) = trial.finite, trial.aux
     sy = products.sy
     step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
-    short = step_norm <= c(_RESOLUTION) * optax.tree.norm(ctx.params)
+    short = step_norm <= c(_RESOLUTION) * optax.tree.norm(_blocks.pack(ctx.params))
     lost = finite & (short | (change_norm == 0))
     # A finite trial's pair with enough positive curvature enters the memory where the step
     # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).

@@ -8,6 +8,12 @@ applies the L-BFGS inverse-Hessian operator :math:`H_m` they define (O(mn), no n
 matrix; a preconditioner operator ``P v = inverse_hessian_product(memory, gamma, v)``),
 in the compact form or by :func:`two_loop_recursion`.
 
+The pairs are stored packed (:mod:`hdm_optax._blocks`): the params' small leaves of one
+dtype raveled into one vector, each large leaf a block of its own in its own shape, so
+that the memory's work is a few operations per block, not per leaf of the params. The
+functions take vectors shaped like the params or already packed (a tuple of blocks like
+:attr:`SecantMemory.s` without its leading axis) and return them as they came.
+
 References:
   Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate Adaptation
   with Hypergradient Descent*, arXiv:2502.11229, 2025 (the trial point whose
@@ -19,13 +25,14 @@ References:
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hdm_optax import _blocks
 from hdm_optax import _common
 
 __all__ = (
@@ -35,7 +42,9 @@ __all__ = (
   "pair_products",
   "pairs_diagonal",
   "inverse_hessian_product",
+  "preconditioner",
   "reset",
+  "restricted_memory",
   "secant_memory",
   "secant_record",
   "two_loop_recursion",
@@ -46,7 +55,8 @@ class SecantMemory(NamedTuple):
   """The last m secant pairs, a circular buffer (the L-BFGS memory), and their inner products.
 
   Attributes:
-    s: the steps :math:`s_i = x_i^+ - x_i`, each leaf with a leading axis of size m.
+    s: the steps :math:`s_i = x_i^+ - x_i`, packed (``hdm_optax._blocks.pack`` of the
+      params: a tuple of blocks), each block with a leading axis of size m.
     y: the gradient changes :math:`y_i = \\nabla f(x_i^+) - \\nabla f(x_i)`, like ``s``.
     rho: (m,) :math:`1 / \\langle s_i, y_i \\rangle`; 0 marks an empty slot.
     head: the slot the next pair is written to (the newest pair is in ``head - 1``).
@@ -70,18 +80,25 @@ class PairProducts(NamedTuple):
   sy: jax.Array
 
 
+def _stacked_zeros(block, size: int) -> jax.Array:
+  """Zeros of shape ``(size,) + block.shape``, sharded as ``block`` where it is concrete."""
+  return jnp.array(jnp.broadcast_to(jnp.zeros_like(block), (size,) + jnp.shape(block)))
+
+
 def secant_memory(params, size: int) -> SecantMemory:
-  """An empty memory of ``size`` pairs shaped like ``params`` (2 ``size`` vectors of n).
+  """An empty memory of ``size`` pairs for ``params`` (2 ``size`` vectors of n, packed).
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces.lbfgs import memory
     >>> mem = memory.secant_memory(jnp.zeros(3), 10)
-    >>> mem.s.shape, mem.sy.shape, int(mem.head)
-    ((10, 3), (10, 10), 0)
+    >>> [b.shape for b in mem.s], mem.sy.shape, int(mem.head)
+    ([(10, 3)], (10, 10), 0)
+    >>> [b.shape for b in memory.secant_memory({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}, 10).s]
+    [(10, 9)]
   """
-  zeros = jax.tree.map(lambda p: jnp.zeros((size,) + jnp.shape(p), jnp.result_type(p)), params)
   dtype = _common.params_dtype(params)
+  zeros = tuple(_stacked_zeros(block, size) for block in _blocks.pack(params))
   return SecantMemory(
     s=zeros,
     y=jax.tree.map(jnp.copy, zeros),
@@ -89,6 +106,14 @@ def secant_memory(params, size: int) -> SecantMemory:
     head=jnp.zeros([], jnp.int32),
     sy=jnp.zeros([size, size], dtype),
   )
+
+
+def _in_blocks(memory: SecantMemory, tree):
+  """``(blocks, back)``: ``tree`` packed like the memory, and ``back`` that returns a result
+  packed so to ``tree``'s form (a tree already packed is left as it is)."""
+  if jax.tree.structure(tree) == jax.tree.structure(memory.s):
+    return tree, lambda blocks: blocks
+  return _blocks.pack(tree), lambda blocks: _blocks.unpack(blocks, tree)
 
 
 # Matrix products of the pairs in the arrays' own precision (an NVIDIA GPU would compute
@@ -151,7 +176,7 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
 
   Args:
     memory: the memory.
-    s: the step, shaped like the params.
+    s: the step, shaped like the params (or packed).
     y: the gradient change, like ``s``.
     keep: a boolean scalar.
     sy: :math:`\\langle s, y\\rangle` where the caller has it (:func:`pair_products`);
@@ -169,6 +194,7 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
     (0.5, 1)
   """
   size = memory.rho.shape[0]
+  s, y = _in_blocks(memory, s)[0], _in_blocks(memory, y)[0]
   sy = optax.tree.vdot(s, y) if sy is None else sy
   rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
   # Written to the head slot, or past the end (dropped) where not kept: no read of the
@@ -345,6 +371,12 @@ def two_loop_recursion(memory: SecantMemory, gamma, vector):
     >>> [float(v) for v in memory.two_loop_recursion(mem, 0.5, jnp.array([4.0, 2.0]))]
     [1.0, 1.0]
   """
+  vector, back = _in_blocks(memory, vector)
+  return back(_two_loop(memory, _initial_in_blocks(memory, gamma, vector), vector))
+
+
+def _two_loop(memory: SecantMemory, gamma, vector):
+  """:func:`two_loop_recursion` on packed vectors."""
   size = memory.rho.shape[0]
   dtype = memory.rho.dtype
   at = lambda stacked, i: jax.tree.map(lambda a: a[i], stacked)
@@ -372,6 +404,15 @@ def _is_diagonal(gamma, vector) -> bool:
   return jax.tree.structure(gamma) == jax.tree.structure(vector) and any(
     jnp.ndim(g) > 0 for g in jax.tree.leaves(gamma)
   )
+
+
+def _initial_in_blocks(memory: SecantMemory, gamma, vector):
+  """:math:`H_0`'s gamma as it is where a scalar, packed where a diagonal like the params."""
+  structure = jax.tree.structure(gamma)
+  scalar = jax.tree_util.treedef_is_leaf(structure) and jnp.ndim(gamma) == 0
+  if scalar or structure == jax.tree.structure(vector):
+    return gamma
+  return _in_blocks(memory, gamma)[0]
 
 
 def _apply_initial(gamma, vector, dtype):
@@ -403,8 +444,9 @@ def inverse_hessian_product(memory: SecantMemory, gamma, vector):
 
   Args:
     memory: the pairs (:class:`SecantMemory`).
-    gamma: :math:`H_0`: a scalar gamma, or a diagonal h shaped like ``vector``.
-    vector: v, shaped like the params.
+    gamma: :math:`H_0`: a scalar gamma, or a diagonal h shaped like ``vector`` (or like
+      the params, or packed).
+    vector: v, shaped like the params (or packed).
 
   Returns:
     :math:`H_m v`, shaped like ``vector``.
@@ -421,10 +463,12 @@ def inverse_hessian_product(memory: SecantMemory, gamma, vector):
     Byrd, Nocedal, Schnabel, *Representations of quasi-Newton matrices and
     their use in limited memory methods*, Math. Programming 63, 1994.
   """
+  vector, back = _in_blocks(memory, vector)
+  gamma = _initial_in_blocks(memory, gamma, vector)
   n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(vector))
   if n <= memory.rho.shape[0]:
-    return two_loop_recursion(memory, gamma, vector)
-  return _compact(memory, gamma, vector)
+    return back(_two_loop(memory, gamma, vector))
+  return back(_compact(memory, gamma, vector))
 
 
 def _ratio(a, b):
@@ -522,8 +566,8 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
     bound: the clip of h around gamma, >= 1.
 
   Returns:
-    A :class:`PairsDiagonal`, ``rule(memory, gamma) -> (h, on)``: h shaped like the params
-    and whether it is used, for :func:`hdm_optax.pieces.lbfgs.direction.lbfgs_direction`'s ``diagonal=``.
+    A :class:`PairsDiagonal`, ``rule(memory, gamma) -> (h, on)``: h packed as the pairs
+    are (a tuple of blocks like ``memory.s`` without its leading axis) and whether it is used, for :func:`hdm_optax.pieces.lbfgs.direction.lbfgs_direction`'s ``diagonal=``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -532,10 +576,108 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
     >>> for s in ([1.0, 1.0], [1.0, -1.0]):
     ...   mem = memory.secant_record(mem, jnp.array(s), jnp.array([1e4, 1.0]) * jnp.array(s), True)
     >>> h, on = memory.pairs_diagonal(gate=1e3)(mem, 1.0)
-    >>> [round(float(v), 6) for v in h], bool(on)
+    >>> [round(float(v), 6) for v in h[0]], bool(on)
     ([0.0001, 1.0], True)
   """
   _common.check_at_least("gate", gate, 1)
   _common.check_at_least("bound", bound, 1)
 
   return PairsDiagonal(gate=gate, bound=bound)
+
+
+def _pair_sums(a, b) -> jax.Array:
+  """(m,): :math:`\\langle a_i, b_i\\rangle` of the stacked blocks ``a`` and ``b``, slot by slot."""
+  return sum(
+    jnp.sum((u * v).reshape(u.shape[0], -1), axis=1)
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
+
+
+def restricted_memory(memory: SecantMemory, free, pair_tol=1e-10) -> SecantMemory:
+  r"""The secant pairs restricted to the free variables: :math:`(s_F, y_F)`.
+
+  Where the variables outside F did not move along a pair, :math:`y_F = (Z^T B Z) s_F` is
+  the secant pair of the reduced Hessian on F, so the two-loop operator of the restricted
+  pairs approximates :math:`(Z^T B Z)^{-1}` (the quasi-Newton step on the free subspace,
+  as L-BFGS-B's subspace minimisation), not :math:`Z^T H Z`. A restricted pair whose
+  curvature :math:`\langle s_F, y_F\rangle` is not above ``pair_tol`` times
+  :math:`\|s_F\|\|y_F\|` is left out (:math:`\rho = 0`).
+
+  Args:
+    memory: the pairs.
+    free: F, a boolean tree shaped like the params (or packed).
+    pair_tol: the cosine below which a restricted pair is left out.
+
+  Returns:
+    The restricted memory, for :func:`two_loop_recursion` (its ``sy`` is stale).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 2)
+    >>> mem = memory.secant_record(mem, jnp.array([1.0, 1.0]), jnp.array([2.0, 3.0]), True)
+    >>> restricted = memory.restricted_memory(mem, jnp.array([False, True]))
+    >>> [float(v) for v in restricted.s[0][0]], round(float(restricted.rho[0]), 4)
+    ([0.0, 1.0], 0.3333)
+  """
+  free = _in_blocks(memory, free)[0]
+  mask = lambda stacked: tuple(
+    jnp.where(f, a, jnp.zeros((), a.dtype)) for a, f in zip(stacked, free)
+  )
+  s, y = mask(memory.s), mask(memory.y)
+  sy, ss, yy = _pair_sums(s, y), _pair_sums(s, s), _pair_sums(y, y)
+  tol = jnp.asarray(pair_tol, sy.dtype)
+  keep = (memory.rho != 0) & (sy > tol * jnp.sqrt(ss * yy))
+  rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
+  return memory._replace(s=s, y=y, rho=rho)
+
+
+def _single_memory(state) -> Optional[SecantMemory]:
+  """The one :class:`SecantMemory` in ``state``; ``None`` where there is none or several."""
+  is_memory = lambda a: isinstance(a, SecantMemory)
+  found = [leaf for leaf in jax.tree.leaves(state, is_leaf=is_memory) if is_memory(leaf)]
+  return found[0] if len(found) == 1 else None
+
+
+def preconditioner(state, free=None) -> Optional[Callable[[Any], Any]]:
+  r""":math:`v \mapsto H_m v` of the pairs a state holds, on the free variables F.
+
+  :math:`H_m` is the two-loop operator (:func:`two_loop_recursion`) of the pairs restricted
+  to F (:func:`restricted_memory`; all of them without ``free``), with
+  :math:`H_0 = \gamma I`,
+  :math:`\gamma = \sum_i \langle s_i, y_i\rangle / \sum_i \langle y_i, y_i\rangle` over
+  the kept restricted pairs (1 where there is none). Off F it is the identity: a
+  preconditioner for a linear solve with the Hessian on F (the implicit adjoint's).
+
+  Args:
+    state: a state that holds one :class:`SecantMemory` (``trial_lbfgs``'s), or the memory.
+    free: ``None`` (every variable) or a boolean tree shaped like the params.
+
+  Returns:
+    ``apply(v) -> H_m v`` (v and the result shaped like the params), or ``None`` where
+    ``state`` holds no single :class:`SecantMemory`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.pieces.lbfgs import memory
+    >>> mem = memory.secant_memory(jnp.zeros(2), 3)
+    >>> mem = memory.secant_record(mem, jnp.array([1.0, 0.0]), jnp.array([4.0, 0.0]), True)
+    >>> [float(v) for v in memory.preconditioner(mem)(jnp.array([4.0, 2.0]))]
+    [1.0, 0.5]
+  """
+  memory = _single_memory(state)
+  if memory is None:
+    return None
+  if free is not None:
+    memory = restricted_memory(memory, free)
+  kept = memory.rho != 0
+  sy = jnp.sum(jnp.where(kept, _pair_sums(memory.s, memory.y), 0))
+  yy = jnp.sum(jnp.where(kept, _pair_sums(memory.y, memory.y), 0))
+  gamma = jnp.where(yy > 0, sy / jnp.where(yy > 0, yy, 1), 1)
+  where_free = lambda v, other: v if free is None else jax.tree.map(jnp.where, free, v, other)
+
+  def apply(v):
+    on_free = two_loop_recursion(memory, gamma, where_free(v, optax.tree.zeros_like(v)))
+    return where_free(on_free, v)
+
+  return apply
