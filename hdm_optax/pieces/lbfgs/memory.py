@@ -534,7 +534,12 @@ class PairsDiagonal(NamedTuple):
     lo = functools.reduce(jnp.minimum, [jnp.min(jnp.where(h > 0, h, jnp.inf)) for h in raw])
     held = jnp.sum(full)
     settled = held == full.shape[0]  # a full memory: the spread of m pairs is evidence enough
-    on = (held >= 2) & (hi > gate * lo) & (settled | _predicts_newest(memory, full))
+    spread = (held >= 2) & (hi > gate * lo)
+    # The test on the newest pair is two more passes over the pairs: run only where it decides.
+    tested = jax.lax.cond(
+      spread & ~settled, _predicts_newest, lambda *_: jnp.asarray(False), memory, full
+    )
+    on = spread & (settled | tested)
     gamma = jnp.asarray(gamma, memory.rho.dtype)
     clip = lambda h: jnp.where(h > 0, jnp.clip(h, gamma / bound, gamma * bound), gamma)
     treedef = jax.tree.structure(memory.s)
@@ -559,7 +564,8 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
   spread is evidence enough (and the test on one pair would switch h by rounding near a
   float32 minimiser). h is clipped to
   :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the pairs have
-  not seen keeps :math:`\gamma`. The sums are one pass over the pairs.
+  not seen keeps :math:`\gamma`. The sums are one pass over the pairs; the test on the newest
+  pair, two more, runs only where it decides (a memory not full, a spread above the gate).
 
   Args:
     gate: the spread of h above which it is used, >= 1.
