@@ -108,6 +108,46 @@ def secant_memory(params, size: int) -> SecantMemory:
   )
 
 
+def _batched_as(batched: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+  """Decorates ``fun``: under ``jax.vmap`` it runs as ``jax.vmap(batched)``, and its
+  derivatives are ``batched``'s.
+
+  ``batched`` computes the same values as ``fun``, operation for operation, in a form that
+  costs less batched (a select over the rows where ``fun`` updates one row in place, which
+  under ``vmap`` is a scatter into a copy; scalar operations where ``fun`` loops over the
+  rows, one kernel per row for each member of the batch).
+  """
+
+  def decorate(fun):
+    fast = jax.custom_batching.custom_vmap(fun)
+
+    @fast.def_vmap
+    def rule(axis_size, in_batched, *args):
+      del axis_size
+      axes = jax.tree.map(lambda b: 0 if b else None, tuple(in_batched))
+      out = jax.vmap(batched, in_axes=axes)(*args)
+      return out, jax.tree.map(lambda _: True, out)
+
+    # custom_vmap has no reverse mode: its derivatives are batched's, which has.
+    wrapped = jax.custom_jvp(fast)
+    wrapped.defjvp(lambda primals, tangents: jax.jvp(batched, primals, tangents))
+    return functools.wraps(fun)(wrapped)
+
+  return decorate
+
+
+def _put_selected(stacked, new, slot):
+  """:func:`_put` as a select over the slots (the same values)."""
+  hit = lambda a: (jnp.arange(a.shape[0]) == slot).reshape((-1,) + (1,) * (a.ndim - 1))
+  return tuple(jnp.where(hit(a), b[None], a) for a, b in zip(stacked, new))
+
+
+@_batched_as(_put_selected)
+def _put(stacked, new, slot):
+  """The stacked blocks with row ``slot`` set to ``new`` (nothing past the last row)."""
+  return tuple(a.at[slot].set(b, mode="drop") for a, b in zip(stacked, new))
+
+
 def _in_blocks(memory: SecantMemory, tree):
   """``(blocks, back)``: ``tree`` packed like the memory, and ``back`` that returns a result
   packed so to ``tree``'s form (a tree already packed is left as it is)."""
@@ -200,13 +240,12 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
   # Written to the head slot, or past the end (dropped) where not kept: no read of the
   # slot's old pair to write back.
   slot = jnp.where(keep, memory.head, size)
-  put = lambda stacked, new: jax.tree.map(lambda a, b: a.at[slot].set(b, mode="drop"), stacked, new)
-  s_new = put(memory.s, s)
+  s_new = _put(memory.s, s, slot)
   # S^T y of the new pair (its column of R), while y is at hand: no read of it back.
   column = _row_dots((s_new,), y, memory.rho.dtype)[0]
   return SecantMemory(
     s=s_new,
-    y=put(memory.y, y),
+    y=_put(memory.y, y, slot),
     rho=memory.rho.at[slot].set(rho, mode="drop"),
     head=jnp.where(keep, (memory.head + 1) % size, memory.head).astype(jnp.int32),
     sy=jnp.where(keep, _with_column(memory, memory.head, column), memory.sy),
@@ -263,16 +302,14 @@ def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
   call of its own, and a loop would test its condition on the host at every row). On a CPU
   it is a ``fori_loop`` over the rows (:func:`_substitution_loop`), the same operations in
   the same order: XLA:CPU compiles the written-out form into about one kernel per row, each
-  compiled on its own.
+  compiled on its own. Under ``vmap`` it is written out on a CPU too: the batch's rows are
+  then vector operations that XLA fuses, where the loop costs a kernel per row.
   """
   m = b.shape[0]
   if m > _UNROLLED_SOLVE:
     return jax.scipy.linalg.solve_triangular(r, b, lower=False, trans="T" if transpose else 0)
   return jax.lax.platform_dependent(
-    r,
-    b,
-    cpu=functools.partial(_substitution_loop, transpose=transpose),
-    default=functools.partial(_substitution_unrolled, transpose=transpose),
+    r, b, cpu=_CPU_SUBSTITUTION[transpose], default=_UNROLLED_SUBSTITUTION[transpose]
   )
 
 
@@ -309,6 +346,15 @@ def _substitution_loop(r, b, transpose: bool) -> jax.Array:
     return jnp.where(columns == i, acc / a[i, i], x)
 
   return jax.lax.fori_loop(0, m, row, jnp.zeros_like(b))
+
+
+_UNROLLED_SUBSTITUTION = {
+  t: functools.partial(_substitution_unrolled, transpose=t) for t in (False, True)
+}
+_CPU_SUBSTITUTION = {
+  t: _batched_as(_UNROLLED_SUBSTITUTION[t])(functools.partial(_substitution_loop, transpose=t))
+  for t in (False, True)
+}
 
 
 def _combination(coef, rows) -> jax.Array:
