@@ -74,6 +74,13 @@ class _Observed(NamedTuple):
 _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 
+def _first_gamma(updates) -> jax.Array:
+  """:math:`\\min(1, 1/\\|u\\|)` (1 where u = 0), H_0's scale before a pair sets gamma."""
+  grad_norm = optax.tree.norm(updates)
+  first = jnp.minimum(1, _common.safe_div(jnp.ones([], grad_norm.dtype), grad_norm))
+  return jnp.where(grad_norm > 0, first, 1).astype(grad_norm.dtype)
+
+
 def _check(memory_size, pair_tol, diagonal, lower, upper):
   if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
     raise ValueError(
@@ -171,12 +178,12 @@ def lbfgs_direction(
     packed_free = None if free is None else _blocks.pack(free)
     # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
     updates = _blocks.pack(ctx.updates)
-    grad_norm = optax.tree.norm(
-      updates if free is None else bounded.free_part(packed_free, updates)
+    # H_0's first scale needs a pass over u: only where no pair has set gamma yet.
+    gamma = jax.lax.cond(
+      state.gamma > 0,
+      lambda: state.gamma,
+      lambda: _first_gamma(updates if free is None else bounded.free_part(packed_free, updates)),
     )
-    first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
-    first_gamma = jnp.where(grad_norm > 0, first_gamma, 1).astype(dtype)
-    gamma = jnp.where(state.gamma > 0, state.gamma, first_gamma)
     if state.box is None:  # x+ = x - alpha H_m u.
       step = optax.tree.scale(-ctx.step_size, operator(state.memory, gamma, updates))
       return _blocks.unpack(step, ctx.params), _Proposed(None, step)
