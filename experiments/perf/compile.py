@@ -1,10 +1,22 @@
 """Cold (compile included) and warm seconds of a first solve, against optax.lbfgs and SciPy.
 
-    python -m experiments.perf.compile [--repeats 3] [--cache]
+    python -m experiments.perf.compile [--rounds 5]           # side by side, one process
+    python -m experiments.perf.compile --fresh [--repeats 3] [--cache]
 
 What a user waits for the first answer of a one-off problem, float64 on the CPU, each
-solver called as its users call it, each cold time in a fresh process (imports and data
-excluded, the first call's tracing, lowering, XLA compile and run included):
+solver called as its users call it (imports and data excluded, the first call's tracing,
+lowering, XLA compile and run included).
+
+By default the solvers run side by side in one process: ``--rounds`` rounds, each calling
+every solver once on every problem after ``jax.clear_caches()`` (so every call traces and
+compiles anew), in an order that turns with the round; it prints each solver's median
+cold call and XLA compile over the rounds and, round by round, the ratios the targets are
+about (``minimize``'s cold call over SciPy's, ``minimize``'s XLA compile over optax's
+loop's), so that the load of a shared machine falls on both sides of a ratio alike. With
+``--fresh`` each cold time is a fresh process's instead (JAX's start-up included, on both
+sides), and ``--cache`` adds a row per JAX solver whose process finds the programs in
+JAX's persistent compilation cache (``hdm_optax.compilation_cache.enable_compilation_cache``),
+filled by an earlier process. The solvers:
 
 - ``minimize``: ``hdm_optax.minimize(f, x0, args=data[, bounds=(0, None)])``;
 - ``solve``: ``hdm_optax.solve(trial_lbfgs(), f, x0, max_steps=15000, tol=1e-5,
@@ -15,8 +27,9 @@ excluded, the first call's tracing, lowering, XLA compile and run included):
   ``jax.value_and_grad(f)`` (its default ``gtol=1e-5``).
 
 Problems: logistic regression (8000 x 800 Gaussian data, noisy labels, the summed loss,
-as in the paper) and nonnegative least squares (3000 x 1500, ``0.5 ||A x - b||^2 / m``
-with ``x >= 0``, where optax.lbfgs has no bounds and is left out). ``warm`` is the best of
+as in the paper), the same in the box ``-0.5 <= x <= 0.5`` (``box_logistic``) and
+nonnegative least squares (3000 x 1500, ``0.5 ||A x - b||^2 / m`` with ``x >= 0``);
+optax.lbfgs has no bounds and is left out of the bounded ones. ``warm`` is the best of
 ``--repeats`` further calls in that process. ``trace``, ``lower`` and ``xla`` split the
 cold call's compile into JAX's tracing to a jaxpr, lowering to StableHLO and XLA's
 compile (summed over the call's jitted functions, from ``jax.monitoring``). ``--cache``
@@ -35,7 +48,8 @@ import sys
 import tempfile
 import time
 
-PROBLEMS = ("logistic", "nnls")
+PROBLEMS = ("logistic", "nnls", "box_logistic")
+BOUNDS = {"nnls": (0.0, None), "box_logistic": (-0.5, 0.5)}
 SOLVERS = ("minimize", "solve", "optax.lbfgs", "scipy")
 MAX_STEPS = 15000
 TOL = 1e-5
@@ -46,7 +60,7 @@ def _data(problem):
   import jax.numpy as jnp
 
   k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-  if problem == "logistic":
+  if problem in ("logistic", "box_logistic"):
     m, n = 8000, 800
     A = jax.random.normal(k1, (m, n)) / jnp.sqrt(n)
     w = jax.random.normal(k2, (n,))
@@ -106,14 +120,12 @@ def _call(solver, problem):
   import hdm_optax
 
   f, x0, data = _data(problem)
-  bounds = (0.0, None) if problem == "nnls" else None
+  bounds = BOUNDS.get(problem)
   if solver == "minimize":
     return lambda: hdm_optax.minimize(f, x0, args=data, bounds=bounds)
   if solver == "solve":
-    if bounds is not None:
-      opt = hdm_optax.trial_lbfgs(lower=0.0)
-    else:
-      opt = hdm_optax.trial_lbfgs()
+    lower, upper = (None, None) if bounds is None else bounds
+    opt = hdm_optax.trial_lbfgs(lower=lower, upper=upper)
     return lambda: hdm_optax.solve(opt, f, x0, max_steps=MAX_STEPS, tol=TOL, fun_args=data)
   if solver == "optax.lbfgs":
     run = _optax_loop(f)
@@ -126,7 +138,7 @@ def _call(solver, problem):
     value, grad = oracle(x, *data)
     return float(value), np.asarray(grad, np.float64)
 
-  scipy_bounds = [(0.0, None)] * x0.size if bounds is not None else None
+  scipy_bounds = [bounds] * x0.size if bounds is not None else None
   return lambda: scipy.optimize.minimize(
     fun, np.zeros(x0.size), jac=True, method="L-BFGS-B", bounds=scipy_bounds
   )
@@ -149,23 +161,10 @@ def one(solver, problem, repeats, cache_dir=None) -> dict:
   jax.config.update("jax_enable_x64", True)
   jax.config.update("jax_platforms", "cpu")
   if cache_dir:
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  from jax import monitoring
+    from hdm_optax.compilation_cache import enable_compilation_cache
 
-  split = collections.Counter()
-  names = {
-    "/jax/core/compile/jaxpr_trace_duration": "trace",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
-    "/jax/core/compile/backend_compile_duration": "xla",
-  }
-
-  def listen(event, seconds, **_):
-    if event in names:
-      split[names[event]] += seconds
-
-  monitoring.register_event_duration_secs_listener(listen)
+    enable_compilation_cache(cache_dir)
+  split = _listen()
   fn = _call(solver, problem)
   jax.block_until_ready(jax.tree.leaves(_data(problem)[2]))
   split.clear()
@@ -179,6 +178,71 @@ def one(solver, problem, repeats, cache_dir=None) -> dict:
     jax.block_until_ready(fn())
     warm.append(time.perf_counter() - start)
   return dict(cold=cold, warm=min(warm, default=float("nan")), result=_steps(out), **parts)
+
+
+_PHASES = {
+  "/jax/core/compile/jaxpr_trace_duration": "trace",
+  "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+  "/jax/core/compile/backend_compile_duration": "xla",
+}
+
+
+def _listen() -> collections.Counter:
+  """A counter of the seconds JAX spends tracing, lowering and compiling, from now on."""
+  from jax import monitoring
+
+  split = collections.Counter()
+
+  def listen(event, seconds, **_):
+    if event in _PHASES:
+      split[_PHASES[event]] += seconds
+
+  monitoring.register_event_duration_secs_listener(listen)
+  return split
+
+
+def _pairs(problems, solvers):
+  return [(p, s) for p in problems for s in solvers if not (p in BOUNDS and s == "optax.lbfgs")]
+
+
+def side_by_side(problems, solvers, rounds) -> dict:
+  """(problem, solver) -> the rounds' cold calls in this process (see the docstring)."""
+  import jax
+
+  jax.config.update("jax_enable_x64", True)
+  jax.config.update("jax_platforms", "cpu")
+  split = _listen()
+  pairs = _pairs(problems, solvers)
+  calls = {pair: _call(pair[1], pair[0]) for pair in pairs}
+  for problem in problems:
+    jax.block_until_ready(jax.tree.leaves(_data(problem)[2]))
+  jax.block_until_ready(calls[pairs[0]]())  # JAX's own start-up, on no solver's account
+  out = {pair: [] for pair in pairs}
+  for r in range(rounds):
+    for pair in pairs[r % len(pairs) :] + pairs[: r % len(pairs)]:
+      jax.clear_caches()
+      split.clear()
+      start = time.perf_counter()
+      result = jax.block_until_ready(calls[pair]())
+      out[pair].append(dict(cold=time.perf_counter() - start, result=_steps(result), **split))
+  return out
+
+
+def _report(runs, problems) -> None:
+  median = lambda xs: sorted(xs)[len(xs) // 2]
+  print(f"{'problem':<13} {'solver':<12} {'cold':>7} {'xla':>7}   (medians)   result")
+  for (problem, solver), rs in runs.items():
+    cold, xla = median([r["cold"] for r in rs]), median([r.get("xla", 0.0) for r in rs])
+    print(f"{problem:<13} {solver:<12} {cold:7.2f} {xla:7.2f}   {rs[-1]['result']}")
+  print("round by round:")
+  for problem in problems:
+    rows = []
+    for solver, other, key in (("minimize", "scipy", "cold"), ("minimize", "optax.lbfgs", "xla")):
+      mine, theirs = runs.get((problem, solver)), runs.get((problem, other))
+      if mine and theirs:
+        ratios = [a.get(key, 0.0) / b.get(key, float("nan")) for a, b in zip(mine, theirs)]
+        rows.append(f"{solver} {key} / {other}'s: " + " ".join(f"{x:.2f}" for x in ratios))
+    print(f"  {problem}: " + "; ".join(rows))
 
 
 def _child(solver, problem, repeats, cache_dir=None) -> dict:
@@ -205,6 +269,8 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=PROBLEMS)
   parser.add_argument("--solvers", nargs="+", default=list(SOLVERS), choices=SOLVERS)
+  parser.add_argument("--rounds", type=int, default=5, help="side by side: rounds")
+  parser.add_argument("--fresh", action="store_true", help="a fresh process per cold call")
   parser.add_argument("--cache", action="store_true", help="also time a warm persistent cache")
   args = parser.parse_args(argv)
   if args.one:
@@ -213,16 +279,16 @@ def main(argv=None):
   import jax
 
   print(f"jax {jax.__version__}, float64, CPU ({os.cpu_count()} cores); seconds")
+  if not args.fresh:
+    _report(side_by_side(args.problems, args.solvers, args.rounds), args.problems)
+    return
   print(f"{'problem':<9} {'solver':<18} {'cold':>7} {'warm':>7}   compile split of the cold call")
-  for problem in args.problems:
-    for solver in args.solvers:
-      if problem == "nnls" and solver == "optax.lbfgs":
-        continue  # no bounds
-      _row(problem, solver, _child(solver, problem, args.repeats))
-      if args.cache and solver != "scipy":
-        with tempfile.TemporaryDirectory() as cache_dir:
-          _child(solver, problem, 0, cache_dir)  # fills the cache
-          _row(problem, solver + " +cache", _child(solver, problem, args.repeats, cache_dir))
+  for problem, solver in _pairs(args.problems, args.solvers):
+    _row(problem, solver, _child(solver, problem, args.repeats))
+    if args.cache and solver != "scipy":
+      with tempfile.TemporaryDirectory() as cache_dir:
+        _child(solver, problem, 0, cache_dir)  # fills the cache
+        _row(problem, solver + " +cache", _child(solver, problem, args.repeats, cache_dir))
 
 
 if __name__ == "__main__":

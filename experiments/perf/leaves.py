@@ -1,7 +1,7 @@
 """First-call seconds against the number of pytree leaves, each cold call in a fresh process.
 
     python -m experiments.perf.leaves [--leaves 1,4,40,200,1000] [--solvers ...]
-        [--timeout 900] [--figure results/perf/leaves.png]
+        [--timeout 900] [--save results/perf/leaves.json] [--figure results/perf/leaves.png]
 
 The problem: params a dict of L leaves of 8 float64 entries each,
 
@@ -23,8 +23,10 @@ lowering, XLA's compile and the run included):
 - ``optax.lbfgs``: ``hdm_optax.solve(optax.lbfgs(), f, params)``;
 - ``optx.LBFGS``: ``optimistix.minimise(f, optx.LBFGS(rtol=0, atol=1e-6), params)``.
 
-A call that runs past ``--timeout`` seconds is reported as such. ``--figure`` draws the
-cold seconds against L on log-log axes (PNG).
+A call that runs past ``--timeout`` seconds is reported as such. ``--save`` merges the rows
+into a JSON file (a row per solver and L, the newest kept), so that runs of different L
+add up; ``--figure`` draws the cold seconds against L on log-log axes (PNG), from that
+file where one is given.
 """
 
 from __future__ import annotations
@@ -131,13 +133,17 @@ def figure(table: dict, path: str) -> None:
   fig, ax = plt.subplots(figsize=(6, 4))
   for solver, rows in table.items():
     pts = sorted((L, r["cold"]) for L, r in rows.items() if r["cold"] != float("inf"))
-    if pts:
-      ax.plot(*zip(*pts), marker="o", label=solver)
+    (line,) = ax.plot(*zip(*pts), marker="o", label=solver)
+    over = [
+      (L, float(r["result"].split()[1])) for L, r in rows.items() if r["cold"] == float("inf")
+    ]
+    if over:  # ran past the timeout: a triangle at the timeout
+      ax.plot(*zip(*over), marker="^", linestyle="none", color=line.get_color(), markersize=9)
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xlabel("pytree leaves L (8 entries each)")
   ax.set_ylabel("first call, seconds (compile + run)")
-  ax.set_title("First call against the number of leaves (CPU, float64)")
+  ax.set_title("First call against the number of leaves (CPU, float64; ^: timed out)")
   ax.grid(True, which="both", alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -149,6 +155,7 @@ def main(argv=None) -> None:
   parser.add_argument("--leaves", default=",".join(map(str, LEAVES)))
   parser.add_argument("--solvers", default=",".join(SOLVERS))
   parser.add_argument("--timeout", type=float, default=900.0)
+  parser.add_argument("--save", default=None, help="merge the rows into this JSON file")
   parser.add_argument("--figure", default=None, help="write the figure (PNG) here")
   parser.add_argument("--one", nargs=2, metavar=("SOLVER", "LEAVES"), help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -168,8 +175,25 @@ def main(argv=None) -> None:
       print(
         f"{leaves:>5} {solver:<12} {r['cold']:8.2f} {r['warm']:8.3f}   {r['result']}", flush=True
       )
+  if args.save:
+    table = _merged(table, args.save)
   if args.figure:
     figure(table, args.figure)
+
+
+def _merged(table: dict, path: str) -> dict:
+  """``table`` over the rows saved in ``path`` (which it then holds)."""
+  import os
+
+  saved = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = {s: {int(k): r for k, r in rows.items()} for s, rows in json.load(f).items()}
+  for solver, rows in table.items():
+    saved.setdefault(solver, {}).update(rows)
+  with open(path, "w") as f:
+    json.dump(saved, f, indent=1, sort_keys=True)
+  return saved
 
 
 if __name__ == "__main__":
