@@ -20,8 +20,8 @@ class HDMInfo(NamedTuple):
   """Diagnostics of the last update, kept in every HDM state as ``info``.
 
   Attributes:
-    accepted: whether the trial point became the new iterate (False on a null
-      step or on a non-finite trial point).
+    accepted: whether the trial point became the new iterate and moved it (False on a
+      null step, on a non-finite trial point, and on an accepted trial equal to x).
     hypergrad_norm: Euclidean norm of the hypergradient used to update P
       (and B or beta when learned), at the last update (0 if it was not finite).
     num_null_steps: number of updates so far that kept the iterate.
@@ -37,7 +37,8 @@ class HDMInfo(NamedTuple):
     point_sum: the fingerprint of the point of the cached f and grad f
       (a weighted sum of its entries, ``_common.point_fingerprint``).
     point_scale: the sum of the absolute entries of the params the last
-      update received, the scale of ``point_sum``'s rounding.
+      update received, the scale of ``point_sum``'s rounding; -1 where the last update
+      ran without the check (``values_at_params``): no point is recorded.
   """
 
   accepted: jax.Array
@@ -78,6 +79,14 @@ def oracle_fields(params, dtype) -> dict:
     grad=optax.tree.zeros_like(params),
     info=init_info(dtype),
   )
+
+
+def moved(accepted, new_params, params) -> jax.Array:
+  """Whether an accepted trial moves the iterate: an accepted trial equal to x, entry for
+  entry (a step below the rounding of x), is a null step too."""
+  # A count, not jnp.any: XLA on CPU fuses the comparison into a sum, not into an any.
+  changed = jax.tree.map(lambda a, b: jnp.sum(a != b, dtype=jnp.int32), new_params, params)
+  return accepted & (functools.reduce(jnp.add, jax.tree.leaves(changed)) > 0)
 
 
 def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
@@ -232,7 +241,8 @@ def _is_stale(state, params, value, grad, point_sum, point_scale) -> jax.Array:
   old = state.info
   dtype = old.point_sum.dtype
   tol = _POINT_EPS * float(jnp.finfo(dtype).eps) * (point_scale + old.point_scale)
-  elsewhere = (old.num_grad_evals > 0) & (jnp.abs(point_sum - old.point_sum) > tol)
+  recorded = (old.num_grad_evals > 0) & (old.point_scale >= 0)
+  elsewhere = recorded & (jnp.abs(point_sum - old.point_sum) > tol)
   same_value = jnp.isfinite(state.value) & (jnp.asarray(value).astype(dtype) == state.value)
   same_grad = jnp.all(
     jnp.stack([jnp.all(a == b) for a, b in zip(_sample(grad), _sample(state.grad))])
@@ -257,30 +267,58 @@ def _refresh(state, params, value, grad, value_fn, fingerprint, report):
   """``(value, grad, stale)``: f and grad f at ``params`` where the cache received was stale.
 
   Concrete values (outside ``jit``) branch in Python; traced ones in ``lax.cond``, whose
-  evaluation branch reports through ``jax.debug.callback``. (Under ``vmap`` the cond runs
-  both branches: one more oracle call per update, which the drivers avoid by passing
-  ``value_at_params=True``.)
+  evaluation branch reports through ``jax.debug.callback``. Under ``jax.vmap`` the batch
+  takes one ``lax.cond`` on whether any member is stale (:func:`_fresh_where_stale`): a
+  correct loop pays no evaluation and no host call.
   """
   dtype = state.value.dtype
   stale = _is_stale(state, params, value, grad, *fingerprint)
+  kept = (jnp.asarray(value).astype(dtype), grad)
 
-  def evaluate():
-    fresh_value, fresh_grad = value_and_grad(value_fn, params)
+  def evaluate(params, *consts):
+    fresh_value, fresh_grad = value_and_grad(lambda p: evaluate_fn(p, *consts), params)
     fresh_grad = jax.tree.map(lambda new, old: jnp.asarray(new).astype(old.dtype), fresh_grad, grad)
     return jnp.asarray(fresh_value).astype(dtype), fresh_grad
 
   if not isinstance(stale, jax.core.Tracer):
+    evaluate_fn = lambda p: value_fn(p)
     if bool(stale):
       report(True)
-      return (*evaluate(), stale)
+      return (*evaluate(params), stale)
     return value, grad, stale
+  evaluate_fn, consts = jax.closure_convert(value_fn, params)
+  return (*_fresh_where_stale(evaluate, report)(stale, kept, params, consts), stale)
 
-  def evaluate_and_report():
-    jax.debug.callback(report, stale)
-    return evaluate()
 
-  kept = lambda: (jnp.asarray(value).astype(dtype), grad)
-  return (*jax.lax.cond(stale, evaluate_and_report, kept), stale)
+def _fresh_where_stale(evaluate, report):
+  """``pick(stale, kept, params, consts)``: ``evaluate(params, *consts)`` where stale, else kept."""
+
+  @jax.custom_batching.custom_vmap
+  def pick(stale, kept, params, consts):
+    def fresh():
+      jax.debug.callback(report, stale)
+      return evaluate(params, *consts)
+
+    return jax.lax.cond(stale, fresh, lambda: kept)
+
+  @pick.def_vmap
+  def _batched(axis_size, in_batched, stale, kept, params, consts):
+    spread = lambda tree, flags: jax.tree.map(
+      lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)), tree, flags
+    )
+    stale, kept, params = (spread(*pair) for pair in zip((stale, kept, params), in_batched))
+    axes = jax.tree.map(lambda b: 0 if b else None, in_batched[3])
+
+    def fresh():
+      jax.debug.callback(report, stale)  # one host call for the batch
+      new = jax.vmap(evaluate, in_axes=(0, *axes))(params, *consts)
+      row = lambda a, b: jnp.where(jnp.reshape(stale, (-1,) + (1,) * (a.ndim - 1)), a, b)
+      return jax.tree.map(row, new, kept)
+
+    out = jax.lax.cond(jnp.any(stale), fresh, lambda: kept)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return pick
 
 
 def _recorded(info: HDMInfo, params, updates, point_scale, stale) -> HDMInfo:
@@ -393,17 +431,20 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       value, received = require_oracle(
         name, value, grad, value_fn, updates, params=params, state_grad=state.grad
       )
-      point_sum, point_scale = point_fingerprint(params)
-      stale = False
-      if not (value_at_params or _VALUES_AT_PARAMS.get()):
-        value, fresh, stale = _refresh(
-          state, params, value, received, value_fn, (point_sum, point_scale), report
+      if value_at_params or _VALUES_AT_PARAMS.get():  # the check is off: nothing of it runs
+        out, new_state = update_fn(
+          updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
         )
-        if updates is None or _same_leaves(updates, received):
-          updates = fresh
-        received = fresh
+        unknown = -jnp.ones_like(new_state.info.point_scale)  # no point recorded
+        return out, new_state._replace(info=new_state.info._replace(point_scale=unknown))
+      point_sum, point_scale = point_fingerprint(params)
+      value, fresh, stale = _refresh(
+        state, params, value, received, value_fn, (point_sum, point_scale), report
+      )
+      if updates is None or _same_leaves(updates, received):
+        updates = fresh
       out, new_state = update_fn(
-        updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
+        updates, state, params, value=value, grad=fresh, value_fn=value_fn, **extra_args
       )
       info = _recorded(new_state.info, params, out, point_scale, stale)
       return out, new_state._replace(info=info)

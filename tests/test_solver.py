@@ -12,8 +12,9 @@ import hdm_optax
 from backends import assert_same_across_programs
 from helpers import EVERY_STEP, counting, logistic, logistic_problem
 from hdm_optax.driver import results
-from hdm_optax.driver import compiled as solve_lib
-from hdm_optax.driver import staging
+from hdm_optax.driver import programs
+from hdm_optax.driver import solving
+from hdm_optax.driver import engine
 
 
 A = jnp.array([1.0, 10.0, 100.0])
@@ -94,7 +95,7 @@ def test_trace_is_frozen_after_the_last_step():
 
 def test_compact_sweep_gives_the_same_results():
   """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
-  assert staging.stage_sizes(6, True) == (6, 2, 1) and staging.stage_sizes(6, False) == (6,)
+  assert engine.stage_sizes(6, True) == (6, 2, 1) and engine.stage_sizes(6, False) == (6,)
   kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
   full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)
@@ -411,20 +412,20 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
-  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
-  first = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  first = solving.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
-  assert first == before + 1 and solve_lib._sweep_jit._cache_size() == first  # pylint: disable=protected-access
+  assert first == before + 1 and solving.compiled_count() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
-  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()  # pylint: disable=protected-access
   for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
-  assert solve_lib._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+  assert solving.compiled_count() == before + 1  # pylint: disable=protected-access
 
 
 def test_solve_inside_jit_vmap_and_grad_without_private_jax():
-  source = "".join(open(m.__file__).read() for m in (solve_lib, staging))
+  source = "".join(open(m.__file__).read() for m in (solving, engine, programs))
   assert "jax._src" not in source
 
   def final_value(lr):
@@ -551,7 +552,7 @@ def test_float32_products_at_default_precision_are_warned_of_on_a_gpu(monkeypatc
   """On a GPU (the backend faked here), a float32 f with matrix products at JAX's default
   precision (TF32 on NVIDIA GPUs) gets a warning once per compiled program, with the fix;
   float32 products asked for at HIGHEST precision, float64 params and the CPU do not."""
-  from hdm_optax.driver import loops as loop_lib
+  from hdm_optax.driver import engine as loop_lib
 
   # JAX's default precision (the experiments' entry points, run in-process by other tests,
   # set it to "highest")

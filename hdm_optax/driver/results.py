@@ -6,6 +6,7 @@ import enum
 from typing import Any, NamedTuple, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -111,21 +112,24 @@ def _stall_notes(status: Status, null_run: int, accepted, num_steps: int, precon
 
 
 class Trace(NamedTuple):
-  """Per-step record; entry 0 is the initial point, entry k follows step k.
+  """The last entries of a run, in step order (``trace=`` says how many are kept).
 
-  Entries after the last step repeat the final values.
+  Entry i follows step ``step[i]`` (0: the initial point). A run shorter than the trace
+  fills it with its final values after its last step (``accepted`` False there).
 
   Attributes:
     value: f(x^k).
-    grad_norm: ||grad f(x^k)||_inf.
-    accepted: whether step k moved the iterate (True for entry 0).
+    grad_norm: ||grad f(x^k)||_inf (the projected gradient's with a box).
+    accepted: the step rule accepted step k (True for entry 0).
     grad_evals: cumulative gradient evaluations after step k.
+    step: k, the step of each entry.
   """
 
   value: jax.Array
   grad_norm: jax.Array
   accepted: jax.Array
   grad_evals: jax.Array
+  step: Any = None
 
 
 class SolveResult(NamedTuple):
@@ -265,14 +269,10 @@ class SweepResult(NamedTuple):
   best: int
 
 
-def best_index(results: SolveResult) -> int:
-  """Fewest steps among converged points, then lowest final value."""
-  steps = np.asarray(results.num_steps)
-  conv = np.asarray(results.converged)
-  value = np.asarray(results.value)
-  value = np.where(np.isfinite(value), value, np.inf)
-  if conv.any():
-    order = np.lexsort((value, np.where(conv, steps.astype(np.float64), np.inf)))
-  else:
-    order = np.lexsort((value,))
-  return int(order[0])
+def best_index(results: SolveResult) -> Any:
+  """Fewest steps among converged points, then lowest final value (an int; an array under
+  ``jax.jit``)."""
+  value = jnp.where(jnp.isfinite(results.value), results.value, jnp.inf)
+  steps = jnp.where(results.converged, results.num_steps, jnp.iinfo(jnp.int32).max)
+  best = jnp.lexsort((value, steps))[0]
+  return best if isinstance(best, jax.core.Tracer) else int(best)

@@ -232,7 +232,10 @@ def hdm_agd(
       value=jnp.where(accepted, best_value, value).astype(dtype),
       grad=new_grad,
       info=_common.next_info(
-        state.info, accepted=accepted, hypergrad_norm=optax.tree.norm(hypergrad), calls=3
+        state.info,
+        accepted=_common.moved(accepted, new_params, params),
+        hypergrad_norm=optax.tree.norm(hypergrad),
+        calls=3,
       ),
     )
     step = _common.keep_if(
