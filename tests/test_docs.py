@@ -233,3 +233,15 @@ def test_multihost_commands_run_as_written(block, tmp_path):
   assert match and float(match.group(1)) < 1e-5, out
   if "--process-id" in block:
     assert "2 process(es), 2 device(s) (cpu)" in out, out
+
+
+def test_multihost_scaling_table_is_the_measured_one():
+  """The page's table is results/perf/sharded_scaling.txt's, and its bytes per row (4n + 20)
+  and per column (about 90) are the ones the script printed for n = 256."""
+  page = (ROOT / "docs" / "multihost.md").read_text()
+  measured = (ROOT / "results" / "perf" / "sharded_scaling.txt").read_text()
+  table = [line for line in measured.splitlines() if line.startswith("|")]
+  assert len(table) == 6 and "\n".join(table) in page
+  assert "A 262144 x 256 float32" in measured and "sharing 2 cores" in measured
+  assert f"{4 * 256 + 20} bytes per row" in measured and "90 bytes per column" in measured
+  assert "4n + 20 bytes" in page and "about 90 bytes" in page
