@@ -245,3 +245,51 @@ def test_multihost_scaling_table_is_the_measured_one():
   assert "A 262144 x 256 float32" in measured and "sharing 2 cores" in measured
   assert f"{4 * 256 + 20} bytes per row" in measured and "90 bytes per column" in measured
   assert "4n + 20 bytes" in page and "about 90 bytes" in page
+
+
+# ---------------------------------------------------------------------------
+# The manual reads as a manual: present tense, no lab-notebook context, no paths a user
+# does not have, no references to pages that do not exist.
+# ---------------------------------------------------------------------------
+
+MANUAL = [
+  ROOT / "README.md",
+  ROOT / "experiments" / "README.md",
+  *sorted((ROOT / "docs").glob("*.md")),
+]
+
+
+@pytest.mark.parametrize("page", MANUAL, ids=lambda p: p.name)
+def test_manual_pages_carry_no_lab_notes(page):
+  """Dates, the development machine's state and the shared folder belong to the research
+  record (docs/research/), not to the pages a user plans by."""
+  text = page.read_text()
+  for pattern in (
+    r"\b20\d\d-\d\d-\d\d\b",
+    r"\.\./shared",
+    r"development (machine|CPU)",
+    r"this (2-core|busy|shared) (CPU )?machine",
+    r"this machine",
+    r"load near",
+    r"previous version",
+  ):
+    assert not re.search(pattern, text), (page.name, pattern)
+
+
+def test_docstrings_name_pages_that_exist():
+  """Every ``docs/....md`` a module of the library names is a page of the repository."""
+  for path in (ROOT / "hdm_optax").rglob("*.py"):
+    for page in re.findall(r"docs/[\w/.-]+\.md", path.read_text()):
+      assert (ROOT / page).is_file(), (path.relative_to(ROOT), page)
+
+
+def test_guide_names_the_iteration_state_fields():
+  """The guide's account of ``IterationState`` names its fields, and the shell's two slots."""
+  guide = (ROOT / "docs" / "guide.md").read_text()
+  start = guide.index("The\none-call methods' state is `hdm_optax.IterationState`")
+  sentence = guide[start : guide.index("and `direction`", start)]
+  sentence = re.sub(r"\([^()]*\)", "", sentence)  # the fields, not what they hold
+  named = set(re.findall(r"`(\w+)`", sentence)) | {"direction"}
+  assert named == set(hdm_optax.IterationState._fields), named
+  assert "two slots" in guide and "three slots" not in guide
+  assert "two slots" in shell.__doc__
