@@ -216,6 +216,11 @@ def _run_bash(block, cwd, timeout=300):
     os.killpg(proc.pid, signal.SIGKILL)
     out, _ = proc.communicate()
     pytest.fail(f"the block did not finish within {timeout} s:\n{block}\n{out}")
+  finally:
+    try:  # a background job that outlived the block (its peer failed)
+      os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
   return proc.returncode, out
 
 
