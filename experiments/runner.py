@@ -344,7 +344,7 @@ def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, box, tol):
     value=f_info.f,
     grad_inf=optax.tree.norm(f_info.grad, ord=jnp.inf),
     num_steps=sol.stats["num_steps"],
-    result=sol.result._value,
+    result=solvers_lib.result_code(sol.result),
   )
 
 
@@ -403,7 +403,8 @@ def run_optimistix(solver, inst: protocol.Instance, budget: int, program=_minimi
 
 
 def _optimistix_status(code) -> str:
-  name = solvers_lib.RESULT_NAMES.get(int(code), f"result {int(code)}")
+  names = solvers_lib.RESULT_NAMES
+  name = names[int(code)] if int(code) < len(names) else f"result {int(code)}"
   return "budget" if name in ("max_steps_reached", "nonlinear_max_steps_reached") else name
 
 
