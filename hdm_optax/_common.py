@@ -128,6 +128,26 @@ def safe_div(num, den):
   return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
 
 
+def scaled_norm(tree, square=None) -> jax.Array:
+  """The Euclidean norm of a pytree, without overflow where its square overflows.
+
+  Where the sum of squares (``square``, computed here when not given) is finite, its square
+  root; where it is not (entries of 1e19 in float32, 1e155 in float64), ``m * ||tree / m||``
+  with ``m`` the largest magnitude. The rescaled norm is computed only where it is needed
+  (``lax.cond``; under ``jax.vmap``, for every member).
+  """
+  if square is None:
+    square = optax.tree.vdot(tree, tree)
+  norm = jnp.sqrt(square)
+
+  def rescaled():
+    biggest = optax.tree.norm(tree, ord=jnp.inf).astype(norm.dtype)
+    unit = optax.tree.scale(safe_div(jnp.ones([], norm.dtype), biggest), tree)
+    return (biggest * optax.tree.norm(unit)).astype(norm.dtype)
+
+  return jax.lax.cond(jnp.isfinite(norm), lambda: norm, rescaled)
+
+
 def copy_tree(tree):
   """Fresh buffers (so a state built by ``init`` can be donated)."""
   return jax.tree.map(jnp.array, tree)
