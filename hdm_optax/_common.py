@@ -38,6 +38,11 @@ class HDMInfo(NamedTuple):
       (a weighted sum of its entries, ``_common.point_fingerprint``).
     point_scale: the sum of the absolute entries of the params the last
       update received, the scale of ``point_sum``'s rounding.
+    num_uphill_trials: rejected trials whose step went down the received updates u but not
+      down f (:math:`\\langle u, s\\rangle < 0 \\le \\langle \\nabla f(x), s\\rangle`). Always 0
+      where the method is first or alone in a chain (u is grad f); where a transformation
+      before it changed u (a weight decay, whose term f leaves out), the run stalls on such
+      trials: put the term in f (:func:`uphill_advice`).
   """
 
   accepted: jax.Array
@@ -49,6 +54,7 @@ class HDMInfo(NamedTuple):
   num_stale_updates: jax.Array
   point_sum: jax.Array
   point_scale: jax.Array
+  num_uphill_trials: jax.Array
 
 
 def init_info(dtype) -> HDMInfo:
@@ -63,6 +69,30 @@ def init_info(dtype) -> HDMInfo:
     num_stale_updates=zero,
     point_sum=jnp.zeros([], dtype),
     point_scale=jnp.zeros([], dtype),
+    num_uphill_trials=zero,
+  )
+
+
+def uphill_advice(state) -> str:
+  """What to do where a transformation before an HDM method stalls it ("" where nothing).
+
+  Reads :attr:`HDMInfo.num_uphill_trials` of every HDM state in ``state`` (concrete
+  values: an optimizer state after a run, or a state with a leading batch axis).
+  """
+  infos = [
+    leaf
+    for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HDMInfo))
+    if isinstance(leaf, HDMInfo)
+  ]
+  uphill = sum(int(np.sum(np.asarray(info.num_uphill_trials))) for info in infos)
+  if not uphill:
+    return ""
+  return (
+    f"{uphill} rejected trials went down the updates the method received but not down f: a "
+    "transformation before it in the chain (such as optax.add_decayed_weights) changed the "
+    "direction by a term that f does not contain, so the method rejects the steps that term "
+    "asks for; put the term in f (for a weight decay, f(x) + 0.5 * wd * ||x||^2) and drop "
+    "the transformation"
   )
 
 
@@ -80,9 +110,14 @@ def oracle_fields(params, dtype) -> dict:
   )
 
 
-def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
-  """Info after one update that made ``calls`` value-and-gradient calls."""
+def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int, uphill=False) -> HDMInfo:
+  """Info after one update that made ``calls`` value-and-gradient calls.
+
+  ``uphill``: the trial was rejected and went down the received updates but not down f
+  (:attr:`HDMInfo.num_uphill_trials`).
+  """
   return info._replace(
+    num_uphill_trials=info.num_uphill_trials + jnp.asarray(uphill).astype(jnp.int32),
     accepted=jnp.asarray(accepted),
     # 0 when the trial point was not finite (no hypergradient was used).
     hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm, 0).astype(
