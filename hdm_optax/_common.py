@@ -135,6 +135,12 @@ def params_dtype(params) -> jnp.dtype:
   leaves = jax.tree.leaves(params)
   if not leaves:
     raise ValueError("params is an empty pytree: there is nothing to optimize.")
+  if not any(math.prod(jnp.shape(leaf)) for leaf in leaves):
+    shapes = [jnp.shape(leaf) for leaf in leaves]
+    raise ValueError(
+      f"params has no entries (leaves of shapes {shapes}): there is nothing to optimize; "
+      "pass params with at least one entry."
+    )
   dtypes = {jnp.asarray(leaf).dtype for leaf in leaves}
   for dt in dtypes:
     if not jnp.issubdtype(dt, jnp.floating):
