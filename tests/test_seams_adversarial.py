@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 
 import hdm_optax
 from helpers import ROOT
+from helpers import Compilations
 
 SGD = optax.sgd(1.0)
 STEPS = 8  # max_steps of the SGD runs (one step reaches the target)
@@ -550,3 +551,55 @@ def test_a_second_call_on_rebound_data_equals_a_fresh_process(fresh_answers):
   for driver, fresh in fresh_answers.items():
     np.testing.assert_allclose(second[driver], fresh, rtol=1e-9, atol=1e-12, err_msg=driver)
     assert not np.allclose(first[driver], fresh, rtol=1e-3), driver  # the data matter
+
+
+# --- the cache policy's costs: a program is reused wherever a fresh one gives the same answer --
+
+
+def _first_k_at(x, k, s):
+  """0.5 ||x - t||^2 with t = (s, ..., s, 0, ...): k entries of s (k a size: static)."""
+  return _half_square(x, jnp.concatenate([jnp.full(k, s), jnp.zeros(3 - k)]))
+
+
+def test_python_ints_in_fun_args_are_static_and_python_floats_traced():
+  """A new Python float reuses the program; a new Python int compiles its own (as
+  jax.jit's static_argnums): each call answers for its own values."""
+  run = lambda k, s: _solve(_first_k_at, (k, s))
+  np.testing.assert_allclose(run(2, 1.0), [1.0, 1.0, 0.0])
+  with Compilations() as compiled:
+    np.testing.assert_allclose(run(2, 3.0), [3.0, 3.0, 0.0])
+  assert compiled.count == 0
+  with Compilations() as compiled:
+    np.testing.assert_allclose(run(1, 3.0), [3.0, 0.0, 0.0])
+  assert compiled.count >= 1
+
+
+@pytest.mark.parametrize("driver", ["solve", "minimize"])
+def test_a_new_callback_object_does_not_compile_again(driver):
+  """SciPy users write ``hist = []; cb = lambda r: hist.append(...)`` inside a function, so
+  each call brings a new callback object: the program is reused, and the new one called."""
+
+  def call():
+    seen = []
+    callback = lambda snapshot: seen.append(1)
+    if driver == "solve":
+      _ = hdm_optax.solve(SGD, _reads_global, jnp.zeros(3), max_steps=STEPS, callback=callback)
+    else:
+      _ = hdm_optax.minimize(_reads_global, X0, callback=callback)
+    return seen
+
+  _Global().set(FIRST)
+  assert call()
+  with Compilations() as compiled:
+    assert call()
+  assert compiled.count == 0
+
+
+def test_grad_through_solve_without_jit_reuses_its_program():
+  """jax.grad through solve (no jax.jit around it), called again with new data: no compile,
+  and the gradient of the new data (x* = a, d(sum x*)/da = 1)."""
+  total = lambda a: jnp.sum(_solve(_half_square, (a,)))
+  np.testing.assert_allclose(jax.grad(total)(jnp.asarray(FIRST)), 1.0)
+  with Compilations() as compiled:
+    np.testing.assert_allclose(jax.grad(total)(jnp.asarray(SECOND)), 1.0)
+  assert compiled.count == 0
