@@ -214,8 +214,8 @@ def test_implicit_adjoint_matches_finite_differences(driver):
   ],
 )
 def test_unrolled_adjoint_matches_finite_differences(driver, extra):
-  """Through 20 iterations (not converged): the derivative of the truncated run."""
-  total = _total(driver, hdm_optax.UnrolledAdjoint(), 20, 0.0, **extra)
+  """Through 10 iterations (not converged): the derivative of the truncated run."""
+  total = _total(driver, hdm_optax.UnrolledAdjoint(), 10, 0.0, **extra)
   _check_gradient(total, rtol=1e-5)
 
 

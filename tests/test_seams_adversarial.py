@@ -455,7 +455,7 @@ SOLVE_LOWER, SOLVE_UPPER = np.full(3, -1.0), np.full(3, 1.0)
 SOLVE_BOXED = hdm_optax.trial_lbfgs(lower=SOLVE_LOWER, upper=SOLVE_UPPER)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(rows=st.lists(_BOX_ROW, min_size=3, max_size=3))
 def test_random_center_and_box_edited_in_place_give_the_clipped_center(rows):
   """Each example edits the box's NumPy arrays in place and rebinds the center: solve and
