@@ -39,6 +39,11 @@ class HDMInfo(NamedTuple):
     point_scale: the sum of the absolute entries of the params the last
       update received, the scale of ``point_sum``'s rounding; -1 where the last update
       ran without the check (``values_at_params``): no point is recorded.
+    num_uphill_trials: rejected trials whose step went down the received updates u but not
+      down f (:math:`\\langle u, s\\rangle < 0 \\le \\langle \\nabla f(x), s\\rangle`). Always 0
+      where the method is first or alone in a chain (u is grad f); where a transformation
+      before it changed u (a weight decay, whose term f leaves out), the run stalls on such
+      trials: put the term in f (:func:`uphill_advice`).
   """
 
   accepted: jax.Array
@@ -50,6 +55,7 @@ class HDMInfo(NamedTuple):
   num_stale_updates: jax.Array
   point_sum: jax.Array
   point_scale: jax.Array
+  num_uphill_trials: jax.Array
 
 
 def init_info(dtype) -> HDMInfo:
@@ -64,6 +70,30 @@ def init_info(dtype) -> HDMInfo:
     num_stale_updates=zero,
     point_sum=jnp.zeros([], dtype),
     point_scale=jnp.zeros([], dtype),
+    num_uphill_trials=zero,
+  )
+
+
+def uphill_advice(state) -> str:
+  """What to do where a transformation before an HDM method stalls it ("" where nothing).
+
+  Reads :attr:`HDMInfo.num_uphill_trials` of every HDM state in ``state`` (concrete
+  values: an optimizer state after a run, or a state with a leading batch axis).
+  """
+  infos = [
+    leaf
+    for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HDMInfo))
+    if isinstance(leaf, HDMInfo)
+  ]
+  uphill = sum(int(np.sum(np.asarray(info.num_uphill_trials))) for info in infos)
+  if not uphill:
+    return ""
+  return (
+    f"{uphill} rejected trials went down the updates the method received but not down f: a "
+    "transformation before it in the chain (such as optax.add_decayed_weights) changed the "
+    "direction by a term that f does not contain, so the method rejects the steps that term "
+    "asks for; put the term in f (for a weight decay, f(x) + 0.5 * wd * ||x||^2) and drop "
+    "the transformation"
   )
 
 
@@ -89,9 +119,14 @@ def moved(accepted, new_params, params) -> jax.Array:
   return accepted & (functools.reduce(jnp.add, jax.tree.leaves(changed)) > 0)
 
 
-def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
-  """Info after one update that made ``calls`` value-and-gradient calls."""
+def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int, uphill=False) -> HDMInfo:
+  """Info after one update that made ``calls`` value-and-gradient calls.
+
+  ``uphill``: the trial was rejected and went down the received updates but not down f
+  (:attr:`HDMInfo.num_uphill_trials`).
+  """
   return info._replace(
+    num_uphill_trials=info.num_uphill_trials + jnp.asarray(uphill).astype(jnp.int32),
     accepted=jnp.asarray(accepted),
     # 0 when the trial point was not finite (no hypergradient was used).
     hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm, 0).astype(
@@ -109,6 +144,12 @@ def params_dtype(params) -> jnp.dtype:
   leaves = jax.tree.leaves(params)
   if not leaves:
     raise ValueError("params is an empty pytree: there is nothing to optimize.")
+  if not any(math.prod(jnp.shape(leaf)) for leaf in leaves):
+    shapes = [jnp.shape(leaf) for leaf in leaves]
+    raise ValueError(
+      f"params has no entries (leaves of shapes {shapes}): there is nothing to optimize; "
+      "pass params with at least one entry."
+    )
   dtypes = {jnp.asarray(leaf).dtype for leaf in leaves}
   for dt in dtypes:
     if not jnp.issubdtype(dt, jnp.floating):
@@ -135,6 +176,26 @@ def safe_div(num, den):
   """``num / den`` with 0 where ``den == 0`` (the gradient is exactly zero)."""
   ok = den > 0
   return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
+
+
+def scaled_norm(tree, square=None) -> jax.Array:
+  """The Euclidean norm of a pytree, without overflow where its square overflows.
+
+  Where the sum of squares (``square``, computed here when not given) is finite, its square
+  root; where it is not (entries of 1e19 in float32, 1e155 in float64), ``m * ||tree / m||``
+  with ``m`` the largest magnitude. The rescaled norm is computed only where it is needed
+  (``lax.cond``; under ``jax.vmap``, for every member).
+  """
+  if square is None:
+    square = optax.tree.vdot(tree, tree)
+  norm = jnp.sqrt(square)
+
+  def rescaled():
+    biggest = optax.tree.norm(tree, ord=jnp.inf).astype(norm.dtype)
+    unit = optax.tree.scale(safe_div(jnp.ones([], norm.dtype), biggest), tree)
+    return (biggest * optax.tree.norm(unit)).astype(norm.dtype)
+
+  return jax.lax.cond(jnp.isfinite(norm), lambda: norm, rescaled)
 
 
 def copy_tree(tree):

@@ -70,8 +70,8 @@ def hdm_auto(
 
   The trial step acts on the incoming ``updates`` u (grad f(x) when
   ``hdm_auto`` is first or alone in a chain): :math:`x^+ = x - P u + \beta
-  (x - x^-)`, so a clip or weight decay before it is honoured
-  (``docs/pitfalls.md``). A non-finite trial leaves the learners untouched and
+  (x - x^-)`, so a clip before it is honoured, while a term f does not contain (a weight
+  decay) stalls the run: put it in f (``docs/pitfalls.md``). A non-finite trial leaves the learners untouched and
   the next trial step is halved; once a damped trial is finite, P and beta
   continue from sP and s beta (as in :func:`hdm_optax.hdm_best`). The state
   is 4 vectors of n (P, U, x^-, the cached gradient) plus scalars;

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _common
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
@@ -86,7 +87,12 @@ def free_scaling(free, step, change, full_scaling):
   """
   s_free, y_free = free_part(free, step), free_part(free, change)
   curvature = optax.tree.vdot(s_free, y_free)
-  scaling = curvature / jnp.where(curvature > 0, optax.tree.vdot(y_free, y_free), 1)
+  square = optax.tree.vdot(y_free, y_free)
+  # Where ||y_F||^2 overflows (gradients of 1e19 in float32), from the rescaled norm.
+  big = _common.scaled_norm(y_free, square)
+  scaling = jnp.where(
+    jnp.isfinite(square), curvature / jnp.where(curvature > 0, square, 1), curvature / big / big
+  )
   return jnp.where(curvature > 0, scaling, full_scaling).astype(jnp.result_type(full_scaling))
 
 
@@ -142,6 +148,14 @@ def two_metric_step(
   return optax.tree.where(descent, step, fallback)
 
 
+def _pair_norms(stacked) -> jax.Array:
+  """The Euclidean norm of each pair of a stacked tree (leading axis m), without overflow."""
+  rows = lambda tree: jnp.concatenate(
+    [leaf.reshape(leaf.shape[0], -1) for leaf in jax.tree.leaves(tree)], axis=1
+  )
+  return jax.vmap(_common.scaled_norm)(rows(stacked))
+
+
 def restricted_memory(memory: memory_lib.SecantMemory, free, pair_tol=1e-10):
   r"""The secant pairs restricted to the free variables: :math:`(s_F, y_F)`.
 
@@ -171,6 +185,13 @@ def restricted_memory(memory: memory_lib.SecantMemory, free, pair_tol=1e-10):
   )
   sy, ss, yy = per_pair(s, y), per_pair(s, s), per_pair(y, y)
   tol = jnp.asarray(pair_tol, sy.dtype)
-  keep = (memory.rho != 0) & (sy > tol * jnp.sqrt(ss * yy))
+  size = jnp.sqrt(ss * yy)
+  # Where ||s_F||^2 ||y_F||^2 overflows (gradients of 1e19 in float32): the norms apart.
+  size = jax.lax.cond(
+    jnp.all(jnp.isfinite(size)),
+    lambda: size,
+    lambda: jnp.where(jnp.isfinite(size), size, _pair_norms(s) * _pair_norms(y)),
+  )
+  keep = (memory.rho != 0) & (sy > tol * size)
   rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
   return memory._replace(s=s, y=y, rho=rho)

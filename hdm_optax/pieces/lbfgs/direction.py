@@ -154,7 +154,7 @@ def lbfgs_direction(
     # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
     free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
     # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
-    grad_norm = optax.tree.norm(
+    grad_norm = _common.scaled_norm(
       ctx.updates if free is None else bounded.free_part(free, ctx.updates)
     )
     first_gamma = jnp.minimum(1, _common.safe_div(jnp.ones([], dtype), grad_norm))
@@ -184,7 +184,11 @@ def lbfgs_direction(
     c = lambda x: _common.cast(x, ctx.value.dtype)
     step, finite, (free, change, products) = trial.step, trial.finite, trial.aux
     sy = products.sy
-    step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
+    # ||y|| and gamma = <s, y> / ||y||^2 where ||y||^2 overflows (gradients of 1e19 in
+    # float32) from the rescaled norm: a pair of such an f still enters the memory.
+    overflow = ~jnp.isfinite(products.yy)
+    step_norm = jnp.sqrt(products.ss)
+    change_norm = _common.scaled_norm(change, products.yy)
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     short = step_norm <= c(_RESOLUTION) * optax.tree.norm(ctx.params)
@@ -195,7 +199,11 @@ def lbfgs_direction(
     keep = finite & curved & ~lost & verdict.keep_pair
     memory = memory_lib.secant_record(state.memory, step, change, keep, sy=sy)
     memory = memory_lib.reset(memory, lost)
-    scaling = _common.safe_div(sy, products.yy)
+    scaling = jnp.where(
+      overflow,
+      _common.safe_div(_common.safe_div(sy, change_norm), change_norm),
+      _common.safe_div(sy, products.yy),
+    )
     if free is not None:  # the scale of H on the free variables the step was taken on
       scaling = bounded.free_scaling(free, step, change, scaling)
     gamma = jnp.where(keep & verdict.accepted, scaling, state.gamma)
