@@ -674,7 +674,7 @@ def check_like(name: str, what: str, tree, params):
     )
 
 
-def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False):
+def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False, name="value_fn"):
   """One oracle call, like ``jax.value_and_grad``; checks what ``value_fn`` returns.
 
   Args:
@@ -682,6 +682,7 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
     params: where to evaluate.
     has_aux: ``value_fn`` returns a pair ``(value, aux)``; then the result is
       ``((value, aux), grad)``, as with ``jax.value_and_grad(..., has_aux=True)``.
+    name: the function's name in the error messages (the drivers call it ``fun``).
 
   Returns:
     ``(value, grad)``, or ``((value, aux), grad)`` with ``has_aux``.
@@ -692,19 +693,22 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
     if has_aux:
       if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise TypeError(
-          f"with has_aux=True, value_fn must return a pair (value, aux), got {type(out).__name__}."
+          f"with has_aux=True, {name} must return a pair (value, aux), got {type(out).__name__}."
         )
       value = out[0]
     elif isinstance(out, (tuple, list)):
       raise TypeError(
-        f"value_fn returned a {type(out).__name__} of length {len(out)}, not a scalar; "
+        f"{name} returned a {type(out).__name__} of length {len(out)}, not a scalar; "
         "if it returns (value, aux), pass has_aux=True to hdm_optax.solve / sweep, or "
         "give the transformation value_fn=lambda p: fun(p)[0]."
       )
     else:
       value = out
     if jnp.ndim(value) != 0:
-      raise TypeError(f"value_fn must return a scalar, got an array of shape {jnp.shape(value)}.")
+      raise TypeError(
+        f"{name} must return a scalar, got an array of shape {jnp.shape(value)}; return e.g. "
+        f"jnp.sum(...) or value[0]."
+      )
     return out
 
   return jax.value_and_grad(checked_fn, has_aux=has_aux)(params)

@@ -15,7 +15,6 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import scipy_api as minimize_lib
 from hdm_optax.driver import solving
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import bounded

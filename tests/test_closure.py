@@ -19,7 +19,6 @@ import pytest
 import hdm_optax
 from helpers import Compilations
 from hdm_optax.driver import solving
-from hdm_optax.driver import scipy_api
 
 X0 = jnp.zeros(3)
 FIRST, SECOND = jnp.array([1.0, -2.0, 3.0]), jnp.array([-4.0, 5.0, 0.5])

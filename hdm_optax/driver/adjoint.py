@@ -43,7 +43,6 @@ import numpy as np
 import optax
 
 from hdm_optax.driver import engine
-from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import bounded as bounded_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
@@ -268,7 +267,9 @@ def _active_set(box, x, grad, tol):
 
   pairs = jax.tree.map(leaf, box.lower, box.upper, x, grad)
   free = jax.tree.map(lambda p: p[0], pairs, is_leaf=lambda p: isinstance(p, tuple))
-  odd = jax.tree.leaves(jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple)))
+  odd = jax.tree.leaves(
+    jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple))
+  )
   return free, sum(odd, jnp.int32(0))
 
 

@@ -47,7 +47,10 @@ def _leaf_axes(axes, tree, what: str) -> list:
     return [axes] * count
   try:
     nested = jax.tree.map(
-      lambda ax, sub: [_Axis(ax)] * len(jax.tree.leaves(sub)), axes, tree, is_leaf=lambda x: x is None
+      lambda ax, sub: [_Axis(ax)] * len(jax.tree.leaves(sub)),
+      axes,
+      tree,
+      is_leaf=lambda x: x is None,
     )
   except ValueError:
     raise ValueError(
@@ -229,40 +232,44 @@ def _merge(rows, fixed):
   return jax.tree.unflatten(treedef, [next(given) if m else x for x, m in zip(leaves, mapped)])
 
 
-def _batch_entry(maker, closed, program, plan, adjoint, handle, arrays, columns, pid, x0, theta, state, limits):
+def _batch_entry(
+  maker, closed, program, plan, adjoint, handle, arrays, columns, pid, x0, theta, state, limits
+):
   count = pid.shape[0]
   rows = None if plan.in_order else pid
   x0 = _rows(x0, plan.params_mapped, rows, count, True)
   theta = _rows(list(theta), plan.theta_mapped, rows, count, False)
 
-  def make_for(fixed):
+  def run(theta, rest):  # every traced value enters as an argument (none is closed over)
+    x0, state, arrays, columns, limits, handle = rest
+    mapped_rows, fixed = _split(theta, plan.theta_mapped)
+
     def make(member):
-      settings, mapped_rows = member
-      fun = lambda p: closed(p, *_merge(mapped_rows, fixed))
-      loop_ = engine.make_loop(maker.build(arrays, settings), fun, limits, program.has_aux)
+      settings, member_rows = member
+      fun = lambda p: closed(p, *_merge(member_rows, fixed))
+      loop_ = engine.make_loop(
+        maker.build(arrays, settings), fun, limits, program.has_aux, program.ftol
+      )
       return loop_, fun
 
-    return make
-
-  def run(theta, start):
-    mapped_rows, fixed = _split(theta, plan.theta_mapped)
     members = (columns, mapped_rows)
-    if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-      primitive = engine.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
+    if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
+      return _run_members(make, program, plan, members, x0, state, handle)
+    primitive = engine.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
 
-      def one(member, x, s):
-        loop_, fun = make_for(fixed)(member)
-        return engine.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
+    def one(member, x, s):
+      loop_, fun = make(member)
+      return engine.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
 
-      return jax.vmap(one, in_axes=(0, 0, None if start[1] is None else 0))(members, *start)
-    return _run_members(make_for(fixed), program, plan, members, *start, handle)
+    return jax.vmap(one, in_axes=(0, 0, None if state is None else 0))(members, x0, state)
 
+  rest = (x0, state, arrays, columns, limits, handle)
   if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    return run(theta, (x0, state))
+    return run(theta, rest)
   objective = lambda x, th: _value(closed(x, *th), program.has_aux)
   axes = [0 if m else None for m in plan.theta_mapped]
   axes = jax.tree.unflatten(jax.tree.structure(list(theta)), axes)
-  return adjoint_lib.implicit_solution(adjoint, run, objective, theta, (x0, state), axes)
+  return adjoint_lib.implicit_solution(adjoint, run, objective, theta, rest, axes)
 
 
 _batch_entry.num_statics = 5
@@ -275,7 +282,11 @@ def _value(out, has_aux):
 def _run_members(make, program, plan, members, params, opt_state, handle):
   """The staged batch, on one device or spread over ``plan.devices``."""
   first = functools.partial(
-    engine.run_batch, make, program, handle=handle, sizes=plan.sizes,
+    engine.run_batch,
+    make,
+    program,
+    handle=handle,
+    sizes=plan.sizes,
     stop_at_first_converged=plan.stop_at_first_converged,
   )
   if plan.devices is None:
@@ -355,14 +366,18 @@ def _combine(parts: list, count: int) -> SolveResult:
   results = [r for _, r in parts]
 
   def stacked(trees):
-    shapes = {(jax.tree.structure(t), tuple(np.shape(x)[1:] for x in jax.tree.leaves(t))) for t in trees}
+    shapes = {
+      (jax.tree.structure(t), tuple(np.shape(x)[1:] for x in jax.tree.leaves(t))) for t in trees
+    }
     if len(shapes) > 1:
       return None
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[order], *trees)
 
   fields = {f: stacked([getattr(r, f) for r in results]) for f in SolveResult._fields}
   if fields["state"] is None:
-    each = [jax.tree.map(lambda x, k=k: x[k], r.state) for r in results for k in range(len(r.value))]
+    each = [
+      jax.tree.map(lambda x, k=k: x[k], r.state) for r in results for k in range(len(r.value))
+    ]
     fields["state"] = [each[i] for i in order]
   return SolveResult(**fields)
 
@@ -371,7 +386,9 @@ def _run_grid(make_optimizer, optimizer, names, points, fun, batch: _Batch, opti
   """The members (every point on every problem), run one program per static setting."""
   params_one, args_one = _first(batch)
   dtype = _common.params_dtype(params_one)
-  static = () if optimizer is not None else _static_names(make_optimizer, names, points, params_one, dtype)
+  static = (
+    () if optimizer is not None else _static_names(make_optimizer, names, points, params_one, dtype)
+  )
   if batch.count > 1:
     if "problem" in points[0]:
       raise ValueError('with in_axes every point gets the key "problem": rename that setting')
@@ -388,7 +405,8 @@ def _run_grid(make_optimizer, optimizer, names, points, fun, batch: _Batch, opti
   theta = (*dynamic, hoisted[-1])
   theta_mapped = tuple(theta_mapped) + (False,) * len(hoisted[-1])
   hook = hooks.check_hook(options.callback, options.progress, len(points))
-  program = engine.Program(options.trace or 0, hook, options.has_aux)
+  ftol = solving.ftol_on(options.limits.ftol)
+  program = engine.Program(options.trace or 0, hook, options.has_aux, ftol)
   traced = bool(solving.tracers((batch.tree, options.limits)))
   groups: dict = {}
   for i, point in enumerate(points):
@@ -401,16 +419,30 @@ def _run_grid(make_optimizer, optimizer, names, points, fun, batch: _Batch, opti
       maker = _Maker(key=key)
     else:
       maker, arrays = _Maker(make_optimizer, settings), []
-    columns = {n: _column(n, [points[i][n] for i in indices], dtype) for n in names if n not in static}
+    columns = {
+      n: _column(n, [points[i][n] for i in indices], dtype) for n in names if n not in static
+    }
     part = _run_part(
-      maker, arrays, columns, indices, pid[indices], closed, program, batch, theta,
-      theta_mapped, options, traced,
+      maker,
+      arrays,
+      columns,
+      indices,
+      pid[indices],
+      closed,
+      program,
+      batch,
+      theta,
+      theta_mapped,
+      options,
+      traced,
     )
     parts.append((indices, part))
   return points, _combine(parts, len(points))
 
 
-def _run_part(maker, arrays, columns, indices, pid, closed, program, batch, theta, theta_mapped, options, traced):
+def _run_part(
+  maker, arrays, columns, indices, pid, closed, program, batch, theta, theta_mapped, options, traced
+):
   """One program of a grid: the members ``indices`` (problems ``pid``) with these settings."""
   count, devices = len(pid), options.devices
   padded = count if devices is None else -(-count // len(devices)) * len(devices)
@@ -434,20 +466,33 @@ def _run_part(maker, arrays, columns, indices, pid, closed, program, batch, thet
   statics = (maker, closed, program, plan, options.adjoint)
   dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), batch.tree[0], theta, state)
   result = solving.call(
-    _batch_entry, statics, dynamic + (options.limits,), callback=options.callback,
-    progress=options.progress, traced=traced,
+    _batch_entry,
+    statics,
+    dynamic + (options.limits,),
+    callback=options.callback,
+    progress=options.progress,
+    traced=traced,
   )
   return result if padded == count else jax.tree.map(lambda a: a[:count], result)
 
 
 def _options(max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, **rest):
   limits = check_limits(
-    tol=tol, rtol=rtol, ftol=ftol, max_steps=max_steps, max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps, min_value=min_value,
+    tol=tol,
+    rtol=rtol,
+    ftol=ftol,
+    max_steps=max_steps,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
   )
   options = _Options(
-    limits=limits, max_steps=max_steps, adjoint=adjoint_lib.check_adjoint(rest.pop("adjoint")),
-    devices=_devices(rest.pop("devices")), has_aux=bool(rest.pop("has_aux")), **rest
+    limits=limits,
+    max_steps=max_steps,
+    adjoint=adjoint_lib.check_adjoint(rest.pop("adjoint")),
+    devices=_devices(rest.pop("devices")),
+    has_aux=bool(rest.pop("has_aux")),
+    **rest,
   )
   return options
 
@@ -533,9 +578,22 @@ def sweep(
       "stop_at_first_converged."
     )
   options = _options(
-    max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, has_aux=has_aux,
-    compact=compact, stop_at_first_converged=stop_at_first_converged, callback=callback,
-    progress=progress, init_state=init_state, adjoint=adjoint, trace=trace, devices=devices,
+    max_steps,
+    tol,
+    rtol,
+    ftol,
+    max_grad_evals,
+    max_null_steps,
+    min_value,
+    has_aux=has_aux,
+    compact=compact,
+    stop_at_first_converged=stop_at_first_converged,
+    callback=callback,
+    progress=progress,
+    init_state=init_state,
+    adjoint=adjoint,
+    trace=trace,
+    devices=devices,
   )
   _check_options(options, _called_batched(batch.tree, options.limits))
   names, points = _grid_points(grid)
@@ -616,9 +674,22 @@ def solve_batch(
       "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
     )
   options = _options(
-    max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, has_aux=has_aux,
-    compact=compact, stop_at_first_converged=False, callback=callback, progress=progress,
-    init_state=init_state, adjoint=adjoint, trace=trace, devices=devices,
+    max_steps,
+    tol,
+    rtol,
+    ftol,
+    max_grad_evals,
+    max_null_steps,
+    min_value,
+    has_aux=has_aux,
+    compact=compact,
+    stop_at_first_converged=False,
+    callback=callback,
+    progress=progress,
+    init_state=init_state,
+    adjoint=adjoint,
+    trace=trace,
+    devices=devices,
   )
   _check_options(options, _called_batched(batch.tree, options.limits))
   return _run_grid(None, optimizer, [], [{}], fun, batch, options)[1]

@@ -142,9 +142,7 @@ def _accepted(opt_state, new_params, params) -> jax.Array:
 
 
 def _boxes_as_leaves(state):
-  return jax.tree.flatten(
-    state, is_leaf=lambda x: x is None or isinstance(x, box_lib.Box)
-  )
+  return jax.tree.flatten(state, is_leaf=lambda x: x is None or isinstance(x, box_lib.Box))
 
 
 def with_box_of(fresh, given):
@@ -220,8 +218,8 @@ def _warn_tf32(fun, params) -> None:
     )
 
 
-def judge(old: LoopState, new: LoopState, limits: Limits) -> jax.Array:
-  """The one stop rule: the status of a run at ``new``, reached from ``old`` (int32).
+def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Array:
+  r"""The one stop rule: the status of a run at ``new``, reached from ``old`` (int32).
 
   In order of precedence: ``NON_FINITE`` (f or the gradient norm is not finite),
   ``UNBOUNDED`` (f < ``min_value``), ``CONVERGED`` / ``CONVERGED_IN_BOX`` (the gradient, or
@@ -231,6 +229,12 @@ def judge(old: LoopState, new: LoopState, limits: Limits) -> jax.Array:
   that decreased f: a null step keeps x, and L-BFGS-B's line search only ends on a
   decrease), ``MAX_STEPS`` (``max_steps`` updates or ``max_grad_evals`` calls), else
   :data:`RUNNING`.
+
+  Departure from L-BFGS-B: where ``slope`` (:math:`\langle \nabla f(x_k), x_{k+1} -
+  x_k\rangle`) is given, ``ftol`` also needs the decrease the slope predicts to be small,
+  ``-slope <= 2 ftol max(...)``. A method without a line search may step across the
+  minimiser to a point of nearly the same f (a quadratic's mirror point), where L-BFGS-B's
+  line search would not have ended; a small decrease there is no sign of convergence.
   """
   dtype = new.value.dtype
   finite = jnp.isfinite(new.value) & jnp.isfinite(new.grad_norm)
@@ -241,6 +245,8 @@ def judge(old: LoopState, new: LoopState, limits: Limits) -> jax.Array:
   scale = jnp.maximum(jnp.maximum(jnp.abs(old.value), jnp.abs(new.value)), jnp.ones([], dtype))
   small = decrease <= jnp.asarray(limits.ftol, dtype) * scale
   flat = new.accepted & (decrease > 0) & small
+  if slope is not None:
+    flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
   spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
   converged_code = Status.CONVERGED if box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
   codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
@@ -249,12 +255,16 @@ def judge(old: LoopState, new: LoopState, limits: Limits) -> jax.Array:
   return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
 
 
-def make_loop(optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False) -> Loop:
-  """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``)."""
+def make_loop(
+  optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False, ftol: bool = False
+) -> Loop:
+  """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``);
+  with ``ftol`` (static: ``limits.ftol`` may be nonzero) each step forms the slope that
+  :func:`judge` tests it with."""
   value_fn = (lambda p: fun(p)[0]) if has_aux else fun
 
   def evaluate(params):
-    out, grad = _common.value_and_grad(fun, params, has_aux=has_aux)
+    out, grad = _common.value_and_grad(fun, params, has_aux=has_aux, name="fun")
     value = out[0] if has_aux else out
     _check_value_dtype(value, params)
     return value, grad
@@ -328,7 +338,8 @@ def make_loop(optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: boo
       accepted=accepted,
       null_run=jnp.where(accepted, 0, s.null_run + 1),
     )
-    return new._replace(status=judge(s, new, limits))
+    slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params)) if ftol else None
+    return new._replace(status=judge(s, new, limits, slope))
 
   def done(s: LoopState) -> jax.Array:
     return s.status != RUNNING
@@ -406,7 +417,8 @@ def loop(
     min_value=min_value,
   )
   fun_args = tuple(fun_args)
-  return make_loop(optimizer, lambda p: fun(p, *fun_args), limits, bool(has_aux))
+  on = not isinstance(ftol, (int, float)) or ftol != 0
+  return make_loop(optimizer, lambda p: fun(p, *fun_args), limits, bool(has_aux), on)
 
 
 # --- running a loop to its end ----------------------------------------------------------
@@ -459,11 +471,13 @@ class Program(NamedTuple):
     trace_size: the number of trace entries kept (the last ones).
     hook: the :class:`~hdm_optax.driver.hooks.Hook` (callback, progress), or ``None``.
     has_aux: ``fun`` returns ``(value, aux)``; aux is evaluated once at the end.
+    ftol: the run may stop on ``ftol`` (see :func:`make_loop`).
   """
 
   trace_size: int = 0
   hook: Optional[hooks_lib.Hook] = None
   has_aux: bool = False
+  ftol: bool = False
 
 
 def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> _Carry:

@@ -62,9 +62,11 @@ class _Scalar:
   """SciPy's ``fun`` with its value as a scalar of x's dtype (a number or one entry)."""
 
   fun: Callable[..., Any]
+  has_aux: bool
 
   def __call__(self, x, *args):
-    return _scalar(self.fun(x, *args), jax.tree.leaves(x)[0].dtype)
+    out, dtype = self.fun(x, *args), jax.tree.leaves(x)[0].dtype
+    return (_scalar(out[0], dtype), out[1]) if self.has_aux else _scalar(out, dtype)
 
 
 def _pair_of(out):
@@ -208,7 +210,7 @@ def _check_jac(jac):
   return None  # SciPy reads a false jac as None
 
 
-def objective(fun, jac, x0, args, eps=None) -> tuple[Callable[..., Any], tuple, str]:
+def objective(fun, jac, x0, args, eps=None, has_aux=False) -> tuple[Callable[..., Any], tuple, str]:
   """``(f, args, mode)``: SciPy's ``fun``, ``jac`` and ``args`` as ``f(x, *args)``.
 
   ``mode`` is ``"jax"`` (JAX's gradient), ``"jac"`` (the user's gradient) or ``"host"``
@@ -237,7 +239,7 @@ def objective(fun, jac, x0, args, eps=None) -> tuple[Callable[..., Any], tuple, 
     )
   jac = None if jac == "2-point" else jac
   if not host and jac is None:
-    return _Scalar(fun), args, "jax"
+    return _Scalar(fun, has_aux), args, "jax"
   if not host:
     pair, pair_args = programs.hoist(_Pair(fun, jac), x0, args)
     return _WithGradient(pair), pair_args, "jac"

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hdm_optax import _common
+
 __all__ = (
   "MinimizeResult",
   "SolveResult",
@@ -87,17 +89,16 @@ _RECENT_NULL_SHARE = 0.5
 _COLLAPSED_PRECOND = 1e-20
 
 
-def _stall_notes(status: Status, null_run: int, accepted, num_steps: int, precond) -> str:
-  """What a run that did not converge says about stalling (empty if nothing)."""
+def _stall_notes(status: Status, null_run: int, recent, precond) -> list:
+  """What a run that did not converge says about stalling."""
   if status not in (Status.MAX_STEPS, Status.STALLED):
-    return ""
+    return []
   notes = []
   if status == Status.MAX_STEPS and null_run > 0:
     notes.append(
       f"the last {null_run} updates were null steps (the iterate did not move; "
       "max_null_steps= stops such a run early)"
     )
-  recent = np.asarray(accepted)[max(1, num_steps - _RECENT_STEPS + 1) : num_steps + 1]
   nulls = int(np.sum(~recent))
   if recent.size and nulls > _RECENT_NULL_SHARE * recent.size and nulls > null_run:
     notes.append(f"stalling: {nulls} of the last {recent.size} updates were null steps")
@@ -108,7 +109,26 @@ def _stall_notes(status: Status, null_run: int, accepted, num_steps: int, precon
         f"P has collapsed: {share:.0%} of its entries are <= {_COLLAPSED_PRECOND:g} "
         "(null steps shrank it; in float32 see docs/pitfalls.md)"
       )
-  return "".join(f"; {n}" for n in notes)
+  return notes
+
+
+def _non_finite_note(value, grad_norm, steps: int) -> str:
+  del grad_norm
+  where = "at x0 (init_params, x0: check it for NaN or inf)" if steps == 0 else f"at step {steps}"
+  if not np.isfinite(value):
+    return f"f is not finite {where}"
+  return f"f is finite but its gradient is not, {where}: check fun's derivative (sqrt or log at 0?)"
+
+
+def _huge_gradient_note(grad_norm, dtype) -> list:
+  """Gradients whose squares overflow: the methods' step sizes cannot be formed."""
+  big = np.sqrt(np.finfo(dtype).max) / 16
+  if not np.isfinite(grad_norm) or grad_norm < big:
+    return []
+  return [
+    f"||grad f|| is {grad_norm:.1e}, whose square overflows {np.dtype(dtype).name}: the step "
+    "sizes, which divide by it, cannot be formed; scale f down (divide it by a constant)"
+  ]
 
 
 class Trace(NamedTuple):
@@ -180,24 +200,38 @@ class SolveResult(NamedTuple):
     list for the batched results of :func:`hdm_optax.sweep`.
     """
     codes = np.asarray(self.status)
-    nulls = np.broadcast_to(np.asarray(self.null_run), codes.shape).ravel()
-    steps = np.broadcast_to(np.asarray(self.num_steps), codes.shape).ravel()
-    accepted = np.asarray(self.trace.accepted).reshape(codes.size, -1)
+    count = codes.size
+    each = lambda a: np.broadcast_to(np.asarray(a), codes.shape).ravel()
+    nulls, steps, value, gnorm = map(
+      each, (self.null_run, self.num_steps, self.value, self.grad_norm)
+    )
+    accepted = np.asarray(self.trace.accepted).reshape(count, -1)
+    trace_steps = np.asarray(self.trace.step).reshape(count, -1)
     leaves = [
       leaf
       for _, p in optax.tree.get_all_with_path(self.state, "precond")
       for leaf in jax.tree.leaves(p)
     ]
     precond = (
-      np.concatenate([np.asarray(p).reshape(codes.size, -1) for p in leaves], axis=1)
+      np.concatenate([np.asarray(p).reshape(count, -1) for p in leaves], axis=1)
       if leaves
-      else [None] * codes.size
+      else [None] * count
     )
-    messages = [
-      Status(int(code)).message
-      + _stall_notes(Status(int(code)), int(nulls[i]), accepted[i], int(steps[i]), precond[i])
-      for i, code in enumerate(codes.ravel())
-    ]
+    messages = []
+    for i, code in enumerate(codes.ravel()):
+      status, notes = Status(int(code)), []
+      window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
+      window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
+      notes += _stall_notes(status, int(nulls[i]), accepted[i][window], precond[i])
+      head = status.message
+      if status == Status.NON_FINITE:
+        head = "non-finite: " + _non_finite_note(value[i], gnorm[i], int(steps[i]))
+      if status in (Status.MAX_STEPS, Status.STALLED):
+        notes += _huge_gradient_note(gnorm[i], value.dtype)
+        state_i = jax.tree.map(lambda a: np.asarray(a).reshape(count, -1)[i], self.state)
+        advice = _common.uphill_advice(state_i)
+        notes += [advice] if advice else []
+      messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages
 
 

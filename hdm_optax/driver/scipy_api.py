@@ -159,7 +159,7 @@ def _int_option(name, value, lower=1) -> int:
   ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
   if not ok or not value >= lower:
     raise ValueError(f"options {name} must be a number >= {lower}, got {value!r}.")
-  return int(math.ceil(value))
+  return int(min(math.ceil(value) if math.isfinite(value) else math.inf, np.iinfo(np.int32).max))
 
 
 def _options(options, tol, max_steps) -> dict:
@@ -432,7 +432,7 @@ def minimize(
   lower, upper = bounds_to_box(bounds, x0)
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
-  objective, args, mode = objective_lib.objective(fun, jac, x0, args, opts.get("eps"))
+  objective, args, mode = objective_lib.objective(fun, jac, x0, args, opts.get("eps"), has_aux)
   if has_aux and mode != "jax":
     raise ValueError(
       f"has_aux=True with jac={jac!r} is not offered (fun then returns the gradient, or runs "

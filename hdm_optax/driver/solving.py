@@ -83,6 +83,11 @@ def _cut(trace, size):
 _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arrays
 
 
+def ftol_on(ftol) -> bool:
+  """Whether a run may stop on ``ftol`` (a static choice: a traced ``ftol`` may be nonzero)."""
+  return not isinstance(ftol, (int, float)) or ftol != 0
+
+
 def check_params(params, name: str = "init_params"):
   """``params`` as a pytree of float arrays: Python numbers and lists of them become arrays.
 
@@ -112,8 +117,10 @@ def _check_every(check_every) -> int:
 
 def _raise_with(error: BaseException, result) -> None:
   error.result = result
-  error.add_note("hdm_optax: the callback raised this; the run stopped, and the result so far "
-                 "is in this exception's .result.")
+  error.add_note(
+    "hdm_optax: the callback raised this; the run stopped, and the result so far "
+    "is in this exception's .result."
+  )
   raise error
 
 
@@ -168,7 +175,7 @@ def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, a
   def run(theta, rest):  # every traced value enters as an argument (none is closed over)
     arrays, x0, state, limits, handle = rest
     fun = lambda p: closed(p, *theta)
-    loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux)
+    loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux, program.ftol)
     primitive_ = primitive.make(limits)
     return engine.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
 
@@ -344,7 +351,7 @@ def solve(
   inputs = (init_params, tuple(fun_args), init_state, tol, rtol)
   traced = bool(tracers(inputs))
   kept, shown = trace_size(trace, max_steps, inputs)
-  program = engine.Program(kept, hook, bool(has_aux))
+  program = engine.Program(kept, hook, bool(has_aux), ftol_on(ftol))
   try:
     key, arrays, closed, args = statics_of(optimizer, fun, init_params, fun_args)
   except programs.Uncacheable:
