@@ -20,8 +20,8 @@ class HDMInfo(NamedTuple):
   """Diagnostics of the last update, kept in every HDM state as ``info``.
 
   Attributes:
-    accepted: whether the trial point became the new iterate and moved it (False on a
-      null step, on a non-finite trial point, and on an accepted trial equal to x).
+    accepted: whether the trial point became the new iterate (False on a null
+      step or on a non-finite trial point).
     hypergrad_norm: Euclidean norm of the hypergradient used to update P
       (and B or beta when learned), at the last update (0 if it was not finite).
     num_null_steps: number of updates so far that kept the iterate.
@@ -109,14 +109,6 @@ def oracle_fields(params, dtype) -> dict:
     grad=optax.tree.zeros_like(params),
     info=init_info(dtype),
   )
-
-
-def moved(accepted, new_params, params) -> jax.Array:
-  """Whether an accepted trial moves the iterate: an accepted trial equal to x, entry for
-  entry (a step below the rounding of x), is a null step too."""
-  # A count, not jnp.any: XLA on CPU fuses the comparison into a sum, not into an any.
-  changed = jax.tree.map(lambda a, b: jnp.sum(a != b, dtype=jnp.int32), new_params, params)
-  return accepted & (functools.reduce(jnp.add, jax.tree.leaves(changed)) > 0)
 
 
 def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int, uphill=False) -> HDMInfo:

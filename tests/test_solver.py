@@ -314,18 +314,27 @@ def test_status_enum_documents_every_value_and_has_a_message():
 
 
 def test_a_run_of_null_steps_stalls():
-  # With L = 1e30 the steps are far below float64 resolution: every trial is x itself.
-  opt = hdm_optax.hdm_best(lipschitz=1e30)
-  res = hdm_optax.solve(
-    opt, quadratic, jnp.ones(3), max_steps=500, fun_args=(A,), max_null_steps=40
-  )
+  # f jumps up everywhere but at x0: every trial is rejected (a null step).
+  x0 = jnp.ones(3)
+  ball = lambda x, a: quadratic(x, a) + jnp.where(jnp.all(x == x0), 0.0, 1e3)
+  opt = hdm_optax.hdm_best(lipschitz=200.0)
+  res = hdm_optax.solve(opt, ball, x0, max_steps=500, fun_args=(A,), max_null_steps=40)
   assert int(res.status) == hdm_optax.Status.STALLED and "stalled" in res.message
   assert int(res.num_steps) == int(res.null_run) == 40
-  assert not np.any(np.asarray(res.trace.accepted)[1:])
+  assert not np.any(np.asarray(res.trace.accepted)[1:41])
   # By default a run is never cut short, but the message says what happened.
-  never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
+  never = hdm_optax.solve(opt, ball, x0, max_steps=300, fun_args=(A,))
   assert int(never.status) == hdm_optax.Status.MAX_STEPS and int(never.null_run) == 300
   assert "the last 300 updates were null steps" in never.message
+
+
+def test_accepted_steps_below_the_rounding_of_x_are_named():
+  """With L = 1e30 the steps are far below float64 resolution: every trial is x itself, the
+  step rule accepts it (f did not increase), and f never changes: the message says so."""
+  opt = hdm_optax.hdm_best(lipschitz=1e30)
+  never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
+  assert int(never.status) == hdm_optax.Status.MAX_STEPS
+  assert "f has not changed over the last 100 steps" in never.message
   assert "P has collapsed: 100% of its entries" in never.message  # P ~ 1e-28, its steps 0
 
 
@@ -454,8 +463,8 @@ CHECK_EVERY_RUNS = {
   "lbfgs_tol": (optax.lbfgs, logistic, jnp.zeros(5), _LOGISTIC, dict(tol=1e-8)),
   "adam_steps": (lambda: optax.adam(0.1), quadratic, jnp.ones(3), (A,), dict(tol=0.0)),
   "stalled": (
-    lambda: optax.sgd(0.0),  # every step is a null step
-    quadratic,
+    lambda: make_best(1e-2, 3.0),  # f jumps up off x0: every trial is rejected
+    lambda x, a: quadratic(x, a) + jnp.where(jnp.all(x == 1.0), 0.0, 1e3),
     jnp.ones(3),
     (A,),
     dict(max_null_steps=5),

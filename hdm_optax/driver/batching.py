@@ -3,8 +3,8 @@
 Both run the engine's batched loop (:func:`hdm_optax.driver.engine.run_batch`): every
 member runs the loop of :func:`hdm_optax.solve`, and once three quarters of a stage have
 stopped, the members still running go on as a batch a quarter the size. With ``devices=``
-the members are spread over a mesh of devices (``jax.shard_map``), each device retiring its
-own finished members.
+the members are spread over the devices (``jax.shard_map``), each device retiring its own
+finished members.
 """
 
 from __future__ import annotations
@@ -36,68 +36,45 @@ __all__ = ("solve_batch", "sweep")
 _AXIS = "members"
 
 
-class _Axis(NamedTuple):
-  axis: Any
+class _Problems(NamedTuple):
+  """The problems of a batch: ``(init_params, fun_args)``, mapped leaves on axis 0."""
+
+  tree: Any
+  mapped: tuple  # per leaf of tree: on the batch axis
+  count: int  # 1 when nothing is mapped
 
 
-def _leaf_axes(axes, tree, what: str) -> list:
-  """The axis (an int or None) of each leaf of ``tree``, from ``jax.vmap``-style ``axes``."""
-  count = len(jax.tree.leaves(tree))
-  if axes is None or isinstance(axes, int):
-    return [axes] * count
-  try:
-    nested = jax.tree.map(
-      lambda ax, sub: [_Axis(ax)] * len(jax.tree.leaves(sub)),
-      axes,
-      tree,
-      is_leaf=lambda x: x is None,
-    )
-  except ValueError:
-    raise ValueError(
-      f"in_axes for {what} must be an int, None or a pytree prefix of {what} (as jax.vmap's "
-      f"in_axes), got {axes!r} for {what} of structure {jax.tree.structure(tree)}"
-    ) from None
-  found = [a.axis for a in jax.tree.leaves(nested, is_leaf=lambda x: isinstance(x, _Axis))]
-  if any(a is not None and not isinstance(a, int) for a in found):
-    raise ValueError(f"in_axes for {what} must hold ints or None, got {axes!r}")
-  return found
-
-
-class _Batch(NamedTuple):
-  """The problems: leaves with their batch axis moved to 0 (``mapped``), or shared."""
-
-  tree: Any  # the pytree, each leaf an array (mapped on axis 0) or as given
-  mapped: tuple  # per leaf: on the batch axis
-  count: int  # the number of problems (1 when nothing is mapped)
-
-
-def _batch(init_params, fun_args: tuple, in_axes) -> _Batch:
+def _problems(init_params, fun_args: tuple, in_axes) -> _Problems:
   if not (isinstance(in_axes, (tuple, list)) and len(in_axes) == 2):
     raise ValueError(
       "in_axes must be a pair (axes of init_params, axes of fun_args), each an int, None "
       f"or a pytree prefix as in jax.vmap, got {in_axes!r}; e.g. in_axes=(None, (None, 0))"
     )
-  tree = (init_params, fun_args)
-  axes = _leaf_axes(in_axes[0], init_params, "init_params")
-  axes += _leaf_axes(in_axes[1], fun_args, "fun_args")
+  tree, none = (init_params, fun_args), lambda x: x is None
+  try:
+    axes = jax.tree.flatten(jax.tree.broadcast(tuple(in_axes), tree, is_leaf=none), is_leaf=none)[0]
+  except ValueError:
+    raise ValueError(
+      f"in_axes must be a pytree prefix of (init_params, fun_args) with ints or None at its "
+      f"leaves (as jax.vmap's), got {in_axes!r} for {jax.tree.structure(tree)}"
+    ) from None
   leaves, treedef = jax.tree.flatten(tree)
   out, sizes = [], set()
   for leaf, axis in zip(leaves, axes):
-    if axis is None:
-      out.append(leaf)
-      continue
-    leaf = jnp.asarray(leaf)
-    if not -leaf.ndim <= axis < leaf.ndim:
-      raise ValueError(f"in_axes: axis {axis} of a leaf of shape {leaf.shape}")
-    sizes.add(leaf.shape[axis])
-    out.append(leaf if axis % leaf.ndim == 0 else jnp.moveaxis(leaf, axis, 0))
+    if axis is not None:
+      leaf = jnp.asarray(leaf)
+      if not isinstance(axis, int) or not -leaf.ndim <= axis < leaf.ndim:
+        raise ValueError(f"in_axes: axis {axis!r} for a leaf of shape {leaf.shape}")
+      sizes.add(leaf.shape[axis])
+      leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
+    out.append(leaf)
   if len(sizes) > 1:
     raise ValueError(
       f"in_axes: the mapped axes of init_params and fun_args must have one size (the number "
       f"of problems), got sizes {sorted(sizes)}"
     )
   mapped = tuple(a is not None for a in axes)
-  return _Batch(jax.tree.unflatten(treedef, out), mapped, sizes.pop() if sizes else 1)
+  return _Problems(jax.tree.unflatten(treedef, out), mapped, sizes.pop() if sizes else 1)
 
 
 # --- the grid of settings ----------------------------------------------------------------
@@ -167,7 +144,7 @@ class _Maker:
   computes), or a given optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey`.
   """
 
-  def __init__(self, make_optimizer=None, settings=(), key=None):
+  def __init__(self, make_optimizer, settings, key):
     self.make_optimizer, self.settings, self.optimizer_key = make_optimizer, settings, key
     self._key = (key, programs.fingerprint((make_optimizer, settings)))
 
@@ -188,9 +165,9 @@ class _Plan(NamedTuple):
 
   Attributes:
     sizes: the stage sizes (of the members on one device).
-    params_mapped: per leaf of init_params: on the batch axis.
-    theta_mapped: per dynamic argument of fun (the leaves of fun_args, then the arrays it
-      closes over): on the batch axis.
+    mapped: per leaf of ``(init_params, theta)``: on the batch axis (``theta``: the dynamic
+      arguments of the objective, its closed-over arrays last).
+    theta_def: the structure of ``theta``.
     in_order: the members are the problems in order (no gather).
     stop_at_first_converged: end every member once one converged.
     devices: the devices the members are spread over, or ``None``.
@@ -198,61 +175,42 @@ class _Plan(NamedTuple):
   """
 
   sizes: tuple
-  params_mapped: tuple
-  theta_mapped: tuple
+  mapped: tuple
+  theta_def: Any
   in_order: bool
   stop_at_first_converged: bool
   devices: Optional[tuple]
   unrolled_steps: int
 
 
-def _rows(tree, mapped, rows, count, broadcast):
-  """Each mapped leaf at ``rows`` (as it is when ``rows`` is None); fixed leaves broadcast to
-  ``count`` rows where ``broadcast``, else as they are."""
-  leaves, treedef = jax.tree.flatten(tree)
-  out = []
-  for leaf, m in zip(leaves, mapped):
-    if m:
-      out.append(leaf if rows is None else leaf[rows])
-    elif broadcast:
-      out.append(jnp.broadcast_to(leaf, (count,) + jnp.shape(leaf)))
-    else:
-      out.append(leaf)
-  return jax.tree.unflatten(treedef, out)
-
-
-def _split(theta, mapped):
-  leaves, treedef = jax.tree.flatten(list(theta))
-  return [x for x, m in zip(leaves, mapped) if m], (treedef, leaves, mapped)
-
-
-def _merge(rows, fixed):
-  treedef, leaves, mapped = fixed
-  given = iter(rows)
-  return jax.tree.unflatten(treedef, [next(given) if m else x for x, m in zip(leaves, mapped)])
-
-
 def _batch_entry(
-  maker, closed, program, plan, adjoint, handle, arrays, columns, pid, x0, theta, state, limits
+  maker, closed, program, plan, adjoint, handle, arrays, columns, pid, data, state, limits
 ):
-  count = pid.shape[0]
-  rows = None if plan.in_order else pid
-  x0 = _rows(x0, plan.params_mapped, rows, count, True)
-  theta = _rows(list(theta), plan.theta_mapped, rows, count, False)
+  """One batch program; members are (columns, problem ``pid``) and ``data`` the problems."""
+  count, params = pid.shape[0], len(jax.tree.leaves(data[0]))
+  leaves, treedef = jax.tree.flatten(data)
+  for i, (a, m) in enumerate(zip(leaves, plan.mapped)):
+    if m:  # a problem's data, gathered for its members
+      leaves[i] = a if plan.in_order else a[pid]
+    elif i < params:  # a shared start: one row per member
+      leaves[i] = jnp.broadcast_to(a, (count,) + jnp.shape(a))
+  x0, theta = jax.tree.unflatten(treedef, leaves)
+  theta_mapped = plan.mapped[params:]
 
   def run(theta, rest):  # every traced value enters as an argument (none is closed over)
     x0, state, arrays, columns, limits, handle = rest
-    mapped_rows, fixed = _split(theta, plan.theta_mapped)
+    flat = jax.tree.leaves(theta)
+    member_rows = [x for x, m in zip(flat, theta_mapped) if m]
 
     def make(member):
-      settings, member_rows = member
-      fun = lambda p: closed(p, *_merge(member_rows, fixed))
-      loop_ = engine.make_loop(
-        maker.build(arrays, settings), fun, limits, program.has_aux, program.ftol
-      )
-      return loop_, fun
+      settings, mine = member
+      given = iter(mine)
+      mixed = [next(given) if m else x for x, m in zip(flat, theta_mapped)]
+      fun = lambda p: closed(p, *jax.tree.unflatten(plan.theta_def, mixed))
+      optimizer = maker.build(arrays, settings)
+      return engine.make_loop(optimizer, fun, limits, program.has_aux, program.ftol), fun
 
-    members = (columns, mapped_rows)
+    members = (columns, member_rows)
     if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
       return _run_members(make, program, plan, members, x0, state, handle)
     primitive = engine.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
@@ -267,8 +225,7 @@ def _batch_entry(
   if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
     return run(theta, rest)
   objective = lambda x, th: _value(closed(x, *th), program.has_aux)
-  axes = [0 if m else None for m in plan.theta_mapped]
-  axes = jax.tree.unflatten(jax.tree.structure(list(theta)), axes)
+  axes = jax.tree.unflatten(plan.theta_def, [0 if m else None for m in theta_mapped])
   return adjoint_lib.implicit_solution(adjoint, run, objective, theta, rest, axes)
 
 
@@ -281,7 +238,7 @@ def _value(out, has_aux):
 
 def _run_members(make, program, plan, members, params, opt_state, handle):
   """The staged batch, on one device or spread over ``plan.devices``."""
-  first = functools.partial(
+  run = functools.partial(
     engine.run_batch,
     make,
     program,
@@ -290,33 +247,51 @@ def _run_members(make, program, plan, members, params, opt_state, handle):
     stop_at_first_converged=plan.stop_at_first_converged,
   )
   if plan.devices is None:
-    return first(members, params, opt_state)
-  mesh = jax.sharding.Mesh(np.asarray(plan.devices), (_AXIS,))
+    return run(members, params, opt_state)
   spec = jax.sharding.PartitionSpec(_AXIS)
-  state_spec = None if opt_state is None else spec
 
   def local(members, params, opt_state):
     offset = jax.lax.axis_index(_AXIS) * plan.sizes[0]
-    return first(members, params, opt_state, first_member=offset)
+    return run(members, params, opt_state, first_member=offset)
 
-  shard = jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, state_spec), out_specs=spec)
-  return shard(members, params, opt_state)
+  return jax.shard_map(
+    local,
+    mesh=jax.sharding.Mesh(np.asarray(plan.devices), (_AXIS,)),
+    in_specs=(spec, spec, None if opt_state is None else spec),
+    out_specs=spec,
+    check_vma=False,
+  )(members, params, opt_state)
 
 
-class _Options(NamedTuple):
-  """A batch front door's settings besides the problems and the grid."""
-
-  limits: Any
-  max_steps: Any
-  has_aux: bool
-  compact: bool
-  stop_at_first_converged: bool
-  callback: Any
-  progress: bool
-  init_state: Any
-  adjoint: Any
-  trace: Optional[int]
-  devices: Optional[tuple]
+def _check(batched_call, adjoint, compact, devices, stop_at_first, callback, progress):
+  """A combination a batch does not offer: a ValueError that names it."""
+  refusals = [
+    (
+      batched_call,
+      "sweep and solve_batch under jax.vmap are not offered (they batch "
+      "already): put the vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap.",
+    ),
+    (
+      isinstance(adjoint, adjoint_lib.UnrolledAdjoint) and compact,
+      "UnrolledAdjoint with "
+      "compact=True is not offered: retiring members needs while loops, which reverse mode "
+      "cannot enter. Pass compact=False (a lockstep scan) or the default ImplicitAdjoint.",
+    ),
+    (
+      devices is not None and stop_at_first,
+      "stop_at_first_converged with devices= is not "
+      "offered: each device runs its members on its own. Drop one of them.",
+    ),
+    (
+      devices is not None and (callback is not None or progress),
+      "callback= and progress= "
+      "with devices= are not offered: each device would call the host on its own, step by "
+      "step. Drop devices= to watch the run, or the watch.",
+    ),
+  ]
+  for refused, message in refusals:
+    if refused:
+      raise ValueError(message)
 
 
 def _devices(devices) -> Optional[tuple]:
@@ -333,43 +308,16 @@ def _devices(devices) -> Optional[tuple]:
   return devices
 
 
-def _check_options(options: _Options, batched_call: bool) -> None:
-  if batched_call:
-    raise ValueError(
-      "sweep and solve_batch under jax.vmap are not offered (they batch already): put the "
-      "vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap."
-    )
-  if isinstance(options.adjoint, adjoint_lib.UnrolledAdjoint) and options.compact:
-    raise ValueError(
-      "UnrolledAdjoint with compact=True is not offered: retiring members needs while loops, "
-      "which reverse mode cannot enter. Pass compact=False (a lockstep scan) or the default "
-      "ImplicitAdjoint."
-    )
-  if options.devices is not None and options.stop_at_first_converged:
-    raise ValueError(
-      "stop_at_first_converged with devices= is not offered: each device runs its members "
-      "on its own. Drop one of them."
-    )
-
-
-def _first(batch: _Batch):
-  leaves, treedef = jax.tree.flatten(batch.tree)
-  return jax.tree.unflatten(treedef, [a[0] if m else a for a, m in zip(leaves, batch.mapped)])
-
-
-def _combine(parts: list, count: int) -> SolveResult:
-  """The results of several programs, put back in member order (states of other shapes as a
-  list, one per member)."""
+def _combine(parts: list) -> SolveResult:
+  """The results of several programs in member order (states of other shapes as a list)."""
   if len(parts) == 1:
     return parts[0][1]
   order = np.argsort(np.concatenate([i for i, _ in parts]), kind="stable")
   results = [r for _, r in parts]
 
   def stacked(trees):
-    shapes = {
-      (jax.tree.structure(t), tuple(np.shape(x)[1:] for x in jax.tree.leaves(t))) for t in trees
-    }
-    if len(shapes) > 1:
+    shapes = [(jax.tree.structure(t), [np.shape(x)[1:] for x in jax.tree.leaves(t)]) for t in trees]
+    if any(s != shapes[0] for s in shapes):
       return None
     return jax.tree.map(lambda *xs: jnp.concatenate(xs)[order], *trees)
 
@@ -382,46 +330,46 @@ def _combine(parts: list, count: int) -> SolveResult:
   return SolveResult(**fields)
 
 
-def _run_grid(make_optimizer, optimizer, names, points, fun, batch: _Batch, options: _Options):
-  """The members (every point on every problem), run one program per static setting."""
-  params_one, args_one = _first(batch)
-  dtype = _common.params_dtype(params_one)
-  static = (
-    () if optimizer is not None else _static_names(make_optimizer, names, points, params_one, dtype)
+def _run(make_optimizer, optimizer, grid, fun, problems: _Problems, limits, **kw):
+  """The members, every point of ``grid`` on every problem, run one program per setting held
+  static (``optimizer``: the one given to ``solve_batch``)."""
+  names, points = _grid_points(grid)
+  leaves, treedef = jax.tree.flatten(problems.tree)
+  params_one, args_one = jax.tree.unflatten(
+    treedef, [a[0] if m else a for a, m in zip(leaves, problems.mapped)]
   )
-  if batch.count > 1:
-    if "problem" in points[0]:
+  dtype = _common.params_dtype(params_one)
+  static = () if optimizer else _static_names(make_optimizer, names, points, params_one, dtype)
+  if problems.count > 1:
+    if "problem" in names:
       raise ValueError('with in_axes every point gets the key "problem": rename that setting')
-    points = [dict(p, problem=b) for p in points for b in range(batch.count)]
-  pid = np.tile(np.arange(batch.count, dtype=np.int32), len(points) // batch.count)
-  closed, hoisted = programs.hoist(fun, params_one, args_one)
-  params_leaves = len(jax.tree.leaves(batch.tree[0]))
-  args_mapped = batch.mapped[params_leaves:]
-  args_leaves = jax.tree.leaves(batch.tree[1])
-  dynamic = [x for x in args_leaves if programs.is_dynamic(x)]
-  theta_mapped = [m for x, m in zip(args_leaves, args_mapped) if programs.is_dynamic(x)]
-  if any(m and not programs.is_dynamic(x) for x, m in zip(args_leaves, args_mapped)):
+    points = [dict(p, problem=b) for p in points for b in range(problems.count)]
+  pid = np.tile(np.arange(problems.count, dtype=np.int32), len(points) // problems.count)
+  closed, theta = programs.hoist(fun, params_one, args_one)
+  args_mapped = problems.mapped[len(jax.tree.leaves(problems.tree[0])) :]
+  args = jax.tree.leaves(problems.tree[1])
+  if any(m and not programs.is_dynamic(x) for x, m in zip(args, args_mapped)):
     raise ValueError("in_axes maps a leaf of fun_args that is not an array; map arrays only.")
-  theta = (*dynamic, hoisted[-1])
-  theta_mapped = tuple(theta_mapped) + (False,) * len(hoisted[-1])
-  hook = hooks.check_hook(options.callback, options.progress, len(points))
-  ftol = solving.ftol_on(options.limits.ftol)
-  program = engine.Program(options.trace or 0, hook, options.has_aux, ftol)
-  traced = bool(solving.tracers((batch.tree, options.limits)))
+  theta_mapped = [m for x, m in zip(args, args_mapped) if programs.is_dynamic(x)]
+  theta = (*[x for x in args if programs.is_dynamic(x)], theta[-1])
+  mapped = tuple(problems.mapped[: len(jax.tree.leaves(problems.tree[0]))]) + tuple(theta_mapped)
+  mapped += (False,) * len(theta[-1])
+  hook = hooks.check_hook(kw["callback"], kw["progress"], len(points))
+  trace = 0 if kw["trace"] is None else kw["trace"]
+  program = engine.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
+  traced = bool(solving.tracers((problems.tree, limits)))
   groups: dict = {}
   for i, point in enumerate(points):
     groups.setdefault(tuple((n, _plain(point[n])) for n in static), []).append(i)
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)
-    if optimizer is not None:
-      key, arrays = programs.split_optimizer(optimizer)
-      maker = _Maker(key=key)
-    else:
-      maker, arrays = _Maker(make_optimizer, settings), []
+    key, arrays = programs.split_optimizer(optimizer) if optimizer else (None, [])
+    maker = _Maker(make_optimizer, settings, key)
     columns = {
       n: _column(n, [points[i][n] for i in indices], dtype) for n in names if n not in static
     }
+    plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
     part = _run_part(
       maker,
       arrays,
@@ -430,53 +378,66 @@ def _run_grid(make_optimizer, optimizer, names, points, fun, batch: _Batch, opti
       pid[indices],
       closed,
       program,
-      batch,
+      problems,
       theta,
-      theta_mapped,
-      options,
+      limits,
+      plan,
       traced,
     )
     parts.append((indices, part))
-  return points, _combine(parts, len(points))
+  return points, _combine(parts)
 
 
 def _run_part(
-  maker, arrays, columns, indices, pid, closed, program, batch, theta, theta_mapped, options, traced
+  maker, arrays, columns, indices, pid, closed, program, problems, theta, limits, kw, traced
 ):
-  """One program of a grid: the members ``indices`` (problems ``pid``) with these settings."""
-  count, devices = len(pid), options.devices
+  """One program: the members ``indices`` (problems ``pid``), padded to the devices."""
+  count, devices = len(pid), kw["devices"]
   padded = count if devices is None else -(-count // len(devices)) * len(devices)
 
   def pad(a):
     a = jnp.asarray(a)
     return jnp.concatenate([a, jnp.repeat(a[-1:], padded - count, axis=0)]) if padded > count else a
 
-  state = options.init_state
-  if state is not None:
-    state = jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
+  state = kw["init_state"]
+  state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
   plan = _Plan(
-    sizes=engine.stage_sizes(padded // (1 if devices is None else len(devices)), options.compact),
-    params_mapped=batch.mapped[: len(jax.tree.leaves(batch.tree[0]))],
-    theta_mapped=theta_mapped,
-    in_order=devices is None and batch.count > 1 and np.array_equal(pid, np.arange(batch.count)),
-    stop_at_first_converged=options.stop_at_first_converged,
+    sizes=engine.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
+    mapped=kw["mapped"],
+    theta_def=kw["theta_def"],
+    in_order=devices is None
+    and problems.count > 1
+    and np.array_equal(pid, np.arange(problems.count)),
+    stop_at_first_converged=kw["stop_at_first_converged"],
     devices=devices,
-    unrolled_steps=int(options.max_steps),
+    unrolled_steps=int(kw["max_steps"]),
   )
-  statics = (maker, closed, program, plan, options.adjoint)
-  dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), batch.tree[0], theta, state)
+  statics = (maker, closed, program, plan, kw["adjoint"])
+  data = (problems.tree[0], theta)
+  dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), data, state, limits)
   result = solving.call(
-    _batch_entry,
-    statics,
-    dynamic + (options.limits,),
-    callback=options.callback,
-    progress=options.progress,
-    traced=traced,
+    _batch_entry, statics, dynamic, callback=kw["callback"], progress=kw["progress"], traced=traced
   )
-  return result if padded == count else jax.tree.map(lambda a: a[:count], result)
+  result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
+  return solving.cut_trace(result, min(kw["trace"] or 0, int(kw["max_steps"]) + 1))
 
 
-def _options(max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, **rest):
+def _front(
+  make_optimizer,
+  optimizer,
+  grid,
+  fun,
+  problems,
+  max_steps,
+  tol,
+  rtol,
+  ftol,
+  max_grad_evals,
+  max_null_steps,
+  min_value,
+  **kw,
+):
+  """What sweep and solve_batch share: the limits, the refusals, the members' run."""
   limits = check_limits(
     tol=tol,
     rtol=rtol,
@@ -486,15 +447,18 @@ def _options(max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_val
     max_null_steps=max_null_steps,
     min_value=min_value,
   )
-  options = _Options(
-    limits=limits,
-    max_steps=max_steps,
-    adjoint=adjoint_lib.check_adjoint(rest.pop("adjoint")),
-    devices=_devices(rest.pop("devices")),
-    has_aux=bool(rest.pop("has_aux")),
-    **rest,
+  kw.update(adjoint=adjoint_lib.check_adjoint(kw["adjoint"]), devices=_devices(kw["devices"]))
+  batched = any(map(solving.is_batched, solving.tracers((problems.tree, limits))))
+  _check(
+    batched,
+    kw["adjoint"],
+    kw["compact"],
+    kw["devices"],
+    kw["stop_at_first_converged"],
+    kw["callback"],
+    kw["progress"],
   )
-  return options
+  return _run(make_optimizer, optimizer, grid, fun, problems, limits, max_steps=max_steps, **kw)
 
 
 def sweep(
@@ -570,14 +534,19 @@ def sweep(
     >>> len(out.points), out.results.num_steps.shape
     (4, (4,))
   """
-  batch = _batch(init_params, tuple(fun_args), in_axes)
-  if stop_at_first_converged and batch.count > 1:
+  problems = _problems(init_params, tuple(fun_args), in_axes)
+  if stop_at_first_converged and problems.count > 1:
     raise ValueError(
       "stop_at_first_converged stops every point once one converged, but with in_axes the "
-      f"points solve {batch.count} different problems; sweep one problem at a time, or drop "
-      "stop_at_first_converged."
+      f"points solve {problems.count} different problems; sweep one problem at a time, or "
+      "drop stop_at_first_converged."
     )
-  options = _options(
+  points, results = _front(
+    make_optimizer,
+    None,
+    grid,
+    fun,
+    problems,
     max_steps,
     tol,
     rtol,
@@ -587,17 +556,14 @@ def sweep(
     min_value,
     has_aux=has_aux,
     compact=compact,
-    stop_at_first_converged=stop_at_first_converged,
     callback=callback,
     progress=progress,
     init_state=init_state,
     adjoint=adjoint,
     trace=trace,
     devices=devices,
+    stop_at_first_converged=stop_at_first_converged,
   )
-  _check_options(options, _called_batched(batch.tree, options.limits))
-  names, points = _grid_points(grid)
-  points, results = _run_grid(make_optimizer, None, names, points, fun, batch, options)
   return SweepResult(points=points, results=results, best=best_index(results))
 
 
@@ -667,13 +633,18 @@ def solve_batch(
     >>> out.converged.tolist(), out.params.shape
     ([True, True, True], (3, 2))
   """
-  batch = _batch(init_params, tuple(fun_args), in_axes)
-  if not any(batch.mapped):
+  problems = _problems(init_params, tuple(fun_args), in_axes)
+  if not any(problems.mapped):
     raise ValueError(
       f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
       "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
     )
-  options = _options(
+  return _front(
+    None,
+    optimizer,
+    [{}],
+    fun,
+    problems,
     max_steps,
     tol,
     rtol,
@@ -683,17 +654,11 @@ def solve_batch(
     min_value,
     has_aux=has_aux,
     compact=compact,
-    stop_at_first_converged=False,
     callback=callback,
     progress=progress,
     init_state=init_state,
     adjoint=adjoint,
     trace=trace,
     devices=devices,
-  )
-  _check_options(options, _called_batched(batch.tree, options.limits))
-  return _run_grid(None, optimizer, [], [{}], fun, batch, options)[1]
-
-
-def _called_batched(*inputs) -> bool:
-  return any(map(solving.is_batched, solving.tracers(inputs)))
+    stop_at_first_converged=False,
+  )[1]

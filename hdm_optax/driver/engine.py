@@ -74,9 +74,10 @@ class LoopState(NamedTuple):
     num_steps: ``update`` calls made.
     num_value_evals: objective evaluations, the one at the first point included.
     num_grad_evals: gradient evaluations, the one at the first point included.
-    accepted: the last update moved the iterate (an hdm_optax method's ``info.accepted``,
-      its step rule's verdict; for other optimizers the params compared). True at the start.
-    null_run: consecutive null steps (updates that left the iterate where it was).
+    accepted: the step rule's verdict on the last update (an hdm_optax method's
+      ``info.accepted``: the trial became the iterate); True for optimizers without a step
+      rule, and at the start.
+    null_run: consecutive null steps (rejected updates), up to the last.
     status: the :class:`Status` the run ends with here, :data:`RUNNING` while it goes on.
     tol: the gradient threshold, ``max(tol, rtol ||grad f(x0)||_inf)``.
   """
@@ -131,14 +132,12 @@ def _stationarity(params, grad, opt_state):
   return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
 
 
-def _accepted(opt_state, new_params, params) -> jax.Array:
-  """Whether the update moved the iterate: the hdm_optax methods' verdict in their state
-  (``info.accepted``, computed where the trial is formed), else a comparison of the params."""
+def _accepted(opt_state) -> jax.Array:
+  """The step rules' verdict: every hdm_optax method in the state accepted its trial (its
+  ``info.accepted``); True for optimizers without a step rule."""
   infos = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _common.HDMInfo))
   verdicts = [i.accepted for i in infos if isinstance(i, _common.HDMInfo)]
-  if not verdicts:
-    return _common.moved(jnp.asarray(True), new_params, params)
-  return functools.reduce(jnp.logical_and, verdicts)
+  return functools.reduce(jnp.logical_and, verdicts, jnp.asarray(True))
 
 
 def _boxes_as_leaves(state):
@@ -325,7 +324,7 @@ def make_loop(
         )
       value, grad = evaluate(params)
       values, grads = values + 1, grads + 1
-    accepted = _accepted(opt_state, params, s.params)
+    accepted = _accepted(opt_state)
     new = s._replace(
       params=params,
       opt_state=opt_state,

@@ -89,11 +89,17 @@ _RECENT_NULL_SHARE = 0.5
 _COLLAPSED_PRECOND = 1e-20
 
 
-def _stall_notes(status: Status, null_run: int, recent, precond) -> list:
-  """What a run that did not converge says about stalling."""
+def _stall_notes(status: Status, null_run: int, recent, precond, values=None) -> list:
+  """What a run that did not converge says about stalling (``recent``: the last updates'
+  accepted flags; ``values``: f after them)."""
   if status not in (Status.MAX_STEPS, Status.STALLED):
     return []
   notes = []
+  if values is not None and values.size >= _RECENT_STEPS and np.all(values == values[0]):
+    notes.append(
+      f"f has not changed over the last {values.size} steps: the steps are below the "
+      "rounding of x (scale f or the variables, or raise the method's step size)"
+    )
   if status == Status.MAX_STEPS and null_run > 0:
     notes.append(
       f"the last {null_run} updates were null steps (the iterate did not move; "
@@ -112,12 +118,11 @@ def _stall_notes(status: Status, null_run: int, recent, precond) -> list:
   return notes
 
 
-def _non_finite_note(value, grad_norm, steps: int) -> str:
-  del grad_norm
+def _non_finite_note(value, steps: int) -> str:
   where = "at x0 (init_params, x0: check it for NaN or inf)" if steps == 0 else f"at step {steps}"
   if not np.isfinite(value):
     return f"f is not finite {where}"
-  return f"f is finite but its gradient is not, {where}: check fun's derivative (sqrt or log at 0?)"
+  return f"grad f is not finite {where}, where f is: check fun's derivative (sqrt or log at 0?)"
 
 
 def _huge_gradient_note(grad_norm, dtype) -> list:
@@ -222,10 +227,11 @@ class SolveResult(NamedTuple):
       status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
-      notes += _stall_notes(status, int(nulls[i]), accepted[i][window], precond[i])
+      values = np.asarray(self.trace.value).reshape(count, -1)[i][window]
+      notes += _stall_notes(status, int(nulls[i]), accepted[i][window], precond[i], values)
       head = status.message
       if status == Status.NON_FINITE:
-        head = "non-finite: " + _non_finite_note(value[i], gnorm[i], int(steps[i]))
+        head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
       if status in (Status.MAX_STEPS, Status.STALLED):
         notes += _huge_gradient_note(gnorm[i], value.dtype)
         state_i = jax.tree.map(lambda a: np.asarray(a).reshape(count, -1)[i], self.state)

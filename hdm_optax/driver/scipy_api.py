@@ -267,8 +267,8 @@ class IntermediateResult(dict):
 def _check_nan(lower, upper) -> None:
   for name, side in (("lower", lower), ("upper", upper)):
     for leaf in jax.tree.leaves(side):
-      value = box_lib._concrete(leaf)  # pylint: disable=protected-access
-      if value is not None and np.any(np.isnan(value)):
+      concrete = not isinstance(leaf, jax.core.Tracer) and np.asarray(leaf).dtype.kind == "f"
+      if concrete and np.any(np.isnan(np.asarray(leaf))):
         raise ValueError(
           f"bounds' {name} contains NaN; use -inf / +inf (or None) for an open side."
         )

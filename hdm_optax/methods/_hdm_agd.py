@@ -233,7 +233,7 @@ def hdm_agd(
       grad=new_grad,
       info=_common.next_info(
         state.info,
-        accepted=_common.moved(accepted, new_params, params),
+        accepted=accepted,
         hypergrad_norm=optax.tree.norm(hypergrad),
         calls=3,
       ),

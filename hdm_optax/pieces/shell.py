@@ -313,8 +313,7 @@ def iteration(
       value_and_grad=lambda point: _common.value_and_grad(value_fn, point),
     )
     step, aux = direction.propose(state.direction, ctx)
-    trial_point = optax.tree.add(params, step)
-    trial_value, trial_grad = ctx.value_and_grad(trial_point)
+    trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(params, step))
     trial_value = jnp.asarray(trial_value, dtype)
     trial = Trial(
       step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
@@ -333,7 +332,7 @@ def iteration(
       grad=_common.keep_if(accepted, trial.grad, grad),
       info=_common.next_info(
         state.info,
-        accepted=_common.moved(accepted, trial_point, params),
+        accepted=accepted,
         hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
         calls=trial.calls,
         uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not grad else False,
