@@ -330,7 +330,7 @@ def _combine(parts: list) -> SolveResult:
   return SolveResult(**fields)
 
 
-def _run(make_optimizer, optimizer, grid, fun, problems: _Problems, limits, **kw):
+def _run(*, make_optimizer, optimizer, grid, fun, problems: _Problems, limits, **kw):
   """The members, every point of ``grid`` on every problem, run one program per setting held
   static (``optimizer``: the one given to ``solve_batch``)."""
   names, points = _grid_points(grid)
@@ -422,31 +422,8 @@ def _run_part(
   return solving.cut_trace(result, min(kw["trace"] or 0, int(kw["max_steps"]) + 1))
 
 
-def _front(
-  make_optimizer,
-  optimizer,
-  grid,
-  fun,
-  problems,
-  max_steps,
-  tol,
-  rtol,
-  ftol,
-  max_grad_evals,
-  max_null_steps,
-  min_value,
-  **kw,
-):
-  """What sweep and solve_batch share: the limits, the refusals, the members' run."""
-  limits = check_limits(
-    tol=tol,
-    rtol=rtol,
-    ftol=ftol,
-    max_steps=max_steps,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
+def _checked_run(*, problems, limits, **kw):
+  """What sweep and solve_batch share: the options checked, the refusals, the run."""
   kw.update(adjoint=adjoint_lib.check_adjoint(kw["adjoint"]), devices=_devices(kw["devices"]))
   batched = any(map(solving.is_batched, solving.tracers((problems.tree, limits))))
   _check(
@@ -458,7 +435,7 @@ def _front(
     kw["callback"],
     kw["progress"],
   )
-  return _run(make_optimizer, optimizer, grid, fun, problems, limits, max_steps=max_steps, **kw)
+  return _run(problems=problems, limits=limits, **kw)
 
 
 def sweep(
@@ -541,28 +518,23 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  points, results = _front(
-    make_optimizer,
-    None,
-    grid,
-    fun,
-    problems,
-    max_steps,
-    tol,
-    rtol,
-    ftol,
-    max_grad_evals,
-    max_null_steps,
-    min_value,
-    has_aux=has_aux,
-    compact=compact,
-    callback=callback,
-    progress=progress,
-    init_state=init_state,
-    adjoint=adjoint,
-    trace=trace,
-    devices=devices,
-    stop_at_first_converged=stop_at_first_converged,
+  limits = check_limits(
+    tol=tol,
+    rtol=rtol,
+    ftol=ftol,
+    max_steps=max_steps,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  points, results = _checked_run(
+    make_optimizer=make_optimizer,
+    optimizer=None,
+    grid=grid,
+    fun=fun,
+    problems=problems,
+    limits=limits,
+    **_options(locals()),
   )
   return SweepResult(points=points, results=results, best=best_index(results))
 
@@ -639,26 +611,32 @@ def solve_batch(
       f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
       "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
     )
-  return _front(
-    None,
-    optimizer,
-    [{}],
-    fun,
-    problems,
-    max_steps,
-    tol,
-    rtol,
-    ftol,
-    max_grad_evals,
-    max_null_steps,
-    min_value,
-    has_aux=has_aux,
-    compact=compact,
-    callback=callback,
-    progress=progress,
-    init_state=init_state,
-    adjoint=adjoint,
-    trace=trace,
-    devices=devices,
-    stop_at_first_converged=False,
+  limits = check_limits(
+    tol=tol,
+    rtol=rtol,
+    ftol=ftol,
+    max_steps=max_steps,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  options = _options(locals())
+  options.update(stop_at_first_converged=False)
+  return _checked_run(
+    make_optimizer=None,
+    optimizer=optimizer,
+    grid=[{}],
+    fun=fun,
+    problems=problems,
+    limits=limits,
+    **options,
   )[1]
+
+
+_OPTIONS = ("max_steps", "has_aux", "compact", "stop_at_first_converged", "callback")
+_OPTIONS += ("progress", "init_state", "adjoint", "trace", "devices")
+
+
+def _options(arguments: dict) -> dict:
+  """The options of a front door's arguments that the run takes as they are."""
+  return {name: arguments.get(name) for name in _OPTIONS}

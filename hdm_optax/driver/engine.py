@@ -494,7 +494,8 @@ def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carr
   hook, halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
   if halt is not None:
     stoppable = (s.status == RUNNING) | (s.status == Status.MAX_STEPS)
-    stoppable = stoppable if active is None else stoppable & active
+    if active is not None:  # a finished member's hook state stays as it was
+      stoppable, hook = stoppable & active, optax.tree.where(active, hook, carry.hook)
     s = s._replace(status=jnp.where(halt & stoppable, jnp.int32(Status.STOPPED), s.status))
   return _Carry(_without_cached_grad(s), _record(carry.trace, s), hook)
 

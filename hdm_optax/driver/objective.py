@@ -256,20 +256,4 @@ def objective(fun, jac, x0, args, eps=None, has_aux=False) -> tuple[Callable[...
   statics = tuple(None if programs.is_dynamic(leaf) else leaf for leaf in leaves)
   dynamic = tuple(leaf for leaf in leaves if programs.is_dynamic(leaf))
   host_pair = _HostPair(fun, jac, step, (treedef, statics))
-  return _WithGradient(_Hashed(host_pair)), dynamic, "differences" if differences else "host"
-
-
-class _Hashed:
-  """A host pair as ``_WithGradient`` calls it (hashable by the pair)."""
-
-  def __init__(self, pair):
-    self.pair = pair
-
-  def __call__(self, x, *args):
-    return self.pair(x, *args)
-
-  def __hash__(self):
-    return hash(self.pair)
-
-  def __eq__(self, other):
-    return isinstance(other, _Hashed) and other.pair == self.pair
+  return _WithGradient(host_pair), dynamic, "differences" if differences else "host"

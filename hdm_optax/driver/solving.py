@@ -176,7 +176,7 @@ def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, a
     arrays, x0, state, limits, handle = rest
     fun = lambda p: closed(p, *theta)
     loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux, program.ftol)
-    primitive_ = primitive.make(limits)
+    primitive_ = make_primitive(primitive, limits)
     return engine.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
 
   rest = (arrays, x0, state, limits, handle)
@@ -193,30 +193,10 @@ def _value(out, has_aux):
   return out[0] if has_aux else out
 
 
-class Primitive:
-  """Which loop primitive a run uses (static, hashable): while, blocks or scan."""
-
-  def __init__(self, kind: str, size: int = 1, checkpoint: bool = True):
-    self.key = (kind, size, checkpoint)
-
-  def make(self, limits):
-    kind, size, checkpoint = self.key
-    if kind == "scan":
-      return engine.scan_primitive(size, checkpoint)
-    if kind == "blocks":
-      return engine.blocks_primitive(size, limits.max_steps)
-    return engine.while_primitive
-
-  def __hash__(self):
-    return hash(self.key)
-
-  def __eq__(self, other):
-    return isinstance(other, Primitive) and other.key == self.key
-
-
-def primitive_of(adjoint, check_every: int, max_steps) -> Primitive:
-  """The primitive of a run: a scan of ``max_steps`` under :class:`UnrolledAdjoint`, blocks
-  of ``check_every`` steps, or the plain while loop."""
+def primitive_of(adjoint, check_every: int, max_steps) -> tuple:
+  """The loop primitive of a run, as a static key for :func:`make_primitive`: a scan of
+  ``max_steps`` under :class:`UnrolledAdjoint`, blocks of ``check_every`` steps, or the
+  plain while loop."""
   if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
     if check_every != 1:
       raise ValueError(
@@ -225,10 +205,17 @@ def primitive_of(adjoint, check_every: int, max_steps) -> Primitive:
       )
     if isinstance(max_steps, jax.core.Tracer):
       raise ValueError("UnrolledAdjoint needs max_steps as a Python int (the scan's length).")
-    return Primitive("scan", int(max_steps), adjoint.checkpoint)
-  if check_every > 1:
-    return Primitive("blocks", check_every)
-  return Primitive("while")
+    return ("scan", int(max_steps), adjoint.checkpoint)
+  return ("blocks", check_every) if check_every > 1 else ("while",)
+
+
+def make_primitive(key: tuple, limits):
+  """The primitive :func:`primitive_of` named."""
+  if key[0] == "scan":
+    return engine.scan_primitive(key[1], key[2])
+  if key[0] == "blocks":
+    return engine.blocks_primitive(key[1], limits.max_steps)
+  return engine.while_primitive
 
 
 def solve(
