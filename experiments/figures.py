@@ -205,7 +205,9 @@ def _toy_traces(x0, A, steps):
   """All toy runs in one compiled program: name -> (values, grad_evals), batched for grids."""
 
   def run(opt):
-    r = hdm_optax.solve(opt, toy.toy_objective, x0, max_steps=steps, tol=0.0, fun_args=(A,))
+    r = hdm_optax.solve(
+      opt, toy.toy_objective, x0, max_steps=steps, tol=0.0, fun_args=(A,), trace=steps + 1
+    )
     return r.trace.value, r.trace.grad_evals
 
   def grid(make, *columns):

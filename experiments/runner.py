@@ -184,6 +184,7 @@ def grid_rows(grid: Grid, inst: protocol.Instance, budget: int) -> list[Row]:
     fun_args=inst.fun_args,
     max_grad_evals=budget,
     stop_at_first_converged=grid.stop_at_first,
+    trace=(budget - 1) // grid.calls_per_step + 1,  # the rows keep the whole run
   )
   jax.block_until_ready(out.results.value)
   seconds = time.perf_counter() - start
@@ -253,6 +254,7 @@ def _batched_solve(solver, fun, max_steps, x0, fun_args, lipschitz, f_star, box,
       tol=t,
       fun_args=run_args,
       max_grad_evals=max_steps + 1,
+      trace=max_steps + 1,  # the rows keep the whole run
     )
     out = _solve_out(res)
     if box is not None:
@@ -344,7 +346,7 @@ def _minimise(solver, fun, budget, x0, fun_args, lipschitz, f_star, box, tol):
     value=f_info.f,
     grad_inf=optax.tree.norm(f_info.grad, ord=jnp.inf),
     num_steps=sol.stats["num_steps"],
-    result=sol.result._value,
+    result=solvers_lib.result_code(sol.result),
   )
 
 
@@ -403,7 +405,8 @@ def run_optimistix(solver, inst: protocol.Instance, budget: int, program=_minimi
 
 
 def _optimistix_status(code) -> str:
-  name = solvers_lib.RESULT_NAMES.get(int(code), f"result {int(code)}")
+  names = solvers_lib.RESULT_NAMES
+  name = names[int(code)] if int(code) < len(names) else f"result {int(code)}"
   return "budget" if name in ("max_steps_reached", "nonlinear_max_steps_reached") else name
 
 

@@ -330,4 +330,27 @@ if optx is not None:
     def postprocess(self, fn, y, aux, args, options, state, tags, result):
       return self.inner.postprocess(fn, y, aux, args, options, state, tags, result)
 
-  RESULT_NAMES = {int(item._value): name for name, item in optx.RESULTS._name_to_item.items()}
+  # optimistix's result names (the entries of ``optx.RESULTS`` that this version has): a
+  # compiled run reports the index of the one its result equals (``result_code``).
+  RESULT_NAMES = tuple(
+    name
+    for name in (
+      "successful",
+      "max_steps_reached",
+      "nonlinear_max_steps_reached",
+      "nonlinear_divergence",
+      "nonfinite",
+      "nonfinite_input",
+      "singular",
+      "breakdown",
+      "stagnation",
+      "conlim",
+    )
+    if hasattr(optx.RESULTS, name)
+  )
+
+  def result_code(result) -> jax.Array:
+    """The index in ``RESULT_NAMES`` of an optimistix result (traceable; ``len(RESULT_NAMES)``
+    for an entry not listed there)."""
+    hits = jnp.stack([result == getattr(optx.RESULTS, name) for name in RESULT_NAMES])
+    return jnp.where(jnp.any(hits), jnp.argmax(hits), len(RESULT_NAMES))

@@ -16,7 +16,7 @@ Usage::
     A, x0 = toy_quadratic()
     opt = hdm_optax.hdm(null_step=False, **VANILLA_HDM)
     res = hdm_optax.solve(opt, toy_objective, x0, max_steps=2000, tol=0.0,
-                          fun_args=(A,))
+                          fun_args=(A,), trace=2001)
 """
 
 from __future__ import annotations

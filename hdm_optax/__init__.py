@@ -19,9 +19,9 @@ from hdm_optax.driver.adjoint import ImplicitAdjoint
 from hdm_optax.driver.adjoint import ImplicitGradientWarning
 from hdm_optax.driver.adjoint import UnrolledAdjoint
 from hdm_optax.driver.cache import value_and_grad_from_state
-from hdm_optax.driver.loops import Loop
-from hdm_optax.driver.loops import LoopState
-from hdm_optax.driver.loops import loop
+from hdm_optax.driver.engine import Loop
+from hdm_optax.driver.engine import LoopState
+from hdm_optax.driver.engine import loop
 from hdm_optax.driver.minibatch import MinibatchStats
 from hdm_optax.driver.minibatch import minibatch_step
 from hdm_optax.driver.scipy_api import minimize
@@ -30,9 +30,9 @@ from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import Trace
-from hdm_optax.driver.compiled import solve
-from hdm_optax.driver.compiled import solve_batch
-from hdm_optax.driver.compiled import sweep
+from hdm_optax.driver.batching import solve_batch
+from hdm_optax.driver.batching import sweep
+from hdm_optax.driver.solving import solve
 from hdm_optax.methods import HDMAGDState
 from hdm_optax.methods import hdm
 from hdm_optax.methods import hdm_agd

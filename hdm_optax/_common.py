@@ -39,7 +39,13 @@ class HDMInfo(NamedTuple):
     point_sum: the fingerprint of the point of the cached f and grad f
       (a weighted sum of its entries, ``_common.point_fingerprint``).
     point_scale: the sum of the absolute entries of the params the last
-      update received, the scale of ``point_sum``'s rounding.
+      update received, the scale of ``point_sum``'s rounding; -1 where the last update
+      ran without the check (``values_at_params``): no point is recorded.
+    num_uphill_trials: rejected trials whose step went down the received updates u but not
+      down f (:math:`\\langle u, s\\rangle < 0 \\le \\langle \\nabla f(x), s\\rangle`). Always 0
+      where the method is first or alone in a chain (u is grad f); where a transformation
+      before it changed u (a weight decay, whose term f leaves out), the run stalls on such
+      trials: put the term in f (:func:`uphill_advice`).
   """
 
   accepted: jax.Array
@@ -51,6 +57,7 @@ class HDMInfo(NamedTuple):
   num_stale_updates: jax.Array
   point_sum: jax.Array
   point_scale: jax.Array
+  num_uphill_trials: jax.Array
 
 
 def init_info(dtype) -> HDMInfo:
@@ -65,6 +72,30 @@ def init_info(dtype) -> HDMInfo:
     num_stale_updates=zero,
     point_sum=jnp.zeros([], dtype),
     point_scale=jnp.zeros([], dtype),
+    num_uphill_trials=zero,
+  )
+
+
+def uphill_advice(state) -> str:
+  """What to do where a transformation before an HDM method stalls it ("" where nothing).
+
+  Reads :attr:`HDMInfo.num_uphill_trials` of every HDM state in ``state`` (concrete
+  values: an optimizer state after a run, or a state with a leading batch axis).
+  """
+  infos = [
+    leaf
+    for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HDMInfo))
+    if isinstance(leaf, HDMInfo)
+  ]
+  uphill = sum(int(np.sum(np.asarray(info.num_uphill_trials))) for info in infos)
+  if not uphill:
+    return ""
+  return (
+    f"{uphill} rejected trials went down the updates the method received but not down f: a "
+    "transformation before it in the chain (such as optax.add_decayed_weights) changed the "
+    "direction by a term that f does not contain, so the method rejects the steps that term "
+    "asks for; put the term in f (for a weight decay, f(x) + 0.5 * wd * ||x||^2) and drop "
+    "the transformation"
   )
 
 
@@ -82,9 +113,14 @@ def oracle_fields(params, dtype) -> dict:
   )
 
 
-def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int) -> HDMInfo:
-  """Info after one update that made ``calls`` value-and-gradient calls."""
+def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int, uphill=False) -> HDMInfo:
+  """Info after one update that made ``calls`` value-and-gradient calls.
+
+  ``uphill``: the trial was rejected and went down the received updates but not down f
+  (:attr:`HDMInfo.num_uphill_trials`).
+  """
   return info._replace(
+    num_uphill_trials=info.num_uphill_trials + jnp.asarray(uphill).astype(jnp.int32),
     accepted=jnp.asarray(accepted),
     # 0 when the trial point was not finite (no hypergradient was used).
     hypergrad_norm=jnp.where(jnp.isfinite(hypergrad_norm), hypergrad_norm, 0).astype(
@@ -102,6 +138,12 @@ def params_dtype(params) -> jnp.dtype:
   leaves = jax.tree.leaves(params)
   if not leaves:
     raise ValueError("params is an empty pytree: there is nothing to optimize.")
+  if not any(math.prod(jnp.shape(leaf)) for leaf in leaves):
+    shapes = [jnp.shape(leaf) for leaf in leaves]
+    raise ValueError(
+      f"params has no entries (leaves of shapes {shapes}): there is nothing to optimize; "
+      "pass params with at least one entry."
+    )
   dtypes = {jnp.asarray(leaf).dtype for leaf in leaves}
   for dt in dtypes:
     if not jnp.issubdtype(dt, jnp.floating):
@@ -127,6 +169,26 @@ def safe_div(num, den):
   """``num / den`` with 0 where ``den == 0`` (the gradient is exactly zero)."""
   ok = den > 0
   return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
+
+
+def scaled_norm(tree, square=None) -> jax.Array:
+  """The Euclidean norm of a pytree, without overflow where its square overflows.
+
+  Where the sum of squares (``square``, computed here when not given) is finite, its square
+  root; where it is not (entries of 1e19 in float32, 1e155 in float64), ``m * ||tree / m||``
+  with ``m`` the largest magnitude. The rescaled norm is computed only where it is needed
+  (``lax.cond``; under ``jax.vmap``, for every member).
+  """
+  if square is None:
+    square = optax.tree.vdot(tree, tree)
+  norm = jnp.sqrt(square)
+
+  def rescaled():
+    biggest = optax.tree.norm(tree, ord=jnp.inf).astype(norm.dtype)
+    unit = optax.tree.scale(safe_div(jnp.ones([], norm.dtype), biggest), tree)
+    return (biggest * optax.tree.norm(unit)).astype(norm.dtype)
+
+  return jax.lax.cond(jnp.isfinite(norm), lambda: norm, rescaled)
 
 
 def copy_tree(tree):
@@ -233,7 +295,8 @@ def _is_stale(state, params, value, grad, point_sum, point_scale) -> jax.Array:
   old = state.info
   dtype = old.point_sum.dtype
   tol = _POINT_EPS * float(jnp.finfo(dtype).eps) * (point_scale + old.point_scale)
-  elsewhere = (old.num_grad_evals > 0) & (jnp.abs(point_sum - old.point_sum) > tol)
+  recorded = (old.num_grad_evals > 0) & (old.point_scale >= 0)
+  elsewhere = recorded & (jnp.abs(point_sum - old.point_sum) > tol)
   same_value = jnp.isfinite(state.value) & (jnp.asarray(value).astype(dtype) == state.value)
   same_grad = jnp.all(
     jnp.stack([jnp.all(a == b) for a, b in zip(_sample(grad), _sample(state.grad))])
@@ -258,30 +321,58 @@ def _refresh(state, params, value, grad, value_fn, fingerprint, report):
   """``(value, grad, stale)``: f and grad f at ``params`` where the cache received was stale.
 
   Concrete values (outside ``jit``) branch in Python; traced ones in ``lax.cond``, whose
-  evaluation branch reports through ``jax.debug.callback``. (Under ``vmap`` the cond runs
-  both branches: one more oracle call per update, which the drivers avoid by passing
-  ``value_at_params=True``.)
+  evaluation branch reports through ``jax.debug.callback``. Under ``jax.vmap`` the batch
+  takes one ``lax.cond`` on whether any member is stale (:func:`_fresh_where_stale`): a
+  correct loop pays no evaluation and no host call.
   """
   dtype = state.value.dtype
   stale = _is_stale(state, params, value, grad, *fingerprint)
+  kept = (jnp.asarray(value).astype(dtype), grad)
 
-  def evaluate():
-    fresh_value, fresh_grad = value_and_grad(value_fn, params)
+  def evaluate(params, *consts):
+    fresh_value, fresh_grad = value_and_grad(lambda p: evaluate_fn(p, *consts), params)
     fresh_grad = jax.tree.map(lambda new, old: jnp.asarray(new).astype(old.dtype), fresh_grad, grad)
     return jnp.asarray(fresh_value).astype(dtype), fresh_grad
 
   if not isinstance(stale, jax.core.Tracer):
+    evaluate_fn = lambda p: value_fn(p)
     if bool(stale):
       report(True)
-      return (*evaluate(), stale)
+      return (*evaluate(params), stale)
     return value, grad, stale
+  evaluate_fn, consts = jax.closure_convert(value_fn, params)
+  return (*_fresh_where_stale(evaluate, report)(stale, kept, params, consts), stale)
 
-  def evaluate_and_report():
-    jax.debug.callback(report, stale)
-    return evaluate()
 
-  kept = lambda: (jnp.asarray(value).astype(dtype), grad)
-  return (*jax.lax.cond(stale, evaluate_and_report, kept), stale)
+def _fresh_where_stale(evaluate, report):
+  """``pick(stale, kept, params, consts)``: ``evaluate(params, *consts)`` where stale, else kept."""
+
+  @jax.custom_batching.custom_vmap
+  def pick(stale, kept, params, consts):
+    def fresh():
+      jax.debug.callback(report, stale)
+      return evaluate(params, *consts)
+
+    return jax.lax.cond(stale, fresh, lambda: kept)
+
+  @pick.def_vmap
+  def _batched(axis_size, in_batched, stale, kept, params, consts):
+    spread = lambda tree, flags: jax.tree.map(
+      lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)), tree, flags
+    )
+    stale, kept, params = (spread(*pair) for pair in zip((stale, kept, params), in_batched))
+    axes = jax.tree.map(lambda b: 0 if b else None, in_batched[3])
+
+    def fresh():
+      jax.debug.callback(report, stale)  # one host call for the batch
+      new = jax.vmap(evaluate, in_axes=(0, *axes))(params, *consts)
+      row = lambda a, b: jnp.where(jnp.reshape(stale, (-1,) + (1,) * (a.ndim - 1)), a, b)
+      return jax.tree.map(row, new, kept)
+
+    out = jax.lax.cond(jnp.any(stale), fresh, lambda: kept)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return pick
 
 
 def _recorded(info: HDMInfo, params, updates, point_scale, stale) -> HDMInfo:
@@ -394,17 +485,20 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       value, received = require_oracle(
         name, value, grad, value_fn, updates, params=params, state_grad=state.grad
       )
-      point_sum, point_scale = point_fingerprint(params)
-      stale = False
-      if not (value_at_params or _VALUES_AT_PARAMS.get()):
-        value, fresh, stale = _refresh(
-          state, params, value, received, value_fn, (point_sum, point_scale), report
+      if value_at_params or _VALUES_AT_PARAMS.get():  # the check is off: nothing of it runs
+        out, new_state = update_fn(
+          updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
         )
-        if updates is None or _same_leaves(updates, received):
-          updates = fresh
-        received = fresh
+        unknown = -jnp.ones_like(new_state.info.point_scale)  # no point recorded
+        return out, new_state._replace(info=new_state.info._replace(point_scale=unknown))
+      point_sum, point_scale = point_fingerprint(params)
+      value, fresh, stale = _refresh(
+        state, params, value, received, value_fn, (point_sum, point_scale), report
+      )
+      if updates is None or _same_leaves(updates, received):
+        updates = fresh
       out, new_state = update_fn(
-        updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
+        updates, state, params, value=value, grad=fresh, value_fn=value_fn, **extra_args
       )
       info = _recorded(new_state.info, params, out, point_scale, stale)
       return out, new_state._replace(info=info)
@@ -573,7 +667,7 @@ def check_like(name: str, what: str, tree, params):
     )
 
 
-def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False):
+def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False, name="value_fn"):
   """One oracle call, like ``jax.value_and_grad``; checks what ``value_fn`` returns.
 
   Args:
@@ -581,6 +675,7 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
     params: where to evaluate.
     has_aux: ``value_fn`` returns a pair ``(value, aux)``; then the result is
       ``((value, aux), grad)``, as with ``jax.value_and_grad(..., has_aux=True)``.
+    name: the function's name in the error messages (the drivers call it ``fun``).
 
   Returns:
     ``(value, grad)``, or ``((value, aux), grad)`` with ``has_aux``.
@@ -591,19 +686,22 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
     if has_aux:
       if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise TypeError(
-          f"with has_aux=True, value_fn must return a pair (value, aux), got {type(out).__name__}."
+          f"with has_aux=True, {name} must return a pair (value, aux), got {type(out).__name__}."
         )
       value = out[0]
     elif isinstance(out, (tuple, list)):
       raise TypeError(
-        f"value_fn returned a {type(out).__name__} of length {len(out)}, not a scalar; "
+        f"{name} returned a {type(out).__name__} of length {len(out)}, not a scalar; "
         "if it returns (value, aux), pass has_aux=True to hdm_optax.solve / sweep, or "
         "give the transformation value_fn=lambda p: fun(p)[0]."
       )
     else:
       value = out
     if jnp.ndim(value) != 0:
-      raise TypeError(f"value_fn must return a scalar, got an array of shape {jnp.shape(value)}.")
+      raise TypeError(
+        f"{name} must return a scalar, got an array of shape {jnp.shape(value)}; return e.g. "
+        f"jnp.sum(...) or value[0]."
+      )
     return out
 
   return jax.value_and_grad(checked_fn, has_aux=has_aux)(params)

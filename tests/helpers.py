@@ -74,6 +74,11 @@ def python_blocks(page: str) -> list:
   return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(), re.S)
 
 
+def bash_blocks(page: str) -> list:
+  """The ```bash blocks of a page (path relative to the repository root)."""
+  return re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), re.S)
+
+
 def run_page(page: str) -> None:
   """Runs a page's python blocks in order, in one namespace."""
   blocks = python_blocks(page)

@@ -2,7 +2,8 @@
 forced host devices, with the data row-sharded (params replicated) and with a
 wide model (params sharded), against the single-device answer; trial_lbfgs on
 params of a sharded leaf and small replicated ones, whose secant memory packs the
-small leaves together and keeps the sharded one apart, in its sharding."""
+small leaves together and keeps the sharded one apart, in its sharding; batches
+over the devices."""
 
 import os
 import sys
@@ -148,12 +149,37 @@ def check_packed_memory(mesh, steps=30):
   print(f"packed memory: rel err {err:.1e}, w's block {memory.s[1].sharding.spec}")
 
 
+def check_batch_over_devices():
+  """solve_batch and sweep with devices=: each device retires its own members; the
+  answers are the one-device ones (the batch of 37 is padded to 40 for 8 devices)."""
+  rng = np.random.default_rng(1)
+  scales = jnp.asarray(10 ** rng.uniform(0, 3, (37, 5)))
+  fun = lambda x, d: jnp.sum(d * (x - 1.0) ** 2) + 0.1 * jnp.sum(x**4)
+  run = lambda **kw: hdm_optax.solve_batch(
+    hdm_optax.trial_lbfgs(), fun, jnp.zeros(5), fun_args=(scales,), in_axes=(None, 0), **kw
+  )
+  one, many = run(), run(devices=jax.devices())
+  err = float(jnp.max(jnp.abs(many.params - one.params)))
+  assert err < 1e-12 and bool(jnp.all(many.num_steps == one.num_steps)), err
+  assert many.params.shape == (37, 5) and bool(jnp.all(many.converged))
+  make = lambda memory_size: hdm_optax.trial_lbfgs(memory_size)
+  grid = {"memory_size": [3, 7]}
+  sweep = lambda **kw: hdm_optax.sweep(
+    make, grid, fun, jnp.zeros(5), fun_args=(scales[:6],), in_axes=(None, 0), **kw
+  )
+  one, many = sweep(), sweep(devices=jax.devices()[:4])
+  err = float(jnp.max(jnp.abs(many.results.params - one.results.params)))
+  assert err < 1e-6 and bool(jnp.all(many.results.converged)), err
+  print(f"batches over devices: solve_batch err {err:.1e}")
+
+
 def main():
   assert jax.device_count() == 8 and jax.default_backend() == "cpu", jax.devices()
   mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
   check("rows sharded, params replicated", 512, 16, P("d", None), P(), mesh)
   check("wide, params sharded", 64, 1024, P(None, "d"), P("d"), mesh)
   check_packed_memory(mesh)
+  check_batch_over_devices()
   print("OK")
 
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import scipy_api as minimize_lib
+from hdm_optax.driver import solving
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import bounded
 
@@ -258,10 +258,9 @@ def test_minimize_errors():
 def test_minimize_compiles_once():
   """Another start, box, data and tol reuse the compiled program."""
   fun = lambda x, t: jnp.sum((x - t) ** 2)
-  compiled = minimize_lib._minimize_jit  # pylint: disable=protected-access
-  before = compiled._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   hdm_optax.minimize(fun, jnp.zeros(3), args=(jnp.ones(3),), bounds=(jnp.zeros(3), jnp.ones(3)))
-  first = compiled._cache_size()  # pylint: disable=protected-access
+  first = solving.compiled_count()
   res = hdm_optax.minimize(
     fun,
     jnp.full(3, 2.0),
@@ -269,7 +268,7 @@ def test_minimize_compiles_once():
     bounds=(jnp.full(3, -1.0), jnp.full(3, 0.5)),
     tol=1e-8,
   )
-  assert first == before + 1 and compiled._cache_size() == first  # pylint: disable=protected-access
+  assert first == before + 1 and solving.compiled_count() == first
   np.testing.assert_allclose(np.asarray(res.params), 0.5)
 
 

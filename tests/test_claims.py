@@ -89,7 +89,9 @@ def test_null_step_makes_f_nonincreasing(name):
 
   def run(data, lips, x0s):
     return jax.vmap(
-      lambda d, L, x0: hdm_optax.solve(make(L), objective, x0, max_steps=steps, tol=0.0, fun_args=d)
+      lambda d, L, x0: hdm_optax.solve(
+        make(L), objective, x0, max_steps=steps, tol=0.0, fun_args=d, trace=steps + 1
+      )
     )(data, lips, x0s)
 
   res = run_jit(run, DATA, LIPS, X0S)
@@ -274,6 +276,7 @@ def test_vanilla_hdm_blows_up_then_converges_and_null_step_prevents_it():
         max_steps=toy.TOY_MAX_STEPS,
         tol=0.0,
         fun_args=(A,),
+        trace=toy.TOY_MAX_STEPS + 1,
       )
       for null_step in (False, True)
     ]

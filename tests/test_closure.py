@@ -18,8 +18,7 @@ import pytest
 
 import hdm_optax
 from helpers import Compilations
-from hdm_optax.driver import compiled as solve_lib
-from hdm_optax.driver import scipy_api
+from hdm_optax.driver import solving
 
 X0 = jnp.zeros(3)
 FIRST, SECOND = jnp.array([1.0, -2.0, 3.0]), jnp.array([-4.0, 5.0, 0.5])
@@ -129,17 +128,17 @@ def _sgd(learning_rate):
 DRIVERS = {
   "solve": (
     lambda fun: hdm_optax.solve(SGD, fun, X0, max_steps=5).params,
-    solve_lib._solve_jit,  # pylint: disable=protected-access
+    None,
   ),
   "minimize": (
     lambda fun: hdm_optax.minimize(fun, X0, max_steps=50).params,
-    scipy_api._minimize_jit,  # pylint: disable=protected-access
+    None,
   ),
   "sweep": (
     lambda fun: hdm_optax.sweep(
       _sgd, {"learning_rate": [1.0]}, fun, X0, max_steps=5
     ).results.params[0],
-    solve_lib._sweep_jit,  # pylint: disable=protected-access
+    None,
   ),
 }
 
@@ -147,13 +146,13 @@ DRIVERS = {
 @pytest.mark.parametrize("driver", list(DRIVERS))
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_rebound_data_is_solved_without_a_new_compile(case, driver):
-  run, program = DRIVERS[driver]
+  run, _ = DRIVERS[driver]
   fun, rebind = case()
   np.testing.assert_allclose(run(fun), FIRST, atol=1e-5)
-  before = program._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   rebind(SECOND)
   np.testing.assert_allclose(run(fun), SECOND, atol=1e-5)  # main: FIRST again
-  assert program._cache_size() == before  # pylint: disable=protected-access
+  assert solving.compiled_count() == before
 
 
 @jax.custom_vjp
@@ -171,25 +170,25 @@ def test_an_objective_with_a_custom_derivative_compiles_once():
   fun = lambda x, c: 0.5 * jnp.sum(_shifted(x, c) ** 2)
   run = lambda c: hdm_optax.solve(SGD, fun, X0, fun_args=(c,), max_steps=5).params
   np.testing.assert_allclose(run(FIRST), FIRST)
-  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   np.testing.assert_allclose(run(SECOND), SECOND)
-  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access
+  assert solving.compiled_count() == before
   grid = lambda c: hdm_optax.sweep(_sgd, {"learning_rate": [1.0]}, fun, X0, fun_args=(c,))
   np.testing.assert_allclose(grid(FIRST).results.params[0], FIRST)
-  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   np.testing.assert_allclose(grid(SECOND).results.params[0], SECOND)
-  assert solve_lib._sweep_jit._cache_size() == before  # pylint: disable=protected-access
+  assert solving.compiled_count() == before
 
 
 def test_an_equinox_module_is_the_objective():
   """A Module as ``fun`` (main could not hash it); a new Module of one structure reuses the
   program."""
   first = hdm_optax.solve(SGD, Model(FIRST), X0, max_steps=5)
-  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   second = hdm_optax.solve(SGD, Model(SECOND), X0, max_steps=5)
   np.testing.assert_allclose(first.params, FIRST)
   np.testing.assert_allclose(second.params, SECOND)
-  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access
+  assert solving.compiled_count() == before
 
 
 SCALE = 1.0
@@ -204,13 +203,13 @@ def test_a_changed_python_number_compiles_anew_rather_than_answering_stale():
   sgd = optax.sgd(0.5)
   run = lambda: hdm_optax.solve(sgd, _scaled, X0, max_steps=1, tol=0.0).params
   np.testing.assert_allclose(run(), 0.5 * FIRST)  # x1 = x0 - 0.5 * SCALE * (x0 - c)
-  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   SCALE = 2.0
   try:
     np.testing.assert_allclose(run(), FIRST)
   finally:
     SCALE = 1.0
-  assert solve_lib._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+  assert solving.compiled_count() == before + 1
 
 
 def test_functions_in_fun_args_with_aux_and_pytree_params():
@@ -233,18 +232,18 @@ def test_functions_in_fun_args_with_aux_and_pytree_params():
 
 
 def test_hoist_signature_ignores_new_constants_and_sees_literals():
-  from hdm_optax.driver import closure  # pylint: disable=import-outside-toplevel
+  from hdm_optax.driver import programs  # pylint: disable=import-outside-toplevel
 
   a = jnp.ones(2)
   fun = lambda x: jnp.sum(a * x) + 1.5
-  first, _ = closure.hoist(fun, jnp.ones(2), ())
+  first, _ = programs.hoist(fun, jnp.ones(2), ())
   a = jnp.zeros(2)
-  again, (consts,) = closure.hoist(fun, jnp.ones(2), ())
+  again, (consts,) = programs.hoist(fun, jnp.ones(2), ())
   assert again == first and hash(again) == hash(first) and consts[0] is a
-  other, _ = closure.hoist(lambda x: jnp.sum(a * x) + 2.5, jnp.ones(2), ())
+  other, _ = programs.hoist(lambda x: jnp.sum(a * x) + 2.5, jnp.ones(2), ())
   assert other != first
   nan = lambda x: jnp.sum(x) * jnp.nan  # a NaN literal equals itself
-  assert closure.hoist(nan, jnp.ones(2), ())[0] == closure.hoist(nan, jnp.ones(2), ())[0]
+  assert programs.hoist(nan, jnp.ones(2), ())[0] == programs.hoist(nan, jnp.ones(2), ())[0]
 
 
 @pytest.mark.parametrize("case", [global_case, bound_method_case], ids=["global", "bound_method"])
@@ -265,7 +264,7 @@ def test_a_bound_method_accessed_at_each_call_reuses_the_program():
   ``jax.jit``'s static arguments do."""
   holder = Holder(FIRST)
   hdm_optax.solve(SGD, holder.loss, X0, max_steps=5)
-  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()
   holder.c = SECOND
   np.testing.assert_allclose(hdm_optax.solve(SGD, holder.loss, X0, max_steps=5).params, SECOND)
-  assert solve_lib._solve_jit._cache_size() == before  # pylint: disable=protected-access
+  assert solving.compiled_count() == before

@@ -14,8 +14,8 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import compiled as solve_lib
-from hdm_optax.driver import staging
+from hdm_optax.driver import solving
+from hdm_optax.driver import engine
 
 
 def quadratic(w, d, c):
@@ -46,7 +46,7 @@ KW = dict(max_steps=300, tol=1e-6)
 def test_each_member_gets_what_a_vmapped_solve_gives_it(make):
   d, c = spread_batch(80, 6, jnp.float64)
   x0 = jnp.zeros_like(c)
-  assert staging.stage_sizes(80, True) == (80, 20, 5)
+  assert engine.stage_sizes(80, True) == (80, 20, 5)
   ref = lockstep(make(), x0, d, c, **KW)
   out = hdm_optax.solve_batch(make(), quadratic, x0, fun_args=(d, c), **KW)
   steps = np.asarray(ref.num_steps)
@@ -61,10 +61,10 @@ def test_each_member_gets_what_a_vmapped_solve_gives_it(make):
 
 
 def test_the_stages_shrink_to_sixteen_above_sixty_four_members():
-  assert staging.stage_sizes(4096, True) == (4096, 1024, 256, 64, 16)
-  assert staging.stage_sizes(64, True) == (64, 16, 4, 1)
-  assert staging.stage_sizes(65, True) == (65, 17, 5)
-  assert staging.stage_sizes(4096, False) == (4096,)
+  assert engine.stage_sizes(4096, True) == (4096, 1024, 256, 64, 16)
+  assert engine.stage_sizes(64, True) == (64, 16, 4, 1)
+  assert engine.stage_sizes(65, True) == (65, 17, 5)
+  assert engine.stage_sizes(4096, False) == (4096,)
 
 
 def test_a_large_batch_retires_members_and_matches_the_lockstep_loop():
@@ -100,10 +100,10 @@ def test_new_data_and_an_equal_optimizer_do_not_compile_again():
   d, c = spread_batch(8, 3, jnp.float64)
   x0 = jnp.zeros_like(c)
   hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d, c))
-  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()  # pylint: disable=protected-access
   d2, c2 = spread_batch(8, 3, jnp.float64, seed=5)
   out = hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d2, c2))
-  assert solve_lib._sweep_jit._cache_size() == before  # pylint: disable=protected-access
+  assert solving.compiled_count() == before  # pylint: disable=protected-access
   ref = lockstep(hdm_optax.trial_lbfgs(), x0, d2, c2, max_steps=1000, tol=1e-4)
   np.testing.assert_allclose(out.params, ref.params, rtol=1e-9, atol=1e-12)
 

@@ -12,8 +12,9 @@ import hdm_optax
 from backends import assert_same_across_programs
 from helpers import EVERY_STEP, counting, logistic, logistic_problem
 from hdm_optax.driver import results
-from hdm_optax.driver import compiled as solve_lib
-from hdm_optax.driver import staging
+from hdm_optax.driver import programs
+from hdm_optax.driver import solving
+from hdm_optax.driver import engine
 
 
 A = jnp.array([1.0, 10.0, 100.0])
@@ -94,7 +95,7 @@ def test_trace_is_frozen_after_the_last_step():
 
 def test_compact_sweep_gives_the_same_results():
   """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
-  assert staging.stage_sizes(6, True) == (6, 2, 1) and staging.stage_sizes(6, False) == (6,)
+  assert engine.stage_sizes(6, True) == (6, 2, 1) and engine.stage_sizes(6, False) == (6,)
   kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
   full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)
@@ -313,18 +314,27 @@ def test_status_enum_documents_every_value_and_has_a_message():
 
 
 def test_a_run_of_null_steps_stalls():
-  # With L = 1e30 the steps are far below float64 resolution: every trial is x itself.
-  opt = hdm_optax.hdm_best(lipschitz=1e30)
-  res = hdm_optax.solve(
-    opt, quadratic, jnp.ones(3), max_steps=500, fun_args=(A,), max_null_steps=40
-  )
+  # f jumps up everywhere but at x0: every trial is rejected (a null step).
+  x0 = jnp.ones(3)
+  ball = lambda x, a: quadratic(x, a) + jnp.where(jnp.all(x == x0), 0.0, 1e3)
+  opt = hdm_optax.hdm_best(lipschitz=200.0)
+  res = hdm_optax.solve(opt, ball, x0, max_steps=500, fun_args=(A,), max_null_steps=40)
   assert int(res.status) == hdm_optax.Status.STALLED and "stalled" in res.message
   assert int(res.num_steps) == int(res.null_run) == 40
-  assert not np.any(np.asarray(res.trace.accepted)[1:])
+  assert not np.any(np.asarray(res.trace.accepted)[1:41])
   # By default a run is never cut short, but the message says what happened.
-  never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
+  never = hdm_optax.solve(opt, ball, x0, max_steps=300, fun_args=(A,))
   assert int(never.status) == hdm_optax.Status.MAX_STEPS and int(never.null_run) == 300
   assert "the last 300 updates were null steps" in never.message
+
+
+def test_accepted_steps_below_the_rounding_of_x_are_named():
+  """With L = 1e30 the steps are far below float64 resolution: every trial is x itself, the
+  step rule accepts it (f did not increase), and f never changes: the message says so."""
+  opt = hdm_optax.hdm_best(lipschitz=1e30)
+  never = hdm_optax.solve(opt, quadratic, jnp.ones(3), max_steps=300, fun_args=(A,))
+  assert int(never.status) == hdm_optax.Status.MAX_STEPS
+  assert "f has not changed over the last 100 steps" in never.message
   assert "P has collapsed: 100% of its entries" in never.message  # P ~ 1e-28, its steps 0
 
 
@@ -332,15 +342,15 @@ def test_message_names_a_stall_that_is_not_a_trailing_null_run():
   """Most recent updates null, the last one accepted: the message says the run stalled."""
   accepted = np.ones(201, bool)
   accepted[101:] = np.arange(100) % 4 == 3  # 75 of the last 100 updates were null steps
-  notes = results._stall_notes(hdm_optax.Status.MAX_STEPS, 0, accepted, 200, np.full(10, 1e-30))
+  notes = "; ".join(
+    results._stall_notes(hdm_optax.Status.MAX_STEPS, 0, accepted[101:], np.full(10, 1e-30))
+  )
   assert "stalling: 75 of the last 100 updates were null steps" in notes
   assert "P has collapsed: 100% of its entries" in notes
   assert "the iterate did not move" not in notes  # no trailing run to report
-  healthy = results._stall_notes(
-    hdm_optax.Status.MAX_STEPS, 0, np.ones(201, bool), 200, np.ones(10)
-  )
-  assert healthy == ""
-  assert results._stall_notes(hdm_optax.Status.CONVERGED, 0, accepted, 200, np.zeros(10)) == ""
+  healthy = results._stall_notes(hdm_optax.Status.MAX_STEPS, 0, np.ones(100, bool), np.ones(10))
+  assert healthy == []
+  assert results._stall_notes(hdm_optax.Status.CONVERGED, 0, accepted, np.zeros(10)) == []
 
 
 def test_rtol_stops_relative_to_the_initial_gradient():
@@ -411,20 +421,20 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
-  before = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
-  first = solve_lib._sweep_jit._cache_size()  # pylint: disable=protected-access
+  first = solving.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
-  assert first == before + 1 and solve_lib._sweep_jit._cache_size() == first  # pylint: disable=protected-access
+  assert first == before + 1 and solving.compiled_count() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
-  before = solve_lib._solve_jit._cache_size()  # pylint: disable=protected-access
+  before = solving.compiled_count()  # pylint: disable=protected-access
   for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
-  assert solve_lib._solve_jit._cache_size() == before + 1  # pylint: disable=protected-access
+  assert solving.compiled_count() == before + 1  # pylint: disable=protected-access
 
 
 def test_solve_inside_jit_vmap_and_grad_without_private_jax():
-  source = "".join(open(m.__file__).read() for m in (solve_lib, staging))
+  source = "".join(open(m.__file__).read() for m in (solving, engine, programs))
   assert "jax._src" not in source
 
   def final_value(lr):
@@ -453,8 +463,8 @@ CHECK_EVERY_RUNS = {
   "lbfgs_tol": (optax.lbfgs, logistic, jnp.zeros(5), _LOGISTIC, dict(tol=1e-8)),
   "adam_steps": (lambda: optax.adam(0.1), quadratic, jnp.ones(3), (A,), dict(tol=0.0)),
   "stalled": (
-    lambda: optax.sgd(0.0),  # every step is a null step
-    quadratic,
+    lambda: make_best(1e-2, 3.0),  # f jumps up off x0: every trial is rejected
+    lambda x, a: quadratic(x, a) + jnp.where(jnp.all(x == 1.0), 0.0, 1e3),
     jnp.ones(3),
     (A,),
     dict(max_null_steps=5),
@@ -551,7 +561,7 @@ def test_float32_products_at_default_precision_are_warned_of_on_a_gpu(monkeypatc
   """On a GPU (the backend faked here), a float32 f with matrix products at JAX's default
   precision (TF32 on NVIDIA GPUs) gets a warning once per compiled program, with the fix;
   float32 products asked for at HIGHEST precision, float64 params and the CPU do not."""
-  from hdm_optax.driver import loops as loop_lib
+  from hdm_optax.driver import engine as loop_lib
 
   # JAX's default precision (the experiments' entry points, run in-process by other tests,
   # set it to "highest")

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import compiled
-from hdm_optax.driver import loops
-from hdm_optax.driver import watch as watch_lib
+from hdm_optax.driver import hooks
 
 A = jnp.geomspace(1.0, 100.0, 5)
 
@@ -62,7 +60,14 @@ def test_callback_stops_the_run(how):
   assert float(res.value) == pytest.approx(float(fun(res.params, A)))
 
 
-def test_progress_line(capfd):
+@pytest.fixture
+def terminal(monkeypatch):
+  """stderr as a terminal (the progress line is redrawn in place)."""
+  monkeypatch.setattr(hooks, "_terminal", lambda: True)
+
+
+def test_progress_line(capfd, terminal):
+  del terminal
   res = _solve(progress=True)
   err = capfd.readouterr().err
   assert err.startswith("\rhdm_optax: steps ") and err.endswith("CONVERGED\n")
@@ -75,9 +80,18 @@ def test_progress_line(capfd):
   assert err.count("\r") < int(res.num_steps)
 
 
-def test_under_jit_and_vmap(capfd):
+def test_progress_in_a_log_has_no_carriage_returns(capfd):
+  """Where stderr is not a terminal, each drawn line ends with a newline (no redraws)."""
+  res = _solve(progress=True)
+  err = capfd.readouterr().err
+  assert "\r" not in err and err.endswith("CONVERGED\n") and res.converged
+  assert err.count("\n") <= 2  # the first step's line and the summary on a fast run
+
+
+def test_under_jit_and_vmap(capfd, terminal):
   """Under jit the callback and line work as outside; under vmap the line reports the batch
   (one line, how many converged) and the callback gets the batch."""
+  del terminal
   rec = Recorder()
   jitted = jax.jit(lambda a: _solve(a, callback=rec, progress=True))(A)
   assert len(rec.snapshots) == int(jitted.num_steps)
@@ -86,25 +100,25 @@ def test_under_jit_and_vmap(capfd):
   rec = Recorder()
   out = jax.jit(jax.vmap(lambda a: _solve(a, callback=rec, progress=True)))(batch)
   err = capfd.readouterr().err
-  assert err.count("\n") == 1 and "batch 3: 3 converged, 3 done" in err.rsplit("\r", 1)[-1]
+  summary = err.rsplit("\r", 1)[-1]
+  assert err.count("\n") == 1 and "batch 3: 3 converged, 3 done" in summary
+  assert "(median)" in summary
   assert rec.snapshots[0].params.shape == (3, 5)  # one call per step, with the batch
   assert len(rec.snapshots) == int(jnp.max(out.num_steps))
 
 
-def _lowered(watch_args):
-  limits = loops.check_limits(tol=1e-4)._replace(max_steps=jnp.asarray(100, jnp.int32))
-  args = (hdm_optax.trial_lbfgs(), fun, 128, False, 1, jnp.zeros(5), (A,), limits, None, 0.0)
-  return compiled._solve_jit.lower(*args, *watch_args).as_text()  # pylint: disable=protected-access
+def _lowered(**watch):
+  return jax.jit(lambda a: _solve(a, **watch).params).lower(A).as_text()
 
 
 def test_off_the_program_is_unchanged():
-  """callback=None, progress=False: the program solve compiles is the one without the
-  feature (the same text as the call that never passes a watch); on, it calls the host."""
-  assert watch_lib.make_watch(None, False) is None
-  off = _lowered(())
-  assert off == _lowered((watch_lib.make_watch(None, False),))
+  """callback=None, progress=False: the program solve compiles has no host call; on, it
+  calls the host."""
+  assert hooks.check_hook(None, False) is None
+  off = _lowered()
+  assert off == _lowered(callback=None, progress=False)
   assert "callback" not in off
-  assert "callback" in _lowered((watch_lib.make_watch(None, True),))
+  assert "callback" in _lowered(progress=True)
 
 
 def test_minimize_progress_and_callback(capfd):

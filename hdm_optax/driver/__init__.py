@@ -1,51 +1,52 @@
-"""The driver: runs any optax transformation on an objective.
+"""The driver: one engine that runs any optax transformation on an objective, and its doors.
 
-The algorithm side (the HDM variants and their pieces) and this side meet only
-in the optax transformation protocol: ``init``, ``update`` with ``value``,
-``grad`` and ``value_fn``, and the cache contract of the state.
+The algorithm side (the methods and their pieces) and this side meet only in the optax
+transformation protocol: ``init``, ``update`` with ``value``, ``grad`` and ``value_fn``,
+and the cache contract of the state (:mod:`~hdm_optax.driver.cache`).
 
-- :mod:`~hdm_optax.driver.results`: :class:`Status`, :class:`Trace`,
-  :class:`SolveResult`, :class:`SweepResult`.
-- :mod:`~hdm_optax.driver.cache`: the cache contract (where a state's cached f
-  and grad f are, how many calls an ``update`` made).
-- :mod:`~hdm_optax.driver.loops`: the public loop, :func:`loop` (``start``,
-  ``step``, ``done``), and the stopping rule.
-- :mod:`~hdm_optax.driver.compiled`: :func:`solve`, :func:`solve_batch` and :func:`sweep`, compiled
-  runs of the loop (:mod:`~hdm_optax.driver.grid` lays out a sweep's points,
-  problems and programs, :mod:`~hdm_optax.driver.staging` shrinks its batch;
-  :mod:`~hdm_optax.driver.closure` passes the arrays an objective closes over
-  to a compiled program as arguments).
-- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run: implicitly at
-  the returned point (:class:`ImplicitAdjoint`) or through the iterations
-  (:class:`UnrolledAdjoint`).
-- :mod:`~hdm_optax.driver.scipy_api`: :func:`minimize`, SciPy's entry point (bounds as
-  SciPy takes them) over :func:`solve`, one compiled program.
-- :mod:`~hdm_optax.driver.minibatch`: :func:`minibatch_step`, one loop step
-  per batch.
-- :mod:`~hdm_optax.driver.optimistix`: the loop as an optimistix minimiser
-  (optional, needs optimistix; not imported here).
+- :mod:`~hdm_optax.driver.engine`: the one loop (``start``, ``step``, the stop rule
+  :func:`~hdm_optax.driver.engine.judge`, the trace), its primitives (a ``while_loop``,
+  blocks of steps, a ``scan`` for reverse mode) and the staged batch that retires members.
+- :mod:`~hdm_optax.driver.limits`: the numbers that stop a run.
+- :mod:`~hdm_optax.driver.hooks`: the callback and the progress line, one host dispatcher.
+- :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, and
+  what enters it as arguments).
+- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run.
+- The front doors: :mod:`~hdm_optax.driver.solving` (:func:`solve`),
+  :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`),
+  :mod:`~hdm_optax.driver.scipy_api` (:func:`minimize`, with
+  :mod:`~hdm_optax.driver.objective` for SciPy's ``fun`` and ``jac``),
+  :mod:`~hdm_optax.driver.minibatch` (:func:`minibatch_step`), and
+  :func:`~hdm_optax.driver.engine.loop` for a loop of one's own.
+- :mod:`~hdm_optax.driver.results`: :class:`Status`, :class:`Trace`, :class:`SolveResult`.
+- :mod:`~hdm_optax.driver.optimistix`: the loop as an optimistix minimiser (optional, needs
+  optimistix; not imported here).
 """
 
 from hdm_optax.driver import adjoint
+from hdm_optax.driver import batching
 from hdm_optax.driver import cache
-from hdm_optax.driver import closure
-from hdm_optax.driver import compiled
-from hdm_optax.driver import grid
-from hdm_optax.driver import loops
+from hdm_optax.driver import engine
+from hdm_optax.driver import hooks
+from hdm_optax.driver import limits
 from hdm_optax.driver import minibatch
+from hdm_optax.driver import objective
+from hdm_optax.driver import programs
 from hdm_optax.driver import results
 from hdm_optax.driver import scipy_api
-from hdm_optax.driver import staging
+from hdm_optax.driver import solving
 
 __all__ = (
   "adjoint",
+  "batching",
   "cache",
-  "closure",
-  "compiled",
-  "grid",
-  "loops",
+  "engine",
+  "hooks",
+  "limits",
   "minibatch",
+  "objective",
+  "programs",
   "results",
   "scipy_api",
-  "staging",
+  "solving",
 )

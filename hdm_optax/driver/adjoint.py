@@ -1,40 +1,34 @@
 r"""Differentiating through a run: :class:`ImplicitAdjoint` and :class:`UnrolledAdjoint`.
 
-:func:`hdm_optax.solve` and :func:`hdm_optax.minimize` take ``adjoint=``, which says how
-``jax.grad``, ``jax.vjp`` and ``jax.jvp`` see the returned ``params`` (and ``value``) as
-functions of ``fun_args`` (``args``):
+Every front door takes ``adjoint=``, which says how ``jax.grad``, ``jax.vjp`` and ``jax.jvp``
+see the returned ``params`` (and ``value``) as functions of ``fun_args`` and of the arrays
+``fun`` closes over:
 
 - :class:`ImplicitAdjoint` (the default): the run itself is not differentiated. At the
   returned point :math:`x^*(\theta)`, where :math:`\nabla_x f(x^*, \theta) = 0`, the
   implicit function theorem gives :math:`\partial x^* = -H^{-1} \partial_\theta \nabla_x f`
-  with :math:`H = \nabla^2_{xx} f(x^*, \theta)`. The rule is one ``jax.custom_jvp`` whose
-  tangent is a ``jax.lax.custom_linear_solve`` of :math:`H` (symmetric, so its transpose
-  is itself): ``jax.jvp`` solves once per tangent, ``jax.grad``/``jax.vjp`` once per
-  cotangent, both by conjugate gradients on Hessian-vector products (matrix-free,
-  preconditioned by the run's own L-BFGS pairs where the optimizer kept some). With a box,
-  the variables at a bound with the gradient pushing outward (the binding set of
-  :func:`hdm_optax.pieces.box.free_mask`) have derivative 0 and the system is
-  :math:`H_{FF}` on the free ones; this assumes strict complementarity (no variable at a
-  bound with a zero gradient) and that the binding set does not change under a small
-  change of :math:`\theta`. ``x0`` and ``init_state`` get zero derivatives.
-- :class:`UnrolledAdjoint`: the run of ``max_steps`` iterations is a ``lax.scan`` (a step
-  after the stopping rule held leaves the state as it is) and reverse mode goes through
-  every iteration, each under ``jax.checkpoint``: the derivative of the truncated run as
-  it ran, what an unconverged run or a hypergradient with respect to an optimizer's own
-  settings (a step size passed as a traced value) needs.
+  with :math:`H = \nabla^2_{xx} f(x^*, \theta)`, solved by conjugate gradients on
+  Hessian-vector products (matrix-free, preconditioned by the run's own L-BFGS pairs where
+  the optimizer kept some), in a ``jax.lax.custom_linear_solve``. The rule is a
+  ``jax.custom_jvp`` whose tangent rule reaches the solution through the rule itself, so it
+  can be differentiated again (``jax.hessian``, ``grad`` of ``grad``). With a box, the
+  variables that L-BFGS-B's projected gradient puts on a bound (:math:`x_i - g_i \le l_i`
+  with :math:`g_i > 0`, or the same at :math:`u_i`) have derivative 0 and the system is
+  :math:`H_{FF}` on the others. ``x0`` and ``init_state`` get zero derivatives.
+- :class:`UnrolledAdjoint`: the run of ``max_steps`` iterations is a ``lax.scan``
+  (:func:`hdm_optax.driver.engine.scan_primitive`) and reverse mode goes through every
+  iteration, each under ``jax.checkpoint``: the derivative of the truncated run as it ran.
 
 Where the implicit rule's assumptions fail it says so, once per differentiated call, with
-an :class:`ImplicitGradientWarning` (``warnings.filterwarnings("error",
-category=hdm_optax.ImplicitGradientWarning)`` turns it into an error):
+an :class:`ImplicitGradientWarning`:
 
 - the run did not converge: the derivative is that of the stationarity condition at the
-  returned point (first-order accurate in its gradient norm), finite;
-- conjugate gradients met non-positive curvature (:math:`H_{FF}` singular or indefinite:
-  no minimiser, or not an isolated one): the derivative does not exist and is NaN (a
-  singular direction that the right-hand side does not reach is not seen: there the
-  minimum-norm solution is returned);
-- conjugate gradients used ``max_steps`` iterations before their tolerance: the
-  derivative is its last iterate, inexact.
+  returned point (first-order accurate in its gradient norm);
+- a variable lies on a bound with a zero gradient (strict complementarity fails): the
+  derivative is one-sided there (L-BFGS-B's projected gradient decides the side);
+- conjugate gradients met non-positive curvature (:math:`H_{FF}` singular or indefinite):
+  the derivative does not exist and is NaN;
+- conjugate gradients used ``max_steps`` iterations before their tolerance.
 """
 
 from __future__ import annotations
@@ -48,9 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax.driver import cache as cache_lib
-from hdm_optax.driver.results import Trace
-from hdm_optax.pieces import box as box_lib
+from hdm_optax.driver import engine
 from hdm_optax.pieces.lbfgs import bounded as bounded_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
@@ -60,8 +52,7 @@ __all__ = (
   "UnrolledAdjoint",
   "check_adjoint",
   "conjugate_gradient",
-  "differentiable_run",
-  "unrolled_run",
+  "implicit_solution",
 )
 
 
@@ -80,7 +71,7 @@ class ImplicitAdjoint(NamedTuple):
       float32).
     precondition: precondition conjugate gradients by the L-BFGS operator of the secant
       pairs in the final optimizer state (restricted to the free variables in a box),
-      where the state holds some (``trial_lbfgs``); no effect otherwise.
+      where the state holds some (``trial_lbfgs``).
 
   Examples:
     >>> import jax, jax.numpy as jnp, hdm_optax
@@ -91,6 +82,8 @@ class ImplicitAdjoint(NamedTuple):
     ...   return res.params[0]
     >>> round(float(jax.grad(g)(1.0)), 6)  # -1 / (1 + lam)^2
     -0.25
+    >>> round(float(jax.grad(jax.grad(g))(1.0)), 6)  # 2 / (1 + lam)^3
+    0.25
   """
 
   max_steps: int = 1000
@@ -101,10 +94,10 @@ class ImplicitAdjoint(NamedTuple):
 class UnrolledAdjoint(NamedTuple):
   """Derivatives through the iterations of a fixed-budget run (``lax.scan``).
 
-  The run makes ``max_steps`` iterations of the loop (those after the stopping rule held
-  leave the state unchanged, so the result is the ``while_loop``'s), as one ``lax.scan``
-  that reverse mode can enter. Memory: one loop state per iteration (the scan's carry;
-  with ``checkpoint`` each iteration's insides are recomputed in the backward pass).
+  The run makes ``max_steps`` iterations (those after the stop rule held leave the state
+  unchanged, so the result is the ``while_loop``'s) as one ``lax.scan`` that reverse mode
+  can enter. Memory: one loop state per iteration (with ``checkpoint``, each iteration's
+  insides are recomputed in the backward pass).
 
   Attributes:
     checkpoint: wrap each iteration in ``jax.checkpoint``.
@@ -157,13 +150,13 @@ def conjugate_gradient(matvec, b, precond=None, *, max_steps=1000, rtol=1e-10):
   Preconditioned conjugate gradients (Hestenes and Stiefel; Nocedal and Wright,
   Algorithm 5.3) from x = 0, stopped once :math:`\|r\|_2 \le` ``rtol`` :math:`\|b\|_2`,
   after ``max_steps`` iterations, or where :math:`p^T A p \le 0` (A is not positive
-  definite there: x is then NaN).
+  definite there: x is then NaN). ``jax.scipy.sparse.linalg.cg`` does not report the last
+  case, which decides whether a derivative exists.
 
   Args:
     matvec: :math:`v \mapsto A v`.
     b: the right-hand side, a pytree.
-    precond: :math:`v \mapsto M v` with M symmetric positive definite (M approximates
-      :math:`A^{-1}`), or ``None``.
+    precond: :math:`v \mapsto M v` with M symmetric positive definite, or ``None``.
     max_steps: iterations allowed.
     rtol: relative residual at which to stop.
 
@@ -182,12 +175,9 @@ def conjugate_gradient(matvec, b, precond=None, *, max_steps=1000, rtol=1e-10):
   precond = precond or (lambda v: v)
   dot = lambda u, v: optax.tree.vdot(u, v).real
   bb = dot(b, b)
-  dtype = bb.dtype
-  target = jnp.asarray(rtol, dtype) ** 2 * bb
+  target = jnp.asarray(rtol, bb.dtype) ** 2 * bb
   z = precond(b)
-  start = _CGState(
-    optax.tree.zeros_like(b), b, z, dot(b, z), jnp.asarray(0, jnp.int32), jnp.asarray(_CG_OK)
-  )
+  start = _CGState(optax.tree.zeros_like(b), b, z, dot(b, z), jnp.int32(0), jnp.int32(_CG_OK))
 
   def going(c):
     return (c.outcome == _CG_OK) & (dot(c.r, c.r) > target) & (c.steps < max_steps)
@@ -202,13 +192,12 @@ def conjugate_gradient(matvec, b, precond=None, *, max_steps=1000, rtol=1e-10):
     z = precond(r)
     rz = dot(r, z)
     p = optax.tree.add_scale(z, rz / jnp.where(c.rz == 0, 1, c.rz), c.p)
-    outcome = jnp.where(bent, _CG_CURVATURE, _CG_OK)
+    outcome = jnp.where(bent, _CG_CURVATURE, _CG_OK).astype(jnp.int32)
     return _CGState(x, r, p, rz, c.steps + 1, outcome)
 
   end = jax.lax.while_loop(going, step, start)
-  outcome = jnp.where(
-    (end.outcome == _CG_OK) & (dot(end.r, end.r) > target), _CG_MAX_STEPS, end.outcome
-  )
+  unfinished = (end.outcome == _CG_OK) & (dot(end.r, end.r) > target)
+  outcome = jnp.where(unfinished, _CG_MAX_STEPS, end.outcome)
   bad = outcome == _CG_CURVATURE
   x = jax.tree.map(lambda a: jnp.where(bad, jnp.asarray(jnp.nan, a.dtype), a), end.x)
   return x, end.steps, outcome
@@ -223,6 +212,12 @@ _WARNINGS = {
     "first order in ||grad f||. Raise max_steps or lower tol, or pass "
     "adjoint=hdm_optax.UnrolledAdjoint() for the derivative of the truncated run."
   ),
+  "degenerate": (
+    "{count} variable(s) lie within tol of a bound with a gradient within tol of zero (strict "
+    "complementarity fails): the derivative is not defined there, and a one-sided one is "
+    "returned (L-BFGS-B's projected gradient decides which side). Move the bound, or compare "
+    "with finite differences."
+  ),
   _CG_CURVATURE: (
     "the Hessian on the free variables is singular or indefinite at the returned point "
     "(conjugate gradients met non-positive curvature): the minimiser is not isolated, its "
@@ -236,29 +231,52 @@ _WARNINGS = {
 }
 
 
-def _warn(outcome, converged, status):
+def _warn(outcome, converged, status, degenerate):
   outcome, converged, status = np.asarray(outcome), np.asarray(converged), np.asarray(status)
   if not np.all(converged):
-    codes = sorted({int(c) for c in status[~converged].ravel()}) if status.ndim else [int(status)]
+    codes = sorted({int(c) for c in np.atleast_1d(status[~converged])})
     warnings.warn(_WARNINGS["unconverged"].format(status=codes), ImplicitGradientWarning)
+  if np.any(degenerate):
+    count = int(np.sum(degenerate))
+    warnings.warn(_WARNINGS["degenerate"].format(count=count), ImplicitGradientWarning)
   for code in (_CG_CURVATURE, _CG_MAX_STEPS):
     if np.any(outcome == code):
       warnings.warn(_WARNINGS[code], ImplicitGradientWarning)
-
-
-class _Facts(NamedTuple):
-  """What the rule needs of the run besides the point (no derivative flows through them)."""
-
-  box: Any
-  memory: Any
-  converged: jax.Array
-  status: jax.Array
 
 
 def _where_free(free, v, other):
   if free is None:
     return v
   return jax.tree.map(lambda f, a, o: jnp.where(f, a, o), free, v, other)
+
+
+def _active_set(box, x, grad, tol):
+  """``(free, degenerate)``: L-BFGS-B's projected gradient decides which variables are bound.
+
+  A variable is bound where the projected gradient step ends on a bound, ``x - g <= l``
+  with ``g > 0`` (or ``x - g >= u`` with ``g < 0``); it is degenerate where it lies within
+  ``tol`` of a bound with ``|g| <= tol`` (the side is then a matter of rounding).
+  """
+  if box is None:
+    return None, jnp.int32(0)
+
+  def leaf(lo, hi, xi, gi):
+    bound = ((xi - gi <= lo) & (gi > 0)) | ((xi - gi >= hi) & (gi < 0))
+    near = (jnp.abs(xi - lo) <= tol) | (jnp.abs(hi - xi) <= tol)
+    return ~bound, near & (jnp.abs(gi) <= tol)
+
+  pairs = jax.tree.map(leaf, box.lower, box.upper, x, grad)
+  free = jax.tree.map(lambda p: p[0], pairs, is_leaf=lambda p: isinstance(p, tuple))
+  odd = jax.tree.leaves(
+    jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple))
+  )
+  return free, sum(odd, jnp.int32(0))
+
+
+def _secant_memory(state) -> Optional[memory_lib.SecantMemory]:
+  is_memory = lambda leaf: isinstance(leaf, memory_lib.SecantMemory)
+  found = [leaf for leaf in jax.tree.leaves(state, is_leaf=is_memory) if is_memory(leaf)]
+  return found[0] if len(found) == 1 else None
 
 
 def _preconditioner(memory, free):
@@ -278,38 +296,28 @@ def _preconditioner(memory, free):
 
   def apply(v):
     zero = optax.tree.zeros_like(v)
-    return _where_free(
-      free, memory_lib.two_loop_recursion(memory, gamma, _where_free(free, v, zero)), v
-    )
+    inner = memory_lib.two_loop_recursion(memory, gamma, _where_free(free, v, zero))
+    return _where_free(free, inner, v)
 
   return apply
 
 
-def _cg_solver(adjoint: ImplicitAdjoint, precond, facts: _Facts, dtype):
-  rtol = adjoint.rtol if adjoint.rtol is not None else float(jnp.finfo(dtype).eps) ** 0.6
+def _zero_tangent(tree):
+  def zero(a):
+    if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
+      return jnp.zeros_like(a)
+    return np.zeros(np.shape(a), jax.dtypes.float0)
 
-  def solve(matvec, b):
-    x, _, outcome = conjugate_gradient(matvec, b, precond, max_steps=adjoint.max_steps, rtol=rtol)
-    jax.debug.callback(_warn, outcome, facts.converged, facts.status)
-    return x
-
-  return solve
+  return jax.tree.map(zero, tree)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1))
-def _implicit_point(adjoint, objective, x, value, theta, facts):
-  """``(x, value)``, differentiable in ``theta`` by the implicit function theorem."""
-  del adjoint, objective, theta, facts
-  return x, value
-
-
-@_implicit_point.defjvp
-def _implicit_point_jvp(adjoint, objective, primals, tangents):
-  x, value, theta, facts = primals
-  _, _, theta_dot, _ = tangents
+def _tangent_of(adjoint, objective, result, theta, theta_dot):
+  """``(x_dot, value_dot)`` of one solution by the implicit function theorem."""
+  x = result.params
   gradient = jax.grad(objective)
   grad_x = gradient(x, theta)
-  free = None if facts.box is None else box_lib.free_mask(facts.box, x, grad_x)
+  box = engine.box_of(result.state)
+  free, degenerate = _active_set(box, x, grad_x, result.tol)
   zero = optax.tree.zeros_like(x)
   # The right-hand side -(d/dtheta grad_x f) theta_dot, on the free variables.
   _, cross = jax.jvp(lambda th: gradient(x, th), (theta,), (theta_dot,))
@@ -319,122 +327,63 @@ def _implicit_point_jvp(adjoint, objective, primals, tangents):
     hv = jax.jvp(lambda y: gradient(y, theta), (x,), (_where_free(free, v, zero),))[1]
     return _where_free(free, hv, v)
 
-  precond = _preconditioner(facts.memory, free) if adjoint.precondition else None
+  memory = _secant_memory(result.state) if adjoint.precondition else None
+  precond = _preconditioner(jax.lax.stop_gradient(memory), free)
   dtype = jax.tree.leaves(x)[0].dtype
-  solver = _cg_solver(adjoint, precond, facts, dtype)
-  x_dot = jax.lax.custom_linear_solve(matvec, rhs, solver, symmetric=True)
+  rtol = adjoint.rtol if adjoint.rtol is not None else float(jnp.finfo(dtype).eps) ** 0.6
+
+  def solve(matvec, b):
+    x, _, outcome = conjugate_gradient(matvec, b, precond, max_steps=adjoint.max_steps, rtol=rtol)
+    jax.debug.callback(_warn, outcome, result.converged, result.status, degenerate)
+    return x
+
+  x_dot = jax.lax.custom_linear_solve(matvec, rhs, solve, symmetric=True)
   _, value_dot = jax.jvp(objective, (x, theta), (x_dot, theta_dot))
-  return (x, value), (x_dot, value_dot)
+  return x_dot, value_dot
 
 
-def _secant_memory(state) -> Optional[memory_lib.SecantMemory]:
-  found = [
-    leaf
-    for leaf in jax.tree.leaves(state, is_leaf=lambda a: isinstance(a, memory_lib.SecantMemory))
-    if isinstance(leaf, memory_lib.SecantMemory)
-  ]
-  return found[0] if len(found) == 1 else None
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def _solution(adjoint, run, objective, batched, theta, start):
+  del adjoint, objective, batched
+  return run(theta, start)
 
 
-def _implicit_run(adjoint, run, fun, has_aux, init_params, fun_args, init_state):
-  value_of = (lambda out: out[0]) if has_aux else (lambda out: out)
-  # Arrays that fun closes over become arguments (differentiable as fun_args are).
-  closed, consts = jax.closure_convert(lambda x, a: fun(x, *a), init_params, fun_args)
-  stop = jax.lax.stop_gradient
-  stopped = stop(consts)
-  result = run(
-    lambda x, *a: closed(x, a, *stopped),
-    stop(init_params),
-    stop(fun_args),
-    stop(init_state),
-  )
-  box = box_lib.held_box(result.state, cache_lib.cache_at_params(result.state))
-  facts = _Facts(box, _secant_memory(result.state), result.converged, result.status)
-  objective = lambda x, theta: value_of(closed(x, theta[0], *theta[1]))
-  params, value = _implicit_point(
-    adjoint, objective, result.params, result.value, (fun_args, list(consts)), facts
-  )
-  return result._replace(params=params, value=value)
+@_solution.defjvp
+def _solution_jvp(adjoint, run, objective, batched, primals, tangents):
+  theta, start = primals
+  theta_dot, _ = tangents
+  # Through the rule itself: the solution inside the tangent is differentiable again.
+  result = _solution(adjoint, run, objective, batched, theta, start)
+  tangent = functools.partial(_tangent_of, adjoint, objective)
+  if batched is None:
+    x_dot, value_dot = tangent(result, theta, theta_dot)
+  else:
+    x_dot, value_dot = jax.vmap(tangent, in_axes=(0, batched, batched))(result, theta, theta_dot)
+  zero = _zero_tangent(result)
+  return result, zero._replace(params=x_dot, value=value_dot)
 
 
-def differentiable_run(
-  adjoint,
-  run: Callable[..., Any],
-  unrolled: Callable[..., Any],
-  traced: bool,
-  fun,
-  has_aux,
-  init_params,
-  fun_args,
-  init_state,
+def implicit_solution(
+  adjoint: ImplicitAdjoint,
+  run: Callable[[Any, Any], Any],
+  objective: Callable[[Any, Any], jax.Array],
+  theta: Any,
+  start: Any,
+  batched: Optional[Any] = None,
 ):
-  """The run of ``solve``, differentiable as ``adjoint`` says.
+  """``run(theta, start)``, differentiable in ``theta`` by the implicit function theorem.
 
   Args:
-    adjoint: :class:`ImplicitAdjoint`, :class:`UnrolledAdjoint` or ``None`` (implicit).
-    run: ``run(fun, init_params, fun_args, init_state) -> SolveResult``, the
-      ``while_loop`` run.
-    unrolled: the same signature, the ``lax.scan`` run of :class:`UnrolledAdjoint`
-      (:func:`unrolled_run`).
-    traced: whether the call is inside a JAX trace (outside one nothing is differentiated
-      and ``run`` is called as it is).
-    fun: the objective.
-    has_aux: whether ``fun`` returns ``(value, aux)``.
-    init_params: x0.
-    fun_args: the objective's arguments.
-    init_state: the optimizer state to start from, or ``None``.
+    adjoint: the :class:`ImplicitAdjoint`.
+    run: ``run(theta, start) -> SolveResult`` (batched: one row per member).
+    objective: ``objective(x, theta) -> f`` of one member.
+    theta: what the objective depends on (the dynamic arguments).
+    start: what the run starts from (x0, a state): zero derivative.
+    batched: for a batch, the axes of ``theta``'s leaves over the members (``0`` or
+      ``None``, a pytree prefix as ``jax.vmap``'s ``in_axes``); ``None`` for one run.
 
   Returns:
-    The :class:`hdm_optax.SolveResult`, whose ``params`` and ``value`` carry the derivative.
+    The :class:`~hdm_optax.driver.results.SolveResult` whose ``params`` and ``value`` carry
+    the derivative.
   """
-  adjoint = check_adjoint(adjoint)
-  if isinstance(adjoint, UnrolledAdjoint):
-    return unrolled(fun, init_params, fun_args, init_state)
-  if not traced:
-    return run(fun, init_params, fun_args, init_state)
-  return _implicit_run(adjoint, run, fun, has_aux, init_params, fun_args, init_state)
-
-
-# --- the unrolled run --------------------------------------------------------------------
-
-
-def _unrolled(
-  adjoint, optimizer, fun, has_aux, max_steps, init_params, fun_args, limits, state, rtol
-):
-  from hdm_optax.driver import compiled  # pylint: disable=import-outside-toplevel
-
-  run, s, tol = compiled._start(  # pylint: disable=protected-access
-    optimizer, fun, fun_args, has_aux, limits, rtol, init_params, state
-  )
-
-  def body(s, _):
-    s = jax.lax.cond(run.done(s), lambda s: s, run.step, s)  # frozen once the rule held
-    return s, (s.value, s.grad_norm, s.accepted, s.num_grad_evals)
-
-  if adjoint.checkpoint:
-    body = jax.checkpoint(body)
-  end, entries = jax.lax.scan(body, s, length=max_steps)
-  first = (s.value, s.grad_norm, s.accepted, s.num_grad_evals)
-  trace = Trace(*(jnp.concatenate([a[None], b]) for a, b in zip(first, entries)))
-  return compiled._finish(run, end, trace, fun, fun_args, has_aux, tol)  # pylint: disable=protected-access
-
-
-_unrolled_jit = jax.jit(_unrolled, static_argnums=(0, 1, 2, 3, 4))
-
-
-def unrolled_run(adjoint, optimizer, has_aux, max_steps, traced, limits, rtol):
-  """``solve``'s run as a ``lax.scan`` of ``max_steps`` iterations (:class:`UnrolledAdjoint`).
-
-  Returns ``run(fun, init_params, fun_args, init_state) -> SolveResult``. An iteration after
-  the stopping rule held leaves the loop state as it is (a ``lax.cond``: reverse mode goes
-  through the iterations made; under ``vmap`` both branches run and the frozen ones get a
-  zero cotangent), so the result, counts and trace are those of the ``while_loop`` run.
-  Compiled once per configuration outside a trace, inline inside one.
-  """
-  scan = _unrolled if traced else _unrolled_jit
-
-  def run(fun, init_params, fun_args, init_state):
-    settings = (adjoint, optimizer, fun, bool(has_aux), max_steps)
-    return scan(*settings, init_params, fun_args, limits, init_state, rtol)
-
-  return run
+  return _solution(adjoint, run, objective, batched, theta, start)

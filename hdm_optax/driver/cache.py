@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.driver import closure
+from hdm_optax.driver import programs
 
 __all__ = (
   "cache_at_params",
@@ -163,7 +163,7 @@ def value_and_grad_from_state(
 
   def value_and_grad(params, *args, state):
     # The arrays fun reads from outside its arguments, as they are at this call.
-    closed, hoisted = closure.hoist(fun, params, args)
+    closed, hoisted = programs.hoist(fun, params, args)
     return compiled(closed, params, *hoisted, state=state)
 
   return value_and_grad

@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import optax
 
-from hdm_optax.driver import loops as loop_lib
+from hdm_optax.driver import engine
 
 __all__ = ("MinibatchStats", "minibatch_step")
 
@@ -90,7 +90,7 @@ def minibatch_step(
     )
 
   def step(params, state, batch):
-    run = loop_lib.loop(optimizer, loss_fn, fun_args=(batch,))
+    run = engine.loop(optimizer, loss_fn, fun_args=(batch,))
     s = run.start(params, state)
     params, state, _, calls = run.update(s)
     return params, state, MinibatchStats(loss=s.value, grad_evals=1 + calls)

@@ -23,7 +23,8 @@ except ImportError as err:
     "`pip install optimistix` or `pip install 'hdm_optax[bench]'`."
   ) from err
 
-from hdm_optax.driver import loops as loop_lib
+from hdm_optax.driver import engine
+from hdm_optax.driver import limits as limits_lib
 from hdm_optax.driver.results import Status
 
 __all__ = ("HDMMinimiser", "HDMMinimiserState")
@@ -38,7 +39,7 @@ class HDMMinimiserState(eqx.Module):
     tol: the stopping threshold, ``atol + rtol * norm(grad f(y0))``.
   """
 
-  loop: loop_lib.LoopState
+  loop: engine.LoopState
   grad_norm: jax.Array
   tol: jax.Array
 
@@ -152,7 +153,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
     for name, val in (("rtol", rtol), ("atol", atol)):
       if isinstance(val, (int, float)) and not 0 <= val < np.inf:
         raise ValueError(f"HDMMinimiser: {name} must be finite and >= 0, got {val}.")
-    loop_lib.check_limits(max_grad_evals=max_grad_evals)
+    limits_lib.check_limits(max_grad_evals=max_grad_evals)
     if not callable(norm):
       raise TypeError(f"HDMMinimiser: norm must be callable, got {type(norm).__name__}.")
     # Optax transformations are closures; as pytrees, arrays they close over
@@ -169,7 +170,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
     Its rule stops on a non-finite f or grad f and at the gradient-call
     budget; the tolerance (any norm, relative to y0's) is the minimiser's.
     """
-    return loop_lib.loop(
+    return engine.loop(
       self.optim, lambda y: fn(y, args)[0], tol=0.0, max_grad_evals=self.max_grad_evals
     )
 

@@ -6,8 +6,11 @@ import enum
 from typing import Any, NamedTuple, Union
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
+
+from hdm_optax import _common
 
 __all__ = (
   "MinimizeResult",
@@ -86,17 +89,22 @@ _RECENT_NULL_SHARE = 0.5
 _COLLAPSED_PRECOND = 1e-20
 
 
-def _stall_notes(status: Status, null_run: int, accepted, num_steps: int, precond) -> str:
-  """What a run that did not converge says about stalling (empty if nothing)."""
+def _stall_notes(status: Status, null_run: int, recent, precond, values=None) -> list:
+  """What a run that did not converge says about stalling (``recent``: the last updates'
+  accepted flags; ``values``: f after them)."""
   if status not in (Status.MAX_STEPS, Status.STALLED):
-    return ""
+    return []
   notes = []
+  if values is not None and values.size >= _RECENT_STEPS and np.all(values == values[0]):
+    notes.append(
+      f"f has not changed over the last {values.size} steps: the steps are below the "
+      "rounding of x (scale f or the variables, or raise the method's step size)"
+    )
   if status == Status.MAX_STEPS and null_run > 0:
     notes.append(
       f"the last {null_run} updates were null steps (the iterate did not move; "
       "max_null_steps= stops such a run early)"
     )
-  recent = np.asarray(accepted)[max(1, num_steps - _RECENT_STEPS + 1) : num_steps + 1]
   nulls = int(np.sum(~recent))
   if recent.size and nulls > _RECENT_NULL_SHARE * recent.size and nulls > null_run:
     notes.append(f"stalling: {nulls} of the last {recent.size} updates were null steps")
@@ -107,25 +115,46 @@ def _stall_notes(status: Status, null_run: int, accepted, num_steps: int, precon
         f"P has collapsed: {share:.0%} of its entries are <= {_COLLAPSED_PRECOND:g} "
         "(null steps shrank it; in float32 see docs/pitfalls.md)"
       )
-  return "".join(f"; {n}" for n in notes)
+  return notes
+
+
+def _non_finite_note(value, steps: int) -> str:
+  where = "at x0 (init_params, x0: check it for NaN or inf)" if steps == 0 else f"at step {steps}"
+  if not np.isfinite(value):
+    return f"f is not finite {where}"
+  return f"grad f is not finite {where}, where f is: check fun's derivative (sqrt or log at 0?)"
+
+
+def _huge_gradient_note(grad_norm, dtype) -> list:
+  """Gradients whose squares overflow: the methods' step sizes cannot be formed."""
+  big = np.sqrt(np.finfo(dtype).max) / 16
+  if not np.isfinite(grad_norm) or grad_norm < big:
+    return []
+  return [
+    f"||grad f|| is {grad_norm:.1e}, whose square overflows {np.dtype(dtype).name}: the step "
+    "sizes, which divide by it, cannot be formed; scale f down (divide it by a constant)"
+  ]
 
 
 class Trace(NamedTuple):
-  """Per-step record; entry 0 is the initial point, entry k follows step k.
+  """The last entries of a run, in step order (``trace=`` says how many are kept).
 
-  Entries after the last step repeat the final values.
+  Entry i follows step ``step[i]`` (0: the initial point). A run shorter than the trace
+  fills it with its final values after its last step (``accepted`` False there).
 
   Attributes:
     value: f(x^k).
-    grad_norm: ||grad f(x^k)||_inf.
-    accepted: whether step k moved the iterate (True for entry 0).
+    grad_norm: ||grad f(x^k)||_inf (the projected gradient's with a box).
+    accepted: the step rule accepted step k (True for entry 0).
     grad_evals: cumulative gradient evaluations after step k.
+    step: k, the step of each entry.
   """
 
   value: jax.Array
   grad_norm: jax.Array
   accepted: jax.Array
   grad_evals: jax.Array
+  step: Any = None
 
 
 class SolveResult(NamedTuple):
@@ -176,24 +205,39 @@ class SolveResult(NamedTuple):
     list for the batched results of :func:`hdm_optax.sweep`.
     """
     codes = np.asarray(self.status)
-    nulls = np.broadcast_to(np.asarray(self.null_run), codes.shape).ravel()
-    steps = np.broadcast_to(np.asarray(self.num_steps), codes.shape).ravel()
-    accepted = np.asarray(self.trace.accepted).reshape(codes.size, -1)
+    count = codes.size
+    each = lambda a: np.broadcast_to(np.asarray(a), codes.shape).ravel()
+    nulls, steps, value, gnorm = map(
+      each, (self.null_run, self.num_steps, self.value, self.grad_norm)
+    )
+    accepted = np.asarray(self.trace.accepted).reshape(count, -1)
+    trace_steps = np.asarray(self.trace.step).reshape(count, -1)
     leaves = [
       leaf
       for _, p in optax.tree.get_all_with_path(self.state, "precond")
       for leaf in jax.tree.leaves(p)
     ]
     precond = (
-      np.concatenate([np.asarray(p).reshape(codes.size, -1) for p in leaves], axis=1)
+      np.concatenate([np.asarray(p).reshape(count, -1) for p in leaves], axis=1)
       if leaves
-      else [None] * codes.size
+      else [None] * count
     )
-    messages = [
-      Status(int(code)).message
-      + _stall_notes(Status(int(code)), int(nulls[i]), accepted[i], int(steps[i]), precond[i])
-      for i, code in enumerate(codes.ravel())
-    ]
+    messages = []
+    for i, code in enumerate(codes.ravel()):
+      status, notes = Status(int(code)), []
+      window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
+      window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
+      values = np.asarray(self.trace.value).reshape(count, -1)[i][window]
+      notes += _stall_notes(status, int(nulls[i]), accepted[i][window], precond[i], values)
+      head = status.message
+      if status == Status.NON_FINITE:
+        head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
+      if status in (Status.MAX_STEPS, Status.STALLED):
+        notes += _huge_gradient_note(gnorm[i], value.dtype)
+        state_i = jax.tree.map(lambda a: np.asarray(a).reshape(count, -1)[i], self.state)
+        advice = _common.uphill_advice(state_i)
+        notes += [advice] if advice else []
+      messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages
 
 
@@ -265,14 +309,10 @@ class SweepResult(NamedTuple):
   best: int
 
 
-def best_index(results: SolveResult) -> int:
-  """Fewest steps among converged points, then lowest final value."""
-  steps = np.asarray(results.num_steps)
-  conv = np.asarray(results.converged)
-  value = np.asarray(results.value)
-  value = np.where(np.isfinite(value), value, np.inf)
-  if conv.any():
-    order = np.lexsort((value, np.where(conv, steps.astype(np.float64), np.inf)))
-  else:
-    order = np.lexsort((value,))
-  return int(order[0])
+def best_index(results: SolveResult) -> Any:
+  """Fewest steps among converged points, then lowest final value (an int; an array under
+  ``jax.jit``)."""
+  value = jnp.where(jnp.isfinite(results.value), results.value, jnp.inf)
+  steps = jnp.where(results.converged, results.num_steps, jnp.iinfo(jnp.int32).max)
+  best = jnp.lexsort((value, steps))[0]
+  return best if isinstance(best, jax.core.Tracer) else int(best)

@@ -12,13 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _common
-from hdm_optax.driver import closure
-from hdm_optax.driver import adjoint as adjoint_lib
-from hdm_optax.driver import loops as loop_lib
 from hdm_optax.driver import cache as cache_lib
-from hdm_optax.driver import compiled as solve_lib
 from hdm_optax.driver import objective as objective_lib
-from hdm_optax.driver import watch as watch_lib
+from hdm_optax.driver import solving
+from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
@@ -127,23 +124,6 @@ def _strong(x0, lower, upper, *tols):
   return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
 
 
-def _minimize(fun, method, max_steps, memory, watch, adjoint, x0, args, lower, upper, limits):
-  optimizer = METHODS[method](memory, lower=lower, upper=upper)
-  size = solve_lib._trace_size(max_steps)  # pylint: disable=protected-access
-
-  def run(fun, x0, args, init_state):
-    return solve_lib._solve(  # pylint: disable=protected-access
-      optimizer, fun, size, False, 1, x0, args, limits, init_state, 0.0, watch
-    )
-
-  # Differentiation (hdm_optax.driver.adjoint), as in solve: implicit or unrolled.
-  unrolled = adjoint_lib.unrolled_run(adjoint, optimizer, False, max_steps, True, limits, 0.0)
-  return adjoint_lib.differentiable_run(adjoint, run, unrolled, True, fun, False, x0, args, None)
-
-
-_minimize_jit = jax.jit(_minimize, static_argnums=(0, 1, 2, 3, 4, 5))
-
-
 def _method(method) -> str:
   if method is None:
     return "trial_lbfgs"
@@ -179,7 +159,7 @@ def _int_option(name, value, lower=1) -> int:
   ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
   if not ok or not value >= lower:
     raise ValueError(f"options {name} must be a number >= {lower}, got {value!r}.")
-  return int(math.ceil(value))
+  return int(min(math.ceil(value) if math.isfinite(value) else math.inf, np.iinfo(np.int32).max))
 
 
 def _options(options, tol, max_steps) -> dict:
@@ -211,7 +191,7 @@ def _options(options, tol, max_steps) -> dict:
     options["maxiter"] = max_steps
   merged = {**SCIPY_DEFAULTS, **options}
   for name in ("ftol", "gtol"):
-    loop_lib.check_tolerance(name, merged[name], f"SciPy's {name}", f"pass e.g. {name}=1e-8")
+    check_tolerance(name, merged[name], f"SciPy's {name}", f"pass e.g. {name}=1e-8")
   merged["maxiter"] = _int_option("maxiter", merged["maxiter"], 0)
   merged["maxfun"] = _int_option("maxfun", merged["maxfun"])
   merged["maxcor"] = _int_option("maxcor", merged["maxcor"])
@@ -287,8 +267,8 @@ class IntermediateResult(dict):
 def _check_nan(lower, upper) -> None:
   for name, side in (("lower", lower), ("upper", upper)):
     for leaf in jax.tree.leaves(side):
-      value = box_lib._concrete(leaf)  # pylint: disable=protected-access
-      if value is not None and np.any(np.isnan(value)):
+      concrete = not isinstance(leaf, jax.core.Tracer) and np.asarray(leaf).dtype.kind == "f"
+      if concrete and np.any(np.isnan(np.asarray(leaf))):
         raise ValueError(
           f"bounds' {name} contains NaN; use -inf / +inf (or None) for an open side."
         )
@@ -314,12 +294,11 @@ def _check_box(bounds, x0, lower, upper) -> None:
     raise type(error)(f"{read}: {error}") from None
 
 
-def _scipy_fields(res: SolveResult, objective, x0, traced) -> MinimizeResult:
+def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
   """``res`` with SciPy's fields; host values outside a trace."""
   grad = cache_lib.cache_at_params(res.state).grad
   size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
-  differences = objective.host and objective.jac is None
-  nfev = res.num_value_evals * (size + 1) if differences else res.num_value_evals
+  nfev = res.num_value_evals * (size + 1) if mode == "differences" else res.num_value_evals
   fields = dict(
     x=res.params,
     fun=res.value,
@@ -355,6 +334,10 @@ def minimize(
   max_steps: Optional[int] = None,
   progress: bool = False,
   adjoint: Any = None,
+  has_aux: bool = False,
+  rtol: Any = 0.0,
+  init_state: Any = None,
+  trace: Optional[int] = None,
 ) -> MinimizeResult:
   r"""Minimizes ``fun(x, *args)`` from ``x0``, within ``bounds``, as one compiled program.
 
@@ -449,20 +432,31 @@ def minimize(
   lower, upper = bounds_to_box(bounds, x0)
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
-  objective, args = objective_lib.objective(fun, jac, x0, args, opts.get("eps"))
+  objective, args, mode = objective_lib.objective(fun, jac, x0, args, opts.get("eps"), has_aux)
+  if has_aux and mode != "jax":
+    raise ValueError(
+      f"has_aux=True with jac={jac!r} is not offered (fun then returns the gradient, or runs "
+      "on the host): return the aux from a JAX fun with jac=None."
+    )
   own = lambda a: jnp.asarray(a, a.dtype) if getattr(a, "weak_type", False) else a
   args = jax.tree.map(own, tuple(args))
-  limits = loop_lib.check_limits(tol=gtol, max_grad_evals=opts["maxfun"], min_value=None)
-  limits = limits._replace(max_steps=jnp.asarray(opts["maxiter"], jnp.int32), ftol=ftol)
-  user = _SciPyCallback(callback) if callback is not None else None
-  watch = watch_lib.make_watch(user, progress, ftol=True)
-  traced = solve_lib._under_trace(x0, args, lower, upper, gtol)  # pylint: disable=protected-access
-  program = objective
-  if not traced and not objective.host:  # the arrays fun reads now enter as arguments
-    program, args = closure.hoist(objective, x0, args)
-  run = _minimize if traced else _minimize_jit
-  adjoint = adjoint_lib.check_adjoint(adjoint)
-  static = (program, method, opts["maxiter"], opts["maxcor"], watch, adjoint)
-  res = run(*static, x0, args, lower, upper, limits)
-  res = solve_lib._cut(res, opts["maxiter"])  # pylint: disable=protected-access
-  return _scipy_fields(res, objective, x0, traced)
+  res = solving.solve(
+    METHODS[method](opts["maxcor"], lower=lower, upper=upper),
+    objective,
+    x0,
+    fun_args=args,
+    max_steps=opts["maxiter"],
+    tol=gtol,
+    rtol=rtol,
+    ftol=ftol,
+    max_grad_evals=opts["maxfun"],
+    min_value=None,
+    has_aux=has_aux,
+    init_state=init_state,
+    callback=None if callback is None else _SciPyCallback(callback),
+    progress=progress,
+    adjoint=adjoint,
+    trace=trace,
+  )
+  traced = bool(solving.tracers((x0, args, lower, upper, gtol)))
+  return _scipy_fields(res, mode, x0, traced)

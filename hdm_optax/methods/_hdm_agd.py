@@ -233,7 +233,10 @@ def hdm_agd(
       value=jnp.where(accepted, best_value, value).astype(dtype),
       grad=new_grad,
       info=_common.next_info(
-        state.info, accepted=accepted, hypergrad_norm=_blocks.norm(hypergrad), calls=3
+        state.info,
+        accepted=accepted,
+        hypergrad_norm=_blocks.norm(hypergrad),
+        calls=3,
       ),
     )
     step = _common.keep_if(

@@ -38,7 +38,7 @@ def hdm_auto(
   beta_1 = 0.95, the curvature estimate L_hat and its denominator
   :math:`\|g\|^2 + \frac{\hat L^2}{4}\|x - x^-\|^2`, x^- <- x after every
   iteration), and four departures, each chosen on the development problems
-  (``docs/robust_default.md``). Where a quasi-Newton model is welcome,
+  (``docs/research/hdm_auto.md``). Where a quasi-Newton model is welcome,
   :func:`hdm_optax.trial_lbfgs` (also without arguments) solves more.
 
   - P is learned in log space (:func:`hdm_optax.pieces.learners.learn_log`): the
@@ -66,12 +66,12 @@ def hdm_auto(
     the values of distinct points near a minimizer coincide, or differ by
     the rounding of the sum that computes f, and a test on f alone then
     rejects trials at random; every rejection shrinks P, and P collapses
-    (``docs/robust_default.md``).
+    (``docs/pitfalls.md``; ``docs/research/hdm_auto.md``, *float32*).
 
   The trial step acts on the incoming ``updates`` u (grad f(x) when
   ``hdm_auto`` is first or alone in a chain): :math:`x^+ = x - P u + \beta
-  (x - x^-)`, so a clip or weight decay before it is honoured
-  (``docs/pitfalls.md``). A non-finite trial leaves the learners untouched and
+  (x - x^-)`, so a clip before it is honoured, while a term f does not contain (a weight
+  decay) stalls the run: put it in f (``docs/pitfalls.md``). A non-finite trial leaves the learners untouched and
   the next trial step is halved; once a damped trial is finite, P and beta
   continue from sP and s beta (as in :func:`hdm_optax.hdm_best`). The state
   is 4 vectors of n (P, U, x^-, the cached gradient) plus scalars;

@@ -17,10 +17,9 @@ from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
 
-# The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR:
-# of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100}),
-# this point solves the most of the 54 LIBSVM instances of Table 1 (40 of 54, also
-# when each dataset's point is chosen on the others; results/fidelity.txt).
+# The default eta_p = DEFAULT_PRECOND_LR_TIMES_L / L and eta_b = DEFAULT_MOMENTUM_LR: the
+# point of the paper's grid (eta_p L in {0.1, 1, 10, 100}, eta_b in {1, 3, 5, 10, 100})
+# chosen on Table 1's instances (docs/fidelity.md, "Choosing the defaults").
 DEFAULT_PRECOND_LR_TIMES_L = 100.0
 DEFAULT_MOMENTUM_LR = 1.0
 # AdaGrad's eps of P and beta, as the authors' code.

@@ -72,8 +72,11 @@ def trial_lbfgs(
   ``CONVERGED_IN_BOX``). The transformation must then be last in a chain. Without bounds the
   program is the unbounded one.
 
-  A clip or weight decay before it in a chain is honoured (it acts on u), while the pairs,
-  the acceptance test and the reported values stay those of f. The state is 2m + 1 vectors
+  A transformation before it in a chain acts on u, while the pairs, the acceptance test and
+  the reported values stay those of f: a clip (which scales u) is honoured, but a term f
+  does not contain, such as ``optax.add_decayed_weights``'s, makes trials that go down u
+  and up f, which are rejected (counted in ``info.num_uphill_trials``): put such a term in
+  f. The state is 2m + 1 vectors
   of n (the pairs and the cached gradient) plus O(m^2) scalars. A non-finite trial changes
   nothing but alpha.
 

@@ -273,8 +273,8 @@ def held_box(state, last) -> Optional[Box]:
     raise ValueError(
       "a transformation with bounds (lower=/upper=) must be the last one of the chain, and "
       "the only one with bounds: a later transformation changes its step and could move the "
-      "iterate out of the box. Put the bounded transformation last (clipping, weight decay "
-      "and the like go before it)."
+      "iterate out of the box. Put the bounded transformation last (a clip goes before it; "
+      "a weight decay goes into f)."
     )
   return held[0]
 

@@ -169,6 +169,19 @@ class Learned(NamedTuple):
   hypergrad_norm: Optional[jax.Array] = None
 
 
+def _uphill(seen: Evidence, updates, accepted) -> jax.Array:
+  """A rejected finite trial that went down the updates u but not down f.
+
+  Only where u is not grad f (a transformation before the method changed it): then
+  :math:`\\langle u, s\\rangle < 0 \\le \\langle \\nabla f(x), s\\rangle` says the step follows
+  a term f does not contain (:attr:`hdm_optax.HDMInfo.num_uphill_trials`).
+  """
+  if seen.slope is None:  # the merit is not f (HDM-HB's potential): no slope to compare
+    return jnp.asarray(False)
+  along_updates = optax.tree.vdot(updates, seen.step)
+  return ~accepted & seen.finite & (seen.slope >= 0) & (along_updates < 0)
+
+
 def _finite_gradient(state, trial: Trial, ctx: Context):
   del ctx
   return state, trial._replace(finite=trial.finite & _common.all_finite(trial.grad))
@@ -313,7 +326,8 @@ def iteration(
       step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
     )
     direction_state, trial = direction.observe(state.direction, trial, ctx)
-    verdict = step_rule.judge(state.rule, evidence(direction_state, trial, ctx))
+    seen = evidence(direction_state, trial, ctx)
+    verdict = step_rule.judge(state.rule, seen)
     accepted = verdict.accepted
     learned = direction.learn(direction_state, trial, verdict, ctx)
     hypergrad_norm = learned.hypergrad_norm
@@ -328,6 +342,7 @@ def iteration(
         accepted=accepted,
         hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
         calls=trial.calls,
+        uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not grad else False,
       ),
     )
     return _common.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _common
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
@@ -86,7 +87,12 @@ def free_scaling(free, step, change, full_scaling):
   """
   s_free, y_free = free_part(free, step), free_part(free, change)
   curvature = optax.tree.vdot(s_free, y_free)
-  scaling = curvature / jnp.where(curvature > 0, optax.tree.vdot(y_free, y_free), 1)
+  square = optax.tree.vdot(y_free, y_free)
+  # Where ||y_F||^2 overflows (gradients of 1e19 in float32), from the rescaled norm.
+  big = _common.scaled_norm(y_free, square)
+  scaling = jnp.where(
+    jnp.isfinite(square), curvature / jnp.where(curvature > 0, square, 1), curvature / big / big
+  )
   return jnp.where(curvature > 0, scaling, full_scaling).astype(jnp.result_type(full_scaling))
 
 

@@ -76,7 +76,7 @@ _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 def _first_gamma(updates) -> jax.Array:
   """:math:`\\min(1, 1/\\|u\\|)` (1 where u = 0), H_0's scale before a pair sets gamma."""
-  grad_norm = optax.tree.norm(updates)
+  grad_norm = _common.scaled_norm(updates)
   first = jnp.minimum(1, _common.safe_div(jnp.ones([], grad_norm.dtype), grad_norm))
   return jnp.where(grad_norm > 0, first, 1).astype(grad_norm.dtype)
 
@@ -210,7 +210,11 @@ def lbfgs_direction(
     c = lambda x: _common.cast(x, ctx.value.dtype)
     finite, (free, step, change, products) = trial.finite, trial.aux
     sy = products.sy
-    step_norm, change_norm = jnp.sqrt(products.ss), jnp.sqrt(products.yy)
+    # ||y|| and gamma = <s, y> / ||y||^2 where ||y||^2 overflows (gradients of 1e19 in
+    # float32) from the rescaled norm: a pair of such an f still enters the memory.
+    overflow = ~jnp.isfinite(products.yy)
+    step_norm = jnp.sqrt(products.ss)
+    change_norm = _common.scaled_norm(change, products.yy)
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     short = step_norm <= c(_RESOLUTION) * optax.tree.norm(_blocks.pack(ctx.params))
@@ -221,7 +225,11 @@ def lbfgs_direction(
     keep = finite & curved & ~lost & verdict.keep_pair
     memory = memory_lib.secant_record(state.memory, step, change, keep, sy=sy)
     memory = memory_lib.reset(memory, lost)
-    scaling = _common.safe_div(sy, products.yy)
+    scaling = jnp.where(
+      overflow,
+      _common.safe_div(_common.safe_div(sy, change_norm), change_norm),
+      _common.safe_div(sy, products.yy),
+    )
     if free is not None:  # the scale of H on the free variables the step was taken on
       scaling = bounded.free_scaling(free, step, change, scaling)
     gamma = jnp.where(keep & verdict.accepted, scaling, state.gamma)

@@ -645,6 +645,12 @@ def _pair_sums(a, b) -> jax.Array:
   )
 
 
+def _pair_norms(stacked) -> jax.Array:
+  """The Euclidean norm of each pair of stacked blocks (leading axis m), without overflow."""
+  rows = jnp.concatenate([leaf.reshape(leaf.shape[0], -1) for leaf in stacked], axis=1)
+  return jax.vmap(_common.scaled_norm)(rows)
+
+
 def restricted_memory(memory: SecantMemory, free, pair_tol=1e-10) -> SecantMemory:
   r"""The secant pairs restricted to the free variables: :math:`(s_F, y_F)`.
 
@@ -679,7 +685,14 @@ def restricted_memory(memory: SecantMemory, free, pair_tol=1e-10) -> SecantMemor
   s, y = mask(memory.s), mask(memory.y)
   sy, ss, yy = _pair_sums(s, y), _pair_sums(s, s), _pair_sums(y, y)
   tol = jnp.asarray(pair_tol, sy.dtype)
-  keep = (memory.rho != 0) & (sy > tol * jnp.sqrt(ss * yy))
+  size = jnp.sqrt(ss * yy)
+  # Where ||s_F||^2 ||y_F||^2 overflows (gradients of 1e19 in float32): the norms apart.
+  size = jax.lax.cond(
+    jnp.all(jnp.isfinite(size)),
+    lambda: size,
+    lambda: jnp.where(jnp.isfinite(size), size, _pair_norms(s) * _pair_norms(y)),
+  )
+  keep = (memory.rho != 0) & (sy > tol * size)
   rho = jnp.where(keep, 1 / jnp.where(keep, sy, 1), 0).astype(memory.rho.dtype)
   return memory._replace(s=s, y=y, rho=rho)
 

@@ -1,0 +1,642 @@
+"""``solve_batch`` and ``sweep``: many problems, or a grid of settings, as one program.
+
+Both run the engine's batched loop (:func:`hdm_optax.driver.engine.run_batch`): every
+member runs the loop of :func:`hdm_optax.solve`, and once three quarters of a stage have
+stopped, the members still running go on as a batch a quarter the size. With ``devices=``
+the members are spread over the devices (``jax.shard_map``), each device retiring its own
+finished members.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import numbers
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hdm_optax import _common
+from hdm_optax.driver import adjoint as adjoint_lib
+from hdm_optax.driver import engine
+from hdm_optax.driver import hooks
+from hdm_optax.driver import programs
+from hdm_optax.driver import solving
+from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
+from hdm_optax.driver.limits import check_limits
+from hdm_optax.driver.results import SolveResult
+from hdm_optax.driver.results import SweepResult
+from hdm_optax.driver.results import best_index
+
+__all__ = ("solve_batch", "sweep")
+
+_AXIS = "members"
+
+
+class _Problems(NamedTuple):
+  """The problems of a batch: ``(init_params, fun_args)``, mapped leaves on axis 0."""
+
+  tree: Any
+  mapped: tuple  # per leaf of tree: on the batch axis
+  count: int  # 1 when nothing is mapped
+
+
+def _problems(init_params, fun_args: tuple, in_axes) -> _Problems:
+  if not (isinstance(in_axes, (tuple, list)) and len(in_axes) == 2):
+    raise ValueError(
+      "in_axes must be a pair (axes of init_params, axes of fun_args), each an int, None "
+      f"or a pytree prefix as in jax.vmap, got {in_axes!r}; e.g. in_axes=(None, (None, 0))"
+    )
+  tree, none = (init_params, fun_args), lambda x: x is None
+  try:
+    axes = jax.tree.flatten(jax.tree.broadcast(tuple(in_axes), tree, is_leaf=none), is_leaf=none)[0]
+  except ValueError:
+    raise ValueError(
+      f"in_axes must be a pytree prefix of (init_params, fun_args) with ints or None at its "
+      f"leaves (as jax.vmap's), got {in_axes!r} for {jax.tree.structure(tree)}"
+    ) from None
+  leaves, treedef = jax.tree.flatten(tree)
+  out, sizes = [], set()
+  for leaf, axis in zip(leaves, axes):
+    if axis is not None:
+      leaf = jnp.asarray(leaf)
+      if not isinstance(axis, int) or not -leaf.ndim <= axis < leaf.ndim:
+        raise ValueError(f"in_axes: axis {axis!r} for a leaf of shape {leaf.shape}")
+      sizes.add(leaf.shape[axis])
+      leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
+    out.append(leaf)
+  if len(sizes) > 1:
+    raise ValueError(
+      f"in_axes: the mapped axes of init_params and fun_args must have one size (the number "
+      f"of problems), got sizes {sorted(sizes)}"
+    )
+  mapped = tuple(a is not None for a in axes)
+  return _Problems(jax.tree.unflatten(treedef, out), mapped, sizes.pop() if sizes else 1)
+
+
+# --- the grid of settings ----------------------------------------------------------------
+
+
+def _grid_points(grid):
+  if isinstance(grid, Mapping):
+    names = list(grid)
+    points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
+  else:
+    points = [dict(p) for p in grid]
+    names = list(points[0]) if points else []
+    if any(set(p) != set(names) for p in points):
+      raise ValueError("every grid point must have the same keys")
+  if not points:
+    raise ValueError("grid is empty")
+  return names, points
+
+
+def _column(name, values, float_dtype) -> jax.Array:
+  """A grid column: floats in the params' dtype, ints and bools in their own, arrays as given."""
+  if all(isinstance(v, (bool, np.bool_)) for v in values):
+    return jnp.asarray(values, bool)
+  if all(isinstance(v, (numbers.Integral, np.integer)) for v in values):
+    return jnp.asarray(values)
+  if all(isinstance(v, numbers.Real) and not hasattr(v, "dtype") for v in values):
+    return jnp.asarray(values, float_dtype)
+  column = jnp.asarray(values)
+  if column.ndim != 1:
+    raise ValueError(f"grid values of {name!r} must be scalars, got shape {column.shape[1:]}")
+  return column
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (numbers.Number, np.generic, np.ndarray, jax.Array))
+
+
+def _static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
+  """The settings held static: non-numbers, and integers a trace cannot build (a memory size)."""
+
+  def builds(traced):
+    try:
+      jax.eval_shape(lambda v: make_optimizer(**{**points[0], **v}).init(params), traced)
+    except Exception:  # pylint: disable=broad-except  # any failure: held static
+      return False
+    return True
+
+  held = [n for n in names if not all(_is_number(p[n]) for p in points)]
+  traced = {n: _column(n, [p[n] for p in points], float_dtype)[0] for n in names if n not in held}
+  for name in [n for n in traced if all(isinstance(p[n], numbers.Integral) for p in points)]:
+    if builds(traced):
+      break
+    rest = {n: v for n, v in traced.items() if n != name}
+    if builds(rest):
+      traced, held = rest, held + [name]
+  return tuple(held)
+
+
+def _plain(value):
+  return value.item() if isinstance(value, np.generic) else value
+
+
+class _Maker:
+  """How a member's optimizer is built inside the program (static).
+
+  ``make_optimizer(**settings, **columns)`` for a sweep (keyed on what ``make_optimizer``
+  computes), or a given optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey`.
+  """
+
+  def __init__(self, make_optimizer, settings, key):
+    self.make_optimizer, self.settings, self.optimizer_key = make_optimizer, settings, key
+    self._key = (key, programs.fingerprint((make_optimizer, settings)))
+
+  def build(self, arrays, columns):
+    if self.optimizer_key is not None:
+      return self.optimizer_key.build(arrays)
+    return self.make_optimizer(**dict(self.settings), **columns)
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, _Maker) and other._key == self._key
+
+
+class _Plan(NamedTuple):
+  """The static shape of a batch program.
+
+  Attributes:
+    sizes: the stage sizes (of the members on one device).
+    mapped: per leaf of ``(init_params, theta)``: on the batch axis (``theta``: the dynamic
+      arguments of the objective, its closed-over arrays last).
+    theta_def: the structure of ``theta``.
+    in_order: the members are the problems in order (no gather).
+    stop_at_first_converged: end every member once one converged.
+    devices: the devices the members are spread over, or ``None``.
+    unrolled_steps: the scan's length under :class:`UnrolledAdjoint`.
+  """
+
+  sizes: tuple
+  mapped: tuple
+  theta_def: Any
+  in_order: bool
+  stop_at_first_converged: bool
+  devices: Optional[tuple]
+  unrolled_steps: int
+
+
+def _batch_entry(
+  maker, closed, program, plan, adjoint, handle, arrays, columns, pid, data, state, limits
+):
+  """One batch program; members are (columns, problem ``pid``) and ``data`` the problems."""
+  count, params = pid.shape[0], len(jax.tree.leaves(data[0]))
+  leaves, treedef = jax.tree.flatten(data)
+  for i, (a, m) in enumerate(zip(leaves, plan.mapped)):
+    if m:  # a problem's data, gathered for its members
+      leaves[i] = a if plan.in_order else a[pid]
+    elif i < params:  # a shared start: one row per member
+      leaves[i] = jnp.broadcast_to(a, (count,) + jnp.shape(a))
+  x0, theta = jax.tree.unflatten(treedef, leaves)
+  theta_mapped = plan.mapped[params:]
+
+  def run(theta, rest):  # every traced value enters as an argument (none is closed over)
+    x0, state, arrays, columns, limits, handle = rest
+    flat = jax.tree.leaves(theta)
+    member_rows = [x for x, m in zip(flat, theta_mapped) if m]
+
+    def make(member):
+      settings, mine = member
+      given = iter(mine)
+      mixed = [next(given) if m else x for x, m in zip(flat, theta_mapped)]
+      fun = lambda p: closed(p, *jax.tree.unflatten(plan.theta_def, mixed))
+      optimizer = maker.build(arrays, settings)
+      return engine.make_loop(optimizer, fun, limits, program.has_aux, program.ftol), fun
+
+    members = (columns, member_rows)
+    if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
+      return _run_members(make, program, plan, members, x0, state, handle)
+    primitive = engine.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
+
+    def one(member, x, s):
+      loop_, fun = make(member)
+      return engine.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
+
+    return jax.vmap(one, in_axes=(0, 0, None if state is None else 0))(members, x0, state)
+
+  rest = (x0, state, arrays, columns, limits, handle)
+  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
+    return run(theta, rest)
+  objective = lambda x, th: _value(closed(x, *th), program.has_aux)
+  axes = jax.tree.unflatten(plan.theta_def, [0 if m else None for m in theta_mapped])
+  return adjoint_lib.implicit_solution(adjoint, run, objective, theta, rest, axes)
+
+
+_batch_entry.num_statics = 5
+
+
+def _value(out, has_aux):
+  return out[0] if has_aux else out
+
+
+def _run_members(make, program, plan, members, params, opt_state, handle):
+  """The staged batch, on one device or spread over ``plan.devices``."""
+  run = functools.partial(
+    engine.run_batch,
+    make,
+    program,
+    handle=handle,
+    sizes=plan.sizes,
+    stop_at_first_converged=plan.stop_at_first_converged,
+  )
+  if plan.devices is None:
+    return run(members, params, opt_state)
+  spec = jax.sharding.PartitionSpec(_AXIS)
+
+  def local(members, params, opt_state):
+    offset = jax.lax.axis_index(_AXIS) * plan.sizes[0]
+    return run(members, params, opt_state, first_member=offset)
+
+  return jax.shard_map(
+    local,
+    mesh=jax.sharding.Mesh(np.asarray(plan.devices), (_AXIS,)),
+    in_specs=(spec, spec, None if opt_state is None else spec),
+    out_specs=spec,
+    check_vma=False,
+  )(members, params, opt_state)
+
+
+def _check(batched_call, adjoint, compact, devices, stop_at_first, callback, progress):
+  """A combination a batch does not offer: a ValueError that names it."""
+  refusals = [
+    (
+      batched_call,
+      "sweep and solve_batch under jax.vmap are not offered (they batch "
+      "already): put the vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap.",
+    ),
+    (
+      isinstance(adjoint, adjoint_lib.UnrolledAdjoint) and compact,
+      "UnrolledAdjoint with "
+      "compact=True is not offered: retiring members needs while loops, which reverse mode "
+      "cannot enter. Pass compact=False (a lockstep scan) or the default ImplicitAdjoint.",
+    ),
+    (
+      devices is not None and stop_at_first,
+      "stop_at_first_converged with devices= is not "
+      "offered: each device runs its members on its own. Drop one of them.",
+    ),
+    (
+      devices is not None and (callback is not None or progress),
+      "callback= and progress= "
+      "with devices= are not offered: each device would call the host on its own, step by "
+      "step. Drop devices= to watch the run, or the watch.",
+    ),
+  ]
+  for refused, message in refusals:
+    if refused:
+      raise ValueError(message)
+
+
+def _devices(devices) -> Optional[tuple]:
+  if devices is None:
+    return None
+  if isinstance(devices, jax.sharding.Mesh):
+    devices = devices.devices.ravel().tolist()
+  devices = tuple(devices)
+  if not devices or not all(isinstance(d, jax.Device) for d in devices):
+    raise ValueError(
+      f"devices must be None, a jax.sharding.Mesh or a sequence of jax.Device, got {devices!r}"
+      "; e.g. devices=jax.devices()."
+    )
+  return devices
+
+
+def _combine(parts: list) -> SolveResult:
+  """The results of several programs in member order (states of other shapes as a list)."""
+  if len(parts) == 1:
+    return parts[0][1]
+  order = np.argsort(np.concatenate([i for i, _ in parts]), kind="stable")
+  results = [r for _, r in parts]
+
+  def stacked(trees):
+    shapes = [(jax.tree.structure(t), [np.shape(x)[1:] for x in jax.tree.leaves(t)]) for t in trees]
+    if any(s != shapes[0] for s in shapes):
+      return None
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs)[order], *trees)
+
+  fields = {f: stacked([getattr(r, f) for r in results]) for f in SolveResult._fields}
+  if fields["state"] is None:
+    each = [
+      jax.tree.map(lambda x, k=k: x[k], r.state) for r in results for k in range(len(r.value))
+    ]
+    fields["state"] = [each[i] for i in order]
+  return SolveResult(**fields)
+
+
+def _run(*, make_optimizer, optimizer, grid, fun, problems: _Problems, limits, **kw):
+  """The members, every point of ``grid`` on every problem, run one program per setting held
+  static (``optimizer``: the one given to ``solve_batch``)."""
+  names, points = _grid_points(grid)
+  leaves, treedef = jax.tree.flatten(problems.tree)
+  params_one, args_one = jax.tree.unflatten(
+    treedef, [a[0] if m else a for a, m in zip(leaves, problems.mapped)]
+  )
+  dtype = _common.params_dtype(params_one)
+  static = () if optimizer else _static_names(make_optimizer, names, points, params_one, dtype)
+  if problems.count > 1:
+    if "problem" in names:
+      raise ValueError('with in_axes every point gets the key "problem": rename that setting')
+    points = [dict(p, problem=b) for p in points for b in range(problems.count)]
+  pid = np.tile(np.arange(problems.count, dtype=np.int32), len(points) // problems.count)
+  closed, theta = programs.hoist(fun, params_one, args_one)
+  args_mapped = problems.mapped[len(jax.tree.leaves(problems.tree[0])) :]
+  args = jax.tree.leaves(problems.tree[1])
+  if any(m and not programs.is_dynamic(x) for x, m in zip(args, args_mapped)):
+    raise ValueError("in_axes maps a leaf of fun_args that is not an array; map arrays only.")
+  theta_mapped = [m for x, m in zip(args, args_mapped) if programs.is_dynamic(x)]
+  theta = (*[x for x in args if programs.is_dynamic(x)], theta[-1])
+  mapped = tuple(problems.mapped[: len(jax.tree.leaves(problems.tree[0]))]) + tuple(theta_mapped)
+  mapped += (False,) * len(theta[-1])
+  hook = hooks.check_hook(kw["callback"], kw["progress"], len(points))
+  trace = 0 if kw["trace"] is None else kw["trace"]
+  program = engine.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
+  traced = bool(solving.tracers((problems.tree, limits)))
+  groups: dict = {}
+  for i, point in enumerate(points):
+    groups.setdefault(tuple((n, _plain(point[n])) for n in static), []).append(i)
+  parts = []
+  for settings, indices in groups.items():
+    indices = np.asarray(indices)
+    key, arrays = programs.split_optimizer(optimizer) if optimizer else (None, [])
+    maker = _Maker(make_optimizer, settings, key)
+    columns = {
+      n: _column(n, [points[i][n] for i in indices], dtype) for n in names if n not in static
+    }
+    plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
+    part = _run_part(
+      maker,
+      arrays,
+      columns,
+      indices,
+      pid[indices],
+      closed,
+      program,
+      problems,
+      theta,
+      limits,
+      plan,
+      traced,
+    )
+    parts.append((indices, part))
+  return points, _combine(parts)
+
+
+def _run_part(
+  maker, arrays, columns, indices, pid, closed, program, problems, theta, limits, kw, traced
+):
+  """One program: the members ``indices`` (problems ``pid``), padded to the devices."""
+  count, devices = len(pid), kw["devices"]
+  padded = count if devices is None else -(-count // len(devices)) * len(devices)
+
+  def pad(a):
+    a = jnp.asarray(a)
+    return jnp.concatenate([a, jnp.repeat(a[-1:], padded - count, axis=0)]) if padded > count else a
+
+  state = kw["init_state"]
+  state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
+  plan = _Plan(
+    sizes=engine.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
+    mapped=kw["mapped"],
+    theta_def=kw["theta_def"],
+    in_order=devices is None
+    and problems.count > 1
+    and np.array_equal(pid, np.arange(problems.count)),
+    stop_at_first_converged=kw["stop_at_first_converged"],
+    devices=devices,
+    unrolled_steps=int(kw["max_steps"]),
+  )
+  statics = (maker, closed, program, plan, kw["adjoint"])
+  data = (problems.tree[0], theta)
+  dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), data, state, limits)
+  result = solving.call(
+    _batch_entry, statics, dynamic, callback=kw["callback"], progress=kw["progress"], traced=traced
+  )
+  result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
+  return solving.cut_trace(result, min(kw["trace"] or 0, int(kw["max_steps"]) + 1))
+
+
+def _checked_run(*, problems, limits, **kw):
+  """What sweep and solve_batch share: the options checked, the refusals, the run."""
+  kw.update(adjoint=adjoint_lib.check_adjoint(kw["adjoint"]), devices=_devices(kw["devices"]))
+  batched = any(map(solving.is_batched, solving.tracers((problems.tree, limits))))
+  _check(
+    batched,
+    kw["adjoint"],
+    kw["compact"],
+    kw["devices"],
+    kw["stop_at_first_converged"],
+    kw["callback"],
+    kw["progress"],
+  )
+  return _run(problems=problems, limits=limits, **kw)
+
+
+def sweep(
+  make_optimizer: Callable[..., optax.GradientTransformation],
+  grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
+  fun: Callable[..., Any],
+  init_params: Any,
+  *,
+  max_steps: int = DEFAULT_MAX_STEPS,
+  tol: Any = 1e-4,
+  rtol: Any = 0.0,
+  ftol: Any = 0.0,
+  fun_args: Sequence[Any] = (),
+  in_axes: Any = (None, None),
+  max_grad_evals: Optional[int] = None,
+  max_null_steps: Optional[int] = None,
+  min_value: Optional[float] = -1e20,
+  has_aux: bool = False,
+  stop_at_first_converged: bool = False,
+  compact: bool = False,
+  callback: Optional[Callable[[hooks.Snapshot], Any]] = None,
+  progress: bool = False,
+  init_state: Any = None,
+  adjoint: Any = None,
+  trace: Optional[int] = None,
+  devices: Any = None,
+) -> SweepResult:
+  """Solves once per grid point (and per problem of a batch), all in one compiled program.
+
+  Each point runs the loop of :func:`hdm_optax.solve` with ``make_optimizer(**point)``. The
+  points run in lockstep until every one has stopped, or, with ``stop_at_first_converged``,
+  until the first one converges (the others stop with status ``STOPPED``). With ``compact``
+  the members still running move to a batch a quarter the size once three quarters of a
+  stage have stopped (:func:`solve_batch`). A setting that cannot be traced (a string, or an
+  integer that sizes the state, such as ``trial_lbfgs``'s ``memory_size``) gets a program of
+  its own per value; the results come back in the grid's order. The cache policy is
+  :func:`hdm_optax.solve`'s (``make_optimizer`` is compared by what it computes).
+
+  Args:
+    make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric settings
+      arrive as traced scalars (Python floats in the params' dtype).
+    grid: keyword -> list of values (their Cartesian product, row-major), or a list of
+      points (dicts with the same keys).
+    fun: the objective, as in :func:`hdm_optax.solve`.
+    init_params: the starting point (of every problem, unless ``in_axes`` maps it).
+    max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, has_aux: as in
+      :func:`hdm_optax.solve`, for every point.
+    fun_args: as in :func:`hdm_optax.solve`.
+    in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s: mapped axes (of one size B)
+      make B problems, and every point runs on every problem (``len(points) == len(grid) *
+      B``, grid-major, each point with its ``"problem"`` index).
+    stop_at_first_converged: stop every point once one has converged.
+    compact: retire stopped members (stages of a quarter the size).
+    callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step.
+    progress: one line for the batch on stderr.
+    init_state: the points' optimizer states to resume (a leading axis of ``len(points)``).
+    adjoint: as in :func:`hdm_optax.solve` (:class:`UnrolledAdjoint` needs ``compact=False``).
+    trace: keep the last ``trace`` entries of each run (default: none).
+    devices: spread the points over these devices (a sequence of ``jax.Device`` or a
+      ``jax.sharding.Mesh``); each device retires its own finished points.
+
+  Returns:
+    A :class:`SweepResult`.
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
+    >>> out = hdm_optax.sweep(
+    ...     lambda precond_lr, momentum_lr: hdm_optax.hdm_best(
+    ...         lipschitz=20.0, precond_lr=precond_lr, momentum_lr=momentum_lr),
+    ...     {"precond_lr": [0.05, 0.5], "momentum_lr": [1.0, 3.0]},
+    ...     fun, jnp.ones(2), max_steps=300)
+    >>> len(out.points), out.results.num_steps.shape
+    (4, (4,))
+  """
+  problems = _problems(init_params, tuple(fun_args), in_axes)
+  if stop_at_first_converged and problems.count > 1:
+    raise ValueError(
+      "stop_at_first_converged stops every point once one converged, but with in_axes the "
+      f"points solve {problems.count} different problems; sweep one problem at a time, or "
+      "drop stop_at_first_converged."
+    )
+  limits = check_limits(
+    tol=tol,
+    rtol=rtol,
+    ftol=ftol,
+    max_steps=max_steps,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  points, results = _checked_run(
+    make_optimizer=make_optimizer,
+    optimizer=None,
+    grid=grid,
+    fun=fun,
+    problems=problems,
+    limits=limits,
+    **_options(locals()),
+  )
+  return SweepResult(points=points, results=results, best=best_index(results))
+
+
+def solve_batch(
+  optimizer: optax.GradientTransformation,
+  fun: Callable[..., Any],
+  init_params: Any,
+  *,
+  fun_args: Sequence[Any] = (),
+  in_axes: Any = (0, 0),
+  compact: bool = True,
+  max_steps: int = DEFAULT_MAX_STEPS,
+  tol: Any = 1e-4,
+  rtol: Any = 0.0,
+  ftol: Any = 0.0,
+  max_grad_evals: Optional[int] = None,
+  max_null_steps: Optional[int] = None,
+  min_value: Optional[float] = -1e20,
+  has_aux: bool = False,
+  callback: Optional[Callable[[hooks.Snapshot], Any]] = None,
+  progress: bool = False,
+  init_state: Any = None,
+  adjoint: Any = None,
+  trace: Optional[int] = None,
+  devices: Any = None,
+) -> SolveResult:
+  """Solves a batch of problems in one compiled call, retiring the members that have stopped.
+
+  ``jax.jit(jax.vmap(solve))`` runs every member in lockstep until the slowest one stops.
+  Here, once at most a quarter of the batch is still running, the running members move to a
+  batch a quarter the size (B, B/4, ..., down to 1, or to 16 for more than 64 members; each
+  stage is one more loop in the program, so it compiles longer than the lockstep one). Each
+  member runs the loop of :func:`hdm_optax.solve`. With ``devices`` the members are spread
+  over the devices (``jax.shard_map``), each retiring its own.
+
+  Args:
+    optimizer: the optax transformation, as in :func:`hdm_optax.solve`.
+    fun: the objective, as in :func:`hdm_optax.solve`.
+    init_params: the starting points (or one, shared: ``in_axes=(None, ...)``).
+    fun_args: as in :func:`hdm_optax.solve`; the problems' data.
+    in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s; the mapped axes (of one
+      size B) are the batch. Default: both on axis 0.
+    compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``).
+    max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, has_aux: as in
+      :func:`hdm_optax.solve`, for every member.
+    callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step.
+    progress: one line for the batch on stderr.
+    init_state: the members' optimizer states to resume (leading axis B).
+    adjoint: as in :func:`hdm_optax.solve` (:class:`UnrolledAdjoint` needs ``compact=False``).
+    trace: keep the last ``trace`` entries of each run (default: none).
+    devices: spread the members over these devices (a sequence of ``jax.Device`` or a
+      ``jax.sharding.Mesh``).
+
+  Returns:
+    A :class:`SolveResult` whose leaves have a leading axis of B, in the batch's order.
+
+  Raises:
+    ValueError: ``in_axes`` maps nothing or axes of different sizes; a combination not
+      offered (named in the message).
+
+  Examples:
+    >>> import jax.numpy as jnp, hdm_optax
+    >>> scales = jnp.array([[1.0, 10.0], [1.0, 1e4], [1.0, 2.0]])
+    >>> fun = lambda x, d: jnp.sum(d * (x - 1.0) ** 2)
+    >>> out = hdm_optax.solve_batch(
+    ...     hdm_optax.trial_lbfgs(), fun, jnp.zeros(2), fun_args=(scales,), in_axes=(None, 0))
+    >>> out.converged.tolist(), out.params.shape
+    ([True, True, True], (3, 2))
+  """
+  problems = _problems(init_params, tuple(fun_args), in_axes)
+  if not any(problems.mapped):
+    raise ValueError(
+      f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
+      "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
+    )
+  limits = check_limits(
+    tol=tol,
+    rtol=rtol,
+    ftol=ftol,
+    max_steps=max_steps,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  options = _options(locals())
+  options.update(stop_at_first_converged=False)
+  return _checked_run(
+    make_optimizer=None,
+    optimizer=optimizer,
+    grid=[{}],
+    fun=fun,
+    problems=problems,
+    limits=limits,
+    **options,
+  )[1]
+
+
+_OPTIONS = ("max_steps", "has_aux", "compact", "stop_at_first_converged", "callback")
+_OPTIONS += ("progress", "init_state", "adjoint", "trace", "devices")
+
+
+def _options(arguments: dict) -> dict:
+  """The options of a front door's arguments that the run takes as they are."""
+  return {name: arguments.get(name) for name in _OPTIONS}

@@ -1,0 +1,682 @@
+r"""The one loop every driver runs: ``start``, ``step``, one stop rule, one trace, one hook.
+
+:func:`loop` builds the core iteration of a problem as three pure functions (a
+:class:`Loop`): ``start(params)`` evaluates f and grad f at the first point, ``step(s)``
+makes one optimizer update and leaves f and grad f at the new params in the
+:class:`LoopState`, and :func:`judge` (the one stop rule) writes the run's status into the
+state at both. Every driver runs this loop:
+
+- :func:`run` runs it to its end with a *primitive* (:func:`while_primitive`,
+  :func:`blocks_primitive`, :func:`scan_primitive` for reverse-mode differentiation), recording
+  the :class:`~hdm_optax.driver.results.Trace` and calling the watch hook
+  (:mod:`hdm_optax.driver.hooks`) after every step;
+- :func:`run_batch` runs a batch of problems in stages that retire finished members;
+- a user runs :func:`hdm_optax.loop`'s functions in a loop of their own.
+
+.. code-block:: python
+
+  run = hdm_optax.loop(hdm_optax.hdm_best(), fun, tol=1e-6, max_steps=500)
+  s = run.start(x0)
+  while not run.done(s):
+    s = run.step(s)
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+import optax
+
+from hdm_optax import _common
+from hdm_optax.driver import cache as cache_lib
+from hdm_optax.driver import hooks as hooks_lib
+from hdm_optax.driver.limits import Limits
+from hdm_optax.driver.limits import check_limits
+from hdm_optax.driver.results import SolveResult
+from hdm_optax.driver.results import Status
+from hdm_optax.driver.results import Trace
+from hdm_optax.pieces import box as box_lib
+
+__all__ = (
+  "RUNNING",
+  "Loop",
+  "LoopState",
+  "blocks_primitive",
+  "judge",
+  "loop",
+  "make_loop",
+  "run",
+  "run_batch",
+  "scan_primitive",
+  "stage_sizes",
+  "while_primitive",
+)
+
+# The status a state carries while its run goes on (never reported: see Loop.status).
+RUNNING = -1
+
+
+class LoopState(NamedTuple):
+  """Where a run is: the iterate, f and grad f there, the counters and the status.
+
+  Attributes:
+    params: the current iterate.
+    opt_state: the optimizer state.
+    value: f(params), always at ``params``.
+    grad: grad f(params).
+    grad_norm: ``||grad||_inf``; where the optimizer holds a box (``lower=`` / ``upper=``),
+      the projected gradient ``||P(params - grad) - params||_inf``.
+    num_steps: ``update`` calls made.
+    num_value_evals: objective evaluations, the one at the first point included.
+    num_grad_evals: gradient evaluations, the one at the first point included.
+    accepted: the step rule's verdict on the last update (an hdm_optax method's
+      ``info.accepted``: the trial became the iterate); True for optimizers without a step
+      rule, and at the start.
+    null_run: consecutive null steps (rejected updates), up to the last.
+    status: the :class:`Status` the run ends with here, :data:`RUNNING` while it goes on.
+    tol: the gradient threshold, ``max(tol, rtol ||grad f(x0)||_inf)``.
+  """
+
+  params: Any
+  opt_state: Any
+  value: jax.Array
+  grad: Any
+  grad_norm: jax.Array
+  num_steps: jax.Array
+  num_value_evals: jax.Array
+  num_grad_evals: jax.Array
+  accepted: jax.Array
+  null_run: jax.Array
+  status: jax.Array
+  tol: jax.Array
+
+
+class Loop(NamedTuple):
+  """The loop of one problem (:func:`loop`); every function is pure.
+
+  Attributes:
+    start: ``start(params, opt_state=None) -> LoopState``: f and grad f at ``params`` (one
+      oracle call); ``opt_state`` resumes a run (its box is replaced by the optimizer's).
+    update: ``update(s) -> (params, opt_state, value_evals, grad_evals)``: one
+      ``optimizer.update`` at ``s``, applied, and the oracle calls it made.
+    step: ``step(s) -> LoopState``: ``update``, then f and grad f at the new params (from
+      the optimizer's cache where it is at the params, else one counted call), judged.
+    done: ``done(s) -> bool``: the run has ended.
+    status: ``status(s) -> int32``: the :class:`Status` a run that ends at ``s`` reports
+      (``STOPPED`` while it goes on).
+  """
+
+  start: Callable[..., LoopState]
+  update: Callable[[LoopState], tuple]
+  step: Callable[[LoopState], LoopState]
+  done: Callable[[LoopState], jax.Array]
+  status: Callable[[LoopState], jax.Array]
+
+
+def _inf_norm(tree):
+  return optax.tree.norm(tree, ord=jnp.inf)
+
+
+def box_of(opt_state) -> Optional[box_lib.Box]:
+  """The box the optimizer holds in its state, or ``None``."""
+  return box_lib.held_box(opt_state, cache_lib.cache_at_params(opt_state))
+
+
+def _stationarity(params, grad, opt_state):
+  box = box_of(opt_state)
+  return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
+
+
+def _accepted(opt_state) -> jax.Array:
+  """The step rules' verdict: every hdm_optax method in the state accepted its trial (its
+  ``info.accepted``); True for optimizers without a step rule."""
+  infos = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _common.HDMInfo))
+  verdicts = [i.accepted for i in infos if isinstance(i, _common.HDMInfo)]
+  return functools.reduce(jnp.logical_and, verdicts, jnp.asarray(True))
+
+
+def _boxes_as_leaves(state):
+  return jax.tree.flatten(state, is_leaf=lambda x: x is None or isinstance(x, box_lib.Box))
+
+
+def with_box_of(fresh, given):
+  """``given`` (a state handed back in) with the box of ``fresh`` (the optimizer's own).
+
+  Raises:
+    ValueError: ``given`` is not a state of this optimizer.
+  """
+  fresh_leaves, fresh_def = _boxes_as_leaves(fresh)
+  given_leaves, given_def = _boxes_as_leaves(given)
+  if fresh_def != given_def:
+    raise ValueError(
+      "init_state is not a state of this optimizer (another structure):\n"
+      f"  optimizer.init(params): {jax.tree.structure(fresh)}\n"
+      f"  init_state:             {jax.tree.structure(given)}\n"
+      "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
+    )
+  is_box = lambda x: x is None or isinstance(x, box_lib.Box)
+  leaves = [f if is_box(f) else g for f, g in zip(fresh_leaves, given_leaves)]
+  return jax.tree.unflatten(fresh_def, leaves)
+
+
+def _check_value_dtype(value, params):
+  dtype = _common.params_dtype(params)
+  if jnp.result_type(value) != dtype:
+    raise TypeError(
+      f"fun returns a {jnp.result_type(value)} value for {dtype} params, so the run would "
+      f"silently change precision; compute in {dtype}: cast the data in fun_args (e.g. "
+      f"jax.tree.map(lambda a: a.astype(jnp.{dtype}), fun_args)) or the params to "
+      f"{jnp.result_type(value)}."
+    )
+
+
+def _default_precision_products(fun, params) -> int:
+  """The float32 matrix products ``fun`` makes at JAX's default precision (traced once)."""
+
+  def count(jaxpr) -> int:
+    found = 0
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "dot_general":
+        precision = eqn.params.get("precision")
+        default = precision is None or all(
+          p in (None, jax.lax.Precision.DEFAULT)
+          for p in (precision if isinstance(precision, tuple) else (precision,))
+        )
+        matrix = max(v.aval.ndim for v in eqn.invars) >= 2
+        found += default and matrix and any(v.aval.dtype == jnp.float32 for v in eqn.invars)
+    return found + sum(count(sub) for sub in jex.subjaxprs(jaxpr))
+
+  return count(jax.make_jaxpr(fun)(params).jaxpr)
+
+
+def _backend() -> str:
+  return jax.default_backend()
+
+
+def _warn_tf32(fun, params) -> None:
+  """On a GPU, warns of float32 products that JAX's default precision lets run in TF32."""
+  if _backend() != "gpu" or _common.params_dtype(params) != jnp.float32:
+    return
+  try:
+    products = _default_precision_products(fun, params)
+  except Exception:  # advisory only: a fun this check cannot trace is left to the run
+    return
+  if products:
+    warnings.warn(
+      f"fun makes {products} float32 matrix product(s) at JAX's default precision, which "
+      "an NVIDIA GPU (Ampere or later) may compute in TF32 (inputs rounded to 10 bits of "
+      "mantissa): f then carries errors near 1e-3 of its terms, and HDM's acceptance test "
+      "compares that noise. Compute them in float32: jax.config.update("
+      "'jax_default_matmul_precision', 'highest') (docs/pitfalls.md).",
+      stacklevel=2,
+    )
+
+
+def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Array:
+  r"""The one stop rule: the status of a run at ``new``, reached from ``old`` (int32).
+
+  In order of precedence: ``NON_FINITE`` (f or the gradient norm is not finite),
+  ``UNBOUNDED`` (f < ``min_value``), ``CONVERGED`` / ``CONVERGED_IN_BOX`` (the gradient, or
+  the box's projected gradient, within ``new.tol``), ``STALLED`` (``max_null_steps``
+  rejected updates in a row), ``CONVERGED_FTOL`` (SciPy L-BFGS-B's relative decrease
+  ``(f_k - f_{k+1}) <= ftol max(|f_k|, |f_{k+1}|, 1)``, tested after an accepted update
+  that decreased f: a null step keeps x, and L-BFGS-B's line search only ends on a
+  decrease), ``MAX_STEPS`` (``max_steps`` updates or ``max_grad_evals`` calls), else
+  :data:`RUNNING`.
+
+  Departure from L-BFGS-B: where ``slope`` (:math:`\langle \nabla f(x_k), x_{k+1} -
+  x_k\rangle`) is given, ``ftol`` also needs the decrease the slope predicts to be small,
+  ``-slope <= 2 ftol max(...)``. A method without a line search may step across the
+  minimiser to a point of nearly the same f (a quadratic's mirror point), where L-BFGS-B's
+  line search would not have ended; a small decrease there is no sign of convergence.
+  """
+  dtype = new.value.dtype
+  finite = jnp.isfinite(new.value) & jnp.isfinite(new.grad_norm)
+  unbounded = finite & (new.value < jnp.asarray(limits.min_value, dtype))
+  converged = (new.grad_norm <= new.tol) & finite & ~unbounded
+  stalled = new.null_run >= limits.max_null_steps
+  decrease = old.value - new.value
+  scale = jnp.maximum(jnp.maximum(jnp.abs(old.value), jnp.abs(new.value)), jnp.ones([], dtype))
+  small = decrease <= jnp.asarray(limits.ftol, dtype) * scale
+  flat = new.accepted & (decrease > 0) & small
+  if slope is not None:
+    flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
+  spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
+  converged_code = Status.CONVERGED if box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
+  codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
+  codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS]
+  conditions = [~finite, unbounded, converged, stalled, flat, spent]
+  return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
+
+
+def make_loop(
+  optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False, ftol: bool = False
+) -> Loop:
+  """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``);
+  with ``ftol`` (static: ``limits.ftol`` may be nonzero) each step forms the slope that
+  :func:`judge` tests it with."""
+  value_fn = (lambda p: fun(p)[0]) if has_aux else fun
+
+  def evaluate(params):
+    out, grad = _common.value_and_grad(fun, params, has_aux=has_aux, name="fun")
+    value = out[0] if has_aux else out
+    _check_value_dtype(value, params)
+    return value, grad
+
+  def start(params, opt_state=None) -> LoopState:
+    _warn_tf32(value_fn, params)
+    fresh = optimizer.init(params)
+    opt_state = fresh if opt_state is None else with_box_of(fresh, opt_state)
+    box = box_of(opt_state)
+    if box is not None:  # an infeasible start is projected onto the box
+      params = box_lib.project(box, params)
+    value, grad = evaluate(params)
+    if cache_lib.cache_at_params(opt_state) is not None:
+      opt_state = optax.tree.set(opt_state, value=value, grad=grad)
+    norm = _stationarity(params, grad, opt_state)
+    dtype = norm.dtype
+    tol = jnp.maximum(jnp.asarray(limits.tol, dtype), jnp.asarray(limits.rtol, dtype) * norm)
+    one, zero = jnp.ones([], jnp.int32), jnp.zeros([], jnp.int32)
+    s = LoopState(
+      params=params,
+      opt_state=opt_state,
+      value=value,
+      grad=grad,
+      grad_norm=norm,
+      num_steps=zero,
+      num_value_evals=one,
+      num_grad_evals=one,
+      accepted=jnp.asarray(True),
+      null_run=zero,
+      status=jnp.int32(RUNNING),
+      tol=tol,
+    )
+    return s._replace(status=judge(s, s, limits))
+
+  def update(s: LoopState):
+    # value and grad are f and grad f at the params: no stale-cache check in the program.
+    with _common.values_at_params():
+      updates, opt_state = optimizer.update(
+        s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=value_fn
+      )
+    params = optax.apply_updates(s.params, updates)
+    values, grads = cache_lib.calls_in_update(s.opt_state, opt_state)
+    return params, opt_state, values, grads
+
+  def step(s: LoopState) -> LoopState:
+    params, opt_state, values, grads = update(s)
+    holder = cache_lib.cache_at_params(opt_state)
+    if holder is not None:
+      value, grad = holder.value, holder.grad
+    else:
+      if cache_lib.caches_anywhere(opt_state):
+        warnings.warn(
+          "the optimizer caches f and grad f, but a later transformation may change its "
+          "update, so the cache is not known to be at the new params: f is evaluated again "
+          "at every step (one more oracle call). Put the caching transformation (hdm_*, "
+          "optax.lbfgs) last in the chain.",
+          stacklevel=3,
+        )
+      value, grad = evaluate(params)
+      values, grads = values + 1, grads + 1
+    accepted = _accepted(opt_state)
+    new = s._replace(
+      params=params,
+      opt_state=opt_state,
+      value=jnp.asarray(value, s.value.dtype),
+      grad=grad,
+      grad_norm=_stationarity(params, grad, opt_state),
+      num_steps=s.num_steps + 1,
+      num_value_evals=s.num_value_evals + values,
+      num_grad_evals=s.num_grad_evals + grads,
+      accepted=accepted,
+      null_run=jnp.where(accepted, 0, s.null_run + 1),
+    )
+    slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params)) if ftol else None
+    return new._replace(status=judge(s, new, limits, slope))
+
+  def done(s: LoopState) -> jax.Array:
+    return s.status != RUNNING
+
+  def status(s: LoopState) -> jax.Array:
+    return jnp.where(s.status == RUNNING, jnp.int32(Status.STOPPED), s.status)
+
+  return Loop(start=start, update=update, step=step, done=done, status=status)
+
+
+def loop(
+  optimizer: optax.GradientTransformation,
+  fun: Callable[..., Any],
+  *,
+  fun_args: Sequence[Any] = (),
+  tol: Any = 1e-4,
+  rtol: Any = 0.0,
+  ftol: Any = 0.0,
+  max_steps: Optional[int] = None,
+  max_grad_evals: Optional[int] = None,
+  max_null_steps: Optional[int] = None,
+  min_value: Optional[float] = None,
+  has_aux: bool = False,
+) -> Loop:
+  r"""The loop that minimizes ``fun(params, *fun_args)`` with ``optimizer``, for your own loop.
+
+  ``update`` receives ``value``, ``grad`` and ``value_fn``, as every hdm_optax
+  transformation needs. Every oracle call is counted. ``done`` holds once the stop rule
+  (:func:`judge`) does: :math:`\|\nabla f(x)\|_\infty \le \max(\text{tol},\ \text{rtol}\,
+  \|\nabla f(x_0)\|_\infty)` (the projected gradient where the optimizer holds a box;
+  ``start`` projects an infeasible x0 onto it), ``ftol``, ``max_steps`` updates,
+  ``max_grad_evals`` calls, a non-finite f or grad f, f < ``min_value`` or
+  ``max_null_steps`` rejected updates in a row; ``status`` says which. The limits may be
+  traced (e.g. a vmapped ``tol``). :func:`hdm_optax.solve` runs this loop compiled.
+
+  Args:
+    optimizer: an optax transformation.
+    fun: ``fun(params, *fun_args) -> scalar`` of the params' dtype (``-> (scalar, aux)``
+      with ``has_aux``).
+    fun_args: extra arguments of ``fun``.
+    tol: stop once ``||grad f||_inf <= tol`` (>= 0).
+    rtol: also stop once ``||grad f||_inf <= rtol ||grad f(x0)||_inf`` (>= 0).
+    ftol: stop on SciPy L-BFGS-B's relative decrease of f (>= 0; 0: never).
+    max_steps: stop after this many updates (``None``: no limit).
+    max_grad_evals: stop before an update once this many gradient calls were made.
+    max_null_steps: stop after this many rejected updates in a row (``None``: never).
+    min_value: stop once f < min_value (``None``: never).
+    has_aux: ``fun`` returns ``(value, aux)``; the aux output is dropped.
+
+  Returns:
+    A :class:`Loop`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, hdm_optax
+    >>> fun = lambda x: jnp.sum(jnp.array([1.0, 10.0]) * x ** 2)
+    >>> run = hdm_optax.loop(hdm_optax.hdm_best(lipschitz=20.0), fun, tol=1e-6,
+    ...                      max_steps=500)
+    >>> s = run.start(jnp.ones(2))
+    >>> while not run.done(s):
+    ...   s = run.step(s)
+    >>> hdm_optax.Status(int(run.status(s))).name, bool(s.grad_norm <= 1e-6)
+    ('CONVERGED', True)
+    >>> compiled = jax.jit(lambda x: jax.lax.while_loop(
+    ...     lambda s: ~run.done(s), run.step, run.start(x)))
+    >>> int(compiled(jnp.ones(2)).num_steps) == int(s.num_steps)
+    True
+  """
+  limits = check_limits(
+    tol=tol,
+    rtol=rtol,
+    ftol=ftol,
+    max_steps=max_steps,
+    max_grad_evals=max_grad_evals,
+    max_null_steps=max_null_steps,
+    min_value=min_value,
+  )
+  fun_args = tuple(fun_args)
+  on = not isinstance(ftol, (int, float)) or ftol != 0
+  return make_loop(optimizer, lambda p: fun(p, *fun_args), limits, bool(has_aux), on)
+
+
+# --- running a loop to its end ----------------------------------------------------------
+
+
+class _Carry(NamedTuple):
+  """What a run carries: the loop state (its gradient left out where the optimizer's cache
+  holds it), the trace ring and the hook's state."""
+
+  state: LoopState
+  trace: Trace
+  hook: Any
+
+
+def _without_cached_grad(s: LoopState) -> LoopState:
+  # The cache's gradient and s.grad are one array; carried twice, XLA copies it every step.
+  return s if cache_lib.cache_at_params(s.opt_state) is None else s._replace(grad=None)
+
+
+def _with_cached_grad(s: LoopState) -> LoopState:
+  return s if s.grad is not None else s._replace(grad=cache_lib.cache_at_params(s.opt_state).grad)
+
+
+def _trace_entry(s: LoopState) -> Trace:
+  return Trace(s.value, s.grad_norm, s.accepted, s.num_grad_evals, s.num_steps)
+
+
+def _record(trace: Trace, s: LoopState) -> Trace:
+  size = trace.value.shape[0]
+  if size == 0:
+    return trace
+  index = s.num_steps % size
+  return jax.tree.map(lambda a, v: a.at[index].set(v), trace, _trace_entry(s))
+
+
+def _ordered(trace: Trace, s: LoopState) -> Trace:
+  """The ring in step order: the last ``size`` entries, then the final one repeated."""
+  size = trace.value.shape[0]
+  first = jnp.maximum(0, s.num_steps - size + 1)
+  steps = jnp.minimum(first + jnp.arange(size, dtype=s.num_steps.dtype), s.num_steps)
+  ordered = jax.tree.map(lambda a: a[steps % max(size, 1)], trace)
+  after = first + jnp.arange(size, dtype=s.num_steps.dtype) > s.num_steps
+  return ordered._replace(accepted=ordered.accepted & ~after, step=steps)
+
+
+class Program(NamedTuple):
+  """What :func:`run` needs of a front door besides the data (static).
+
+  Attributes:
+    trace_size: the number of trace entries kept (the last ones).
+    hook: the :class:`~hdm_optax.driver.hooks.Hook` (callback, progress), or ``None``.
+    has_aux: ``fun`` returns ``(value, aux)``; aux is evaluated once at the end.
+    ftol: the run may stop on ``ftol`` (see :func:`make_loop`).
+  """
+
+  trace_size: int = 0
+  hook: Optional[hooks_lib.Hook] = None
+  has_aux: bool = False
+  ftol: bool = False
+
+
+def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> _Carry:
+  s = loop_.start(params, opt_state)
+  trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
+  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle, member))
+
+
+def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carry:
+  """One step, recorded and watched; ``active`` False leaves the member as it was."""
+  old = _with_cached_grad(carry.state)
+  s = loop_.step(old)
+  if active is not None:
+    s = optax.tree.where(active, s, old)
+  hook, halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
+  if halt is not None:
+    stoppable = (s.status == RUNNING) | (s.status == Status.MAX_STEPS)
+    if active is not None:  # a finished member's hook state stays as it was
+      stoppable, hook = stoppable & active, optax.tree.where(active, hook, carry.hook)
+    s = s._replace(status=jnp.where(halt & stoppable, jnp.int32(Status.STOPPED), s.status))
+  return _Carry(_without_cached_grad(s), _record(carry.trace, s), hook)
+
+
+def _running(carry: _Carry) -> jax.Array:
+  return carry.state.status == RUNNING
+
+
+def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
+  s = _with_cached_grad(carry.state)
+  status = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
+  num_value_evals, aux = s.num_value_evals, None
+  if program.has_aux:  # one more evaluation of f (no gradient) gives aux at params
+    aux = fun(s.params)[1]
+    num_value_evals = num_value_evals + 1
+  converged = [Status.CONVERGED, Status.CONVERGED_IN_BOX, Status.CONVERGED_FTOL]
+  return SolveResult(
+    params=s.params,
+    state=s.opt_state,
+    value=s.value,
+    grad_norm=s.grad_norm,
+    num_steps=s.num_steps,
+    num_value_evals=num_value_evals,
+    num_grad_evals=s.num_grad_evals,
+    converged=functools.reduce(jnp.logical_or, [status == c for c in converged]),
+    status=status,
+    trace=_ordered(carry.trace, s),
+    null_run=s.null_run,
+    aux=aux,
+    tol=s.tol,
+  )
+
+
+def while_primitive(running, body, carry):
+  """The plain loop: ``lax.while_loop`` until the stop rule holds."""
+  return jax.lax.while_loop(running, body, carry)
+
+
+def blocks_primitive(check_every: int, max_steps):
+  """Blocks of ``check_every`` steps per test of the ``while_loop`` condition.
+
+  The steps of a block run unmasked and the rule is evaluated after each; once it held
+  inside a block, the run goes on step by step from that block's start, so the result,
+  counts and trace are those of a test at every step (the block's steps after the stop
+  are computed and discarded). No block runs past ``max_steps``.
+  """
+
+  def primitive(running, body, carry):
+    def block(c):
+      current, _, _ = c
+
+      def one(_, inner):
+        carry, held = inner
+        carry = body(carry)
+        return carry, held | ~running(carry)
+
+      end, held = jax.lax.fori_loop(0, check_every, one, (current, jnp.asarray(False)))
+      return end, current, held
+
+    def more(c):
+      current, _, held = c
+      return ~held & (current.state.num_steps <= max_steps - check_every)
+
+    end, start, held = jax.lax.while_loop(more, block, (carry, carry, ~running(carry)))
+    carry = jax.lax.cond(held, lambda: start, lambda: end)
+    return jax.lax.while_loop(running, body, carry)
+
+  return primitive
+
+
+def scan_primitive(length: int, checkpoint: bool = True):
+  """``length`` iterations of a ``lax.scan`` (reverse mode enters it); an iteration after
+  the stop rule held leaves the carry as it is (a ``lax.cond``)."""
+
+  def primitive(running, body, carry):
+    def one(carry, _):
+      return jax.lax.cond(running(carry), body, lambda c: c, carry), None
+
+    one = jax.checkpoint(one) if checkpoint else one
+    return jax.lax.scan(one, carry, length=length)[0]
+
+  return primitive
+
+
+def run(
+  loop_: Loop, program: Program, fun, params, opt_state=None, *, primitive=None, handle=None
+) -> SolveResult:
+  """Runs ``loop_`` from ``params`` to its end with ``primitive`` (default: the while loop)."""
+  primitive = primitive or while_primitive
+  carry = _begin(loop_, program, params, opt_state, handle, None)
+  carry = primitive(_running, functools.partial(_advance, loop_, program), carry)
+  return _end(loop_, program, fun, carry)
+
+
+# --- a batch of problems that retires its finished members --------------------------------
+
+# Below this many members a stage costs about as much per step as a smaller one would, and
+# every stage is one more loop to compile.
+_SMALLEST_STAGE = 16
+
+
+def stage_sizes(size: int, compact: bool) -> tuple[int, ...]:
+  """Batch sizes of the stages: ``(size,)``, or to retire members ``(size, ceil(size/4),
+  ...)`` down to 1, or, for a batch of more than 64 members, down to 16."""
+  smallest = 1 if size <= 4 * _SMALLEST_STAGE else _SMALLEST_STAGE
+  sizes = [size]
+  while compact and sizes[-1] > smallest:
+    sizes.append(-(-sizes[-1] // 4))
+  return tuple(sizes)
+
+
+def run_batch(
+  make: Callable[[Any], tuple[Loop, Callable]],
+  program: Program,
+  members: Any,
+  params,
+  opt_state,
+  *,
+  sizes: tuple[int, ...],
+  handle=None,
+  stop_at_first_converged: bool = False,
+  first_member=0,
+) -> SolveResult:
+  """Runs a batch of problems, a stage at a time, each member its own loop.
+
+  Args:
+    make: ``make(member) -> (loop, fun)``: the loop of a member and its objective.
+    program: the static :class:`Program`.
+    members: a pytree whose leaves have one row per member (its data and settings).
+    params: the members' starting points (one row per member).
+    opt_state: the members' optimizer states to resume (one row per member), or ``None``.
+    sizes: the stage sizes (:func:`stage_sizes`); ``sizes[0]`` is the number of members.
+    handle: the hook's handle (:mod:`hdm_optax.driver.hooks`).
+    stop_at_first_converged: end every member once one has converged (status ``STOPPED``).
+    first_member: the index of the first member in the whole batch (for the hook).
+
+  Returns:
+    The batched :class:`SolveResult`. Once at most ``sizes[i + 1]`` members are still
+    running, those go on as a batch of that size (gathered with their data), and the others
+    cost nothing more.
+  """
+
+  def begin(member, x, state, index):
+    return _begin(make(member)[0], program, x, state, handle, index)
+
+  def advance(member, carry):
+    return _advance(make(member)[0], program, carry, active=_running(carry))
+
+  def stop(part):
+    if not stop_at_first_converged:
+      return jnp.asarray(False)
+    return jnp.any(jax.vmap(lambda c: _converged(c.state.status))(part))
+
+  def stage(rows, part, later, stopped):
+    def go(part):
+      return (jnp.sum(jax.vmap(_running)(part)) > later) & ~stopped & ~stop(part)
+
+    return jax.lax.while_loop(go, lambda part: jax.vmap(advance)(rows, part), part)
+
+  ids = first_member + jnp.arange(sizes[0], dtype=jnp.int32)
+  axes = (0, 0, None if opt_state is None else 0, 0)
+  batch = jax.vmap(begin, in_axes=axes)(members, params, opt_state, ids)
+  later_sizes = sizes[1:] + (0,)
+  batch = stage(members, batch, later_sizes[0], jnp.asarray(False))
+  for size, later in zip(sizes[1:], later_sizes[1:]):
+    stopped = stop(batch)  # judged on the whole batch, where the member that met it is
+    chosen = jnp.argsort(~jax.vmap(_running)(batch), stable=True)[:size]
+    take = lambda tree: jax.tree.map(lambda x: x[chosen], tree)
+    part = stage(take(members), take(batch), later, stopped)
+    batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
+  if stop_at_first_converged:  # the members still running end STOPPED
+    still = jax.vmap(_running)(batch)
+    status = jnp.where(still, jnp.int32(Status.STOPPED), batch.state.status)
+    batch = batch._replace(state=batch.state._replace(status=status))
+
+  def end(member, carry):
+    loop_, fun = make(member)
+    return _end(loop_, program, fun, carry)
+
+  return jax.vmap(end)(members, batch)
+
+
+def _converged(status) -> jax.Array:
+  return (status == Status.CONVERGED) | (status == Status.CONVERGED_IN_BOX)

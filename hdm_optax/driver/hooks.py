@@ -1,0 +1,272 @@
+"""Watching a run from the host: a callback after every step, and a progress line.
+
+A front door opens a *session* (:func:`session`) holding the user's callback and the
+progress line, and passes its integer handle into the compiled program as an argument. The
+engine (:mod:`hdm_optax.driver.engine`) calls :func:`after_step` after every step: one
+``jax.pure_callback`` to one host dispatcher, which looks the session up by its handle. The
+program is compiled once per :class:`Hook` (whether there is a callback, whether there is a
+progress line), so a new callback object does not compile a new one. Without a callback or
+progress line nothing here is traced.
+
+Under batching (``jax.vmap``, :func:`hdm_optax.sweep`, :func:`hdm_optax.solve_batch`) the
+dispatcher is called once per step of the batched loop with the whole batch
+(``vmap_method="expand_dims"``); a batch run in stages passes its members' indices, and the
+session keeps a table of every member, so that the callback and the line see the whole batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import threading
+import time
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax.driver.results import Status
+
+__all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
+
+# The progress line is redrawn at most this often on a terminal, and written as a new line
+# at most this often elsewhere (a log file).
+REFRESH_SECONDS = 0.2
+LOG_SECONDS = 10.0
+
+_CONVERGED = (Status.CONVERGED, Status.CONVERGED_IN_BOX, Status.CONVERGED_FTOL)
+
+
+class Snapshot(NamedTuple):
+  """Where a run is after a step, as ``callback`` receives it (host NumPy values).
+
+  Under batching every field has the batch's leading axis (every member of the batch, the
+  finished ones with their final values).
+
+  Attributes:
+    params: the iterate after the step.
+    value: f(params).
+    grad_norm: ``||grad f(params)||_inf`` (the projected gradient's with a box).
+    num_steps: updates made.
+    num_value_evals: objective evaluations so far.
+    num_grad_evals: gradient evaluations so far.
+    num_null_steps: rejected updates so far.
+    status: the :class:`Status` the run would end with here (``STOPPED`` while it goes on).
+  """
+
+  params: Any
+  value: Any
+  grad_norm: Any
+  num_steps: Any
+  num_value_evals: Any
+  num_grad_evals: Any
+  num_null_steps: Any
+  status: Any
+
+
+class Hook(NamedTuple):
+  """What a program watches (static: one compiled program per value).
+
+  Attributes:
+    callback: the session has a callback.
+    progress: the session draws a progress line.
+    members: the number of members of a batch run in stages (the session's table), or 0.
+  """
+
+  callback: bool
+  progress: bool
+  members: int = 0
+
+
+class HookState(NamedTuple):
+  """What a run carries for its hook: the session's handle, the member, null steps so far."""
+
+  handle: jax.Array
+  member: jax.Array
+  nulls: jax.Array
+
+
+def check_hook(callback, progress, members: int = 0) -> Optional[Hook]:
+  """The :class:`Hook` of a front door's ``callback`` and ``progress``, or ``None``."""
+  if callback is not None and not callable(callback):
+    raise TypeError(f"callback must be callable or None, got {callback!r}.")
+  if not isinstance(progress, (bool, np.bool_)):
+    raise TypeError(f"progress must be True or False, got {progress!r}.")
+  if callback is None and not progress:
+    return None
+  return Hook(callback=callback is not None, progress=bool(progress), members=members)
+
+
+# --- the host side ------------------------------------------------------------------------
+
+
+class _Session:
+  """One call's callback, progress line, table of members and the callback's error."""
+
+  def __init__(self, callback, progress, members):
+    self.callback = callback
+    self.progress = progress
+    self.members = members
+    self.table: dict = {}
+    self.error: Optional[BaseException] = None
+    self.begun = None
+    self.drawn = -np.inf
+    self.terminal = _terminal()
+
+  def merge(self, member, fields: dict) -> dict:
+    """``fields`` of the members given, merged into the table of every member."""
+    if not self.members or member is None:
+      return fields
+    rows = np.asarray(member).ravel()
+    for name, value in fields.items():
+      leaves, treedef = jax.tree.flatten(value)
+      held = self.table.get(name)
+      if held is None:
+        held = [np.zeros((self.members,) + np.shape(v)[1:], np.asarray(v).dtype) for v in leaves]
+        self.table[name] = held
+      for full, part in zip(held, leaves):
+        full[rows] = np.reshape(part, (rows.size,) + full.shape[1:])
+      fields = {**fields, name: jax.tree.unflatten(treedef, [np.copy(h) for h in held])}
+    return fields
+
+  def draw(self, final: bool, fields: dict) -> None:
+    now = time.perf_counter()
+    self.begun = now if self.begun is None else self.begun
+    wait = REFRESH_SECONDS if self.terminal else LOG_SECONDS
+    if not final and now - self.drawn < wait:
+      return
+    self.drawn = now
+    text = f"hdm_optax: {_line(fields)} | {now - self.begun:.1f} s"
+    status = np.asarray(fields["status"])
+    if final:
+      text += f" | {Status(int(status.ravel()[0])).name if status.size == 1 else 'batch'}"
+    end = "\n" if final or not self.terminal else ""
+    sys.stderr.write(("\r" if self.terminal else "") + text + end)
+    sys.stderr.flush()
+
+
+def _line(fields) -> str:
+  steps, calls = np.asarray(fields["num_steps"]), np.asarray(fields["num_grad_evals"])
+  value, gnorm = np.asarray(fields["value"]), np.asarray(fields["grad_norm"])
+  nulls, status = np.asarray(fields["num_null_steps"]), np.asarray(fields["status"])
+  if steps.size == 1:
+    return (
+      f"steps {int(steps.ravel()[0])} | calls {int(calls.ravel()[0])} | "
+      f"f {float(value.ravel()[0]):.6e} | ||grad f|| {float(gnorm.ravel()[0]):.2e} | "
+      f"null steps {int(nulls.ravel()[0])}"
+    )
+  converged = np.isin(status, np.asarray(_CONVERGED))
+  done = status != Status.STOPPED
+  return (
+    f"batch {steps.size}: {int(converged.sum())} converged, {int(done.sum())} done | "
+    f"steps {int(steps.max())} (max) | calls {int(calls.max())} (max) | "
+    f"f {float(np.nanmedian(value)):.6e} (median) | ||grad f|| {float(np.nanmax(gnorm)):.2e} "
+    f"(max) | null steps {int(nulls.max())} (max)"
+  )
+
+
+def _terminal() -> bool:
+  return sys.stderr.isatty()
+
+
+_SESSIONS: dict = {}
+_HANDLES = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, traced: bool):
+  """Opens a session; yields its handle (an int32 array) or ``None`` without a hook.
+
+  Outside a trace the session closes when the block ends, and an exception the callback
+  raised is raised again there (its own type; the caller attaches the partial result).
+  Inside a trace (the program may run many times) the session stays open, and the
+  callback's exception propagates from the host call.
+  """
+  if callback is None and not progress:
+    yield None
+    return
+  with _LOCK:
+    handle = next(_HANDLES)
+    _SESSIONS[handle] = _Session(callback, progress, 0)
+  _SESSIONS[handle].traced = traced
+  try:
+    yield np.int32(handle)
+  finally:
+    if not traced:
+      _SESSIONS.pop(handle, None)
+
+
+def error(handle) -> Optional[BaseException]:
+  """The exception the callback of an open session raised, if any."""
+  found = _SESSIONS.get(int(handle)) if handle is not None else None
+  return None if found is None else found.error
+
+
+def _host_step(final: bool, members: int, handle, member, params, *fields):
+  names = ("value", "grad_norm", "num_steps", "num_value_evals", "num_grad_evals")
+  names += ("num_null_steps", "status")
+  status = np.asarray(fields[-1])
+  current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
+  if current is None or current.error is not None:
+    return np.full(status.shape, True)
+  current.members = members
+  merged = current.merge(None if members == 0 else member, dict(zip(names, fields)))
+  if current.progress:
+    current.draw(final, merged)
+  if final or current.callback is None:
+    return np.full(status.shape, final)
+  params = current.merge(None if members == 0 else member, {"params": params})["params"]
+  snapshot = Snapshot(params=jax.tree.map(np.asarray, params), **merged)
+  try:
+    halt = bool(current.callback(snapshot))
+  except StopIteration:
+    halt = True
+  except Exception as err:  # pylint: disable=broad-except
+    if getattr(current, "traced", False):
+      raise
+    current.error, halt = err, True
+  return np.full(status.shape, halt)
+
+
+def _call(hook: Hook, final: bool, hs: HookState, s, status) -> jax.Array:
+  params = s.params if hook.callback and not final else ()
+  fields = (s.value, s.grad_norm, s.num_steps, s.num_value_evals, s.num_grad_evals, hs.nulls)
+  return jax.pure_callback(
+    lambda *a: _host_step(final, hook.members, *a),
+    jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),
+    hs.handle,
+    hs.member,
+    params,
+    *fields,
+    status,
+    vmap_method="expand_dims",
+  )
+
+
+# --- the program side ----------------------------------------------------------------------
+
+
+def begin(hook: Optional[Hook], handle, member) -> Optional[HookState]:
+  """The hook's state at the start of a run (``None`` without a hook)."""
+  if hook is None:
+    return None
+  member = jnp.asarray(-1 if member is None else member, jnp.int32)
+  return HookState(handle=handle, member=member, nulls=jnp.zeros([], jnp.int32))
+
+
+def after_step(hook: Optional[Hook], hs: Optional[HookState], s, status):
+  """``(hook_state, halt)`` after a step: the host call (``halt`` True: stop the run)."""
+  if hook is None:
+    return hs, None
+  hs = hs._replace(nulls=hs.nulls + (~s.accepted).astype(jnp.int32))
+  return hs, _call(hook, False, hs, s, status)
+
+
+def at_end(hook: Optional[Hook], hs: Optional[HookState], s, status) -> jax.Array:
+  """``status``, after the progress line's summary (its call's result keeps it in the program)."""
+  if hook is None or not hook.progress:
+    return status
+  return jnp.where(_call(hook, True, hs, s, status), status, jnp.int32(Status.STOPPED))

@@ -1,0 +1,336 @@
+"""The one cache policy: what a compiled program is keyed on, and what enters it as arguments.
+
+The rule: **a compiled program is reused only where a fresh one would give the same answer.**
+Every front door prepares its call here before it runs a program:
+
+- :func:`hoist` traces the objective at the call. The arrays it reads from outside its
+  arguments (closure cells, module globals, a bound method's object, an equinox Module's
+  fields, a ``functools.partial``'s arrays) become arguments of the program, as ``fun_args``
+  are; the program is keyed on the trace's structure (its equations, shapes, dtypes and the
+  Python numbers written into it), not on the function object, so a new ``lambda`` of the
+  same code reuses it. Where the objective holds custom derivative rules
+  (``jax.custom_jvp``/``custom_vjp``) or calls a ``jax.jit``-ed function, the arrays those
+  read are compared by content (the rules are traced at the call to find them).
+- In ``fun_args``, arrays and Python floats are arguments; Python ints and bools are
+  static, as ``jax.jit``'s ``static_argnums`` (a new value compiles a new program); other
+  leaves (functions, strings) are compared as static arguments are.
+- :func:`split_optimizer`: an hdm_optax transformation is rebuilt inside the program from its
+  factory call (``trial_lbfgs(upper=...)``), with the arrays among its arguments passed as
+  arguments (a NumPy array edited in place is read at the next call). Any other optax
+  transformation is compared by :func:`fingerprint`: the functions it is made of and what
+  they close over (NumPy arrays by content).
+- What a front door cannot key (an optimizer holding traced values) runs without a cache,
+  traced inline (:class:`Uncacheable`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import types
+from typing import Any, Callable
+
+import jax
+import jax.core
+import jax.extend.core as jex
+from jax.extend import linear_util as lu
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax import _common
+
+__all__ = ("Closed", "OptimizerKey", "Uncacheable", "fingerprint", "hoist", "split_optimizer")
+
+# Leaves of fun_args that enter the program as traced values.
+_DYNAMIC = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic, float, complex)
+_CUSTOM_RULES = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
+
+
+class Uncacheable(Exception):
+  """A call that no key describes (it holds traced values): it runs traced inline."""
+
+
+def is_dynamic(leaf) -> bool:
+  return isinstance(leaf, _DYNAMIC) and not isinstance(leaf, (bool, np.bool_))
+
+
+def content(array) -> tuple:
+  """An array as a key: its shape, dtype and a digest of its bytes."""
+  if isinstance(array, jax.core.Tracer):
+    raise Uncacheable("a traced array")
+  a = np.asarray(array)
+  return ("array", a.shape, a.dtype.str, hashlib.blake2b(np.ascontiguousarray(a)).digest())
+
+
+class _Held:
+  """``obj`` compared by ``==`` where it is hashable, else by identity (held)."""
+
+  __slots__ = ("obj", "_hash", "_by_value")
+
+  def __init__(self, obj):
+    self.obj = obj
+    try:
+      self._hash, self._by_value = hash(obj), True
+    except TypeError:
+      self._hash, self._by_value = id(obj), False
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    if not isinstance(other, _Held) or other._hash != self._hash:
+      return False
+    if self.obj is other.obj:
+      return True
+    return self._by_value and other._by_value and bool(self.obj == other.obj)
+
+
+def fingerprint(obj, _seen=None) -> Any:
+  """A hashable picture of what ``obj`` computes with: functions by their code, defaults and
+  closure cells, containers item by item, NumPy arrays by content, JAX arrays by identity
+  (they are immutable), other objects as static arguments are compared.
+
+  Raises:
+    Uncacheable: ``obj`` holds a traced value.
+  """
+  seen = set() if _seen is None else _seen
+  if isinstance(obj, jax.core.Tracer):
+    raise Uncacheable("a traced value")
+  if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, np.generic)):
+    return (type(obj), obj)
+  if isinstance(obj, np.ndarray):
+    return content(obj)
+  if isinstance(obj, jax.Array):
+    return ("jax", _Held(obj))
+  if id(obj) in seen:
+    return ("cycle",)
+  seen = seen | {id(obj)}
+  walk = lambda x: fingerprint(x, seen)
+  configuration = getattr(obj, "configuration", None)
+  if isinstance(obj, _common.ConfiguredTransformation) and configuration is not None:
+    return ("configured", configuration.factory, walk(configuration.arguments))
+  if isinstance(obj, functools.partial):
+    return ("partial", walk(obj.func), walk(obj.args), walk(obj.keywords))
+  if isinstance(obj, types.MethodType):
+    return ("method", walk(obj.__func__), walk(obj.__self__))
+  if isinstance(obj, types.FunctionType):
+    cells = tuple(walk(c.cell_contents) for c in obj.__closure__ or () if _filled(c))
+    return ("function", obj.__code__, cells, walk(obj.__defaults__), walk(obj.__kwdefaults__))
+  if isinstance(obj, (tuple, list)):
+    return (type(obj), tuple(map(walk, obj)))
+  if isinstance(obj, dict):
+    return (dict, tuple((_Held(k), walk(v)) for k, v in obj.items()))
+  return ("object", _Held(obj))
+
+
+def _filled(cell) -> bool:
+  try:
+    cell.cell_contents  # pylint: disable=pointless-statement
+  except ValueError:  # an empty cell
+    return False
+  return True
+
+
+def _signature(jaxpr, inner: list) -> tuple:
+  """A hashable picture of ``jaxpr``: equations, shapes, dtypes and literals.
+
+  The constants of inner closed jaxprs (a ``jax.jit``-ed function's) are appended to
+  ``inner``. A custom rule's functions arrive wrapped anew at each trace: they are compared
+  by name here, and by what they read in :func:`hoist`.
+  """
+  names = {}
+
+  def atom(x):
+    if isinstance(x, jex.Literal):
+      value = np.asarray(x.val)  # its bytes: a NaN literal equals itself
+      return ("literal", value.dtype.str, value.tobytes(), x.aval)
+    return names.setdefault(x, len(names))
+
+  def param(value):
+    if isinstance(value, jex.ClosedJaxpr):
+      inner.extend(value.consts)
+      return ("closed", _signature(value.jaxpr, inner))
+    if isinstance(value, jex.Jaxpr):
+      return ("jaxpr", _signature(value, inner))
+    if isinstance(value, (tuple, list)):
+      return tuple(map(param, value))
+    if isinstance(value, (lu.WrappedFun, types.FunctionType)):
+      return ("callable", getattr(value, "__name__", type(value).__name__))
+    return _Held(value)
+
+  head = tuple((atom(v), v.aval) for v in (*jaxpr.constvars, *jaxpr.invars))
+  eqns = tuple(
+    (
+      eqn.primitive.name,
+      tuple(map(atom, eqn.invars)),
+      tuple((atom(v), v.aval) for v in eqn.outvars),
+      tuple((k, param(v)) for k, v in sorted(eqn.params.items())),
+    )
+    for eqn in jaxpr.eqns
+  )
+  return head, eqns, tuple(map(atom, jaxpr.outvars))
+
+
+def _scan_rules(jaxpr) -> bool:
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in _CUSTOM_RULES:
+      return True
+  return any(_scan_rules(sub) for sub in jex.subjaxprs(jaxpr))
+
+
+class Closed:
+  """``fun`` as traced at one call, with the arrays it read as its last argument.
+
+  ``closed(params, *args, consts)`` is ``fun(params, *fun_args)``, ``args`` the dynamic
+  leaves of ``fun_args`` (:func:`hoist`). Two are equal when their keys are: the traces'
+  signatures, the static leaves of ``fun_args`` and, where the trace holds custom rules or
+  inner ``jit``-ed functions, the content of the arrays those read.
+  """
+
+  def __init__(self, jaxpr, in_avals, out_tree, arrangement, key):
+    self._jaxpr = jaxpr
+    self._in_avals = in_avals
+    self._out_tree = out_tree
+    self._arrangement = arrangement
+    self._key = key
+
+  def __call__(self, params, *args):
+    *args, consts = args
+    leaves = jax.tree.leaves((params, list(args)))
+    # A caller may evaluate at another precision (optax's line search promotes float32
+    # params under x64): fun was traced at these dtypes and computes in them.
+    leaves = [
+      jnp.asarray(x).astype(a.dtype) if jnp.result_type(x) != a.dtype else x
+      for x, a in zip(leaves, self._in_avals)
+    ]
+    out = jax.core.eval_jaxpr(self._jaxpr, consts, *leaves)
+    return jax.tree.unflatten(self._out_tree, out)
+
+  def full_args(self, args):
+    """``fun_args`` with the static leaves put back (for a host call of ``fun``)."""
+    treedef, statics = self._arrangement
+    given = iter(jax.tree.leaves(list(args)))
+    return jax.tree.unflatten(treedef, [next(given) if s is _ARG else s for s in statics])
+
+  def __hash__(self):
+    if self._key is None:
+      raise TypeError("a Closed without a key (it reads traced values) is not hashable")
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, Closed) and self._key is not None and other._key == self._key
+
+
+_ARG = object()
+
+
+def _abstract(x):
+  if isinstance(x, jax.core.Tracer):
+    return x
+  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=_weak(x))
+
+
+def _weak(x) -> bool:
+  return isinstance(x, (float, complex)) or bool(getattr(x, "weak_type", False))
+
+
+def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed, tuple]:
+  """``fun`` traced at this call, with what it reads from outside its arguments as arguments.
+
+  Args:
+    fun: ``fun(params, *fun_args) -> Any`` (a scalar, or ``(scalar, aux)``).
+    params: the params, or values of their shapes and dtypes.
+    fun_args: ``fun``'s other arguments.
+
+  Returns:
+    ``(closed, args)`` with ``closed(params, *args) == fun(params, *fun_args)``: ``args`` is
+    the tuple of the dynamic leaves of ``fun_args`` (arrays, Python floats) followed by the
+    list of arrays ``fun`` read from outside its arguments at this call.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from hdm_optax.driver import programs
+    >>> a = jnp.array([1.0, 2.0])
+    >>> fun = lambda x: jnp.sum(a * x)
+    >>> closed, args = programs.hoist(fun, jnp.ones(2), ())
+    >>> a = jnp.array([3.0, 4.0])  # rebound: a new trace reads it, as an argument
+    >>> again, new_args = programs.hoist(fun, jnp.ones(2), ())
+    >>> again == closed, float(closed(jnp.ones(2), *args)), float(again(jnp.ones(2), *new_args))
+    (True, 3.0, 7.0)
+  """
+  leaves, treedef = jax.tree.flatten(tuple(fun_args))
+  dynamic = [leaf for leaf in leaves if is_dynamic(leaf)]
+  statics = tuple(_ARG if is_dynamic(leaf) else leaf for leaf in leaves)
+
+  def flat(params, dynamic):
+    given = iter(dynamic)
+    full = [next(given) if s is _ARG else s for s in statics]
+    return fun(params, *jax.tree.unflatten(treedef, full))
+
+  abstract = jax.tree.map(_abstract, (params, dynamic))
+  # A new function each call: jax.make_jaxpr caches traces on the function's identity.
+  traced, shape = jax.make_jaxpr(lambda p, d: flat(p, d), return_shape=True)(*abstract)
+  inner: list = []
+  key = [_signature(traced.jaxpr, inner), jax.tree.structure(shape)]
+  if _scan_rules(traced.jaxpr):
+    value = lambda p, d: flat(p, d)[0] if isinstance(shape, tuple) else flat(p, d)
+    derivative = jax.make_jaxpr(jax.value_and_grad(value))(*abstract)
+    key.append(_signature(derivative.jaxpr, inner))
+    inner.extend(derivative.consts)
+  try:
+    key += [tuple(map(content, inner)), tuple(fingerprint(s) for s in statics if s is not _ARG)]
+  except Uncacheable:  # it reads a traced value where no argument reaches: no key
+    key = None
+  in_avals = [v.aval for v in traced.jaxpr.invars]
+  key = None if key is None else (treedef, *key)
+  closed = Closed(traced.jaxpr, in_avals, jax.tree.structure(shape), (treedef, statics), key)
+  return closed, (*dynamic, list(traced.consts))
+
+
+class OptimizerKey:
+  """An optimizer as a program's key; :meth:`build` makes it inside the program.
+
+  An hdm_optax transformation (it knows its factory call) is keyed on the factory and its
+  non-array arguments, and rebuilt from the arrays passed in; any other is keyed on its
+  :func:`fingerprint` and used as it is.
+  """
+
+  def __init__(self, optimizer):
+    configuration = getattr(optimizer, "configuration", None)
+    if isinstance(optimizer, _common.ConfiguredTransformation) and configuration is not None:
+      leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
+      self._arrays = [_is_array(x) for x in leaves]
+      self._factory = configuration.factory
+      self._statics = tuple(x for x, a in zip(leaves, self._arrays) if not a)
+      avals = tuple((np.shape(x), jnp.result_type(x)) for x in leaves if _is_array(x))
+      self._key = ("configured", self._factory, self._treedef, fingerprint(self._statics), avals)
+      self._optimizer = None
+      self.arrays = [x for x, a in zip(leaves, self._arrays) if a]
+    else:
+      self._key = ("fingerprint", fingerprint(optimizer))
+      self._optimizer = optimizer
+      self.arrays = []
+
+  def build(self, arrays):
+    """The optimizer, with ``arrays`` (traced inside the program) for its array arguments."""
+    if self._optimizer is not None:
+      return self._optimizer
+    given, held = iter(arrays), iter(self._statics)
+    leaves = [next(given) if a else next(held) for a in self._arrays]
+    return self._factory(**jax.tree.unflatten(self._treedef, leaves))
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, OptimizerKey) and other._key == self._key
+
+
+def _is_array(x) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray))
+
+
+def split_optimizer(optimizer) -> tuple[OptimizerKey, list]:
+  """``(key, arrays)``: the optimizer's key and the arrays that enter the program."""
+  key = OptimizerKey(optimizer)
+  return key, key.arrays

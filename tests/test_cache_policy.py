@@ -1,0 +1,92 @@
+"""docs/guide.md's cache rule, statement by statement: a compiled program is reused only where
+a fresh one would give the same answer (hdm_optax/driver/programs.py).
+
+Statements tested elsewhere: rebound globals, closure cells, bound methods, equinox modules,
+functools.partial, custom rules reading a global, NumPy bounds edited in place, a new
+callback object and jax.grad without jit (tests/test_seams_adversarial.py); Python ints
+static (tests/test_seams.py); the limits are values of the program
+(tests/test_driver_usage.py::test_budgets_and_tolerances_are_traced).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import hdm_optax
+from hdm_optax.driver import solving
+
+X0 = jnp.zeros(3)
+
+
+def _solve(fun, **kw):
+  return hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, X0, tol=1e-9, **kw)
+
+
+def test_a_new_lambda_of_the_same_code_reuses_the_program():
+  """fun is compared by its trace, not its identity (a lambda built at every call)."""
+  target = jnp.array([1.0, 2.0, 3.0])
+  _solve(lambda x: jnp.sum((x - target) ** 2))
+  before = solving.compiled_count()
+  res = _solve(lambda x: jnp.sum((x - target) ** 2))
+  assert solving.compiled_count() == before
+  np.testing.assert_allclose(res.params, target, atol=1e-6)
+
+
+def test_a_changed_python_number_compiles_a_new_program():
+  for shift in (1.0, 2.0):
+    res = _solve(lambda x, shift=shift: jnp.sum((x - shift) ** 2))
+    np.testing.assert_allclose(res.params, shift, atol=1e-6)
+
+
+def test_a_python_float_in_fun_args_is_a_value_of_the_program():
+  fun = lambda x, c: jnp.sum((x - c) ** 2)
+  _solve(fun, fun_args=(1.0,))
+  before = solving.compiled_count()
+  res = _solve(fun, fun_args=(2.5,))
+  assert solving.compiled_count() == before
+  np.testing.assert_allclose(res.params, 2.5, atol=1e-6)
+
+
+_INNER = {"data": jnp.ones(3)}
+
+
+@jax.jit
+def _inner(x):
+  return jnp.sum((x - _INNER["data"]) ** 2)
+
+
+def test_arrays_a_jitted_inner_function_reads_are_compared_by_content():
+  """A jax.jit-ed function inside fun bakes what it reads (JAX's own rule): the program
+  answers as a fresh call of that function would, and is reused while those arrays are
+  the same."""
+  fun = lambda x: _inner(x)
+  first = _solve(fun)
+  before = solving.compiled_count()
+  again = _solve(fun)
+  assert solving.compiled_count() == before
+  np.testing.assert_allclose(again.params, first.params)
+  fresh = jax.jit(lambda x: jax.grad(_inner)(x))  # what JAX itself answers now
+  np.testing.assert_allclose(jax.grad(_inner)(again.params), fresh(again.params), atol=1e-9)
+
+
+def test_an_equal_optax_chain_built_again_reuses_the_program():
+  """Other optax transformations are compared by their functions and what those hold."""
+  fun = lambda x: jnp.sum((x - 1.0) ** 2)
+  make = lambda: optax.chain(optax.clip(10.0), hdm_optax.trial_lbfgs())
+  hdm_optax.solve(make(), fun, X0)
+  before = solving.compiled_count()
+  hdm_optax.solve(make(), fun, X0)
+  assert solving.compiled_count() == before
+  hdm_optax.solve(optax.chain(optax.clip(5.0), hdm_optax.trial_lbfgs()), fun, X0)
+  assert solving.compiled_count() == before + 1  # another clip: another program
+
+
+def test_a_numpy_array_an_optax_transformation_holds_is_compared_by_content():
+  fun = lambda x: jnp.sum((x - 3.0) ** 2)
+  keep = np.array([1.0, 0.0, 1.0])  # entry 1 frozen
+  opt = optax.chain(optax.stateless(lambda u, params=None: u * keep), hdm_optax.hdm_best())
+  first = hdm_optax.solve(opt, fun, X0, max_steps=50)
+  keep[:] = 1.0  # edited in place: nothing is frozen any more
+  second = hdm_optax.solve(opt, fun, X0, max_steps=50)
+  assert float(first.params[1]) == 0.0 and float(second.params[1]) != 0.0

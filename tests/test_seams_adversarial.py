@@ -1,0 +1,605 @@
+"""Adversarial: every driver x every way a function holds data x every kind of bounds.
+
+The pattern (issue 45, "Done when"): call, change the data (rebind a name, edit an array in
+place, reassign an attribute, build a new partial or module), call again, and check the
+second answer against the right one: a closed form (the target of ``0.5 ||x - c||^2``, the
+box solution ``clip(c, lower, upper)`` of a separable quadratic), SciPy's L-BFGS-B, or a
+fresh Python process that runs the same problem once. The drivers: ``solve``,
+``minimize``, ``sweep``, ``solve_batch`` and a user's own optax loop with
+``hdm_optax.value_and_grad_from_state``.
+
+The unbounded cases run ``optax.sgd(1.0)``, which takes x0 = 0 to the target c of
+``0.5 ||x - c||^2`` in one step, so that the answer is exact and each program is cheap to
+compile; ``minimize`` and the bounded cases run ``trial_lbfgs``.
+"""
+
+import functools
+import json
+import subprocess
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import scipy.optimize
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+import hdm_optax
+from helpers import ROOT
+from helpers import Compilations
+
+SGD = optax.sgd(1.0)
+STEPS = 8  # max_steps of the SGD runs (one step reaches the target)
+FIRST, SECOND = np.array([1.0, -2.0, 3.0]), np.array([-4.0, 5.0, 0.5])
+X0 = np.zeros(3)
+
+
+def _half_square(x, c):
+  return 0.5 * jnp.sum((x - c) ** 2)
+
+
+# --- the ways a function holds its data: each holder's fun() and args() read c -------------
+
+TARGET = jnp.asarray(FIRST)
+
+
+def _reads_global(x):
+  return _half_square(x, TARGET)
+
+
+class _Global:
+  def set(self, c):
+    global TARGET  # pylint: disable=global-statement
+    TARGET = jnp.asarray(c)
+
+  def fun(self):
+    return _reads_global
+
+  def args(self):
+    return ()
+
+
+class _ClosureCell:
+  def __init__(self):
+    c = jnp.asarray(FIRST)
+
+    def fun(x):
+      return _half_square(x, c)
+
+    def set_(new):
+      nonlocal c
+      c = jnp.asarray(new)
+
+    self._fun, self.set = fun, set_
+
+  def fun(self):
+    return self._fun
+
+  def args(self):
+    return ()
+
+
+class _Problem:
+  """A SciPy-style class: the objective is a bound method reading ``self.c``."""
+
+  def __init__(self, c):
+    self.c = jnp.asarray(c)
+
+  def loss(self, x):
+    return _half_square(x, self.c)
+
+
+class _BoundMethod:
+  def __init__(self):
+    self.problem = _Problem(FIRST)
+
+  def set(self, c):
+    self.problem.c = jnp.asarray(c)  # the attribute reassigned, the object kept
+
+  def fun(self):
+    return self.problem.loss  # a new bound-method object at each access, as users write it
+
+  def args(self):
+    return ()
+
+
+class _Partial:
+  def __init__(self):
+    self.set(FIRST)
+
+  def set(self, c):
+    self.partial = functools.partial(_half_square, c=jnp.asarray(c))
+
+  def fun(self):
+    return self.partial
+
+  def args(self):
+    return ()
+
+
+class _Model(eqx.Module):
+  c: jax.Array
+
+  def __call__(self, x):
+    return _half_square(x, self.c)
+
+
+class _Equinox:
+  def __init__(self):
+    self.set(FIRST)
+
+  def set(self, c):
+    self.model = _Model(jnp.asarray(c))
+
+  def fun(self):
+    return self.model
+
+  def args(self):
+    return ()
+
+
+JVP_TARGET = jnp.asarray(FIRST)
+
+
+@jax.custom_jvp
+def _jvp_distance(x):
+  return _half_square(x, JVP_TARGET)
+
+
+@_jvp_distance.defjvp
+def _jvp_distance_rule(primals, tangents):
+  (x,), (dx,) = primals, tangents
+  return _jvp_distance(x), jnp.sum((x - JVP_TARGET) * dx)
+
+
+class _CustomJvpGlobal:
+  def set(self, c):
+    global JVP_TARGET  # pylint: disable=global-statement
+    JVP_TARGET = jnp.asarray(c)
+
+  def fun(self):
+    return _jvp_distance
+
+  def args(self):
+    return ()
+
+
+def _own_rule(target):
+  @jax.custom_vjp
+  def distance(x):
+    return _half_square(x, target)
+
+  distance.defvjp(lambda x: (distance(x), x), lambda x, ct: (ct * (x - target),))
+  return distance
+
+
+RULE = _own_rule(jnp.asarray(FIRST))
+
+
+def _calls_rule(x):
+  return RULE(x)
+
+
+class _ReboundRule:
+  def set(self, c):
+    global RULE  # pylint: disable=global-statement
+    RULE = _own_rule(jnp.asarray(c))  # the same name bound to a new rule
+
+  def fun(self):
+    return _calls_rule
+
+  def args(self):
+    return ()
+
+
+class _NumpyInPlace:
+  def __init__(self):
+    self.c = np.array(FIRST)
+    self._fun = lambda x: _half_square(x, self.c)
+
+  def set(self, c):
+    self.c[:] = c  # the same array, edited
+
+  def fun(self):
+    return self._fun
+
+  def args(self):
+    return ()
+
+
+class _FunArgs:
+  def __init__(self):
+    self.set(FIRST)
+
+  def set(self, c):
+    self.c = jnp.asarray(c)
+
+  def fun(self):
+    return _half_square
+
+  def args(self):
+    return (self.c,)
+
+
+HOLDERS = {
+  "global": _Global,
+  "closure_cell": _ClosureCell,
+  "bound_method": _BoundMethod,
+  "partial": _Partial,
+  "equinox": _Equinox,
+  "custom_jvp_global": _CustomJvpGlobal,
+  "rebound_custom_vjp": _ReboundRule,
+  "numpy_in_place": _NumpyInPlace,
+  "fun_args": _FunArgs,
+}
+
+
+# --- the drivers: each returns the params it reached (one problem) --------------------------
+
+
+def _solve(fun, args):
+  return hdm_optax.solve(SGD, fun, jnp.zeros(3), fun_args=args, max_steps=STEPS).params
+
+
+def _minimize(fun, args):
+  return hdm_optax.minimize(fun, X0, args=args, tol=1e-10).x
+
+
+def _sweep(fun, args):
+  out = hdm_optax.sweep(
+    optax.sgd, {"learning_rate": [1.0]}, fun, jnp.zeros(3), fun_args=args, max_steps=STEPS
+  )
+  return out.results.params[0]
+
+
+def _solve_batch(fun, args):
+  out = hdm_optax.solve_batch(
+    SGD, fun, jnp.zeros((2, 3)), fun_args=args, in_axes=(0, None), compact=False, max_steps=STEPS
+  )
+  np.testing.assert_array_equal(out.params[0], out.params[1])
+  return out.params[0]
+
+
+def _own_loop(fun, args, value_and_grad=None):
+  """The user's optax loop: f and grad f from ``value_and_grad_from_state``, two updates."""
+  value_and_grad = value_and_grad or hdm_optax.value_and_grad_from_state(fun)
+  x, state = jnp.zeros(3), SGD.init(jnp.zeros(3))
+  for _ in range(2):
+    _, grad = value_and_grad(x, *args, state=state)
+    updates, state = SGD.update(grad, state, x)
+    x = optax.apply_updates(x, updates)
+  return x
+
+
+DRIVERS = {
+  "solve": _solve,
+  "minimize": _minimize,
+  "sweep": _sweep,
+  "solve_batch": _solve_batch,
+  "own_loop": _own_loop,
+}
+
+
+@pytest.mark.parametrize("driver", list(DRIVERS))
+@pytest.mark.parametrize("holder", list(HOLDERS))
+def test_a_second_call_answers_for_the_changed_data(holder, driver):
+  """Call, change the data the way the holder holds it, call again: the target each time."""
+  data, run = HOLDERS[holder](), DRIVERS[driver]
+  data.set(FIRST)
+  if driver == "own_loop" and holder not in ("partial", "equinox"):
+    # the loop's value_and_grad is built once, outside the loop, as its docstring says
+    made = hdm_optax.value_and_grad_from_state(data.fun())
+    run = functools.partial(_own_loop, value_and_grad=made)
+  np.testing.assert_allclose(run(data.fun(), data.args()), FIRST, atol=1e-6)
+  data.set(SECOND)
+  np.testing.assert_allclose(run(data.fun(), data.args()), SECOND, atol=1e-6)
+
+
+# --- bounds: a separable quadratic, whose box solution is clip(c, lower, upper) -------------
+
+CURVATURE = np.array([1.0, 10.0, 100.0])
+CENTER = jnp.asarray(FIRST)
+
+
+def _separable(x):
+  return 0.5 * jnp.sum(CURVATURE * (x - CENTER) ** 2)
+
+
+def _set_center(c):
+  global CENTER  # pylint: disable=global-statement
+  CENTER = jnp.asarray(c)
+
+
+TRIAL_STEPS = 200
+PRECISE = {"gtol": 1e-9, "ftol": 0.0}  # minimize's options: stop on the projected gradient
+
+
+def _bounded_solve(lower, upper):
+  opt = hdm_optax.trial_lbfgs(lower=lower, upper=upper)
+  return hdm_optax.solve(opt, _separable, jnp.zeros(3), max_steps=TRIAL_STEPS, tol=1e-9).params
+
+
+BOUND_KINDS = {
+  # name: (lower, upper, (numpy lower, numpy upper) of the same box)
+  "none": (None, None, (-np.inf, np.inf)),
+  "scalar": (-1.0, 2.0, (-1.0, 2.0)),
+  "jnp_array": (jnp.array([-1.0, 0.0, 0.0]), jnp.array([2.0, 1.0, jnp.inf]), None),
+  "numpy_array": (np.array([-1.0, 0.0, 0.0]), np.array([2.0, 1.0, np.inf]), None),
+  "open_side": (None, np.array([0.5, np.inf, 1.0]), None),
+}
+
+
+def _box(kind):
+  lower, upper, numbers = BOUND_KINDS[kind]
+  if numbers is not None:
+    return lower, upper, np.broadcast_to(numbers[0], 3), np.broadcast_to(numbers[1], 3)
+  lo = np.full(3, -np.inf) if lower is None else np.asarray(lower)
+  return lower, upper, lo, np.asarray(upper)
+
+
+@pytest.mark.parametrize("kind", list(BOUND_KINDS))
+def test_bounded_solve_and_minimize_read_the_data_at_each_call(kind):
+  """solve(trial_lbfgs(lower, upper)) and minimize(bounds=...) with the center rebound
+  between calls: clip(c, lower, upper) each time."""
+  lower, upper, lo, hi = _box(kind)
+  for c in (FIRST, SECOND):
+    _set_center(c)
+    np.testing.assert_allclose(_bounded_solve(lower, upper), np.clip(c, lo, hi), atol=1e-6)
+    res = hdm_optax.minimize(_separable, X0, bounds=(lower, upper), options=PRECISE)
+    np.testing.assert_allclose(res.x, np.clip(c, lo, hi), atol=1e-6)
+
+
+def _pytree_fun(params):
+  w, b = params["w"], params["b"]
+  return 0.5 * jnp.sum(CURVATURE[:2] * (w - CENTER[:2]) ** 2) + 0.5 * (b - CENTER[2]) ** 2
+
+
+def test_pytree_bounds_with_a_numpy_leaf_edited_in_place():
+  """Bounds as a pytree shaped like dict params (a NumPy leaf, a number, None): editing the
+  NumPy leaf in place moves the box at the next call of the same transformation."""
+  _set_center(SECOND)  # w's target (-4, 5), b's 0.5
+  upper_w = np.array([0.0, 1.0])
+  opt = hdm_optax.trial_lbfgs(lower={"w": -1.0, "b": 0.0}, upper={"w": upper_w, "b": None})
+  x0 = {"w": jnp.zeros(2), "b": jnp.zeros(())}
+  for top in (1.0, 3.0):
+    upper_w[1] = top
+    res = hdm_optax.solve(opt, _pytree_fun, x0, max_steps=TRIAL_STEPS, tol=1e-9)
+    np.testing.assert_allclose(res.params["w"], [-1.0, top], atol=1e-6)
+    np.testing.assert_allclose(res.params["b"], 0.5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["scipy_bounds", "pairs", "tuple_with_none"])
+def test_minimize_takes_scipys_bound_forms_and_reads_them_at_each_call(form):
+  """SciPy's bound forms, each edited (or rebuilt) between calls, against L-BFGS-B."""
+  lo, hi = np.array([-1.0, 0.0, -np.inf]), np.array([2.0, 1.0, 0.0])
+  for c in (FIRST, SECOND):
+    _set_center(c)
+    if form == "scipy_bounds":
+      bounds = scipy.optimize.Bounds(lo, hi)
+    elif form == "pairs":
+      bounds = [(None if np.isinf(a) else a, None if np.isinf(b) else b) for a, b in zip(lo, hi)]
+    else:
+      bounds = (None, hi)
+    res = hdm_optax.minimize(_separable, X0, bounds=bounds, options=PRECISE)
+    fun_np = lambda x: (float(_separable(x)), np.asarray(jax.grad(_separable)(x)))
+    box = scipy.optimize.Bounds(-np.inf, hi) if form == "tuple_with_none" else bounds
+    ref = scipy.optimize.minimize(
+      fun_np, X0, jac=True, method="L-BFGS-B", bounds=box, options={"gtol": 1e-10}
+    )
+    np.testing.assert_allclose(res.x, ref.x, atol=1e-5)
+    lo[0] -= 1.0  # edited in place (the SciPy Bounds object holds the arrays as given)
+
+
+def _bounded_sweep(opt, make):
+  del opt
+  out = hdm_optax.sweep(make, [{}], _separable, jnp.zeros(3), max_steps=TRIAL_STEPS, tol=1e-9)
+  return out.results.params[0]
+
+
+def _bounded_batch(opt, make):
+  del make
+  out = hdm_optax.solve_batch(
+    opt, _separable, jnp.zeros((2, 3)), in_axes=(0, None), max_steps=TRIAL_STEPS, tol=1e-9
+  )
+  return out.params[1]
+
+
+def _bounded_own_loop(opt, make):
+  """The user's loop: init (which reads the box), then jitted updates (the box in the state)."""
+  del make
+  value_and_grad = hdm_optax.value_and_grad_from_state(_separable)
+  update = jax.jit(opt.update, static_argnames="value_fn")
+  x = jnp.zeros(3)
+  state = opt.init(x)
+  for _ in range(30):
+    value, grad = value_and_grad(x, state=state)
+    updates, state = update(grad, state, x, value=value, grad=grad, value_fn=_separable)
+    x = optax.apply_updates(x, updates)
+  return x
+
+
+BOUNDED_DRIVERS = {
+  "solve": lambda opt, make: (
+    hdm_optax.solve(opt, _separable, jnp.zeros(3), max_steps=TRIAL_STEPS, tol=1e-9).params
+  ),
+  "sweep": _bounded_sweep,
+  "solve_batch": _bounded_batch,
+  "own_loop": _bounded_own_loop,
+}
+
+
+@pytest.mark.parametrize("driver", list(BOUNDED_DRIVERS))
+def test_a_numpy_bound_edited_in_place_moves_the_box_in_every_driver(driver):
+  """The optimizer's NumPy upper bound edited in place between two calls (the same
+  transformation object): the second call's box is the edited one."""
+  _set_center(np.array([5.0, 5.0, 5.0]))
+  upper = np.array([1.0, 2.0, 3.0])
+  opt = hdm_optax.trial_lbfgs(lower=0.0, upper=upper)
+  make = lambda: opt  # sweep's make_optimizer: one object for both calls
+  run = BOUNDED_DRIVERS[driver]
+  np.testing.assert_allclose(run(opt, make), [1.0, 2.0, 3.0], atol=1e-6)
+  upper[:] = [4.0, 0.5, 6.0]
+  np.testing.assert_allclose(run(opt, make), [4.0, 0.5, 5.0], atol=1e-6)
+
+
+# --- random data and boxes (hypothesis): one program each, every example the closed form ----
+
+_ENTRY = st.floats(-5.0, 5.0, allow_nan=False, width=64)
+_BOX_ROW = st.tuples(_ENTRY, _ENTRY, _ENTRY)  # two ends of the box (either order), a center
+SOLVE_LOWER, SOLVE_UPPER = np.full(3, -1.0), np.full(3, 1.0)
+SOLVE_BOXED = hdm_optax.trial_lbfgs(lower=SOLVE_LOWER, upper=SOLVE_UPPER)
+
+
+@settings(max_examples=6, deadline=None)
+@given(rows=st.lists(_BOX_ROW, min_size=3, max_size=3))
+def test_random_center_and_box_edited_in_place_give_the_clipped_center(rows):
+  """Each example edits the box's NumPy arrays in place and rebinds the center: solve and
+  minimize (bounds from the same arrays) answer clip(c, lower, upper)."""
+  a, b, c = (np.array(column) for column in zip(*rows))
+  lo, hi = np.minimum(a, b), np.maximum(a, b) + 1e-3
+  SOLVE_LOWER[:], SOLVE_UPPER[:] = lo, hi
+  _set_center(c)
+  expected = np.clip(c, lo, hi)
+  got = hdm_optax.solve(SOLVE_BOXED, _separable, jnp.zeros(3), max_steps=TRIAL_STEPS, tol=1e-9)
+  np.testing.assert_allclose(got.params, expected, atol=1e-6)
+  res = hdm_optax.minimize(_separable, X0, bounds=(SOLVE_LOWER, SOLVE_UPPER), options=PRECISE)
+  np.testing.assert_allclose(res.x, expected, atol=1e-6)
+
+
+# --- a fresh process: the second answer equals the one a new Python process gives ----------
+
+DATA = None  # (A, y): the logistic regression the drivers below read as a global
+
+
+def _logistic_global(w):
+  A, y = DATA
+  return jnp.sum(jnp.logaddexp(0.0, -y * (A @ w))) + 0.05 * jnp.sum(w**2)
+
+
+def set_data(seed):
+  """Rebinds the global DATA to the problem of ``seed``."""
+  global DATA  # pylint: disable=global-statement
+  rng = np.random.default_rng(seed)
+  A = jnp.asarray(rng.standard_normal((30, 4)))
+  DATA = (A, jnp.asarray(np.sign(rng.standard_normal(30))))
+
+
+def answers() -> dict:
+  """Each driver's answer on DATA after 12 steps (a trajectory, not only a minimiser):
+  optax.sgd(0.05) where the driver takes any optimizer, minimize's trial_lbfgs."""
+  opt, steps = optax.sgd(0.05), 12
+  x0 = jnp.zeros(4)
+  out = {
+    "solve": hdm_optax.solve(opt, _logistic_global, x0, max_steps=steps, tol=0.0).params,
+    "minimize": hdm_optax.minimize(_logistic_global, x0, options={"maxiter": steps, "gtol": 0}).x,
+    "sweep": hdm_optax.sweep(
+      optax.sgd, {"learning_rate": [0.05]}, _logistic_global, x0, max_steps=steps, tol=0.0
+    ).results.params[0],
+    "solve_batch": hdm_optax.solve_batch(
+      opt,
+      _logistic_global,
+      jnp.stack([x0, x0]),
+      in_axes=(0, None),
+      max_steps=steps,
+      tol=0.0,
+      compact=False,
+    ).params[0],
+  }
+  value_and_grad = hdm_optax.value_and_grad_from_state(_logistic_global)
+  x, state = x0, opt.init(x0)
+  for _ in range(steps):
+    _, grad = value_and_grad(x, state=state)
+    updates, state = opt.update(grad, state, x)
+    x = optax.apply_updates(x, updates)
+  out["own_loop"] = x
+  return {k: np.asarray(v).tolist() for k, v in out.items()}
+
+
+_FRESH = """
+import json, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+sys.path.insert(0, "tests")
+import test_seams_adversarial as t
+t.set_data(2)
+print(json.dumps(t.answers()))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_answers():
+  """The drivers' answers on the seed-2 data, computed once in a new Python process."""
+  out = subprocess.run(
+    [sys.executable, "-c", _FRESH], cwd=ROOT, capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_call_on_rebound_data_equals_a_fresh_process(fresh_answers):
+  """Every driver, called on seed-1 data, then on seed-2 data (the global rebound), answers
+  as a fresh process that only ever saw seed 2."""
+  set_data(1)
+  first = answers()
+  set_data(2)
+  second = answers()
+  for driver, fresh in fresh_answers.items():
+    np.testing.assert_allclose(second[driver], fresh, rtol=1e-9, atol=1e-12, err_msg=driver)
+    assert not np.allclose(first[driver], fresh, rtol=1e-3), driver  # the data matter
+
+
+# --- the cache policy's costs: a program is reused wherever a fresh one gives the same answer --
+
+
+def _first_k_at(x, k, s):
+  """0.5 ||x - t||^2 with t = (s, ..., s, 0, ...): k entries of s (k a size: static)."""
+  return _half_square(x, jnp.concatenate([jnp.full(k, s), jnp.zeros(3 - k)]))
+
+
+def test_python_ints_in_fun_args_are_static_and_python_floats_traced():
+  """A new Python float reuses the program; a new Python int compiles its own (as
+  jax.jit's static_argnums): each call answers for its own values."""
+  run = lambda k, s: _solve(_first_k_at, (k, s))
+  np.testing.assert_allclose(run(2, 1.0), [1.0, 1.0, 0.0])
+  with Compilations() as compiled:
+    np.testing.assert_allclose(run(2, 3.0), [3.0, 3.0, 0.0])
+  assert compiled.count == 0
+  with Compilations() as compiled:
+    np.testing.assert_allclose(run(1, 3.0), [3.0, 0.0, 0.0])
+  assert compiled.count >= 1
+
+
+@pytest.mark.parametrize("driver", ["solve", "minimize"])
+def test_a_new_callback_object_does_not_compile_again(driver):
+  """SciPy users write ``hist = []; cb = lambda r: hist.append(...)`` inside a function, so
+  each call brings a new callback object: the program is reused, and the new one called."""
+
+  def call():
+    seen = []
+    callback = lambda snapshot: seen.append(1)
+    if driver == "solve":
+      _ = hdm_optax.solve(SGD, _reads_global, jnp.zeros(3), max_steps=STEPS, callback=callback)
+    else:
+      _ = hdm_optax.minimize(_reads_global, X0, callback=callback)
+    return seen
+
+  _Global().set(FIRST)
+  assert call()
+  with Compilations() as compiled:
+    assert call()
+  assert compiled.count == 0
+
+
+def test_grad_through_solve_without_jit_reuses_its_program():
+  """jax.grad through solve (no jax.jit around it), called again with new data: no compile,
+  and the gradient of the new data (x* = a, d(sum x*)/da = 1)."""
+  total = lambda a: jnp.sum(_solve(_half_square, (a,)))
+  np.testing.assert_allclose(jax.grad(total)(jnp.asarray(FIRST)), 1.0)
+  with Compilations() as compiled:
+    np.testing.assert_allclose(jax.grad(total)(jnp.asarray(SECOND)), 1.0)
+  assert compiled.count == 0
