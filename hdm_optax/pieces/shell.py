@@ -178,7 +178,7 @@ def _uphill(seen: Evidence, updates, accepted) -> jax.Array:
   """
   if seen.slope is None:  # the merit is not f (HDM-HB's potential): no slope to compare
     return jnp.asarray(False)
-  along_updates = optax.tree.vdot(updates, seen.step)
+  along_updates = optax.tree.vdot(_blocks.pack(updates), seen.step)  # the step is packed
   return ~accepted & seen.finite & (seen.slope >= 0) & (along_updates < 0)
 
 

@@ -112,10 +112,9 @@ def _batched_as(batched: Callable[..., Any]) -> Callable[[Callable[..., Any]], C
   """Decorates ``fun``: under ``jax.vmap`` it runs as ``jax.vmap(batched)``, and its
   derivatives are ``batched``'s.
 
-  ``batched`` computes the same values as ``fun``, operation for operation, in a form that
-  costs less batched (a select over the rows where ``fun`` updates one row in place, which
-  under ``vmap`` is a scatter into a copy; scalar operations where ``fun`` loops over the
-  rows, one kernel per row for each member of the batch).
+  ``batched`` computes the same values as ``fun``, bit for bit, in a form that costs less
+  batched (a select over the rows where ``fun`` updates one row in place, which under
+  ``vmap`` is a scatter into a copy of the rows).
   """
 
   def decorate(fun):
@@ -302,14 +301,16 @@ def _solve_upper(r, b, transpose: bool = False) -> jax.Array:
   call of its own, and a loop would test its condition on the host at every row). On a CPU
   it is a ``fori_loop`` over the rows (:func:`_substitution_loop`), the same operations in
   the same order: XLA:CPU compiles the written-out form into about one kernel per row, each
-  compiled on its own. Under ``vmap`` it is written out on a CPU too: the batch's rows are
-  then vector operations that XLA fuses, where the loop costs a kernel per row.
+  compiled on its own.
   """
   m = b.shape[0]
   if m > _UNROLLED_SOLVE:
     return jax.scipy.linalg.solve_triangular(r, b, lower=False, trans="T" if transpose else 0)
   return jax.lax.platform_dependent(
-    r, b, cpu=_CPU_SUBSTITUTION[transpose], default=_UNROLLED_SUBSTITUTION[transpose]
+    r,
+    b,
+    cpu=functools.partial(_substitution_loop, transpose=transpose),
+    default=functools.partial(_substitution_unrolled, transpose=transpose),
   )
 
 
@@ -346,15 +347,6 @@ def _substitution_loop(r, b, transpose: bool) -> jax.Array:
     return jnp.where(columns == i, acc / a[i, i], x)
 
   return jax.lax.fori_loop(0, m, row, jnp.zeros_like(b))
-
-
-_UNROLLED_SUBSTITUTION = {
-  t: functools.partial(_substitution_unrolled, transpose=t) for t in (False, True)
-}
-_CPU_SUBSTITUTION = {
-  t: _batched_as(_UNROLLED_SUBSTITUTION[t])(functools.partial(_substitution_loop, transpose=t))
-  for t in (False, True)
-}
 
 
 def _combination(coef, rows) -> jax.Array:
