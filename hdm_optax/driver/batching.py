@@ -354,9 +354,7 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: _Problems, limits, *
   theta = (*[x for x in args if programs.is_dynamic(x)], theta[-1])
   mapped = tuple(problems.mapped[: len(jax.tree.leaves(problems.tree[0]))]) + tuple(theta_mapped)
   mapped += (False,) * len(theta[-1])
-  hook = hooks.check_hook(kw["callback"], kw["progress"], len(points))
   trace = 0 if kw["trace"] is None else kw["trace"]
-  program = engine.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
   traced = bool(solving.tracers((problems.tree, limits)))
   groups: dict = {}
   for i, point in enumerate(points):
@@ -370,6 +368,8 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: _Problems, limits, *
       n: _column(n, [points[i][n] for i in indices], dtype) for n in names if n not in static
     }
     plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
+    hook = hooks.check_hook(kw["callback"], kw["progress"], len(indices))  # its own table
+    program = engine.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
     part = _run_part(
       maker,
       arrays,
@@ -489,8 +489,9 @@ def sweep(
       B``, grid-major, each point with its ``"problem"`` index).
     stop_at_first_converged: stop every point once one has converged.
     compact: retire stopped members (stages of a quarter the size).
-    callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step.
-    progress: one line for the batch on stderr.
+    callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step
+      (each program of a setting held static with its own points).
+    progress: one line for the batch on stderr (one per program).
     init_state: the points' optimizer states to resume (a leading axis of ``len(points)``).
     adjoint: as in :func:`hdm_optax.solve` (:class:`UnrolledAdjoint` needs ``compact=False``).
     trace: keep the last ``trace`` entries of each run (default: none).
