@@ -15,6 +15,7 @@ their result types. The parts the methods are configured from are in
 from hdm_optax import pieces
 from hdm_optax._common import HDMInfo
 from hdm_optax._common import values_at_params
+from hdm_optax.compilation_cache import enable_compilation_cache
 from hdm_optax.driver.adjoint import ImplicitAdjoint
 from hdm_optax.driver.adjoint import ImplicitGradientWarning
 from hdm_optax.driver.adjoint import UnrolledAdjoint
@@ -73,6 +74,7 @@ __all__ = (
   "solve",
   "solve_batch",
   "sweep",
+  "enable_compilation_cache",
   "trial_lbfgs",
   "value_and_grad_from_state",
   "values_at_params",

@@ -49,9 +49,8 @@ def enable_compilation_cache(
   Example (at the top of a script; it changes the process's JAX configuration)::
 
     import hdm_optax
-    from hdm_optax.compilation_cache import enable_compilation_cache
 
-    enable_compilation_cache()
+    hdm_optax.enable_compilation_cache()
     result = hdm_optax.minimize(f, x0)  # compiled once, loaded by the next run
   """
   if not min_compile_seconds >= 0:

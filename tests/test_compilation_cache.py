@@ -19,8 +19,7 @@ events = []
 monitoring.register_event_listener(lambda name, **_: events.append(name))
 import jax.numpy as jnp
 import hdm_optax
-from hdm_optax.compilation_cache import enable_compilation_cache
-path = enable_compilation_cache(sys.argv[1])
+path = hdm_optax.enable_compilation_cache(sys.argv[1])
 fun = lambda x: jnp.sum((x - jnp.arange(4.0)) ** 2 + 0.1 * x**4)
 res = hdm_optax.minimize(fun, jnp.zeros(4))
 print(json.dumps(dict(path=path, hits=events.count("/jax/compilation_cache/cache_hits"),

@@ -15,7 +15,7 @@ about (``minimize``'s cold call over SciPy's, ``minimize``'s XLA compile over op
 loop's), so that the load of a shared machine falls on both sides of a ratio alike. With
 ``--fresh`` each cold time is a fresh process's instead (JAX's start-up included, on both
 sides), and ``--cache`` adds a row per JAX solver whose process finds the programs in
-JAX's persistent compilation cache (``hdm_optax.compilation_cache.enable_compilation_cache``),
+JAX's persistent compilation cache (``hdm_optax.enable_compilation_cache``),
 filled by an earlier process. The solvers:
 
 - ``minimize``: ``hdm_optax.minimize(f, x0, args=data[, bounds=(0, None)])``;
