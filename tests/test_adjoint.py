@@ -14,6 +14,7 @@ import optax
 import pytest
 
 import hdm_optax
+from hdm_optax.pieces.lbfgs import memory as memory_lib
 from hdm_optax.driver import adjoint as adjoint_lib
 
 STEP = 1e-5
@@ -287,8 +288,7 @@ def test_preconditioned_cg_solves_in_fewer_steps():
   scales = jnp.logspace(0, 3, 20)
   fun = lambda x: 0.5 * jnp.sum(scales * x**2)
   res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.ones(20), max_steps=200, tol=1e-10)
-  memory = adjoint_lib._secant_memory(res.state)  # pylint: disable=protected-access
-  precond = adjoint_lib._preconditioner(memory, None)  # pylint: disable=protected-access
+  precond = memory_lib.preconditioner(res.state)
   b = jnp.ones(20)
   plain = adjoint_lib.conjugate_gradient(lambda v: scales * v, b)
   better = adjoint_lib.conjugate_gradient(lambda v: scales * v, b, precond)

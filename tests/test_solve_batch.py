@@ -15,7 +15,7 @@ import pytest
 
 import hdm_optax
 from hdm_optax.driver import solving
-from hdm_optax.driver import engine
+from hdm_optax.driver import runs
 
 
 def quadratic(w, d, c):
@@ -46,7 +46,7 @@ KW = dict(max_steps=300, tol=1e-6)
 def test_each_member_gets_what_a_vmapped_solve_gives_it(make):
   d, c = spread_batch(80, 6, jnp.float64)
   x0 = jnp.zeros_like(c)
-  assert engine.stage_sizes(80, True) == (80, 20, 5)
+  assert runs.stage_sizes(80, True) == (80, 20, 5)
   ref = lockstep(make(), x0, d, c, **KW)
   out = hdm_optax.solve_batch(make(), quadratic, x0, fun_args=(d, c), **KW)
   steps = np.asarray(ref.num_steps)
@@ -61,10 +61,10 @@ def test_each_member_gets_what_a_vmapped_solve_gives_it(make):
 
 
 def test_the_stages_shrink_to_sixteen_above_sixty_four_members():
-  assert engine.stage_sizes(4096, True) == (4096, 1024, 256, 64, 16)
-  assert engine.stage_sizes(64, True) == (64, 16, 4, 1)
-  assert engine.stage_sizes(65, True) == (65, 17, 5)
-  assert engine.stage_sizes(4096, False) == (4096,)
+  assert runs.stage_sizes(4096, True) == (4096, 1024, 256, 64, 16)
+  assert runs.stage_sizes(64, True) == (64, 16, 4, 1)
+  assert runs.stage_sizes(65, True) == (65, 17, 5)
+  assert runs.stage_sizes(4096, False) == (4096,)
 
 
 def test_a_large_batch_retires_members_and_matches_the_lockstep_loop():

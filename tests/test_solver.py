@@ -15,6 +15,7 @@ from hdm_optax.driver import results
 from hdm_optax.driver import programs
 from hdm_optax.driver import solving
 from hdm_optax.driver import engine
+from hdm_optax.driver import runs
 
 
 A = jnp.array([1.0, 10.0, 100.0])
@@ -95,7 +96,7 @@ def test_trace_is_frozen_after_the_last_step():
 
 def test_compact_sweep_gives_the_same_results():
   """Moving the active points into smaller batches (6 -> 2 -> 1) changes no result."""
-  assert engine.stage_sizes(6, True) == (6, 2, 1) and engine.stage_sizes(6, False) == (6,)
+  assert runs.stage_sizes(6, True) == (6, 2, 1) and runs.stage_sizes(6, False) == (6,)
   kw = dict(max_steps=400, tol=1e-6, fun_args=(A,))
   full = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   compact = hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), compact=True, **kw)

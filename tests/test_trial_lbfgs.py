@@ -725,8 +725,7 @@ def _boxed_dict_run():
 def test_the_preconditioner_of_a_state_is_the_two_loop_operator_of_its_pairs(restricted):
   """memory.preconditioner(state, free) on dict params (packed memory) against the NumPy
   two-loop recursion of the pairs restricted to the free set, with gamma = sum <s, y> /
-  sum <y, y> of the kept restricted pairs, and the identity off the free set; and, while
-  the implicit adjoint keeps its own copy, against that."""
+  sum <y, y> of the kept restricted pairs, and the identity off the free set."""
   state, free = _boxed_dict_run()
   assert not all(bool(jnp.all(f)) for f in jax.tree.leaves(free))  # a variable binds
   free = free if restricted else None
@@ -745,12 +744,6 @@ def test_the_preconditioner_of_a_state_is_the_two_loop_operator_of_its_pairs(res
   want = ref.two_loop_reference(s, y, rho, int(mem.head), gamma, flat_v * mask)
   want = np.where(mask, want, flat_v)
   np.testing.assert_allclose(_flat(got), want, rtol=1e-10, atol=1e-12)
-  from hdm_optax.driver import adjoint as adjoint_lib  # pylint: disable=import-outside-toplevel
-
-  if not hasattr(adjoint_lib, "_preconditioner"):
-    return  # the adjoint calls memory.preconditioner itself
-  old = adjoint_lib._preconditioner(adjoint_lib._secant_memory(state), free)  # pylint: disable=protected-access
-  np.testing.assert_allclose(_flat(old(v)), _flat(got), rtol=1e-12, atol=1e-14)
 
 
 def test_a_state_without_a_single_memory_has_no_preconditioner():

@@ -23,6 +23,7 @@ import numpy as np
 
 import hdm_optax
 from hdm_optax.driver import adjoint as adjoint_lib
+from hdm_optax.pieces.lbfgs import memory as memory_lib
 
 jax.config.update("jax_enable_x64", True)
 
@@ -110,7 +111,7 @@ def _cg_solver(on):
     grad = jax.grad(_train_loss)
     hvp = lambda v: jax.jvp(lambda u: grad(u, X, y, m, log_lam), (w,), (v,))[1]
     b = jax.grad(_held_out)(w, X, y, m)
-    precond = adjoint_lib._preconditioner(memory, None) if on else None  # pylint: disable=protected-access
+    precond = memory_lib.preconditioner(memory) if on else None
     return adjoint_lib.conjugate_gradient(hvp, b, precond, rtol=1e-10)
 
   return solve
@@ -129,7 +130,7 @@ def _cg_steps(X, y, masks, log_lam, repeats):
       tol=TOL,
       fun_args=(X, y, m, log_lam),
     )
-    memory = adjoint_lib._secant_memory(res.state)  # pylint: disable=protected-access
+    memory = res.state.direction.memory  # the pairs the run left
     call = lambda on: jax.block_until_ready(solvers[on](res.params, X, y, m, log_lam, memory))
     for on in solvers:
       steps[on].append(int(call(on)[1]))

@@ -5,15 +5,18 @@ transformation protocol: ``init``, ``update`` with ``value``, ``grad`` and ``val
 and the cache contract of the state (:mod:`~hdm_optax.driver.cache`).
 
 - :mod:`~hdm_optax.driver.engine`: the one loop (``start``, ``step``, the stop rule
-  :func:`~hdm_optax.driver.engine.judge`, the trace), its primitives (a ``while_loop``,
-  blocks of steps, a ``scan`` for reverse mode) and the staged batch that retires members.
+  :func:`~hdm_optax.driver.engine.judge`).
+- :mod:`~hdm_optax.driver.runs`: that loop run to its end, with the trace and the hook,
+  under a primitive (a ``while_loop``, blocks of steps, a ``scan`` for reverse mode), and
+  the staged batch that retires members.
 - :mod:`~hdm_optax.driver.limits`: the numbers that stop a run.
 - :mod:`~hdm_optax.driver.hooks`: the callback and the progress line, one host dispatcher.
 - :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, and
   what enters it as arguments).
 - :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run.
 - The front doors: :mod:`~hdm_optax.driver.solving` (:func:`solve`),
-  :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`),
+  :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`, with
+  :mod:`~hdm_optax.driver.members` for the problems and the grid of a batch),
   :mod:`~hdm_optax.driver.scipy_api` (:func:`minimize`, with
   :mod:`~hdm_optax.driver.objective` for SciPy's ``fun`` and ``jac``),
   :mod:`~hdm_optax.driver.minibatch` (:func:`minibatch_step`), and
@@ -29,10 +32,12 @@ from hdm_optax.driver import cache
 from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
 from hdm_optax.driver import limits
+from hdm_optax.driver import members
 from hdm_optax.driver import minibatch
 from hdm_optax.driver import objective
 from hdm_optax.driver import programs
 from hdm_optax.driver import results
+from hdm_optax.driver import runs
 from hdm_optax.driver import scipy_api
 from hdm_optax.driver import solving
 
@@ -43,10 +48,12 @@ __all__ = (
   "engine",
   "hooks",
   "limits",
+  "members",
   "minibatch",
   "objective",
   "programs",
   "results",
+  "runs",
   "scipy_api",
   "solving",
 )

@@ -16,7 +16,7 @@ see the returned ``params`` (and ``value``) as functions of ``fun_args`` and of 
   with :math:`g_i > 0`, or the same at :math:`u_i`) have derivative 0 and the system is
   :math:`H_{FF}` on the others. ``x0`` and ``init_state`` get zero derivatives.
 - :class:`UnrolledAdjoint`: the run of ``max_steps`` iterations is a ``lax.scan``
-  (:func:`hdm_optax.driver.engine.scan_primitive`) and reverse mode goes through every
+  (:func:`hdm_optax.driver.runs.scan_primitive`) and reverse mode goes through every
   iteration, each under ``jax.checkpoint``: the derivative of the truncated run as it ran.
 
 Where the implicit rule's assumptions fail it says so, once per differentiated call, with
@@ -43,7 +43,6 @@ import numpy as np
 import optax
 
 from hdm_optax.driver import engine
-from hdm_optax.pieces.lbfgs import bounded as bounded_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
 __all__ = (
@@ -273,35 +272,6 @@ def _active_set(box, x, grad, tol):
   return free, sum(odd, jnp.int32(0))
 
 
-def _secant_memory(state) -> Optional[memory_lib.SecantMemory]:
-  is_memory = lambda leaf: isinstance(leaf, memory_lib.SecantMemory)
-  found = [leaf for leaf in jax.tree.leaves(state, is_leaf=is_memory) if is_memory(leaf)]
-  return found[0] if len(found) == 1 else None
-
-
-def _preconditioner(memory, free):
-  """:math:`v \\mapsto H_m v` of the run's pairs on the free variables (identity elsewhere)."""
-  if memory is None:
-    return None
-  if free is not None:
-    memory = bounded_lib.restricted_memory(memory, free)
-  kept = memory.rho != 0
-  per_pair = lambda a, b: sum(
-    jnp.sum((u * v).reshape(u.shape[0], -1), axis=1)
-    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b))
-  )
-  sy = jnp.sum(jnp.where(kept, per_pair(memory.s, memory.y), 0))
-  yy = jnp.sum(jnp.where(kept, per_pair(memory.y, memory.y), 0))
-  gamma = jnp.where(yy > 0, sy / jnp.where(yy > 0, yy, 1), 1)
-
-  def apply(v):
-    zero = optax.tree.zeros_like(v)
-    inner = memory_lib.two_loop_recursion(memory, gamma, _where_free(free, v, zero))
-    return _where_free(free, inner, v)
-
-  return apply
-
-
 def _zero_tangent(tree):
   def zero(a):
     if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
@@ -327,8 +297,9 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
     hv = jax.jvp(lambda y: gradient(y, theta), (x,), (_where_free(free, v, zero),))[1]
     return _where_free(free, hv, v)
 
-  memory = _secant_memory(result.state) if adjoint.precondition else None
-  precond = _preconditioner(jax.lax.stop_gradient(memory), free)
+  precond = None
+  if adjoint.precondition:  # H_m of the run's pairs on the free variables (or None)
+    precond = memory_lib.preconditioner(jax.lax.stop_gradient(result.state), free)
   dtype = jax.tree.leaves(x)[0].dtype
   rtol = adjoint.rtol if adjoint.rtol is not None else float(jnp.finfo(dtype).eps) ** 0.6
 

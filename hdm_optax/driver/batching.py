@@ -1,6 +1,6 @@
 """``solve_batch`` and ``sweep``: many problems, or a grid of settings, as one program.
 
-Both run the engine's batched loop (:func:`hdm_optax.driver.engine.run_batch`): every
+Both run the engine's batched loop (:func:`hdm_optax.driver.runs.run_batch`): every
 member runs the loop of :func:`hdm_optax.solve`, and once three quarters of a stage have
 stopped, the members still running go on as a batch a quarter the size. With ``devices=``
 the members are spread over the devices (``jax.shard_map``), each device retiring its own
@@ -10,8 +10,6 @@ finished members.
 from __future__ import annotations
 
 import functools
-import itertools
-import numbers
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
@@ -22,7 +20,9 @@ import optax
 from hdm_optax import _common
 from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
+from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
+from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
@@ -34,130 +34,6 @@ from hdm_optax.driver.results import best_index
 __all__ = ("solve_batch", "sweep")
 
 _AXIS = "members"
-
-
-class _Problems(NamedTuple):
-  """The problems of a batch: ``(init_params, fun_args)``, mapped leaves on axis 0."""
-
-  tree: Any
-  mapped: tuple  # per leaf of tree: on the batch axis
-  count: int  # 1 when nothing is mapped
-
-
-def _problems(init_params, fun_args: tuple, in_axes) -> _Problems:
-  if not (isinstance(in_axes, (tuple, list)) and len(in_axes) == 2):
-    raise ValueError(
-      "in_axes must be a pair (axes of init_params, axes of fun_args), each an int, None "
-      f"or a pytree prefix as in jax.vmap, got {in_axes!r}; e.g. in_axes=(None, (None, 0))"
-    )
-  tree, none = (init_params, fun_args), lambda x: x is None
-  try:
-    axes = jax.tree.flatten(jax.tree.broadcast(tuple(in_axes), tree, is_leaf=none), is_leaf=none)[0]
-  except ValueError:
-    raise ValueError(
-      f"in_axes must be a pytree prefix of (init_params, fun_args) with ints or None at its "
-      f"leaves (as jax.vmap's), got {in_axes!r} for {jax.tree.structure(tree)}"
-    ) from None
-  leaves, treedef = jax.tree.flatten(tree)
-  out, sizes = [], set()
-  for leaf, axis in zip(leaves, axes):
-    if axis is not None:
-      leaf = jnp.asarray(leaf)
-      if not isinstance(axis, int) or not -leaf.ndim <= axis < leaf.ndim:
-        raise ValueError(f"in_axes: axis {axis!r} for a leaf of shape {leaf.shape}")
-      sizes.add(leaf.shape[axis])
-      leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
-    out.append(leaf)
-  if len(sizes) > 1:
-    raise ValueError(
-      f"in_axes: the mapped axes of init_params and fun_args must have one size (the number "
-      f"of problems), got sizes {sorted(sizes)}"
-    )
-  mapped = tuple(a is not None for a in axes)
-  return _Problems(jax.tree.unflatten(treedef, out), mapped, sizes.pop() if sizes else 1)
-
-
-# --- the grid of settings ----------------------------------------------------------------
-
-
-def _grid_points(grid):
-  if isinstance(grid, Mapping):
-    names = list(grid)
-    points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
-  else:
-    points = [dict(p) for p in grid]
-    names = list(points[0]) if points else []
-    if any(set(p) != set(names) for p in points):
-      raise ValueError("every grid point must have the same keys")
-  if not points:
-    raise ValueError("grid is empty")
-  return names, points
-
-
-def _column(name, values, float_dtype) -> jax.Array:
-  """A grid column: floats in the params' dtype, ints and bools in their own, arrays as given."""
-  if all(isinstance(v, (bool, np.bool_)) for v in values):
-    return jnp.asarray(values, bool)
-  if all(isinstance(v, (numbers.Integral, np.integer)) for v in values):
-    return jnp.asarray(values)
-  if all(isinstance(v, numbers.Real) and not hasattr(v, "dtype") for v in values):
-    return jnp.asarray(values, float_dtype)
-  column = jnp.asarray(values)
-  if column.ndim != 1:
-    raise ValueError(f"grid values of {name!r} must be scalars, got shape {column.shape[1:]}")
-  return column
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (numbers.Number, np.generic, np.ndarray, jax.Array))
-
-
-def _static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
-  """The settings held static: non-numbers, and integers a trace cannot build (a memory size)."""
-
-  def builds(traced):
-    try:
-      jax.eval_shape(lambda v: make_optimizer(**{**points[0], **v}).init(params), traced)
-    except Exception:  # pylint: disable=broad-except  # any failure: held static
-      return False
-    return True
-
-  held = [n for n in names if not all(_is_number(p[n]) for p in points)]
-  traced = {n: _column(n, [p[n] for p in points], float_dtype)[0] for n in names if n not in held}
-  for name in [n for n in traced if all(isinstance(p[n], numbers.Integral) for p in points)]:
-    if builds(traced):
-      break
-    rest = {n: v for n, v in traced.items() if n != name}
-    if builds(rest):
-      traced, held = rest, held + [name]
-  return tuple(held)
-
-
-def _plain(value):
-  return value.item() if isinstance(value, np.generic) else value
-
-
-class _Maker:
-  """How a member's optimizer is built inside the program (static).
-
-  ``make_optimizer(**settings, **columns)`` for a sweep (keyed on what ``make_optimizer``
-  computes), or a given optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey`.
-  """
-
-  def __init__(self, make_optimizer, settings, key):
-    self.make_optimizer, self.settings, self.optimizer_key = make_optimizer, settings, key
-    self._key = (key, programs.fingerprint((make_optimizer, settings)))
-
-  def build(self, arrays, columns):
-    if self.optimizer_key is not None:
-      return self.optimizer_key.build(arrays)
-    return self.make_optimizer(**dict(self.settings), **columns)
-
-  def __hash__(self):
-    return hash(self._key)
-
-  def __eq__(self, other):
-    return isinstance(other, _Maker) and other._key == self._key
 
 
 class _Plan(NamedTuple):
@@ -213,11 +89,11 @@ def _batch_entry(
     members = (columns, member_rows)
     if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
       return _run_members(make, program, plan, members, x0, state, handle)
-    primitive = engine.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
+    primitive = runs.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
 
     def one(member, x, s):
       loop_, fun = make(member)
-      return engine.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
+      return runs.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
 
     return jax.vmap(one, in_axes=(0, 0, None if state is None else 0))(members, x0, state)
 
@@ -239,7 +115,7 @@ def _value(out, has_aux):
 def _run_members(make, program, plan, members, params, opt_state, handle):
   """The staged batch, on one device or spread over ``plan.devices``."""
   run = functools.partial(
-    engine.run_batch,
+    runs.run_batch,
     make,
     program,
     handle=handle,
@@ -330,16 +206,18 @@ def _combine(parts: list) -> SolveResult:
   return SolveResult(**fields)
 
 
-def _run(*, make_optimizer, optimizer, grid, fun, problems: _Problems, limits, **kw):
+def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems, limits, **kw):
   """The members, every point of ``grid`` on every problem, run one program per setting held
   static (``optimizer``: the one given to ``solve_batch``)."""
-  names, points = _grid_points(grid)
+  names, points = members_lib.grid_points(grid)
   leaves, treedef = jax.tree.flatten(problems.tree)
   params_one, args_one = jax.tree.unflatten(
     treedef, [a[0] if m else a for a, m in zip(leaves, problems.mapped)]
   )
   dtype = _common.params_dtype(params_one)
-  static = () if optimizer else _static_names(make_optimizer, names, points, params_one, dtype)
+  static = (
+    () if optimizer else members_lib.static_names(make_optimizer, names, points, params_one, dtype)
+  )
   if problems.count > 1:
     if "problem" in names:
       raise ValueError('with in_axes every point gets the key "problem": rename that setting')
@@ -358,18 +236,20 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: _Problems, limits, *
   traced = bool(solving.tracers((problems.tree, limits)))
   groups: dict = {}
   for i, point in enumerate(points):
-    groups.setdefault(tuple((n, _plain(point[n])) for n in static), []).append(i)
+    groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)
     key, arrays = programs.split_optimizer(optimizer) if optimizer else (None, [])
-    maker = _Maker(make_optimizer, settings, key)
+    maker = members_lib.Maker(make_optimizer, settings, key)
     columns = {
-      n: _column(n, [points[i][n] for i in indices], dtype) for n in names if n not in static
+      n: members_lib.column(n, [points[i][n] for i in indices], dtype)
+      for n in names
+      if n not in static
     }
     plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
     hook = hooks.check_hook(kw["callback"], kw["progress"], len(indices))  # its own table
-    program = engine.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
+    program = runs.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
     part = _run_part(
       maker,
       arrays,
@@ -402,7 +282,7 @@ def _run_part(
   state = kw["init_state"]
   state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
   plan = _Plan(
-    sizes=engine.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
+    sizes=runs.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
     mapped=kw["mapped"],
     theta_def=kw["theta_def"],
     in_order=devices is None
@@ -512,7 +392,7 @@ def sweep(
     >>> len(out.points), out.results.num_steps.shape
     (4, (4,))
   """
-  problems = _problems(init_params, tuple(fun_args), in_axes)
+  problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if stop_at_first_converged and problems.count > 1:
     raise ValueError(
       "stop_at_first_converged stops every point once one converged, but with in_axes the "
@@ -606,7 +486,7 @@ def solve_batch(
     >>> out.converged.tolist(), out.params.shape
     ([True, True, True], (3, 2))
   """
-  problems = _problems(init_params, tuple(fun_args), in_axes)
+  problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if not any(problems.mapped):
     raise ValueError(
       f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "

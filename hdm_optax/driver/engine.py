@@ -6,11 +6,12 @@ makes one optimizer update and leaves f and grad f at the new params in the
 :class:`LoopState`, and :func:`judge` (the one stop rule) writes the run's status into the
 state at both. Every driver runs this loop:
 
-- :func:`run` runs it to its end with a *primitive* (:func:`while_primitive`,
-  :func:`blocks_primitive`, :func:`scan_primitive` for reverse-mode differentiation), recording
-  the :class:`~hdm_optax.driver.results.Trace` and calling the watch hook
-  (:mod:`hdm_optax.driver.hooks`) after every step;
-- :func:`run_batch` runs a batch of problems in stages that retire finished members;
+- :func:`hdm_optax.driver.runs.run` runs it to its end with a *primitive* (a
+  ``while_loop``, blocks of steps, a checkpointed ``scan`` for reverse-mode
+  differentiation), recording the :class:`~hdm_optax.driver.results.Trace` and calling the
+  watch hook (:mod:`hdm_optax.driver.hooks`) after every step;
+- :func:`hdm_optax.driver.runs.run_batch` runs a batch of problems in stages that retire
+  finished members;
 - a user runs :func:`hdm_optax.loop`'s functions in a loop of their own.
 
 .. code-block:: python
@@ -34,27 +35,18 @@ import optax
 
 from hdm_optax import _common
 from hdm_optax.driver import cache as cache_lib
-from hdm_optax.driver import hooks as hooks_lib
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import check_limits
-from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
-from hdm_optax.driver.results import Trace
 from hdm_optax.pieces import box as box_lib
 
 __all__ = (
   "RUNNING",
   "Loop",
   "LoopState",
-  "blocks_primitive",
   "judge",
   "loop",
   "make_loop",
-  "run",
-  "run_batch",
-  "scan_primitive",
-  "stage_sizes",
-  "while_primitive",
 )
 
 # The status a state carries while its run goes on (never reported: see Loop.status).
@@ -418,265 +410,3 @@ def loop(
   fun_args = tuple(fun_args)
   on = not isinstance(ftol, (int, float)) or ftol != 0
   return make_loop(optimizer, lambda p: fun(p, *fun_args), limits, bool(has_aux), on)
-
-
-# --- running a loop to its end ----------------------------------------------------------
-
-
-class _Carry(NamedTuple):
-  """What a run carries: the loop state (its gradient left out where the optimizer's cache
-  holds it), the trace ring and the hook's state."""
-
-  state: LoopState
-  trace: Trace
-  hook: Any
-
-
-def _without_cached_grad(s: LoopState) -> LoopState:
-  # The cache's gradient and s.grad are one array; carried twice, XLA copies it every step.
-  return s if cache_lib.cache_at_params(s.opt_state) is None else s._replace(grad=None)
-
-
-def _with_cached_grad(s: LoopState) -> LoopState:
-  return s if s.grad is not None else s._replace(grad=cache_lib.cache_at_params(s.opt_state).grad)
-
-
-def _trace_entry(s: LoopState) -> Trace:
-  return Trace(s.value, s.grad_norm, s.accepted, s.num_grad_evals, s.num_steps)
-
-
-def _record(trace: Trace, s: LoopState) -> Trace:
-  size = trace.value.shape[0]
-  if size == 0:
-    return trace
-  index = s.num_steps % size
-  return jax.tree.map(lambda a, v: a.at[index].set(v), trace, _trace_entry(s))
-
-
-def _ordered(trace: Trace, s: LoopState) -> Trace:
-  """The ring in step order: the last ``size`` entries, then the final one repeated."""
-  size = trace.value.shape[0]
-  first = jnp.maximum(0, s.num_steps - size + 1)
-  steps = jnp.minimum(first + jnp.arange(size, dtype=s.num_steps.dtype), s.num_steps)
-  ordered = jax.tree.map(lambda a: a[steps % max(size, 1)], trace)
-  after = first + jnp.arange(size, dtype=s.num_steps.dtype) > s.num_steps
-  return ordered._replace(accepted=ordered.accepted & ~after, step=steps)
-
-
-class Program(NamedTuple):
-  """What :func:`run` needs of a front door besides the data (static).
-
-  Attributes:
-    trace_size: the number of trace entries kept (the last ones).
-    hook: the :class:`~hdm_optax.driver.hooks.Hook` (callback, progress), or ``None``.
-    has_aux: ``fun`` returns ``(value, aux)``; aux is evaluated once at the end.
-    ftol: the run may stop on ``ftol`` (see :func:`make_loop`).
-  """
-
-  trace_size: int = 0
-  hook: Optional[hooks_lib.Hook] = None
-  has_aux: bool = False
-  ftol: bool = False
-
-
-def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> _Carry:
-  s = loop_.start(params, opt_state)
-  trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle, member))
-
-
-def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carry:
-  """One step, recorded and watched; ``active`` False leaves the member as it was."""
-  old = _with_cached_grad(carry.state)
-  s = loop_.step(old)
-  if active is not None:
-    s = optax.tree.where(active, s, old)
-  hook, halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
-  if halt is not None:
-    stoppable = (s.status == RUNNING) | (s.status == Status.MAX_STEPS)
-    if active is not None:  # a finished member's hook state stays as it was
-      stoppable, hook = stoppable & active, optax.tree.where(active, hook, carry.hook)
-    s = s._replace(status=jnp.where(halt & stoppable, jnp.int32(Status.STOPPED), s.status))
-  return _Carry(_without_cached_grad(s), _record(carry.trace, s), hook)
-
-
-def _running(carry: _Carry) -> jax.Array:
-  return carry.state.status == RUNNING
-
-
-def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
-  s = _with_cached_grad(carry.state)
-  status = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
-  num_value_evals, aux = s.num_value_evals, None
-  if program.has_aux:  # one more evaluation of f (no gradient) gives aux at params
-    aux = fun(s.params)[1]
-    num_value_evals = num_value_evals + 1
-  converged = [Status.CONVERGED, Status.CONVERGED_IN_BOX, Status.CONVERGED_FTOL]
-  return SolveResult(
-    params=s.params,
-    state=s.opt_state,
-    value=s.value,
-    grad_norm=s.grad_norm,
-    num_steps=s.num_steps,
-    num_value_evals=num_value_evals,
-    num_grad_evals=s.num_grad_evals,
-    converged=functools.reduce(jnp.logical_or, [status == c for c in converged]),
-    status=status,
-    trace=_ordered(carry.trace, s),
-    null_run=s.null_run,
-    aux=aux,
-    tol=s.tol,
-  )
-
-
-def while_primitive(running, body, carry):
-  """The plain loop: ``lax.while_loop`` until the stop rule holds."""
-  return jax.lax.while_loop(running, body, carry)
-
-
-def blocks_primitive(check_every: int, max_steps):
-  """Blocks of ``check_every`` steps per test of the ``while_loop`` condition.
-
-  The steps of a block run unmasked and the rule is evaluated after each; once it held
-  inside a block, the run goes on step by step from that block's start, so the result,
-  counts and trace are those of a test at every step (the block's steps after the stop
-  are computed and discarded). No block runs past ``max_steps``.
-  """
-
-  def primitive(running, body, carry):
-    def block(c):
-      current, _, _ = c
-
-      def one(_, inner):
-        carry, held = inner
-        carry = body(carry)
-        return carry, held | ~running(carry)
-
-      end, held = jax.lax.fori_loop(0, check_every, one, (current, jnp.asarray(False)))
-      return end, current, held
-
-    def more(c):
-      current, _, held = c
-      return ~held & (current.state.num_steps <= max_steps - check_every)
-
-    end, start, held = jax.lax.while_loop(more, block, (carry, carry, ~running(carry)))
-    carry = jax.lax.cond(held, lambda: start, lambda: end)
-    return jax.lax.while_loop(running, body, carry)
-
-  return primitive
-
-
-def scan_primitive(length: int, checkpoint: bool = True):
-  """``length`` iterations of a ``lax.scan`` (reverse mode enters it); an iteration after
-  the stop rule held leaves the carry as it is (a ``lax.cond``)."""
-
-  def primitive(running, body, carry):
-    def one(carry, _):
-      return jax.lax.cond(running(carry), body, lambda c: c, carry), None
-
-    one = jax.checkpoint(one) if checkpoint else one
-    return jax.lax.scan(one, carry, length=length)[0]
-
-  return primitive
-
-
-def run(
-  loop_: Loop, program: Program, fun, params, opt_state=None, *, primitive=None, handle=None
-) -> SolveResult:
-  """Runs ``loop_`` from ``params`` to its end with ``primitive`` (default: the while loop)."""
-  primitive = primitive or while_primitive
-  carry = _begin(loop_, program, params, opt_state, handle, None)
-  carry = primitive(_running, functools.partial(_advance, loop_, program), carry)
-  return _end(loop_, program, fun, carry)
-
-
-# --- a batch of problems that retires its finished members --------------------------------
-
-# Below this many members a stage costs about as much per step as a smaller one would, and
-# every stage is one more loop to compile.
-_SMALLEST_STAGE = 16
-
-
-def stage_sizes(size: int, compact: bool) -> tuple[int, ...]:
-  """Batch sizes of the stages: ``(size,)``, or to retire members ``(size, ceil(size/4),
-  ...)`` down to 1, or, for a batch of more than 64 members, down to 16."""
-  smallest = 1 if size <= 4 * _SMALLEST_STAGE else _SMALLEST_STAGE
-  sizes = [size]
-  while compact and sizes[-1] > smallest:
-    sizes.append(-(-sizes[-1] // 4))
-  return tuple(sizes)
-
-
-def run_batch(
-  make: Callable[[Any], tuple[Loop, Callable]],
-  program: Program,
-  members: Any,
-  params,
-  opt_state,
-  *,
-  sizes: tuple[int, ...],
-  handle=None,
-  stop_at_first_converged: bool = False,
-  first_member=0,
-) -> SolveResult:
-  """Runs a batch of problems, a stage at a time, each member its own loop.
-
-  Args:
-    make: ``make(member) -> (loop, fun)``: the loop of a member and its objective.
-    program: the static :class:`Program`.
-    members: a pytree whose leaves have one row per member (its data and settings).
-    params: the members' starting points (one row per member).
-    opt_state: the members' optimizer states to resume (one row per member), or ``None``.
-    sizes: the stage sizes (:func:`stage_sizes`); ``sizes[0]`` is the number of members.
-    handle: the hook's handle (:mod:`hdm_optax.driver.hooks`).
-    stop_at_first_converged: end every member once one has converged (status ``STOPPED``).
-    first_member: the index of the first member in the whole batch (for the hook).
-
-  Returns:
-    The batched :class:`SolveResult`. Once at most ``sizes[i + 1]`` members are still
-    running, those go on as a batch of that size (gathered with their data), and the others
-    cost nothing more.
-  """
-
-  def begin(member, x, state, index):
-    return _begin(make(member)[0], program, x, state, handle, index)
-
-  def advance(member, carry):
-    return _advance(make(member)[0], program, carry, active=_running(carry))
-
-  def stop(part):
-    if not stop_at_first_converged:
-      return jnp.asarray(False)
-    return jnp.any(jax.vmap(lambda c: _converged(c.state.status))(part))
-
-  def stage(rows, part, later, stopped):
-    def go(part):
-      return (jnp.sum(jax.vmap(_running)(part)) > later) & ~stopped & ~stop(part)
-
-    return jax.lax.while_loop(go, lambda part: jax.vmap(advance)(rows, part), part)
-
-  ids = first_member + jnp.arange(sizes[0], dtype=jnp.int32)
-  axes = (0, 0, None if opt_state is None else 0, 0)
-  batch = jax.vmap(begin, in_axes=axes)(members, params, opt_state, ids)
-  later_sizes = sizes[1:] + (0,)
-  batch = stage(members, batch, later_sizes[0], jnp.asarray(False))
-  for size, later in zip(sizes[1:], later_sizes[1:]):
-    stopped = stop(batch)  # judged on the whole batch, where the member that met it is
-    chosen = jnp.argsort(~jax.vmap(_running)(batch), stable=True)[:size]
-    take = lambda tree: jax.tree.map(lambda x: x[chosen], tree)
-    part = stage(take(members), take(batch), later, stopped)
-    batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
-  if stop_at_first_converged:  # the members still running end STOPPED
-    still = jax.vmap(_running)(batch)
-    status = jnp.where(still, jnp.int32(Status.STOPPED), batch.state.status)
-    batch = batch._replace(state=batch.state._replace(status=status))
-
-  def end(member, carry):
-    loop_, fun = make(member)
-    return _end(loop_, program, fun, carry)
-
-  return jax.vmap(end)(members, batch)
-
-
-def _converged(status) -> jax.Array:
-  return (status == Status.CONVERGED) | (status == Status.CONVERGED_IN_BOX)

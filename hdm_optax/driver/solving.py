@@ -12,6 +12,7 @@ import optax
 from hdm_optax import _common
 from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
+from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import programs
 from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
@@ -177,7 +178,7 @@ def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, a
     fun = lambda p: closed(p, *theta)
     loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux, program.ftol)
     primitive_ = make_primitive(primitive, limits)
-    return engine.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
+    return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
 
   rest = (arrays, x0, state, limits, handle)
   if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
@@ -212,10 +213,10 @@ def primitive_of(adjoint, check_every: int, max_steps) -> tuple:
 def make_primitive(key: tuple, limits):
   """The primitive :func:`primitive_of` named."""
   if key[0] == "scan":
-    return engine.scan_primitive(key[1], key[2])
+    return runs.scan_primitive(key[1], key[2])
   if key[0] == "blocks":
-    return engine.blocks_primitive(key[1], limits.max_steps)
-  return engine.while_primitive
+    return runs.blocks_primitive(key[1], limits.max_steps)
+  return runs.while_primitive
 
 
 def solve(
@@ -338,7 +339,7 @@ def solve(
   inputs = (init_params, tuple(fun_args), init_state, tol, rtol)
   traced = bool(tracers(inputs))
   kept, shown = trace_size(trace, max_steps, inputs)
-  program = engine.Program(kept, hook, bool(has_aux), ftol_on(ftol))
+  program = runs.Program(kept, hook, bool(has_aux), ftol_on(ftol))
   try:
     key, arrays, closed, args = statics_of(optimizer, fun, init_params, fun_args)
   except programs.Uncacheable:

@@ -1,0 +1,150 @@
+"""The members of a batch: the problems (``in_axes`` over ``init_params`` and ``fun_args``)
+and the grid of settings (``sweep``'s columns, the settings held static, the optimizer each
+member builds inside the program)."""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax.driver import programs
+
+__all__ = (
+  "Maker",
+  "Problems",
+  "column",
+  "grid_points",
+  "is_number",
+  "plain",
+  "problems",
+  "static_names",
+)
+
+
+class Problems(NamedTuple):
+  """The problems of a batch: ``(init_params, fun_args)``, mapped leaves on axis 0."""
+
+  tree: Any
+  mapped: tuple  # per leaf of tree: on the batch axis
+  count: int  # 1 when nothing is mapped
+
+
+def problems(init_params, fun_args: tuple, in_axes) -> Problems:
+  if not (isinstance(in_axes, (tuple, list)) and len(in_axes) == 2):
+    raise ValueError(
+      "in_axes must be a pair (axes of init_params, axes of fun_args), each an int, None "
+      f"or a pytree prefix as in jax.vmap, got {in_axes!r}; e.g. in_axes=(None, (None, 0))"
+    )
+  tree, none = (init_params, fun_args), lambda x: x is None
+  try:
+    axes = jax.tree.flatten(jax.tree.broadcast(tuple(in_axes), tree, is_leaf=none), is_leaf=none)[0]
+  except ValueError:
+    raise ValueError(
+      f"in_axes must be a pytree prefix of (init_params, fun_args) with ints or None at its "
+      f"leaves (as jax.vmap's), got {in_axes!r} for {jax.tree.structure(tree)}"
+    ) from None
+  leaves, treedef = jax.tree.flatten(tree)
+  out, sizes = [], set()
+  for leaf, axis in zip(leaves, axes):
+    if axis is not None:
+      leaf = jnp.asarray(leaf)
+      if not isinstance(axis, int) or not -leaf.ndim <= axis < leaf.ndim:
+        raise ValueError(f"in_axes: axis {axis!r} for a leaf of shape {leaf.shape}")
+      sizes.add(leaf.shape[axis])
+      leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
+    out.append(leaf)
+  if len(sizes) > 1:
+    raise ValueError(
+      f"in_axes: the mapped axes of init_params and fun_args must have one size (the number "
+      f"of problems), got sizes {sorted(sizes)}"
+    )
+  mapped = tuple(a is not None for a in axes)
+  return Problems(jax.tree.unflatten(treedef, out), mapped, sizes.pop() if sizes else 1)
+
+
+# --- the grid of settings ----------------------------------------------------------------
+
+
+def grid_points(grid):
+  if isinstance(grid, Mapping):
+    names = list(grid)
+    points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
+  else:
+    points = [dict(p) for p in grid]
+    names = list(points[0]) if points else []
+    if any(set(p) != set(names) for p in points):
+      raise ValueError("every grid point must have the same keys")
+  if not points:
+    raise ValueError("grid is empty")
+  return names, points
+
+
+def column(name, values, float_dtype) -> jax.Array:
+  """A grid column: floats in the params' dtype, ints and bools in their own, arrays as given."""
+  if all(isinstance(v, (bool, np.bool_)) for v in values):
+    return jnp.asarray(values, bool)
+  if all(isinstance(v, (numbers.Integral, np.integer)) for v in values):
+    return jnp.asarray(values)
+  if all(isinstance(v, numbers.Real) and not hasattr(v, "dtype") for v in values):
+    return jnp.asarray(values, float_dtype)
+  column = jnp.asarray(values)
+  if column.ndim != 1:
+    raise ValueError(f"grid values of {name!r} must be scalars, got shape {column.shape[1:]}")
+  return column
+
+
+def is_number(value) -> bool:
+  return isinstance(value, (numbers.Number, np.generic, np.ndarray, jax.Array))
+
+
+def static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
+  """The settings held static: non-numbers, and integers a trace cannot build (a memory size)."""
+
+  def builds(traced):
+    try:
+      jax.eval_shape(lambda v: make_optimizer(**{**points[0], **v}).init(params), traced)
+    except Exception:  # pylint: disable=broad-except  # any failure: held static
+      return False
+    return True
+
+  held = [n for n in names if not all(is_number(p[n]) for p in points)]
+  traced = {n: column(n, [p[n] for p in points], float_dtype)[0] for n in names if n not in held}
+  for name in [n for n in traced if all(isinstance(p[n], numbers.Integral) for p in points)]:
+    if builds(traced):
+      break
+    rest = {n: v for n, v in traced.items() if n != name}
+    if builds(rest):
+      traced, held = rest, held + [name]
+  return tuple(held)
+
+
+def plain(value):
+  return value.item() if isinstance(value, np.generic) else value
+
+
+class Maker:
+  """How a member's optimizer is built inside the program (static).
+
+  ``make_optimizer(**settings, **columns)`` for a sweep (keyed on what ``make_optimizer``
+  computes), or a given optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey`.
+  """
+
+  def __init__(self, make_optimizer, settings, key):
+    self.make_optimizer, self.settings, self.optimizer_key = make_optimizer, settings, key
+    self._key = (key, programs.fingerprint((make_optimizer, settings)))
+
+  def build(self, arrays, columns):
+    if self.optimizer_key is not None:
+      return self.optimizer_key.build(arrays)
+    return self.make_optimizer(**dict(self.settings), **columns)
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, Maker) and other._key == self._key
