@@ -143,7 +143,7 @@ def figure(table: dict, path: str) -> None:
   ax.set_yscale("log")
   ax.set_xlabel("pytree leaves L (8 entries each)")
   ax.set_ylabel("first call, seconds (compile + run)")
-  ax.set_title("First call against the number of leaves (CPU, float64; ^: timed out)")
+  ax.set_title("First call against the number of leaves (CPU, float64; ^: timed out)", fontsize=10)
   ax.grid(True, which="both", alpha=0.3)
   ax.legend()
   fig.tight_layout()
