@@ -134,7 +134,7 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
   the callback raised is raised again with the partial result as its ``.result``.
   """
   with hooks.session(callback, progress, traced=traced) as handle:
-    program = _compiled(entry)
+    program = _compiled(entry, nested=traced or staged())
     try:
       hash(statics)
     except TypeError:
@@ -149,10 +149,31 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
 _PROGRAMS: dict = {}
 
 
-def _compiled(entry):
-  if entry not in _PROGRAMS:
-    _PROGRAMS[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
-  return _PROGRAMS[entry]
+def staged() -> bool:
+  """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
+  return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+def _compiled(entry, *, nested: bool):
+  """The entry's program; a ``nested`` one (inside a caller's trace) takes the caller's options."""
+  if (entry, nested) not in _PROGRAMS:
+    options = None if nested else compiler_options()
+    _PROGRAMS[entry, nested] = jax.jit(
+      entry, static_argnums=tuple(range(entry.num_statics)), compiler_options=options
+    )
+  return _PROGRAMS[entry, nested]
+
+
+def compiler_options() -> dict:
+  """XLA options of the front doors' programs: on the CPU, XLA's elemental kernel emitters.
+
+  XLA:CPU's fusion emitters compile each kernel through MLIR before LLVM; a solver's loop is
+  mostly small scalar kernels, for which that costs a quarter of the first call and gains
+  nothing at run time (``experiments/perf/compile.py``). Other backends keep their defaults.
+  """
+  if jax.default_backend() == "cpu":
+    return {"xla_cpu_use_fusion_emitters": False}
+  return {}
 
 
 def compiled_count() -> int:
