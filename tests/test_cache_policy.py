@@ -90,3 +90,30 @@ def test_a_numpy_array_an_optax_transformation_holds_is_compared_by_content():
   keep[:] = 1.0  # edited in place: nothing is frozen any more
   second = hdm_optax.solve(opt, fun, X0, max_steps=50)
   assert float(first.params[1]) == 0.0 and float(second.params[1]) != 0.0
+
+
+def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
+  """docs/speed.md: inputs of at most SMALL_PROGRAM entries compile for a short first call;
+  larger ones, and programs staged inside a caller's jit, keep XLA's defaults."""
+  if jax.default_backend() != "cpu":
+    return
+  small = (jnp.zeros(10), (jnp.ones((100, 10)),))
+  large = (jnp.zeros(10), (jnp.ones((solving.SMALL_PROGRAM, 2)),))
+  assert solving.compiler_options(small) == {"xla_cpu_use_fusion_emitters": False}
+  assert solving.compiler_options(large) == {}
+
+
+def test_a_solve_staged_in_a_callers_jit_takes_the_callers_options():
+  """JAX refuses compiler options on a nested jit: the front door must not pass them there."""
+  fun = lambda x, c: jnp.sum((x - c) ** 2)  # noqa: E731
+  inside = jax.jit(
+    lambda c: hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, X0, fun_args=(c,)).params
+  )
+  inside_np = jax.jit(
+    lambda: (
+      hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, np.zeros(3), fun_args=(np.ones(3),)).params
+    )
+  )
+  outside = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, X0, fun_args=(jnp.ones(3),)).params
+  np.testing.assert_allclose(inside(jnp.ones(3)), outside, atol=1e-6)
+  np.testing.assert_allclose(inside_np(), outside, atol=1e-6)

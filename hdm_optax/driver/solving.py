@@ -134,7 +134,8 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
   the callback raised is raised again with the partial result as its ``.result``.
   """
   with hooks.session(callback, progress, traced=traced) as handle:
-    program = _compiled(entry)
+    options = {} if traced or staged() else compiler_options(dynamic)
+    program = _compiled(entry, options)
     try:
       hash(statics)
     except TypeError:
@@ -149,10 +150,39 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
 _PROGRAMS: dict = {}
 
 
-def _compiled(entry):
-  if entry not in _PROGRAMS:
-    _PROGRAMS[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
-  return _PROGRAMS[entry]
+def staged() -> bool:
+  """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
+  return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+def _compiled(entry, options: dict):
+  key = (entry, tuple(sorted(options.items())))
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = jax.jit(
+      entry, static_argnums=tuple(range(entry.num_statics)), compiler_options=options or None
+    )
+  return _PROGRAMS[key]
+
+
+# Inputs of at most this many entries in all compile for a short first call.
+SMALL_PROGRAM = 65_536
+
+
+def compiler_options(inputs) -> dict:
+  """XLA's options for a front door's program, by the size of its ``inputs`` (a pytree).
+
+  On the CPU, a problem whose inputs (params, data, state) hold at most
+  :data:`SMALL_PROGRAM` entries in all is compiled with XLA's elemental kernel emitters
+  (``xla_cpu_use_fusion_emitters=False``): its first call is mostly compilation, which
+  they cut by a quarter to a half (``experiments/perf/leaves.py``). Larger problems keep
+  XLA's defaults, whose fusion emitters compile slower but run transcendental and
+  gather/scatter kernels up to 1.5 times faster. Other backends keep their defaults; so does
+  a program staged inside a caller's ``jax.jit`` (JAX takes options only at the top level).
+  """
+  if jax.default_backend() != "cpu":
+    return {}
+  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(inputs))
+  return {"xla_cpu_use_fusion_emitters": False} if entries <= SMALL_PROGRAM else {}
 
 
 def compiled_count() -> int:
