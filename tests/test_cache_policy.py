@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import hdm_optax
 from hdm_optax.driver import solving
@@ -96,11 +97,15 @@ def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
   """docs/speed.md: inputs of at most SMALL_PROGRAM entries compile for a short first call;
   larger ones, and programs staged inside a caller's jit, keep XLA's defaults."""
   if jax.default_backend() != "cpu":
-    return
+    pytest.skip("the elemental emitters are an XLA:CPU option; other backends keep defaults")
+  elemental = {"xla_cpu_use_fusion_emitters": False}
   small = (jnp.zeros(10), (jnp.ones((100, 10)),))
   large = (jnp.zeros(10), (jnp.ones((solving.SMALL_PROGRAM, 2)),))
-  assert solving.compiler_options(small) == {"xla_cpu_use_fusion_emitters": False}
+  assert solving.compiler_options(small) == elemental
   assert solving.compiler_options(large) == {}
+  # The front door compiles a small problem's program with them.
+  _solve(lambda x: jnp.sum((x - 4.0) ** 2))
+  assert any(options == tuple(elemental.items()) for _, options in solving._PROGRAMS)
 
 
 def test_a_solve_staged_in_a_callers_jit_takes_the_callers_options():

@@ -173,11 +173,13 @@ def compiler_options(inputs) -> dict:
 
   On the CPU, a problem whose inputs (params, data, state) hold at most
   :data:`SMALL_PROGRAM` entries in all is compiled with XLA's elemental kernel emitters
-  (``xla_cpu_use_fusion_emitters=False``): its first call is mostly compilation, which
-  they cut by a quarter to a half (``experiments/perf/leaves.py``). Larger problems keep
-  XLA's defaults, whose fusion emitters compile slower but run transcendental and
-  gather/scatter kernels up to 1.5 times faster. Other backends keep their defaults; so does
-  a program staged inside a caller's ``jax.jit`` (JAX takes options only at the top level).
+  (``xla_cpu_use_fusion_emitters=False``), which compile faster; larger problems keep XLA's
+  fusion emitters, whose kernels run faster (docs/speed.md). Other backends get ``{}``.
+  :func:`call` passes no options where the program is staged inside a caller's trace (JAX
+  takes them only at the top level).
+
+  Returns:
+    The ``compiler_options`` of ``jax.jit``, ``{}`` for XLA's defaults.
   """
   if jax.default_backend() != "cpu":
     return {}
