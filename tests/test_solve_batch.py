@@ -14,8 +14,10 @@ import optax
 import pytest
 
 import hdm_optax
+from hdm_optax import _gating
 from hdm_optax.driver import solving
 from hdm_optax.driver import runs
+from hdm_optax.pieces.lbfgs import memory as memory_lib
 
 
 def quadratic(w, d, c):
@@ -116,3 +118,72 @@ def test_in_axes_that_map_nothing_is_refused_with_the_fix():
     )
   with pytest.raises(ValueError, match="one size"):
     hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, jnp.zeros((2, 2)), fun_args=(d, c))
+
+
+def _memories(state):
+  return [
+    x
+    for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, memory_lib.SecantMemory))
+    if isinstance(x, memory_lib.SecantMemory)
+  ]
+
+
+def test_a_stopped_members_memory_is_what_the_lockstep_loop_keeps():
+  """The batched loop writes a pair only for the members still running
+  (:mod:`hdm_optax._gating`): the memory a stopped member returns (to resume from) is the
+  one it stopped with, as ``jax.vmap(solve)`` keeps it."""
+  d, c = spread_batch(80, 6, jnp.float64)
+  x0 = jnp.zeros_like(c)
+  ref = lockstep(hdm_optax.trial_lbfgs(), x0, d, c, **KW)
+  out = hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d, c), **KW)
+  steps = np.asarray(ref.num_steps)
+  assert steps.max() >= 2 * steps.min()  # most members stop while others run on
+  (got,), (want,) = _memories(out.state), _memories(ref.state)
+  np.testing.assert_array_equal(np.asarray(got.head), np.asarray(want.head))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def _gated_step(change=None):
+  """One member's memory write inside a gate, kept where the member runs."""
+
+  def step(mem, s, y, running):
+    with _gating.gate(running, mem) as gate:
+      new = memory_lib.secant_record(mem, s, y, True)
+      if change is not None:
+        new = change(new)
+    return gate.where(new, mem)
+
+  return step
+
+
+def _selects_of_shape(jaxpr, shape) -> int:
+  count = sum(
+    e.primitive.name == "select_n" and e.outvars[0].aval.shape == shape for e in jaxpr.eqns
+  )
+  return count + sum(_selects_of_shape(sub, shape) for sub in jax.extend.core.subjaxprs(jaxpr))
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_a_gated_write_keeps_a_stopped_member_and_skips_the_pass_over_the_pairs(changed):
+  """Members 0 and 2 run, 1 has stopped. The pairs written under the gate come out as the
+  stopped member had them with no select over them; a piece that changes them after the
+  write gets the select (a pass, never a wrong state)."""
+  batch, m, n = 3, 4, 5
+  mem = jax.vmap(lambda p: memory_lib.secant_memory(p, m))(jnp.zeros((batch, n)))
+  mem = jax.vmap(memory_lib.secant_record, in_axes=(0, 0, 0, None))(
+    mem, jnp.ones((batch, n)), 2 * jnp.ones((batch, n)), True
+  )
+  s = jnp.arange(batch * n, dtype=jnp.float32).reshape(batch, n) + 1
+  y, running = 3 * s, jnp.array([True, False, True])
+  change = (lambda new: new._replace(s=tuple(a * 1.0 for a in new.s))) if changed else None
+  step = jax.vmap(_gated_step(change))
+  selects = _selects_of_shape(jax.make_jaxpr(step)(mem, s, y, running).jaxpr, (batch, m, n))
+  assert selects == (1 if changed else 0)
+  out = step(mem, s, y, running)
+  want = jax.vmap(lambda *a: memory_lib.secant_record(*a, True))(mem, s, y)
+  want = jax.tree.map(
+    lambda w, o: jnp.where(running.reshape((-1,) + (1,) * (w.ndim - 1)), w, o), want, mem
+  )
+  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)

@@ -234,9 +234,11 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
   mapped += (False,) * len(theta[-1])
   trace = 0 if kw["trace"] is None else kw["trace"]
   traced = bool(solving.tracers((problems.tree, limits)))
-  groups: dict = {}
-  for i, point in enumerate(points):
-    groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
+  groups: dict = {(): np.arange(len(points))}  # no setting held static: one program
+  if static:
+    groups = {}
+    for i, point in enumerate(points):
+      groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)

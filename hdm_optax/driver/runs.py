@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hdm_optax import _gating
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import hooks as hooks_lib
 from hdm_optax.driver.engine import RUNNING
@@ -103,9 +104,12 @@ def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> 
 def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carry:
   """One step, recorded and watched; ``active`` False leaves the member as it was."""
   old = _with_cached_grad(carry.state)
-  s = loop_.step(old)
-  if active is not None:
-    s = optax.tree.where(active, s, old)
+  if active is None:
+    s = loop_.step(old)
+  else:
+    with _gating.gate(active, old) as gate:
+      s = loop_.step(old)
+    s = gate.where(s, old)
   hook, halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
   if halt is not None:
     stoppable = (s.status == RUNNING) | (s.status == Status.MAX_STEPS)

@@ -34,6 +34,7 @@ import optax
 
 from hdm_optax import _blocks
 from hdm_optax import _common
+from hdm_optax import _gating
 
 __all__ = (
   "PairProducts",
@@ -141,10 +142,25 @@ def _put_selected(stacked, new, slot):
   return tuple(jnp.where(hit(a), b[None], a) for a, b in zip(stacked, new))
 
 
-@_batched_as(_put_selected)
-def _put(stacked, new, slot):
+def _put_in_place(stacked, new, slot):
   """The stacked blocks with row ``slot`` set to ``new`` (nothing past the last row)."""
   return tuple(a.at[slot].set(b, mode="drop") for a, b in zip(stacked, new))
+
+
+# Under vmap, a select over the rows (the batched while loop selects the whole rows anyway).
+_put = _batched_as(_put_selected)(_put_in_place)
+
+
+def _write(stacked, new, slot):
+  """The stacked blocks with row ``slot`` set to ``new``; in a batched loop's step
+  (:mod:`hdm_optax._gating`), only where the member runs, in place."""
+  gate = _gating.current()
+  if gate is None or not gate.holds(stacked):
+    return _put(stacked, new, slot)
+  slot = jnp.where(gate.running, slot, stacked[0].shape[0])  # past the end: dropped
+  out = _put_in_place(stacked, new, slot)  # under vmap: a scatter into the rows, in place
+  gate.wrote(stacked, out)
+  return out
 
 
 def _in_blocks(memory: SecantMemory, tree):
@@ -239,12 +255,12 @@ def secant_record(memory: SecantMemory, s, y, keep, sy=None) -> SecantMemory:
   # Written to the head slot, or past the end (dropped) where not kept: no read of the
   # slot's old pair to write back.
   slot = jnp.where(keep, memory.head, size)
-  s_new = _put(memory.s, s, slot)
+  s_new, y_new = _write(memory.s, s, slot), _write(memory.y, y, slot)
   # S^T y of the new pair (its column of R), while y is at hand: no read of it back.
   column = _row_dots((s_new,), y, memory.rho.dtype)[0]
   return SecantMemory(
     s=s_new,
-    y=_put(memory.y, y, slot),
+    y=y_new,
     rho=memory.rho.at[slot].set(rho, mode="drop"),
     head=jnp.where(keep, (memory.head + 1) % size, memory.head).astype(jnp.int32),
     sy=jnp.where(keep, _with_column(memory, memory.head, column), memory.sy),
