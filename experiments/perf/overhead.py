@@ -83,6 +83,7 @@ OPTIMIZERS = {
   "hdm_best": (lambda hdm_optax, lip: hdm_optax.hdm_best(lipschitz=lip), 0),
   "hdm_auto": (lambda hdm_optax, lip: hdm_optax.hdm_auto(), 3),
   "trial_lbfgs": (lambda hdm_optax, lip: hdm_optax.trial_lbfgs(), 0),
+  "trial_lbfgs(diagonal=None)": (lambda hdm_optax, lip: hdm_optax.trial_lbfgs(diagonal=None), 0),
 }
 
 

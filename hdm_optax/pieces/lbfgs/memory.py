@@ -397,14 +397,16 @@ def _compact(memory: SecantMemory, initial, vector):
   by_slot = (jnp.arange(size, dtype=jnp.int32) - memory.head) % size
   s_v = _row_dots((memory.s,), vector, dtype)[0]
   c = _solve_upper(r, jnp.where(full, s_v[order], 0))
-  u = jax.tree.map(lambda v, y: v - _combination(c[by_slot], y), vector, memory.y)
+  # H_m v feeds several passes (the step, the trial point, the pair): a matrix-vector
+  # product stores S p once, where XLA would repeat the elementwise sum in each of them.
+  back = lambda coef, rows: jnp.tensordot(coef.astype(rows.dtype), rows, axes=1, precision=_EXACT)
+  # Y c likewise where H_0 is a scalar; with a diagonal, XLA stores u = v - Y c by itself.
+  combine = _combination if _is_diagonal(initial, vector) else back
+  u = jax.tree.map(lambda v, y: v - combine(c[by_slot], y), vector, memory.y)
   h_u = _apply_initial(initial, u, dtype)
   y_hu = _row_dots((memory.y,), h_u, dtype)[0]
   rhs = d * c - jnp.where(full, y_hu[order], 0)
   p = _solve_upper(r, rhs, transpose=True)
-  # H_m v feeds several passes (the step, the trial point, the pair): a matrix-vector
-  # product stores S p once, where XLA would repeat the elementwise sum in each of them.
-  back = lambda coef, rows: jnp.tensordot(coef.astype(rows.dtype), rows, axes=1, precision=_EXACT)
   return jax.tree.map(lambda hu, s: hu + back(p[by_slot], s), h_u, memory.s)
 
 
