@@ -8,7 +8,9 @@ over the packed leaves instead (``hdm_optax._blocks``)."""
 import re
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import hdm_optax
@@ -45,3 +47,67 @@ def test_no_kernel_per_leaf_reads_every_leaf(name):
   (reductions summed leaf by leaf make 75-80 of them here)."""
   wide = _wide_kernels(getattr(hdm_optax, name)())
   assert len(wide) <= 6, wide
+
+
+@pytest.mark.parametrize(
+  "make", [hdm_optax.hdm_auto, lambda: hdm_optax.hdm_best(lipschitz=40.0), hdm_optax.osgm_best]
+)
+def test_a_pytree_of_leaves_is_solved_as_its_raveled_vector(make):
+  """The one-call iteration hands its direction the packed vector (``shell._Packed``): a
+  dict of small leaves takes the steps, calls and final point its raveled vector takes, and
+  the state keeps the dict's layout."""
+  params = {f"w{k:02d}": jnp.linspace(-1.0, 1.0, 3) * (k % 3) for k in range(8)}
+  flat, _ = jax.flatten_util.ravel_pytree(params)
+  scales = jnp.repeat(jnp.geomspace(1.0, 40.0, 8), 3)
+
+  def fun_flat(x):
+    return jnp.sum(scales * (x - 1.0) ** 2 + 0.01 * x**4)
+
+  fun = lambda p: fun_flat(jax.flatten_util.ravel_pytree(p)[0])
+  kw = dict(max_steps=300, tol=1e-8)
+  tree = hdm_optax.solve(make(), fun, params, **kw)
+  vector = hdm_optax.solve(make(), fun_flat, flat, **kw)
+  assert int(tree.num_grad_evals) == int(vector.num_grad_evals)
+  assert bool(tree.converged) and bool(vector.converged)
+  np.testing.assert_array_equal(jax.flatten_util.ravel_pytree(tree.params)[0], vector.params)
+  # f itself is another program on the dict (the raveling fused into its sum): its last bit
+  np.testing.assert_allclose(tree.trace.value, vector.trace.value, rtol=1e-13)
+  layout = jax.tree.structure(params)
+  assert any(
+    jax.tree.structure(node) == layout
+    for node in jax.tree.leaves(
+      tree.state.direction, is_leaf=lambda node: jax.tree.structure(node) == layout
+    )
+  )
+
+
+def _update_equations(opt, leaves: int) -> int:
+  """Equations of one update's jaxpr on ``leaves`` leaves of 3 entries, f on the raveled vector."""
+  params = {f"w{k:03d}": jnp.full(3, 0.1 * k) for k in range(leaves)}
+  fun = lambda p: jnp.sum((jax.flatten_util.ravel_pytree(p)[0] - 1.0) ** 2)
+
+  def update(params, state):
+    value, grad = jax.value_and_grad(fun)(params)
+    with hdm_optax.values_at_params():
+      return opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
+
+  return len(jax.make_jaxpr(update)(params, opt.init(params)).jaxpr.eqns)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    hdm_optax.hdm_auto,
+    lambda: hdm_optax.hdm_best(lipschitz=1.0),
+    hdm_optax.osgm_best,
+    hdm_optax.hdm,
+    hdm_optax.hdm_hb,
+    hdm_optax.trial_lbfgs,
+  ],
+)
+def test_an_update_grows_by_its_edges_per_leaf_not_by_its_work(make):
+  """A leaf adds the packing's slices and concatenations (6-9 equations), not a copy of the
+  method's per-coordinate work (32-48 before the iteration packed its direction's view)."""
+  opt = make()
+  per_leaf = (_update_equations(opt, 24) - _update_equations(opt, 4)) / 20
+  assert per_leaf <= 12, per_leaf

@@ -128,4 +128,5 @@ def trial_lbfgs(
   )
   if step_rule is None:
     step_rule = step_rule_lib.evidence_step()
-  return shell.iteration("trial_lbfgs", direction, step_rule=step_rule)
+  # Its direction packs the pairs itself, and its box keeps the params' layout.
+  return shell.iteration("trial_lbfgs", direction, step_rule=step_rule, pack_params=False)

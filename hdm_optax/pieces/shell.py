@@ -62,6 +62,11 @@ __all__ = (
 class Context(NamedTuple):
   """What an update knows before its trial (read-only for the slots).
 
+  The slots see the vectors packed (``hdm_optax._blocks.pack``: the params' small leaves
+  raveled into one vector per dtype), and the direction's state with its fields shaped like
+  the params packed the same way; the steps they return are packed too. The iteration
+  unpacks at its edges: the state and the update keep the params' layout.
+
   Attributes:
     params: x, the current iterate.
     updates: u, the incoming updates.
@@ -254,8 +259,63 @@ class IterationState(NamedTuple):
   info: _common.HDMInfo
 
 
+class _Packed:
+  """The update's view for the direction: the params' pytree packed (``hdm_optax._blocks``).
+
+  The direction's per-coordinate work then compiles once per block rather than once per
+  leaf of the params (a model of 40 small leaves: 4.2 s of compile for ``hdm_auto``,
+  2.7 s packed). The state keeps the params' layout: the fields shaped like the params are
+  packed on the way in and unpacked on the way out. A single leaf is left as it is.
+  """
+
+  def __init__(self, params):
+    self.like = params
+    self.treedef = jax.tree.structure(params)
+    self.on = params is not None and self.treedef.num_leaves > 1
+
+  def _like_params(self, node) -> bool:
+    return jax.tree.structure(node) == self.treedef
+
+  def pack(self, tree):
+    """``tree`` with every subtree shaped like the params packed."""
+    if not self.on:
+      return tree
+    pack = lambda node: _blocks.pack(node) if self._like_params(node) else node
+    return jax.tree.map(pack, tree, is_leaf=self._like_params)
+
+  def unpack(self, blocks):
+    """Packed blocks as the params' pytree."""
+    return _blocks.unpack(blocks, self.like) if self.on else blocks
+
+  def unpack_as(self, packed, template):
+    """``packed`` (:meth:`pack` of a tree like ``template``) in ``template``'s layout."""
+    if not self.on:
+      return packed
+    nodes, outer = jax.tree.flatten(template, is_leaf=self._like_params)
+    got = outer.flatten_up_to(packed)
+    back = [self.unpack(g) if self._like_params(n) else g for n, g in zip(nodes, got)]
+    return outer.unflatten(back)
+
+  def context(self, ctx: Context) -> Context:
+    """``ctx`` with x, u and grad f(x) packed, and an oracle that takes and gives blocks."""
+    if not self.on:
+      return ctx
+    value_and_grad = ctx.value_and_grad
+
+    def packed_value_and_grad(point):
+      value, grad = value_and_grad(self.unpack(point))
+      return value, _blocks.pack(grad)
+
+    return ctx._replace(
+      params=_blocks.pack(ctx.params),
+      updates=_blocks.pack(ctx.updates),
+      grad=_blocks.pack(ctx.grad),
+      value_and_grad=packed_value_and_grad,
+    )
+
+
 def iteration(
-  name: str, direction: Direction, *, step_rule: StepRule
+  name: str, direction: Direction, *, step_rule: StepRule, pack_params: bool = True
 ) -> optax.GradientTransformationExtraArgs:
   r"""The one-call iteration with its two slots filled.
 
@@ -264,6 +324,8 @@ def iteration(
     direction: proposes the trial step and learns from the trial.
     step_rule: the step size of each trial, the null step's decision and whether the
       trial's secant pair may be kept.
+    pack_params: whether the slots see the vectors packed (:class:`Context`); ``False`` for a
+      direction that packs what it needs itself and reads the params' layout otherwise.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -319,21 +381,27 @@ def iteration(
       step_size=step_rule.step_size(state.rule),
       value_and_grad=lambda point: _common.value_and_grad(value_fn, point),
     )
-    step, aux = direction.propose(state.direction, ctx)
-    trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(params, step))
+    # The direction works on packed vectors; the state and the result keep the params' layout.
+    packed = _Packed(params if pack_params else None)
+    user_ctx, ctx = ctx, packed.context(ctx)
+    direction_in = packed.pack(state.direction)
+    step, aux = direction.propose(direction_in, ctx)
+    trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(ctx.params, step))
     trial_value = jnp.asarray(trial_value, dtype)
     trial = Trial(
       step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
     )
-    direction_state, trial = direction.observe(state.direction, trial, ctx)
+    direction_state, trial = direction.observe(direction_in, trial, ctx)
     seen = evidence(direction_state, trial, ctx)
     verdict = step_rule.judge(state.rule, seen)
     accepted = verdict.accepted
     learned = direction.learn(direction_state, trial, verdict, ctx)
     hypergrad_norm = learned.hypergrad_norm
+    trial = trial._replace(step=packed.unpack(trial.step), grad=packed.unpack(trial.grad))
+    ctx = user_ctx
     new_state = IterationState(
       count=state.count + (~trial.probe).astype(jnp.int32),
-      direction=learned.state,
+      direction=packed.unpack_as(learned.state, state.direction),
       rule=_common.keep_if(learned.restart, step_rule.init(dtype), verdict.state),
       value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
       grad=_common.keep_if(accepted, trial.grad, grad),
