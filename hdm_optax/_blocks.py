@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ("OWN_BLOCK", "all_finite", "groups", "norm", "pack", "unpack", "vdot")
+__all__ = ("OWN_BLOCK", "Packing", "all_finite", "groups", "norm", "pack", "unpack", "vdot")
 
 # A leaf this large is its own block: a copy of it would cost a pass over it, and a leaf a
 # user shards over devices is one of this size (a concatenation with others would
@@ -131,3 +131,54 @@ def all_finite(*trees) -> jax.Array:
   if not blocks:
     return jnp.asarray(True)
   return functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(b)) for b in blocks])
+
+
+class Packing:
+  """A method's view of the params packed, and back: its per-coordinate work then compiles
+  once per block rather than once per leaf of the params.
+
+  A method whose state is shaped like the params packs the params, the gradient and the
+  state's params-shaped subtrees on the way into an update and unpacks them on the way out,
+  so its state keeps the params' layout (a model of 40 small leaves: 4.2 s of compile for
+  ``hdm_auto`` leaf by leaf, 2.6 s packed). ``Packing(None)``, or params of a single leaf,
+  leaves everything as it is.
+  """
+
+  def __init__(self, params):
+    self.like = params
+    self.treedef = jax.tree.structure(params)
+    self.on = params is not None and self.treedef.num_leaves > 1
+
+  def _like_params(self, node) -> bool:
+    return jax.tree.structure(node) == self.treedef
+
+  def pack(self, tree):
+    """``tree`` with every subtree shaped like the params packed (the params themselves too)."""
+    if not self.on:
+      return tree
+    packed = lambda node: pack(node) if self._like_params(node) else node
+    return jax.tree.map(packed, tree, is_leaf=self._like_params)
+
+  def unpack(self, blocks):
+    """Packed blocks as the params' pytree."""
+    return unpack(blocks, self.like) if self.on else blocks
+
+  def unpack_as(self, packed, template):
+    """``packed`` (:meth:`pack` of a tree like ``template``) in ``template``'s layout."""
+    if not self.on:
+      return packed
+    nodes, outer = jax.tree.flatten(template, is_leaf=self._like_params)
+    got = outer.flatten_up_to(packed)
+    back = [self.unpack(g) if self._like_params(n) else g for n, g in zip(nodes, got)]
+    return outer.unflatten(back)
+
+  def oracle(self, value_and_grad):
+    """``value_and_grad(point) -> (value, grad)`` on the params as one on packed blocks."""
+    if not self.on:
+      return value_and_grad
+
+    def packed(point):
+      value, grad = value_and_grad(self.unpack(point))
+      return value, pack(grad)
+
+    return packed

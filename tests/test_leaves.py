@@ -50,10 +50,16 @@ def test_no_kernel_per_leaf_reads_every_leaf(name):
 
 
 @pytest.mark.parametrize(
-  "make", [hdm_optax.hdm_auto, lambda: hdm_optax.hdm_best(lipschitz=40.0), hdm_optax.osgm_best]
+  "make",
+  [
+    hdm_optax.hdm_auto,
+    lambda: hdm_optax.hdm_best(lipschitz=40.0),
+    hdm_optax.osgm_best,
+    lambda: hdm_optax.hdm_agd(lipschitz=200.0),
+  ],
 )
 def test_a_pytree_of_leaves_is_solved_as_its_raveled_vector(make):
-  """The one-call iteration hands its direction the packed vector (``shell._Packed``): a
+  """The methods work on the packed vector (``hdm_optax._blocks.Packing``): a
   dict of small leaves takes the steps, calls and final point its raveled vector takes, and
   the state keeps the dict's layout."""
   params = {f"w{k:02d}": jnp.linspace(-1.0, 1.0, 3) * (k % 3) for k in range(8)}
@@ -73,12 +79,9 @@ def test_a_pytree_of_leaves_is_solved_as_its_raveled_vector(make):
   # f itself is another program on the dict (the raveling fused into its sum): its last bit
   np.testing.assert_allclose(tree.trace.value, vector.trace.value, rtol=1e-13)
   layout = jax.tree.structure(params)
-  assert any(
-    jax.tree.structure(node) == layout
-    for node in jax.tree.leaves(
-      tree.state.direction, is_leaf=lambda node: jax.tree.structure(node) == layout
-    )
-  )
+  like_params = lambda node: jax.tree.structure(node) == layout
+  nodes = jax.tree.leaves(tree.state, is_leaf=like_params)
+  assert sum(map(like_params, nodes)) >= 2  # grad f and the method's own (P, z, ...)
 
 
 def _update_equations(opt, leaves: int) -> int:
@@ -102,12 +105,13 @@ def _update_equations(opt, leaves: int) -> int:
     hdm_optax.osgm_best,
     hdm_optax.hdm,
     hdm_optax.hdm_hb,
+    lambda: hdm_optax.hdm_agd(lipschitz=1.0),
     hdm_optax.trial_lbfgs,
   ],
 )
 def test_an_update_grows_by_its_edges_per_leaf_not_by_its_work(make):
   """A leaf adds the packing's slices and concatenations (6-9 equations), not a copy of the
-  method's per-coordinate work (32-48 before the iteration packed its direction's view)."""
+  method's per-coordinate work (32-48 before the methods packed their view)."""
   opt = make()
   per_leaf = (_update_equations(opt, 24) - _update_equations(opt, 4)) / 20
   assert per_leaf <= 12, per_leaf

@@ -183,6 +183,11 @@ def hdm_agd(
     _common.require_untransformed(
       "hdm_agd", updates, grad, "it takes every gradient at its extrapolated point y^k"
     )
+    # The work on packed vectors (once per block, not per leaf); the state keeps its layout.
+    packing = _blocks.Packing(params)
+    user_state = state
+    params, grad, state = packing.pack(params), packing.pack(grad), packing.pack(state)
+    oracle = packing.oracle(lambda point: _common.value_and_grad(value_fn, point))
     dtype = state.value.dtype
     lip = _common.cast(lipschitz, dtype)
     # Algorithm 3, line 2: A_{k+1} = (A_{k+1} - A_k)^2 gives a_k = A_{k+1} - A_k
@@ -192,13 +197,13 @@ def hdm_agd(
     big_a_next = big_a + a  # A_{k+1}
     # Line 3: y^k = x^k + (1 - A_k/A_{k+1}) (z^k - x^k).
     y = optax.tree.add_scale(params, 1 - big_a / big_a_next, optax.tree.sub(state.z, params))
-    y_value, y_grad = _common.value_and_grad(value_fn, y)
+    y_value, y_grad = oracle(y)
     y_ok = _common.all_finite(y_value, y_grad)
     # Line 4: the three candidates.
     x_lip = optax.tree.add_scale(y, -1 / lip, y_grad)
-    lip_value, lip_grad = _common.value_and_grad(value_fn, x_lip)
+    lip_value, lip_grad = oracle(x_lip)
     x_pre = optax.tree.add(y, candidates_lib.trial_step(cand, state.precond, y_grad))
-    pre_value, pre_grad = _common.value_and_grad(value_fn, x_pre)
+    pre_value, pre_grad = oracle(x_pre)
     pre_ok = y_ok & _common.all_finite(pre_value, pre_grad)
     precond, learner_state, hypergrad = learn_precond(state, pre_grad, y_grad, y_ok, pre_ok)
     # Line 4: x^{k+1} = argmin f over the candidates (non-finite count as +inf):
@@ -242,6 +247,6 @@ def hdm_agd(
     step = _common.keep_if(
       accepted, optax.tree.sub(new_params, params), optax.tree.zeros_like(params)
     )
-    return step, new_state
+    return packing.unpack(step), packing.unpack_as(new_state, user_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
