@@ -139,9 +139,8 @@ class Packing:
 
   A method whose state is shaped like the params packs the params, the gradient and the
   state's params-shaped subtrees on the way into an update and unpacks them on the way out,
-  so its state keeps the params' layout (a model of 40 small leaves: 4.2 s of compile for
-  ``hdm_auto`` leaf by leaf, 2.6 s packed). ``Packing(None)``, or params of a single leaf,
-  leaves everything as it is.
+  so its state keeps the params' layout (docs/speed.md, "Many leaves"). ``Packing(None)``,
+  or params of a single leaf, leaves everything as it is.
   """
 
   def __init__(self, params):
