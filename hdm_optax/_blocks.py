@@ -147,9 +147,14 @@ class Packing:
     self.like = params
     self.treedef = jax.tree.structure(params)
     self.on = params is not None and self.treedef.num_leaves > 1
+    self._avals = [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(params)]
 
   def _like_params(self, node) -> bool:
-    return jax.tree.structure(node) == self.treedef
+    """Whether ``node`` is shaped like the params: their structure, shapes and dtypes (a
+    tuple of scalars in a state is not packed because the params are a tuple too)."""
+    if jax.tree.structure(node) != self.treedef:
+      return False
+    return [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(node)] == self._avals
 
   def pack(self, tree):
     """``tree`` with every subtree shaped like the params packed (the params themselves too)."""

@@ -115,3 +115,20 @@ def test_an_update_grows_by_its_edges_per_leaf_not_by_its_work(make):
   opt = make()
   per_leaf = (_update_equations(opt, 24) - _update_equations(opt, 4)) / 20
   assert per_leaf <= 12, per_leaf
+
+
+def test_packing_leaves_a_node_alone_that_only_shares_the_params_structure():
+  """Params (a, b) and a state holding a pair of scalars: only the params-shaped node is
+  packed, and unpacking restores both as they were."""
+  from hdm_optax import _blocks
+
+  params = (jnp.arange(3.0), jnp.arange(2.0))
+  state = {"p": params, "pair": (jnp.asarray(1.0), jnp.asarray(2.0))}
+  packing = _blocks.Packing(params)
+  packed = packing.pack(state)
+  assert [b.shape for b in packed["p"]] == [(5,)]
+  assert packed["pair"] is state["pair"] or packed["pair"] == state["pair"]
+  back = packing.unpack_as(packed, state)
+  assert jax.tree.map(jnp.shape, back) == jax.tree.map(jnp.shape, state)
+  for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(state)):
+    np.testing.assert_array_equal(got, want)

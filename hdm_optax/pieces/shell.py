@@ -65,7 +65,8 @@ class Context(NamedTuple):
   The slots see the vectors packed (``hdm_optax._blocks.pack``: the params' small leaves
   raveled into one vector per dtype), and the direction's state with its fields shaped like
   the params packed the same way; the steps they return are packed too. The iteration
-  unpacks at its edges: the state and the update keep the params' layout.
+  unpacks at its edges: the state and the update keep the params' layout. An iteration
+  built with ``pack_params=False`` hands them the params' own layout.
 
   Attributes:
     params: x, the current iterate.
