@@ -586,9 +586,9 @@ def _warned_of_on_a_gpu(monkeypatch, loop_lib):
   x0 = jnp.full(3, 0.5, jnp.float32)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    monkeypatch.setattr(loop_lib, "_backend", lambda: "cpu")
+    monkeypatch.setattr(loop_lib, "backend", lambda: "cpu")
     run(x0)  # the CPU: no warning
-    monkeypatch.setattr(loop_lib, "_backend", lambda: "gpu")
+    monkeypatch.setattr(loop_lib, "backend", lambda: "gpu")
     run(jnp.full(3, 0.5, jnp.float64))  # float64 params
     with jax.default_matmul_precision("highest"):
       run(x0 + 1)

@@ -156,7 +156,8 @@ def with_box_of(fresh, given):
   return jax.tree.unflatten(fresh_def, leaves)
 
 
-def _check_value_dtype(value, params):
+def check_value_dtype(value, params):
+  """A ``TypeError`` where ``fun``'s value is not of the params' dtype (no silent promotion)."""
   dtype = _common.params_dtype(params)
   if jnp.result_type(value) != dtype:
     raise TypeError(
@@ -186,13 +187,14 @@ def _default_precision_products(fun, params) -> int:
   return count(jax.make_jaxpr(fun)(params).jaxpr)
 
 
-def _backend() -> str:
+def backend() -> str:
+  """The backend a front door's program runs on."""
   return jax.default_backend()
 
 
 def _warn_tf32(fun, params) -> None:
   """On a GPU, warns of float32 products that JAX's default precision lets run in TF32."""
-  if _backend() != "gpu" or _common.params_dtype(params) != jnp.float32:
+  if backend() != "gpu" or _common.params_dtype(params) != jnp.float32:
     return
   try:
     products = _default_precision_products(fun, params)
@@ -257,7 +259,7 @@ def make_loop(
   def evaluate(params):
     out, grad = _common.value_and_grad(fun, params, has_aux=has_aux, name="fun")
     value = out[0] if has_aux else out
-    _check_value_dtype(value, params)
+    check_value_dtype(value, params)
     return value, grad
 
   def start(params, opt_state=None) -> LoopState:

@@ -146,7 +146,9 @@ def _signature(jaxpr, inner: list) -> tuple:
       return ("literal", value.dtype.str, value.tobytes(), x.aval)
     return names.setdefault(x, len(names))
 
-  def param(value):
+  def param(value, callback=False):
+    if callback:
+      return ("host callback", _callback_key(value))
     if isinstance(value, jex.ClosedJaxpr):
       inner.extend(value.consts)
       return ("closed", _signature(value.jaxpr, inner))
@@ -164,11 +166,42 @@ def _signature(jaxpr, inner: list) -> tuple:
       eqn.primitive.name,
       tuple(map(atom, eqn.invars)),
       tuple((atom(v), v.aval) for v in eqn.outvars),
-      tuple((k, param(v)) for k, v in sorted(eqn.params.items())),
+      tuple(
+        (k, param(v, k == "callback" and eqn.primitive.name in _HOST_CALLS))
+        for k, v in sorted(eqn.params.items())
+      ),
     )
     for eqn in jaxpr.eqns
   )
   return head, eqns, tuple(map(atom, jaxpr.outvars))
+
+
+# Primitives that call a Python function on the host: what it does is not in the trace.
+_HOST_CALLS = ("debug_callback", "pure_callback", "io_callback")
+
+
+def _callback_key(fn, depth: int = 0) -> Any:
+  """A host callback of the trace as a key: the user's function by identity (what it writes
+  to, a list or a file, is part of what it does), JAX's wrappers around it by their code and
+  what they hold. Two traces of ``jax.debug.callback(log)`` share a key; ``log_a`` and
+  ``log_b`` do not."""
+  if depth > 8:
+    return _Held(fn)
+  inner = lambda x: _callback_key(x, depth + 1)
+  if isinstance(fn, functools.partial):
+    return ("partial", inner(fn.func), tuple(map(inner, fn.args)), inner(fn.keywords))
+  wrapped = getattr(fn, "callback_func", None)  # jax.pure_callback's flat wrapper
+  if wrapped is not None:
+    return ("flat", inner(wrapped), _Held(getattr(fn, "in_tree", None)))
+  if isinstance(fn, dict):
+    return (dict, tuple((k, inner(v)) for k, v in fn.items()))
+  if isinstance(fn, (tuple, list)):
+    return (type(fn), tuple(map(inner, fn)))
+  ours = getattr(fn, "__module__", "") or ""
+  if isinstance(fn, types.FunctionType) and ours.split(".")[0] == "jax":
+    cells = tuple(inner(c.cell_contents) for c in fn.__closure__ or () if _filled(c))
+    return ("jax", fn.__code__, cells)
+  return _Held(fn)
 
 
 def _scan_rules(jaxpr) -> bool:

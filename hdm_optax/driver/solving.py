@@ -11,10 +11,13 @@ import optax
 
 from hdm_optax import _common
 from hdm_optax.driver import adjoint as adjoint_lib
+from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
+from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import separate
 from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
 from hdm_optax.driver.limits import check_count
 from hdm_optax.driver.limits import check_limits
@@ -134,20 +137,15 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
   the callback raised is raised again with the partial result as its ``.result``.
   """
   with hooks.session(callback, progress, traced=traced) as handle:
-    options = {} if traced or staged() else compiler_options(dynamic)
-    program = _compiled(entry, options)
-    try:
-      hash(statics)
-    except TypeError:
-      program = entry
-    result = program(*statics, handle, *dynamic)
+    program = _program(entry, statics, (handle, *dynamic))
+    result = program(handle, *dynamic)
     error = hooks.error(handle)
     if error is not None:
       _raise_with(error, jax.block_until_ready(result))
   return result
 
 
-_PROGRAMS: dict = {}
+_JITTED: dict = {}
 
 
 def staged() -> bool:
@@ -155,13 +153,31 @@ def staged() -> bool:
   return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
-def _compiled(entry, options: dict):
-  key = (entry, tuple(sorted(options.items())))
-  if key not in _PROGRAMS:
-    _PROGRAMS[key] = jax.jit(
-      entry, static_argnums=tuple(range(entry.num_statics)), compiler_options=options or None
-    )
-  return _PROGRAMS[key]
+def jitted(entry):
+  """``jax.jit`` of a front door's entry, its first ``entry.num_statics`` arguments static."""
+  if entry not in _JITTED:
+    _JITTED[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
+  return _JITTED[entry]
+
+
+def program_key(entry, statics: tuple, dynamic: tuple) -> tuple:
+  """The cache key of ``entry``'s program for ``statics`` and the abstract ``dynamic``."""
+  return (entry, statics, compiled_lib.abstract(dynamic))
+
+
+def _program(entry, statics: tuple, dynamic: tuple):
+  """``program(*dynamic)``: ``entry``'s program, compiled once per key and kept in the bounded
+  cache (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key
+  describes, the entry traced into the caller's program."""
+  try:
+    hash(statics)
+  except TypeError:
+    return lambda *args: entry(*statics, *args)
+  if staged() or tracers(dynamic):
+    return lambda *args: jitted(entry)(*statics, *args)
+  options = compiler_options(dynamic)
+  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
+  return compiled_lib.lookup(program_key(entry, statics, dynamic), build)
 
 
 # Inputs of at most this many entries in all compile for a short first call.
@@ -188,8 +204,9 @@ def compiler_options(inputs) -> dict:
 
 
 def compiled_count() -> int:
-  """How many programs the front doors have compiled in this process (each jit cache entry)."""
-  return sum(program._cache_size() for program in _PROGRAMS.values())
+  """How many programs the front doors have compiled in this process (every kind: a fused
+  run, a method's program, an objective's value and gradient)."""
+  return compiled_lib.compiles()
 
 
 def statics_of(optimizer, fun, params, fun_args):
@@ -378,8 +395,49 @@ def solve(
     key, arrays, closed, args = _inline(optimizer, fun, init_params, fun_args)
   statics = (key, closed, program, primitive, adjoint)
   dynamic = (arrays, init_params, args, init_state, limits)
-  result = call(_solve_entry, statics, dynamic, callback=callback, progress=progress, traced=traced)
+  if _separate(statics, dynamic, program, traced):
+    make_oracle = _oracle_maker(fun, closed, args, fun_args, init_params)
+    result = separate.run(
+      optimizer,
+      make_oracle,
+      init_params,
+      limits=limits,
+      program_=program,
+      primitive=primitive,
+      init_state=init_state,
+      callback=callback,
+      progress=progress,
+      options=compiler_options((init_params, init_state)),
+    )
+  else:
+    result = call(
+      _solve_entry, statics, dynamic, callback=callback, progress=progress, traced=traced
+    )
   return cut_trace(result, shown)
+
+
+def _separate(statics, dynamic, program: runs.Program, traced: bool) -> bool:
+  """Whether a call runs on the separate path (:mod:`hdm_optax.driver.separate`): on the CPU,
+  outside a caller's trace, without ``has_aux``, where the fused program is not compiled."""
+  if traced or program.has_aux or engine.backend() != "cpu":
+    return False
+  if isinstance(statics[0], _Unkeyed) or staged() or tracers(dynamic):
+    return False
+  try:
+    hash(statics)
+  except TypeError:
+    return False
+  handle = None if program.hook is None else np.int32(0)
+  return compiled_lib.peek(program_key(_solve_entry, statics, (handle, *dynamic))) is None
+
+
+def _oracle_maker(fun, closed, args, fun_args, like):
+  """``make_oracle(packed)`` of the objective: the host's own for a NumPy ``fun``
+  (:func:`hdm_optax.minimize`), else ``fun`` compiled on its own."""
+  host = getattr(fun, "host_oracle", None)
+  if host is not None and host(fun_args, like, False) is not None:
+    return lambda packed: host(fun_args, like, packed)
+  return lambda packed: oracle_lib.JaxOracle(closed, args, like, packed)
 
 
 class _Unkeyed:

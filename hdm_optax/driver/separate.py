@@ -1,0 +1,210 @@
+"""The separate path: the method's program, compiled once per shapes and settings, and the
+objective compiled on its own.
+
+:func:`run` runs the engine's loop (:func:`hdm_optax.driver.runs.run`) in a program that
+holds the optimizer and the limits but not the objective: its objective is
+:func:`hdm_optax.driver.oracle.function`, which reaches the user's objective on the host
+through a handle. The program is keyed on what the library owns (the optimizer's
+configuration, the shapes and dtypes of the params, the run's static choices), so every
+objective of those shapes reuses it; the objective costs its own compile (a JAX ``fun``) or
+none (a NumPy ``fun``).
+
+An hdm_optax transformation runs on the params packed into a few flat blocks
+(:mod:`hdm_optax._blocks`): its program does not grow with the leaves of the params, which
+appear only in the objective's program. The result comes back in the params' layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax import _blocks
+from hdm_optax import _common
+from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import engine
+from hdm_optax.driver import hooks
+from hdm_optax.driver import oracle as oracle_lib
+from hdm_optax.driver import programs
+from hdm_optax.driver import runs
+from hdm_optax.pieces import box as box_lib
+
+__all__ = ("Layout", "method_optimizer", "run")
+
+
+def _is_box(node) -> bool:
+  return isinstance(node, box_lib.Box)
+
+
+class Layout:
+  """The user's params and the method's view of them: packed blocks, or the params as they
+  are (``Layout(None)``; also for params of one leaf)."""
+
+  def __init__(self, params):
+    self.packing = _blocks.Packing(params)
+    self.on = self.packing.on
+    self.blocks = _blocks.pack(params) if self.on else None
+    self._blocks_def = jax.tree.structure(self.blocks)
+    self._blocks_avals = [(jnp.shape(b), jnp.result_type(b)) for b in jax.tree.leaves(self.blocks)]
+
+  def _like_blocks(self, node) -> bool:
+    if jax.tree.structure(node) != self._blocks_def:
+      return False
+    return [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(node)] == self._blocks_avals
+
+  def to_method(self, tree):
+    """``tree`` with its subtrees shaped like the params packed (a box left as it is)."""
+    if not self.on:
+      return tree
+    is_leaf = lambda n: _is_box(n) or self.packing._like_params(n)  # pylint: disable=protected-access
+    pack = lambda n: n if _is_box(n) or not self.packing._like_params(n) else _blocks.pack(n)  # pylint: disable=protected-access
+    return jax.tree.map(pack, tree, is_leaf=is_leaf)
+
+  def to_user(self, tree, box=None):
+    """``tree`` with its subtrees shaped like the blocks unpacked, and its box ``box``."""
+    if not self.on:
+      return tree
+    is_leaf = lambda n: _is_box(n) or self._like_blocks(n)
+
+    def back(node):
+      if _is_box(node):
+        return box
+      return self.packing.unpack(node) if self._like_blocks(node) else node
+
+    return jax.tree.map(back, tree, is_leaf=is_leaf)
+
+
+def _numeric(value) -> bool:
+  return isinstance(value, (jax.Array, np.ndarray, np.generic, int, float)) and not isinstance(
+    value, bool
+  )
+
+
+def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
+  """``(optimizer on the method's params, layout)``.
+
+  An hdm_optax transformation whose array arguments are numbers or shaped like the params
+  (a box's sides) is rebuilt from its factory with those arguments packed, and runs on the
+  packed params; any other optimizer runs on the params as they are.
+  """
+  configuration = getattr(optimizer, "configuration", None)
+  layout = Layout(params)
+  if not layout.on:
+    return optimizer, layout
+  if not isinstance(optimizer, _common.ConfiguredTransformation) or configuration is None:
+    return optimizer, Layout(None)
+  arguments = {}
+  for name, value in configuration.arguments.items():
+    numbers = [x for x in jax.tree.leaves(value) if _numeric(x)]
+    if layout.packing._like_params(value):  # pylint: disable=protected-access
+      arguments[name] = _blocks.pack(value)
+    elif all(np.ndim(x) == 0 for x in numbers):
+      arguments[name] = value
+    else:  # a pytree of per-leaf bounds: no packed counterpart
+      return optimizer, Layout(None)
+  return configuration.factory(**arguments), layout
+
+
+def _entry(key, program, primitive, hook_handle, handle, arrays, x0, state, limits):
+  """The method's program: the engine's run with the host oracle as its objective."""
+  fun = oracle_lib.function(handle, x0)
+  loop_ = engine.make_loop(key.build(arrays), fun, limits, False, program.ftol)
+  primitive_ = _primitives.make_primitive(primitive, limits)
+  return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=hook_handle)
+
+
+_JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
+
+
+class _Primitives:
+  """Late binding of the primitive maker (it lives with the front door's shared parts)."""
+
+  @staticmethod
+  def make_primitive(key, limits):
+    from hdm_optax.driver import solving  # pylint: disable=import-outside-toplevel
+
+    return solving.make_primitive(key, limits)
+
+
+_primitives = _Primitives()
+
+
+def program(statics: tuple, dynamic: tuple, options: dict):
+  """The method's compiled program for ``statics`` and the abstract values of ``dynamic``."""
+  key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
+  build = lambda: _JIT.lower(*statics, *dynamic).compile(options or None)
+  return compiled_lib.lookup(key, build)
+
+
+def _box_of(optimizer, params) -> Optional[box_lib.Box]:
+  configuration = getattr(optimizer, "configuration", None)
+  arguments = {} if configuration is None else configuration.arguments
+  if arguments.get("lower") is None and arguments.get("upper") is None:
+    return None
+  return box_lib.make_box(params, arguments.get("lower"), arguments.get("upper"))
+
+
+def run(
+  optimizer,
+  make_oracle,
+  x0,
+  *,
+  limits,
+  program_: runs.Program,
+  primitive: tuple,
+  init_state=None,
+  callback=None,
+  progress: bool = False,
+  options: Optional[dict] = None,
+):
+  """Minimizes an objective from ``x0`` with ``optimizer`` on the separate path.
+
+  ``make_oracle(packed)`` returns the :class:`~hdm_optax.driver.oracle.Oracle` of the
+  objective on the method's params (``packed``: the params packed into blocks).
+
+  Returns:
+    The :class:`~hdm_optax.driver.results.SolveResult` in the params' layout.
+
+  Raises:
+    The exception the objective raised, if any; the callback's, with the partial result
+    as its ``.result``.
+  """
+  method, layout = method_optimizer(optimizer, x0)
+  key, arrays = programs.split_optimizer(method)
+  x = _blocks.pack(x0) if layout.on else x0
+  oracle = make_oracle(layout.on)
+  state = None if init_state is None else layout.to_method(init_state)
+  dynamic = (arrays, x, state, limits)
+  handles = (None if program_.hook is None else np.int32(0), np.int32(0))
+  compiled = program((key, program_, primitive), (*handles, *dynamic), options or {})
+  with hooks.session(callback, progress, traced=False) as hook_handle:
+    with oracle_lib.serving(oracle) as (handle, entry):
+      try:
+        result = compiled(hook_handle, handle, *dynamic)
+        result = jax.block_until_ready(result)
+      except jax.errors.JaxRuntimeError:
+        if entry.error is not None:
+          raise entry.error from None
+        raise
+    result = _to_user(result, layout, optimizer, x0)
+    error = hooks.error(hook_handle)
+    if error is not None:
+      error.result = result
+      error.add_note(
+        "hdm_optax: the callback raised this; the run stopped, and the result so far "
+        "is in this exception's .result."
+      )
+      raise error
+  return result
+
+
+def _to_user(result, layout: Layout, optimizer, x0):
+  if not layout.on:
+    return result
+  box = _box_of(optimizer, x0) if engine.box_of(result.state) is not None else None
+  return result._replace(
+    params=layout.packing.unpack(result.params), state=layout.to_user(result.state, box)
+  )
