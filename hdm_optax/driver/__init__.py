@@ -12,7 +12,10 @@ and the cache contract of the state (:mod:`~hdm_optax.driver.cache`).
 - :mod:`~hdm_optax.driver.limits`: the numbers that stop a run.
 - :mod:`~hdm_optax.driver.hooks`: the callback and the progress line, one host dispatcher.
 - :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, and
-  what enters it as arguments).
+  what enters it as arguments); :mod:`~hdm_optax.driver.compiled`: the bounded cache of
+  compiled programs; :mod:`~hdm_optax.driver.store`: the method's programs on disk.
+- :mod:`~hdm_optax.driver.separate` and :mod:`~hdm_optax.driver.oracle`: the separate path,
+  the method's program compiled once per shapes and settings, the objective on its own.
 - :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run.
 - The front doors: :mod:`~hdm_optax.driver.solving` (:func:`solve`),
   :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`, with
@@ -29,31 +32,39 @@ and the cache contract of the state (:mod:`~hdm_optax.driver.cache`).
 from hdm_optax.driver import adjoint
 from hdm_optax.driver import batching
 from hdm_optax.driver import cache
+from hdm_optax.driver import compiled
 from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
 from hdm_optax.driver import limits
 from hdm_optax.driver import members
 from hdm_optax.driver import minibatch
 from hdm_optax.driver import objective
+from hdm_optax.driver import oracle
 from hdm_optax.driver import programs
 from hdm_optax.driver import results
 from hdm_optax.driver import runs
 from hdm_optax.driver import scipy_api
+from hdm_optax.driver import separate
 from hdm_optax.driver import solving
+from hdm_optax.driver import store
 
 __all__ = (
   "adjoint",
   "batching",
   "cache",
+  "compiled",
   "engine",
   "hooks",
   "limits",
   "members",
   "minibatch",
   "objective",
+  "oracle",
   "programs",
   "results",
   "runs",
   "scipy_api",
+  "separate",
   "solving",
+  "store",
 )

@@ -19,7 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ("DEFAULT_SIZE", "abstract", "cache_size", "clear_caches", "lookup", "set_cache_size")
+__all__ = (
+  "DEFAULT_SIZE",
+  "abstract",
+  "cache_size",
+  "clear_caches",
+  "lookup",
+  "prepare",
+  "set_cache_size",
+)
 
 # Programs kept at most (a method's program on a CPU holds a few MB of code).
 DEFAULT_SIZE = 64
@@ -78,14 +86,60 @@ def abstract(tree) -> tuple:
 
 
 def lookup(key: Hashable, build: Callable[[], Any]) -> Any:
-  """The program cached under ``key``, else ``build()``'s, cached (least recently used out)."""
+  """The program cached under ``key``, else ``build()``'s, cached (least recently used out).
+
+  A build of ``key`` under way (:func:`prepare`) is waited for, not started again.
+  """
   program = _CACHE.get(key)
-  if program is None:
-    program = build()
-    with _CACHE.lock:
-      _CACHE.compiles += 1
-    _CACHE.put(key, program)
+  if program is not None:
+    return program
+  with _CACHE.lock:
+    pending = _PENDING.get(key)
+  if pending is not None:
+    pending.join()
+    program = _CACHE.get(key)
+    if program is not None:
+      return program
+  program = build()
+  with _CACHE.lock:
+    _CACHE.compiles += 1
+  _CACHE.put(key, program)
   return program
+
+
+_PENDING: dict = {}
+
+
+def prepare(key: Hashable, build: Callable[[], Any]) -> None:
+  """Builds the program of ``key`` in a background thread (XLA's compile releases the GIL),
+  unless it is cached or under way; :func:`lookup` of ``key`` then waits for it."""
+
+  def work():
+    try:
+      lookup(key, build)
+    except Exception:  # pylint: disable=broad-except
+      pass  # the foreground lookup builds it again and raises what it raises
+    finally:
+      with _CACHE.lock:
+        _PENDING.pop(key, None)
+
+  with _CACHE.lock:
+    if key in _PENDING or key in _CACHE.entries:
+      return
+    thread = threading.Thread(target=work, name="hdm_optax compile", daemon=True)
+    _PENDING[key] = thread
+  thread.start()
+
+
+def wait() -> None:
+  """Waits for the builds under way (:func:`prepare`)."""
+  while True:
+    with _CACHE.lock:
+      pending = list(_PENDING.values())
+    if not pending:
+      return
+    for thread in pending:
+      thread.join()
 
 
 def peek(key: Hashable) -> Any:
@@ -123,7 +177,9 @@ def count() -> int:
 
 
 def compiles() -> int:
-  """The number of programs built in this process."""
+  """The number of programs built (compiled or loaded from disk) in this process, the builds
+  under way included (waited for)."""
+  wait()
   return _CACHE.compiles
 
 
@@ -133,6 +189,7 @@ def clear_caches() -> None:
   The memory the executables held is returned; the next call of a front door compiles its
   program again (or loads it from the disk cache, :mod:`hdm_optax.driver.store`).
   """
+  wait()
   with _CACHE.lock:
     _CACHE.entries.clear()
   jax.clear_caches()

@@ -177,8 +177,17 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, traced: bool):
+def session(
+  callback: Optional[Callable[[Snapshot], Any]],
+  progress: bool,
+  *,
+  traced: bool,
+  view: Optional[Callable[[Any], Any]] = None,
+):
   """Opens a session; yields its handle (an int32 array) or ``None`` without a hook.
+
+  ``view`` maps the params the program hands the host to the user's layout (the separate
+  path runs on packed params).
 
   Outside a trace the session closes when the block ends, and an exception the callback
   raised is raised again there (its own type; the caller attaches the partial result).
@@ -192,6 +201,7 @@ def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, tr
     handle = next(_HANDLES)
     _SESSIONS[handle] = _Session(callback, progress, 0)
   _SESSIONS[handle].traced = traced
+  _SESSIONS[handle].view = view
   try:
     yield np.int32(handle)
   finally:
@@ -219,7 +229,9 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   if final or current.callback is None:
     return np.full(status.shape, final)
   params = current.merge(None if members == 0 else member, {"params": params})["params"]
-  snapshot = Snapshot(params=jax.tree.map(np.asarray, params), **merged)
+  view = getattr(current, "view", None)
+  params = jax.tree.map(np.asarray, params if view is None else view(params))
+  snapshot = Snapshot(params=params, **merged)
   try:
     halt = bool(current.callback(snapshot))
   except StopIteration:

@@ -153,7 +153,10 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
   value_site, pair_site = Site("value", shapes, dtype), Site("value_and_grad", shapes, dtype)
 
   def call(site, x):
-    return jax.pure_callback(site, site.out_shapes(), handle, *jax.tree.leaves(x))
+    # A caller may evaluate at another precision (optax's line search promotes float32
+    # params under x64): the objective was compiled for the params' dtype.
+    leaves = [jnp.asarray(v).astype(dtype) for v in jax.tree.leaves(x)]
+    return jax.pure_callback(site, site.out_shapes(), handle, *leaves)
 
   @jax.custom_vjp
   def f(x):
@@ -161,6 +164,7 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
 
   def forward(x):
     value, *grads = call(pair_site, x)
+    grads = [g.astype(jnp.result_type(v)) for g, v in zip(grads, jax.tree.leaves(x))]
     return value, jax.tree.unflatten(treedef, grads)
 
   def backward(grad, cotangent):

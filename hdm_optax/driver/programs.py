@@ -352,6 +352,14 @@ class OptimizerKey:
     leaves = [next(given) if a else next(held) for a in self._arrays]
     return self._factory(**jax.tree.unflatten(self._treedef, leaves))
 
+  def describe(self) -> tuple:
+    """What the key is made of, for a description that does not depend on the process
+    (:func:`hdm_optax.driver.store.describe`)."""
+    if self._optimizer is not None:
+      return ("optimizer", self._optimizer)
+    avals = self._key[-1]
+    return ("configured", self._factory, self._treedef, self._statics, avals)
+
   def __hash__(self):
     return hash(self._key)
 

@@ -198,6 +198,33 @@ def _options(options, tol, max_steps) -> dict:
   return merged
 
 
+_WARNED_32_BIT = []
+
+
+def _float64(leaf) -> bool:
+  if isinstance(leaf, float):
+    return True
+  dtype = getattr(leaf, "dtype", None)
+  return isinstance(leaf, (np.ndarray, np.generic)) and dtype == np.float64
+
+
+def _warn_32_bit(x0, args) -> None:
+  """Once per process: float64 inputs (SciPy's precision) while JAX computes in 32 bits."""
+  if _WARNED_32_BIT or jax.config.read("jax_enable_x64"):
+    return
+  leaves = jax.tree.leaves((x0, tuple(args)))
+  if any(map(_float64, leaves)):
+    _WARNED_32_BIT.append(True)
+    warnings.warn(
+      "minimize: x0 or args are float64 (SciPy's precision), but JAX is in 32-bit mode, so "
+      "the run computes in float32 (about 7 digits, and more iterations than SciPy near the "
+      "solution). For SciPy's precision, call jax.config.update('jax_enable_x64', True) at "
+      "the start of the script (docs/scipy.md).",
+      UserWarning,
+      stacklevel=3,
+    )
+
+
 def _start_point(x0):
   """x0 as SciPy reads it: numbers, lists and NumPy arrays become one float array (1-d at least).
 
@@ -425,6 +452,7 @@ def minimize(
     ([1.0, 0.0, 0.5], True)
   """
   method = _method(method)
+  _warn_32_bit(x0, args)
   _unused(hess, hessp, constraints)
   opts = _options(options, tol, max_steps)
   x0 = _start_point(x0)

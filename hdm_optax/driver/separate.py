@@ -30,6 +30,7 @@ from hdm_optax.driver import hooks
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import runs
+from hdm_optax.driver import store
 from hdm_optax.pieces import box as box_lib
 
 __all__ = ("Layout", "method_optimizer", "run")
@@ -132,10 +133,22 @@ class _Primitives:
 _primitives = _Primitives()
 
 
-def program(statics: tuple, dynamic: tuple, options: dict):
-  """The method's compiled program for ``statics`` and the abstract values of ``dynamic``."""
+def program(statics: tuple, dynamic: tuple, options: dict, background: bool = False):
+  """The method's compiled program for ``statics`` and the abstract values of ``dynamic``:
+  from the cache, the disk (:mod:`hdm_optax.driver.store`) or compiled (and stored).
+  ``background``: start the build in a thread and return ``None``."""
   key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
-  build = lambda: _JIT.lower(*statics, *dynamic).compile(options or None)
+
+  def build():
+    stored = store.describe(key)
+    program = store.load(stored)
+    if program is None:
+      program = _JIT.lower(*statics, *dynamic).compile(options or None)
+      store.save(stored, program)
+    return program
+
+  if background:
+    return compiled_lib.prepare(key, build)
   return compiled_lib.lookup(key, build)
 
 
@@ -175,12 +188,16 @@ def run(
   method, layout = method_optimizer(optimizer, x0)
   key, arrays = programs.split_optimizer(method)
   x = _blocks.pack(x0) if layout.on else x0
-  oracle = make_oracle(layout.on)
   state = None if init_state is None else layout.to_method(init_state)
   dynamic = (arrays, x, state, limits)
   handles = (None if program_.hook is None else np.int32(0), np.int32(0))
-  compiled = program((key, program_, primitive), (*handles, *dynamic), options or {})
-  with hooks.session(callback, progress, traced=False) as hook_handle:
+  statics, options = (key, program_, primitive), options or {}
+  # The method's program builds in a thread while the objective's compiles here.
+  program(statics, (*handles, *dynamic), options, background=True)
+  oracle = make_oracle(layout.on)
+  compiled = program(statics, (*handles, *dynamic), options)
+  view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
+  with hooks.session(callback, progress, traced=False, view=view) as hook_handle:
     with oracle_lib.serving(oracle) as (handle, entry):
       try:
         result = compiled(hook_handle, handle, *dynamic)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -395,8 +396,8 @@ def solve(
     key, arrays, closed, args = _inline(optimizer, fun, init_params, fun_args)
   statics = (key, closed, program, primitive, adjoint)
   dynamic = (arrays, init_params, args, init_state, limits)
-  if _separate(statics, dynamic, program, traced):
-    make_oracle = _oracle_maker(fun, closed, args, fun_args, init_params)
+  make_oracle = _oracle_maker(fun, closed, args, fun_args, init_params)
+  if _separate(statics, dynamic, program, traced, host=make_oracle.host):
     result = separate.run(
       optimizer,
       make_oracle,
@@ -416,9 +417,36 @@ def solve(
   return cut_trace(result, shown)
 
 
-def _separate(statics, dynamic, program: runs.Program, traced: bool) -> bool:
-  """Whether a call runs on the separate path (:mod:`hdm_optax.driver.separate`): on the CPU,
-  outside a caller's trace, without ``has_aux``, where the fused program is not compiled."""
+# Runs of one objective on the separate path before the fused program serves it (the second
+# compiles the fused program in the background).
+SEPARATE_RUNS = 2
+
+
+class _Sightings:
+  """How many times each fused program's key was asked for (the most recent ones)."""
+
+  def __init__(self, size: int = 1024):
+    self.size, self.counts = size, collections.OrderedDict()
+
+  def see(self, key) -> int:
+    count = self.counts.pop(key, 0) + 1
+    self.counts[key] = count
+    while len(self.counts) > self.size:
+      self.counts.popitem(last=False)
+    return count
+
+
+_SIGHTINGS = _Sightings()
+
+
+def _separate(statics, dynamic, program: runs.Program, traced: bool, host: bool) -> bool:
+  """Whether a call runs on the separate path (:mod:`hdm_optax.driver.separate`).
+
+  The rule: on the CPU, outside a caller's trace and without ``has_aux``, a NumPy ``fun``
+  always does, and a JAX objective does for its first :data:`SEPARATE_RUNS` runs (the key
+  of the fused program: the objective's trace, the optimizer, the shapes); the last of
+  them compiles the fused program in the background, which serves the later runs.
+  """
   if traced or program.has_aux or engine.backend() != "cpu":
     return False
   if isinstance(statics[0], _Unkeyed) or staged() or tracers(dynamic):
@@ -427,8 +455,24 @@ def _separate(statics, dynamic, program: runs.Program, traced: bool) -> bool:
     hash(statics)
   except TypeError:
     return False
+  if host:
+    return True
   handle = None if program.hook is None else np.int32(0)
-  return compiled_lib.peek(program_key(_solve_entry, statics, (handle, *dynamic))) is None
+  full = (handle, *dynamic)
+  key = program_key(_solve_entry, statics, full)
+  if compiled_lib.peek(key) is not None:
+    return False
+  runs_so_far = _SIGHTINGS.see(key)
+  if runs_so_far == SEPARATE_RUNS:
+    options, abstract = compiler_options(full), jax.tree.map(_abstract_value, full)
+    build = lambda: jitted(_solve_entry).lower(*statics, *abstract).compile(options or None)
+    compiled_lib.prepare(key, build)
+  return runs_so_far <= SEPARATE_RUNS
+
+
+def _abstract_value(x):
+  weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))
+  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
 def _oracle_maker(fun, closed, args, fun_args, like):
@@ -436,8 +480,12 @@ def _oracle_maker(fun, closed, args, fun_args, like):
   (:func:`hdm_optax.minimize`), else ``fun`` compiled on its own."""
   host = getattr(fun, "host_oracle", None)
   if host is not None and host(fun_args, like, False) is not None:
-    return lambda packed: host(fun_args, like, packed)
-  return lambda packed: oracle_lib.JaxOracle(closed, args, like, packed)
+    make = lambda packed: host(fun_args, like, packed)
+    make.host = True
+    return make
+  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed)
+  make.host = False
+  return make
 
 
 class _Unkeyed:
