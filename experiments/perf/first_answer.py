@@ -16,7 +16,9 @@ ratio hdm_optax / SciPy of each call (float64, CPU):
 - ``leaves``: the first call on a dict of 1000 3-vectors, against the first call of
   ``jax.jit(jax.value_and_grad(f))`` plus SciPy's run on it;
 - ``memory``: 200 objectives that differ by a float, the resident memory after them over
-  the memory after the first, and after ``hdm_optax.clear_caches()``.
+  the memory after the first, and after ``hdm_optax.clear_caches()``;
+- ``crossover``: the time per iteration of a compiled run on the separate path against the
+  fused program, by n (``solve(trial_lbfgs())`` on a chained quadratic, 50 steps, warm).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+import jax.flatten_util  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import scipy.optimize  # noqa: E402
@@ -241,6 +244,36 @@ def case_memory(rounds: int) -> None:
   )
 
 
+def case_crossover(rounds: int) -> None:
+  from hdm_optax.driver import solving  # pylint: disable=import-outside-toplevel
+
+  print("crossover: ms per iteration, warm, separate path against the fused program")
+
+  def fun(x, a):
+    return 0.5 * jnp.sum(a * (x - 1.0) ** 2) + jnp.sum((x[1:] - x[:-1] ** 2) ** 2)
+
+  default = solving.SEPARATE_RUNS
+  try:
+    for n in (10, 1000, 100_000, 1_000_000):
+      a = jnp.linspace(1.0, 10.0, n)
+      call = lambda: (
+        hdm_optax.solve(
+          hdm_optax.trial_lbfgs(), fun, jnp.zeros(n), fun_args=(a,), max_steps=50, tol=0.0
+        ).params
+      )
+      times = {}
+      for path, runs_ in (("separate", 10**9), ("fused", 0)):
+        solving.SEPARATE_RUNS = runs_
+        call()
+        times[path] = min(_timed(call)[0] for _ in range(max(rounds, 3))) / 50 * 1e3
+      print(
+        f"  n = {n:>9,}: separate {times['separate']:8.3f} ms, fused {times['fused']:8.3f} ms, "
+        f"ratio {times['separate'] / times['fused']:5.2f}"
+      )
+  finally:
+    solving.SEPARATE_RUNS = default
+
+
 CASES = {
   "numpy": case_numpy,
   "jax": case_jax,
@@ -248,6 +281,7 @@ CASES = {
   "warm": case_warm,
   "leaves": case_leaves,
   "memory": case_memory,
+  "crossover": case_crossover,
 }
 
 

@@ -242,7 +242,7 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)
-    key, arrays = programs.split_optimizer(optimizer) if optimizer else (None, [])
+    key, arrays = programs.split_optimizer(optimizer, params_one) if optimizer else (None, [])
     maker = members_lib.Maker(make_optimizer, settings, key)
     columns = {
       n: members_lib.column(n, [points[i][n] for i in indices], dtype)

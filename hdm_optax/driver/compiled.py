@@ -116,12 +116,14 @@ def prepare(key: Hashable, build: Callable[[], Any]) -> None:
 
   def work():
     try:
-      lookup(key, build)
+      program = build()
     except Exception:  # pylint: disable=broad-except
-      pass  # the foreground lookup builds it again and raises what it raises
-    finally:
-      with _CACHE.lock:
-        _PENDING.pop(key, None)
+      program = None  # the foreground lookup builds it again and raises what it raises
+    with _CACHE.lock:
+      if program is not None:
+        _CACHE.compiles += 1
+        _CACHE.put(key, program)
+      _PENDING.pop(key, None)
 
   with _CACHE.lock:
     if key in _PENDING or key in _CACHE.entries:

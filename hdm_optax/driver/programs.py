@@ -36,6 +36,7 @@ import jax.extend.core as jex
 from jax.extend import linear_util as lu
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from hdm_optax import _common
 
@@ -325,10 +326,14 @@ class OptimizerKey:
 
   An hdm_optax transformation (it knows its factory call) is keyed on the factory and its
   non-array arguments, and rebuilt from the arrays passed in; any other is keyed on its
-  :func:`fingerprint` and used as it is.
+  :func:`fingerprint` and used as it is. Where the key cannot see all an optimizer computes
+  with (any optax transformation, whose functions may read module globals or the attributes
+  of objects they hold; an hdm_optax transformation given a function of the user's, such as
+  a schedule), it also holds the trace of ``init`` and ``update`` at the params' shapes
+  (:func:`update_signature`): what those read at this call is in the key, as ``fun``'s is.
   """
 
-  def __init__(self, optimizer):
+  def __init__(self, optimizer, params=None):
     configuration = getattr(optimizer, "configuration", None)
     if isinstance(optimizer, _common.ConfiguredTransformation) and configuration is not None:
       leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
@@ -339,10 +344,14 @@ class OptimizerKey:
       self._key = ("configured", self._factory, self._treedef, fingerprint(self._statics), avals)
       self._optimizer = None
       self.arrays = [x for x, a in zip(leaves, self._arrays) if a]
+      opaque = any(callable(x) and not _libraries(x) for x in self._statics)
     else:
       self._key = ("fingerprint", fingerprint(optimizer))
       self._optimizer = optimizer
       self.arrays = []
+      opaque = True
+    if opaque and params is not None:
+      self._key += (update_signature(optimizer, params),)
 
   def build(self, arrays):
     """The optimizer, with ``arrays`` (traced inside the program) for its array arguments."""
@@ -357,8 +366,7 @@ class OptimizerKey:
     (:func:`hdm_optax.driver.store.describe`)."""
     if self._optimizer is not None:
       return ("optimizer", self._optimizer)
-    avals = self._key[-1]
-    return ("configured", self._factory, self._treedef, self._statics, avals)
+    return ("configured", self._factory, self._treedef, self._statics, self._key[4])
 
   def __hash__(self):
     return hash(self._key)
@@ -367,11 +375,44 @@ class OptimizerKey:
     return isinstance(other, OptimizerKey) and other._key == self._key
 
 
+def _libraries(fn) -> bool:
+  """Whether ``fn`` is one of the library's, optax's or JAX's (its code is theirs)."""
+  module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+  return module.split(".")[0] in ("hdm_optax", "optax", "jax")
+
+
+def _placeholder_objective(params):
+  return 0.5 * optax.tree.vdot(params, params)
+
+
+def update_signature(optimizer, params) -> tuple:
+  """``optimizer.init`` and ``update`` traced at the params' shapes, as a key: their
+  equations, the numbers written into them and the content of the arrays they hold.
+
+  Raises:
+    Uncacheable: they read a traced value.
+  """
+  params = jax.tree.map(_abstract, params)
+
+  def run(params):
+    state = optimizer.init(params)
+    value = jnp.zeros((), _common.params_dtype(params))
+    return optimizer.update(
+      params, state, params, value=value, grad=params, value_fn=_placeholder_objective
+    )
+
+  traced = jax.make_jaxpr(run)(params)
+  inner: list = []
+  signature = _signature(traced.jaxpr, inner)
+  return ("trace", signature, tuple(map(content, [*traced.consts, *inner])))
+
+
 def _is_array(x) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 
 
-def split_optimizer(optimizer) -> tuple[OptimizerKey, list]:
-  """``(key, arrays)``: the optimizer's key and the arrays that enter the program."""
-  key = OptimizerKey(optimizer)
+def split_optimizer(optimizer, params=None) -> tuple[OptimizerKey, list]:
+  """``(key, arrays)``: the optimizer's key and the arrays that enter the program (with
+  ``params``, the key holds the trace of what the key cannot see: :class:`OptimizerKey`)."""
+  key = OptimizerKey(optimizer, params)
   return key, key.arrays

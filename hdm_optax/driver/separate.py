@@ -186,8 +186,8 @@ def run(
     as its ``.result``.
   """
   method, layout = method_optimizer(optimizer, x0)
-  key, arrays = programs.split_optimizer(method)
   x = _blocks.pack(x0) if layout.on else x0
+  key, arrays = programs.split_optimizer(method, x)
   state = None if init_state is None else layout.to_method(init_state)
   dynamic = (arrays, x, state, limits)
   handles = (None if program_.hook is None else np.int32(0), np.int32(0))

@@ -217,7 +217,7 @@ def statics_of(optimizer, fun, params, fun_args):
   arguments against the params (a box's shape, NaN) run before they become traced.
   """
   jax.eval_shape(optimizer.init, params)
-  key, arrays = programs.split_optimizer(optimizer)
+  key, arrays = programs.split_optimizer(optimizer, params)
   closed, args = programs.hoist(fun, params, tuple(fun_args))
   return key, arrays, closed, args
 
