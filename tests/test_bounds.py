@@ -258,6 +258,7 @@ def test_minimize_errors():
 def test_minimize_compiles_once():
   """Another start, box, data and tol reuse the compiled program."""
   fun = lambda x, t: jnp.sum((x - t) ** 2)
+  hdm_optax.clear_caches()
   before = solving.compiled_count()
   hdm_optax.minimize(fun, jnp.zeros(3), args=(jnp.ones(3),), bounds=(jnp.zeros(3), jnp.ones(3)))
   first = solving.compiled_count()
@@ -268,7 +269,9 @@ def test_minimize_compiles_once():
     bounds=(jnp.full(3, -1.0), jnp.full(3, 0.5)),
     tol=1e-8,
   )
-  assert first == before + 1 and solving.compiled_count() == first
+  # The first call compiles the method's program and the objective's; the second only the
+  # fused one, in the background (docs/guide.md, "Which program runs").
+  assert first == before + 2 and solving.compiled_count() == first + 1
   np.testing.assert_allclose(np.asarray(res.params), 0.5)
 
 

@@ -442,14 +442,15 @@ _SIGHTINGS = _Sightings()
 def _separate(statics, dynamic, program: runs.Program, traced: bool, host: bool) -> bool:
   """Whether a call runs on the separate path (:mod:`hdm_optax.driver.separate`).
 
-  The rule: on the CPU, outside a caller's trace and without ``has_aux``, a NumPy ``fun``
-  always does, and a JAX objective does for its first :data:`SEPARATE_RUNS` runs (the key
-  of the fused program: the objective's trace, the optimizer, the shapes); the last of
-  them compiles the fused program in the background, which serves the later runs.
+  The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device, a
+  NumPy ``fun`` always does, and a JAX objective does for its first :data:`SEPARATE_RUNS`
+  runs (the key of the fused program: the objective's trace, the optimizer, the shapes);
+  the last of them compiles the fused program in the background, which serves the later
+  runs.
   """
   if traced or program.has_aux or engine.backend() != "cpu":
     return False
-  if isinstance(statics[0], _Unkeyed) or staged() or tracers(dynamic):
+  if isinstance(statics[0], _Unkeyed) or staged() or tracers(dynamic) or _spread(dynamic):
     return False
   try:
     hash(statics)
@@ -468,6 +469,14 @@ def _separate(statics, dynamic, program: runs.Program, traced: bool, host: bool)
     build = lambda: jitted(_solve_entry).lower(*statics, *abstract).compile(options or None)
     compiled_lib.prepare(key, build)
   return runs_so_far <= SEPARATE_RUNS
+
+
+def _spread(tree) -> bool:
+  """Whether the run spans several devices or processes (the fused program shards it)."""
+  if jax.process_count() > 1:
+    return True
+  arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+  return any(len(x.sharding.device_set) > 1 for x in arrays)
 
 
 def _abstract_value(x):
