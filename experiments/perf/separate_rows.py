@@ -47,7 +47,19 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--suite", default="cutest", choices=("cutest", "cutest_bounded"))
   parser.add_argument("--names", default=None)
+  parser.add_argument(
+    "--options",
+    default="front-door",
+    choices=("front-door", "xla-defaults", "o0"),
+    help="the method's program's XLA options: the front door's rule, XLA's defaults (as the "
+    "benchmark's rows), or the elemental emitters at optimization level 0",
+  )
   args = parser.parse_args(argv)
+  if args.options == "xla-defaults":
+    solving.compiler_options = lambda inputs: {}
+  elif args.options == "o0":
+    o0 = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
+    solving.compiler_options = lambda inputs: o0
   names = args.names.split(",") if args.names else None
   tasks = (
     suites.cutest_tasks(TOL, names)

@@ -183,37 +183,35 @@ class JaxOracle(Oracle):
     args: its arguments at this call.
     like: the user's params (their pytree, shapes and dtype).
     packed: the method's params are ``like`` packed into blocks (:mod:`hdm_optax._blocks`).
-    has_aux: ``closed`` returns ``(value, aux)``.
+    options: XLA's compiler options for its programs.
   """
 
-  def __init__(self, closed, args: tuple, like, packed: bool, has_aux: bool = False):
-    self._args = args
+  def __init__(self, closed, args: tuple, like, packed: bool, options=None):
+    self._args, self._options = args, options or {}
     packing = _blocks.Packing(like if packed else None)
     method_params = _blocks.pack(like) if packing.on else like
     method_def = jax.tree.structure(method_params)
 
     def objective(leaves, args):
-      params = packing.unpack(jax.tree.unflatten(method_def, leaves))
-      out = closed(params, *args)
-      return out[0] if has_aux else out
+      return closed(packing.unpack(jax.tree.unflatten(method_def, leaves)), *args)
 
     def pair(leaves, args):  # the engine's checks of what fun returns, then its value's dtype
-      fun = lambda leaves: closed(packing.unpack(jax.tree.unflatten(method_def, leaves)), *args)
-      out, grads = _common.value_and_grad(fun, leaves, has_aux=has_aux, name="fun")
-      value = out[0] if has_aux else out
+      fun = lambda leaves: objective(leaves, args)
+      value, grads = _common.value_and_grad(fun, leaves, name="fun")
       engine.check_value_dtype(value, like)
       return value, grads
 
     leaves = [
       jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(method_params)
     ]
-    self._key = (closed, packed, has_aux, compiled_lib.abstract((leaves, args)))
-    self._pair = self._program("value_and_grad", pair, leaves)
-    self._objective, self._leaves = objective, leaves
+    options_key = tuple(sorted(self._options.items()))
+    key = (closed, packed, compiled_lib.abstract((leaves, args)), options_key)
+    self._key, self._leaves, self._objective = key, leaves, objective
+    self._pair = self._program("value_and_grad", pair)
     self._value = None
 
-  def _program(self, kind: str, fun: Callable, leaves):
-    build = lambda: jax.jit(fun).lower(leaves, self._args).compile()
+  def _program(self, kind: str, fun: Callable):
+    build = lambda: jax.jit(fun).lower(self._leaves, self._args).compile(self._options or None)
     return compiled_lib.lookup(("objective", kind, self._key), build)
 
   def value_and_grad(self, leaves):
@@ -222,7 +220,7 @@ class JaxOracle(Oracle):
 
   def value(self, leaves):
     if self._value is None:
-      self._value = self._program("value", self._objective, self._leaves)
+      self._value = self._program("value", self._objective)
     return self._value(leaves, self._args)
 
 

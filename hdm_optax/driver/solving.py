@@ -492,7 +492,8 @@ def _oracle_maker(fun, closed, args, fun_args, like):
     make = lambda packed: host(fun_args, like, packed)
     make.host = True
     return make
-  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed)
+  options = compiler_options((like, args))
+  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed, options=options)
   make.host = False
   return make
 
