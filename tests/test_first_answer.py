@@ -292,3 +292,49 @@ def test_minimize_warns_once_in_32_bit_mode():
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip().splitlines()[-1] == "1"
+
+
+_RATE = [0.1]
+
+
+class _Holder:
+  rate = 0.1
+
+
+@pytest.mark.parametrize("where", ["global", "attribute", "schedule"])
+def test_what_an_optimizer_reads_at_the_call_is_in_its_key(where):
+  """Issue 55, item 1: a global or an attribute an optimizer's functions read, or a
+  function given to an hdm_optax factory, is read at each call (the oracle: a fresh
+  process, which traces anew: 0.729 after the first rate, 0.125 after the second)."""
+  holder = _Holder()
+  fun, x0, steps, rates = (lambda x: 0.5 * jnp.sum(x**2)), jnp.ones(2), 3, (0.1, 0.5, 0.1)
+  if where == "schedule":
+    from hdm_optax.pieces import decay  # pylint: disable=import-outside-toplevel
+
+    base = decay.step_decay(every=1)
+    schedule = decay.Schedule(
+      init=base.init, update=lambda s, k, a: s._replace(factor=s.factor * _RATE[0])
+    )
+    opt = hdm_optax.hdm_best(lipschitz=4.0, schedule=schedule)
+    fun = lambda x: 0.5 * jnp.sum(jnp.arange(1.0, 4.0) * x**2)
+    x0, steps, rates = jnp.ones(3), 5, (0.9, 0.001, 0.9)
+  else:
+    rate = (lambda: _RATE[0]) if where == "global" else (lambda: holder.rate)
+    update = lambda g, s, p=None, **k: (jax.tree.map(lambda v: -rate() * v, g), s)
+    opt = optax.GradientTransformationExtraArgs(lambda p: optax.EmptyState(), update)
+  results = []
+  for value in rates:
+    _RATE[0] = holder.rate = value
+    for _ in range(3):  # the separate path twice, then the fused program
+      res = hdm_optax.solve(opt, fun, x0, max_steps=steps, tol=0.0)
+      results.append(np.asarray(res.params))
+  _RATE[0] = 0.1
+  first, second, third = results[0:3], results[3:6], results[6:9]
+  for group in (first, second, third):
+    for r in group[1:]:
+      np.testing.assert_array_equal(r, group[0])
+  np.testing.assert_array_equal(first[0], third[0])
+  assert not np.allclose(first[0], second[0])
+  if where != "schedule":
+    np.testing.assert_allclose(first[0], 0.9**3, rtol=1e-12)
+    np.testing.assert_allclose(second[0], 0.5**3, rtol=1e-12)

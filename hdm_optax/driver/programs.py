@@ -59,6 +59,8 @@ def content(array) -> tuple:
   """An array as a key: its shape, dtype and a digest of its bytes."""
   if isinstance(array, jax.core.Tracer):
     raise Uncacheable("a traced array")
+  if jnp.issubdtype(getattr(array, "dtype", None), jax.dtypes.prng_key):
+    array = jax.random.key_data(array)  # a typed key: its bits
   a = np.asarray(array)
   return ("array", a.shape, a.dtype.str, hashlib.blake2b(np.ascontiguousarray(a)).digest())
 
@@ -159,6 +161,9 @@ def _signature(jaxpr, inner: list) -> tuple:
       return tuple(map(param, value))
     if isinstance(value, (lu.WrappedFun, types.FunctionType)):
       return ("callable", getattr(value, "__name__", type(value).__name__))
+    inner_rule = getattr(value, "rule", None)  # a custom batching rule, wrapped anew each trace
+    if callable(value) and callable(inner_rule):
+      return ("rule", type(value).__name__, _callback_key(inner_rule))
     return _Held(value)
 
   head = tuple((atom(v), v.aval) for v in (*jaxpr.constvars, *jaxpr.invars))
@@ -183,11 +188,13 @@ _HOST_CALLS = ("debug_callback", "pure_callback", "io_callback")
 
 def _callback_key(fn, depth: int = 0) -> Any:
   """A host callback of the trace as a key: the user's function by identity (what it writes
-  to, a list or a file, is part of what it does), JAX's wrappers around it by their code and
-  what they hold. Two traces of ``jax.debug.callback(log)`` share a key; ``log_a`` and
+  to, a list or a file, is part of what it does), JAX's wrappers around it and the library's
+  own callbacks by their code and what they hold. Two traces of ``jax.debug.callback(log)`` share a key; ``log_a`` and
   ``log_b`` do not."""
   if depth > 8:
     return _Held(fn)
+  if isinstance(fn, jax.core.Tracer):  # a value of the trace the rule closes over
+    return ("traced", fn.aval)
   inner = lambda x: _callback_key(x, depth + 1)
   if isinstance(fn, functools.partial):
     return ("partial", inner(fn.func), tuple(map(inner, fn.args)), inner(fn.keywords))
@@ -199,7 +206,7 @@ def _callback_key(fn, depth: int = 0) -> Any:
   if isinstance(fn, (tuple, list)):
     return (type(fn), tuple(map(inner, fn)))
   ours = getattr(fn, "__module__", "") or ""
-  if isinstance(fn, types.FunctionType) and ours.split(".")[0] == "jax":
+  if isinstance(fn, types.FunctionType) and ours.split(".")[0] in ("jax", "hdm_optax"):
     cells = tuple(inner(c.cell_contents) for c in fn.__closure__ or () if _filled(c))
     return ("jax", fn.__code__, cells)
   return _Held(fn)

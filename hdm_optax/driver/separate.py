@@ -111,26 +111,15 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
 
 def _entry(key, program, primitive, hook_handle, handle, arrays, x0, state, limits):
   """The method's program: the engine's run with the host oracle as its objective."""
+  from hdm_optax.driver import solving  # pylint: disable=import-outside-toplevel
+
   fun = oracle_lib.function(handle, x0)
-  loop_ = engine.make_loop(key.build(arrays), fun, limits, False, program.ftol)
-  primitive_ = _primitives.make_primitive(primitive, limits)
+  loop_ = engine.make_loop(key.build(arrays), fun, limits)
+  primitive_ = solving.make_primitive(primitive)
   return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=hook_handle)
 
 
 _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
-
-
-class _Primitives:
-  """Late binding of the primitive maker (it lives with the front door's shared parts)."""
-
-  @staticmethod
-  def make_primitive(key, limits):
-    from hdm_optax.driver import solving  # pylint: disable=import-outside-toplevel
-
-    return solving.make_primitive(key, limits)
-
-
-_primitives = _Primitives()
 
 
 def program(statics: tuple, dynamic: tuple, options: dict, background: bool = False):
