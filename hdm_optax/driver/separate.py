@@ -161,11 +161,14 @@ def run(
   callback=None,
   progress: bool = False,
   options: Optional[dict] = None,
+  key=None,
 ):
   """Minimizes an objective from ``x0`` with ``optimizer`` on the separate path.
 
   ``make_oracle(packed)`` returns the :class:`~hdm_optax.driver.oracle.Oracle` of the
-  objective on the method's params (``packed``: the params packed into blocks).
+  objective on the method's params (``packed``: the params packed into blocks); ``key``,
+  the optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey` at ``x0`` where the
+  front door has it (it is made again for packed params).
 
   Returns:
     The :class:`~hdm_optax.driver.results.SolveResult` in the params' layout.
@@ -176,7 +179,9 @@ def run(
   """
   method, layout = method_optimizer(optimizer, x0)
   x = _blocks.pack(x0) if layout.on else x0
-  key, arrays = programs.split_optimizer(method, x)
+  if key is None or layout.on:
+    key = programs.OptimizerKey(method, x)
+  arrays = key.arrays
   state = None if init_state is None else layout.to_method(init_state)
   dynamic = (arrays, x, state, limits)
   handles = (None if program_.hook is None else np.int32(0), np.int32(0))

@@ -387,6 +387,7 @@ def solve(
       callback=callback,
       progress=progress,
       options=compiler_options((init_params, init_state)),
+      key=key,
     )
   else:
     result = call(
