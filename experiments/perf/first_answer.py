@@ -11,8 +11,9 @@ ratio hdm_optax / SciPy of each call (float64, CPU):
   every call; SciPy's side jits ``value_and_grad`` of each afresh;
 - ``fresh``: the first call in a new process (imports excluded), SciPy's against
   hdm_optax's with an empty program store and with the store holding the method's program;
-- ``warm``: the same objective again (a logistic regression, a nonnegative least squares
-  and a box-constrained logistic regression), after the first calls;
+- ``warm``: the same objective again, after the first calls, on the problems of
+  ``experiments.perf.compile`` (a logistic regression, 8000 x 800, the same in a box, and a
+  nonnegative least squares, 3000 x 1500; data in ``args``);
 - ``leaves``: the first call on a dict of 1000 3-vectors, against the first call of
   ``jax.jit(jax.value_and_grad(f))`` plus SciPy's run on it;
 - ``memory``: 200 objectives that differ by a float, the resident memory after them over
@@ -161,31 +162,20 @@ def case_fresh(rounds: int) -> None:
       )
 
 
-def _nnls(seed):
-  rng = np.random.default_rng(seed)
-  a, b = jnp.asarray(rng.normal(size=(500, 100))), jnp.asarray(rng.normal(size=500))
-  return (lambda x: 0.5 * jnp.sum((a @ x - b) ** 2)), jnp.zeros(100), [(0.0, None)] * 100
-
-
-def _box_logistic(seed):
-  fun, x0 = _jax_logistic(seed, 2000, 100)
-  return fun, x0, [(-0.2, 0.2)] * 100
-
-
 def case_warm(rounds: int) -> None:
-  print("warm: the same objective again (after two calls)")
-  problems = {
-    "logistic 4000x300": (*_jax_logistic(1), None),
-    "nonnegative least squares": _nnls(2),
-    "box-constrained logistic": _box_logistic(3),
-  }
-  for name, (fun, x0, bounds) in problems.items():
+  from experiments.perf import compile as compile_lib  # pylint: disable=import-outside-toplevel
+
+  print("warm: the same objective again (after two calls), the problems of perf.compile")
+  for name in compile_lib.PROBLEMS:
+    fun, x0, data = compile_lib._data(name)  # pylint: disable=protected-access
+    bounds = compile_lib.BOUNDS.get(name)
     vg = jax.jit(jax.value_and_grad(fun))
-    host = lambda w, vg=vg: tuple(np.asarray(v) for v in vg(jnp.asarray(w)))
+    host = lambda w, vg=vg, data=data: tuple(np.asarray(v) for v in vg(jnp.asarray(w), *data))
+    scipy_bounds = None if bounds is None else [bounds] * x0.size
     scipy_call = lambda: scipy.optimize.minimize(
-      host, np.asarray(x0), jac=True, method="L-BFGS-B", bounds=bounds
+      host, np.asarray(x0), jac=True, method="L-BFGS-B", bounds=scipy_bounds
     )
-    ours_call = lambda: hdm_optax.minimize(fun, x0, bounds=bounds)
+    ours_call = lambda: hdm_optax.minimize(fun, x0, args=data, bounds=bounds)
     for _ in range(3):  # the separate runs, then the fused program
       scipy_call(), jax.block_until_ready(ours_call().x)
     best_ours = best_theirs = np.inf
