@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import inspect
 import math
 import warnings
 from typing import Any, Callable, NamedTuple, Optional
@@ -511,122 +510,6 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 def _same_leaves(a, b) -> bool:
   """The two trees hold the same leaf objects (one tree passed twice, at trace time)."""
   return all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-
-
-class _Identity:
-  """A key that is equal only to itself (an unhashable argument, such as an array)."""
-
-  __slots__ = ("value",)
-
-  def __init__(self, value):
-    self.value = value
-
-  def __eq__(self, other):
-    return isinstance(other, _Identity) and other.value is self.value
-
-  def __hash__(self):
-    return id(self.value)
-
-
-def _config_key(value):
-  """``value`` as part of a hashable key: numbers with their type, containers item by item."""
-  if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
-    return (type(value), value)  # 1, 1.0 and True build different programs
-  if type(value) in (tuple, list):  # pylint: disable=unidiomatic-typecheck
-    return (type(value), tuple(_config_key(v) for v in value))
-  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
-    return (dict, tuple((k, _config_key(v)) for k, v in value.items()))
-  try:
-    hash(value)
-  except TypeError:
-    return _Identity(value)
-  return value
-
-
-class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
-  """An optax transformation that knows the factory call that built it.
-
-  Two are equal, and hash alike, when the same factory was called with equal
-  arguments (defaults filled in; numbers compared with their type; an argument
-  that cannot be hashed, such as an array, only with itself), so a cache keyed on
-  the transformation, as :func:`hdm_optax.solve`'s compiled programs are, serves
-  every equal one: ``solve(trial_lbfgs(), ...)`` in a loop compiles once.
-  Otherwise it is the ``optax.GradientTransformationExtraArgs`` of the factory.
-  """
-
-  def __new__(cls, init, update, configuration=None):
-    self = super().__new__(cls, init, update)
-    self.configuration = configuration
-    return self
-
-  def _configuration(self):
-    # None after optax's ``_replace``/``_make``, which build the tuple alone.
-    return getattr(self, "configuration", None)
-
-  def __eq__(self, other):
-    mine = self._configuration()
-    theirs = getattr(other, "configuration", None)
-    if mine is None or theirs is None:
-      return tuple.__eq__(self, other)
-    return mine == theirs
-
-  def __ne__(self, other):
-    return not self == other
-
-  def __hash__(self):
-    mine = self._configuration()
-    return tuple.__hash__(self) if mine is None else hash(mine)
-
-  def __repr__(self):
-    mine = self._configuration()
-    return super().__repr__() if mine is None else repr(mine)
-
-
-class _Call:
-  """A factory and its bound arguments; equal calls are equal keys."""
-
-  __slots__ = ("factory", "arguments", "_key")
-
-  def __init__(self, factory, arguments: dict):
-    self.factory = factory
-    self.arguments = arguments
-    self._key = (factory, tuple((k, _config_key(v)) for k, v in arguments.items()))
-
-  def __eq__(self, other):
-    return isinstance(other, _Call) and self._key == other._key
-
-  def __hash__(self):
-    return hash(self._key)
-
-  def __repr__(self):
-    shown = ", ".join(f"{name}={value!r}" for name, value in self.arguments.items())
-    return f"{self.factory.__name__}({shown})"
-
-
-def configured(factory: Callable[..., optax.GradientTransformation]):
-  """Decorates a factory: its transformations carry their configuration.
-
-  The factory returns a :class:`ConfiguredTransformation` that compares equal to
-  every other one built by an equal call (``trial_lbfgs() == trial_lbfgs()``,
-  ``!= trial_lbfgs(memory_size=5)``).
-
-  Args:
-    factory: a function returning an ``optax.GradientTransformationExtraArgs``.
-
-  Returns:
-    The factory, with its name, docstring and signature.
-  """
-  signature = inspect.signature(factory)
-
-  @functools.wraps(factory)
-  def build(*args, **kwargs):
-    transformation = factory(*args, **kwargs)
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    configuration = _Call(build, dict(bound.arguments))
-    return ConfiguredTransformation(transformation.init, transformation.update, configuration)
-
-  return build
 
 
 def require_untransformed(name: str, updates, grad, reason: str):

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import bounded
 
@@ -258,9 +258,9 @@ def test_minimize_errors():
 def test_minimize_compiles_once():
   """Another start, box, data and tol reuse the compiled program."""
   fun = lambda x, t: jnp.sum((x - t) ** 2)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   hdm_optax.minimize(fun, jnp.zeros(3), args=(jnp.ones(3),), bounds=(jnp.zeros(3), jnp.ones(3)))
-  first = solving.compiled_count()
+  first = programs.compiled_count()
   res = hdm_optax.minimize(
     fun,
     jnp.full(3, 2.0),
@@ -268,7 +268,7 @@ def test_minimize_compiles_once():
     bounds=(jnp.full(3, -1.0), jnp.full(3, 0.5)),
     tol=1e-8,
   )
-  assert first == before + 1 and solving.compiled_count() == first
+  assert first == before + 1 and programs.compiled_count() == first
   np.testing.assert_allclose(np.asarray(res.params), 0.5)
 
 

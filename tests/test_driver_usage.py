@@ -15,7 +15,7 @@ from hdm_optax import _common
 from helpers import Compilations, logistic, logistic_problem, python_blocks
 from hdm_optax.driver import engine
 from hdm_optax.driver import limits as limits_lib
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends
@@ -39,7 +39,7 @@ IDS = [f.__name__ for f, _, _ in FACTORIES]
 
 
 def _cache_size():
-  return solving.compiled_count()  # pylint: disable=protected-access
+  return programs.compiled_count()  # pylint: disable=protected-access
 
 
 # ---------------------------------------------------------------------------

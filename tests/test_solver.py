@@ -422,16 +422,16 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
-  before = solving.compiled_count()  # pylint: disable=protected-access
+  before = programs.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
-  first = solving.compiled_count()  # pylint: disable=protected-access
+  first = programs.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
-  assert first == before + 1 and solving.compiled_count() == first  # pylint: disable=protected-access
+  assert first == before + 1 and programs.compiled_count() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
-  before = solving.compiled_count()  # pylint: disable=protected-access
+  before = programs.compiled_count()  # pylint: disable=protected-access
   for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
-  assert solving.compiled_count() == before + 1  # pylint: disable=protected-access
+  assert programs.compiled_count() == before + 1  # pylint: disable=protected-access
 
 
 def test_solve_inside_jit_vmap_and_grad_without_private_jax():

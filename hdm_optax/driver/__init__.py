@@ -2,18 +2,21 @@
 
 The algorithm side (the methods and their pieces) and this side meet only in the optax
 transformation protocol: ``init``, ``update`` with ``value``, ``grad`` and ``value_fn``,
-and the cache contract of the state (:mod:`~hdm_optax.driver.cache`).
+the cache contract of the state (:mod:`~hdm_optax.driver.cache`), and a factory's
+configuration (:func:`~hdm_optax.driver.programs.configured`), on which the cache policy
+keys a transformation.
 
 - :mod:`~hdm_optax.driver.engine`: the one loop (``start``, ``step``, the stop rule
   :func:`~hdm_optax.driver.engine.judge`).
 - :mod:`~hdm_optax.driver.runs`: that loop run to its end, with the trace and the hook,
-  under a primitive (a ``while_loop``, blocks of steps, a ``scan`` for reverse mode), and
-  the staged batch that retires members.
+  under a primitive (a ``while_loop``, blocks of steps, a ``scan`` for reverse mode, the
+  staged batch that retires members).
 - :mod:`~hdm_optax.driver.limits`: the numbers that stop a run.
 - :mod:`~hdm_optax.driver.hooks`: the callback and the progress line, one host dispatcher.
-- :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, and
-  what enters it as arguments).
-- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run.
+- :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, what
+  enters it as arguments, the compiled programs).
+- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run; the adjoint picks
+  the run's primitive.
 - The front doors: :mod:`~hdm_optax.driver.solving` (:func:`solve`),
   :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`, with
   :mod:`~hdm_optax.driver.members` for the problems and the grid of a batch),

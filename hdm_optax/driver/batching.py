@@ -1,6 +1,6 @@
 """``solve_batch`` and ``sweep``: many problems, or a grid of settings, as one program.
 
-Both run the engine's batched loop (:func:`hdm_optax.driver.runs.run_batch`): every
+Both run the engine's batched loop (:class:`hdm_optax.driver.runs.Staged`): every
 member runs the loop of :func:`hdm_optax.solve`, and once three quarters of a stage have
 stopped, the members still running go on as a batch a quarter the size. With ``devices=``
 the members are spread over the devices (``jax.shard_map``), each device retiring its own
@@ -24,7 +24,6 @@ from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
-from hdm_optax.driver import solving
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
@@ -40,23 +39,19 @@ class _Plan(NamedTuple):
   """The static shape of a batch program.
 
   Attributes:
-    sizes: the stage sizes (of the members on one device).
+    primitive: the batch's loop, as the adjoint picked it (:mod:`hdm_optax.driver.runs`).
     mapped: per leaf of ``(init_params, theta)``: on the batch axis (``theta``: the dynamic
       arguments of the objective, its closed-over arrays last).
     theta_def: the structure of ``theta``.
     in_order: the members are the problems in order (no gather).
-    stop_at_first_converged: end every member once one converged.
     devices: the devices the members are spread over, or ``None``.
-    unrolled_steps: the scan's length under :class:`UnrolledAdjoint`.
   """
 
-  sizes: tuple
+  primitive: Any
   mapped: tuple
   theta_def: Any
   in_order: bool
-  stop_at_first_converged: bool
   devices: Optional[tuple]
-  unrolled_steps: int
 
 
 def _batch_entry(
@@ -87,47 +82,25 @@ def _batch_entry(
       return engine.make_loop(optimizer, fun, limits, program.has_aux), fun
 
     members = (columns, member_rows)
-    if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-      return _run_members(make, program, plan, members, x0, state, handle)
-    primitive = runs.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
-
-    def one(member, x, s):
-      loop_, fun = make(member)
-      return runs.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
-
-    return jax.vmap(one, in_axes=(0, 0, None if state is None else 0))(members, x0, state)
+    return _run_members(make, program, plan, members, x0, state, handle)
 
   rest = (x0, state, arrays, columns, limits, handle)
-  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    return run(theta, rest)
-  objective = lambda x, th: _value(closed(x, *th), program.has_aux)
   axes = jax.tree.unflatten(plan.theta_def, [0 if m else None for m in theta_mapped])
-  return adjoint_lib.implicit_solution(adjoint, run, objective, theta, rest, axes)
+  return adjoint.apply(run, closed.objective(program.has_aux), theta, rest, axes)
 
 
 _batch_entry.num_statics = 5
 
 
-def _value(out, has_aux):
-  return out[0] if has_aux else out
-
-
 def _run_members(make, program, plan, members, params, opt_state, handle):
-  """The staged batch, on one device or spread over ``plan.devices``."""
-  run = functools.partial(
-    runs.run_batch,
-    make,
-    program,
-    handle=handle,
-    sizes=plan.sizes,
-    stop_at_first_converged=plan.stop_at_first_converged,
-  )
+  """The batch's run, on one device or spread over ``plan.devices``."""
+  run = functools.partial(runs.run, make, program, primitive=plan.primitive, handle=handle)
   if plan.devices is None:
     return run(members, params, opt_state)
   spec = jax.sharding.PartitionSpec(_AXIS)
 
   def local(members, params, opt_state):
-    offset = jax.lax.axis_index(_AXIS) * plan.sizes[0]
+    offset = jax.lax.axis_index(_AXIS) * len(jax.tree.leaves(params)[0])
     return run(members, params, opt_state, first_member=offset)
 
   return jax.shard_map(
@@ -139,19 +112,14 @@ def _run_members(make, program, plan, members, params, opt_state, handle):
   )(members, params, opt_state)
 
 
-def _check(batched_call, adjoint, compact, devices, stop_at_first, callback, progress):
-  """A combination a batch does not offer: a ValueError that names it."""
+def _check(batched_call, devices, stop_at_first, callback, progress):
+  """A combination a batch does not offer: a ValueError that names it (the adjoint refuses
+  what its loop cannot run)."""
   refusals = [
     (
       batched_call,
       "sweep and solve_batch under jax.vmap are not offered (they batch "
       "already): put the vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap.",
-    ),
-    (
-      isinstance(adjoint, adjoint_lib.UnrolledAdjoint) and compact,
-      "UnrolledAdjoint with "
-      "compact=True is not offered: retiring members needs while loops, which reverse mode "
-      "cannot enter. Pass compact=False (a lockstep scan) or the default ImplicitAdjoint.",
     ),
     (
       devices is not None and stop_at_first,
@@ -232,8 +200,7 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
   theta = (*[x for x in args if programs.is_dynamic(x)], theta[-1])
   mapped = tuple(problems.mapped[: len(jax.tree.leaves(problems.tree[0]))]) + tuple(theta_mapped)
   mapped += (False,) * len(theta[-1])
-  trace = 0 if kw["trace"] is None else kw["trace"]
-  traced = bool(solving.tracers((problems.tree, limits)))
+  traced = bool(programs.tracers((problems.tree, limits)))
   groups: dict = {(): np.arange(len(points))}  # no setting held static: one program
   if static:
     groups = {}
@@ -251,7 +218,8 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
     }
     plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
     hook = hooks.check_hook(kw["callback"], kw["progress"], len(indices))  # its own table
-    program = runs.Program(trace, hook, kw["has_aux"])
+    kept, _ = runs.trace_size(kw["trace"], limits.max_steps, batch=True)
+    program = runs.Program(kept, hook, kw["has_aux"])
     part = _run_part(
       maker,
       arrays,
@@ -283,40 +251,36 @@ def _run_part(
 
   state = kw["init_state"]
   state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
+  size = padded // (1 if devices is None else len(devices))
   plan = _Plan(
-    sizes=runs.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
+    primitive=kw["adjoint"].batch_primitive(
+      size, kw["compact"], kw["stop_at_first_converged"], limits.max_steps
+    ),
     mapped=kw["mapped"],
     theta_def=kw["theta_def"],
     in_order=devices is None
     and problems.count > 1
     and np.array_equal(pid, np.arange(problems.count)),
-    stop_at_first_converged=kw["stop_at_first_converged"],
     devices=devices,
-    unrolled_steps=int(limits.max_steps),
   )
   statics = (maker, closed, program, plan, kw["adjoint"])
   data = (problems.tree[0], theta)
   dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), data, state, limits)
-  result = solving.call(
-    _batch_entry, statics, dynamic, callback=kw["callback"], progress=kw["progress"], traced=traced
-  )
+
+  def run(handle):
+    return programs.call(_batch_entry, statics, dynamic, handle=handle, traced=traced)
+
+  result = hooks.watched(run, kw["callback"], kw["progress"], traced=traced)
   result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-  return solving.cut_trace(result, min(kw["trace"] or 0, int(limits.max_steps) + 1))
+  return runs.cut_trace(result, runs.trace_size(kw["trace"], limits.max_steps, batch=True)[1])
 
 
 def _checked_run(*, problems, limits, **kw):
   """What sweep and solve_batch share: the options checked, the refusals, the run."""
   kw.update(adjoint=adjoint_lib.check_adjoint(kw["adjoint"]), devices=_devices(kw["devices"]))
-  batched = any(map(solving.is_batched, solving.tracers((problems.tree, limits))))
-  _check(
-    batched,
-    kw["adjoint"],
-    kw["compact"],
-    kw["devices"],
-    kw["stop_at_first_converged"],
-    kw["callback"],
-    kw["progress"],
-  )
+  batched = any(map(programs.is_batched, programs.tracers((problems.tree, limits))))
+  _check(batched, kw["devices"], kw["stop_at_first_converged"], kw["callback"], kw["progress"])
+  kw["adjoint"].batch_primitive(1, kw["compact"], kw["stop_at_first_converged"], 1)  # refusals
   return _run(problems=problems, limits=limits, **kw)
 
 

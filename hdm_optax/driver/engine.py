@@ -10,7 +10,7 @@ state at both. Every driver runs this loop:
   ``while_loop``, blocks of steps, a checkpointed ``scan`` for reverse-mode
   differentiation), recording the :class:`~hdm_optax.driver.results.Trace` and calling the
   watch hook (:mod:`hdm_optax.driver.hooks`) after every step;
-- :func:`hdm_optax.driver.runs.run_batch` runs a batch of problems in stages that retire
+- :class:`hdm_optax.driver.runs.Staged` runs a batch of problems in stages that retire
   finished members;
 - a user runs :func:`hdm_optax.loop`'s functions in a loop of their own.
 

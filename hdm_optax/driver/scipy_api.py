@@ -14,6 +14,7 @@ import numpy as np
 from hdm_optax import _common
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import objective as objective_lib
+from hdm_optax.driver import programs
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import MinimizeResult
@@ -458,5 +459,5 @@ def minimize(
     adjoint=adjoint,
     trace=trace,
   )
-  traced = bool(solving.tracers((x0, args, lower, upper, gtol)))
+  traced = bool(programs.tracers((x0, args, lower, upper, gtol)))
   return _scipy_fields(res, mode, x0, traced)

@@ -10,6 +10,7 @@ import optax
 
 from hdm_optax import _blocks
 from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
@@ -42,7 +43,7 @@ class HDMAGDState(NamedTuple):
   info: _common.HDMInfo
 
 
-@_common.configured
+@programs.configured
 def hdm_agd(
   *,
   lipschitz: Any,

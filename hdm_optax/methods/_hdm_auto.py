@@ -7,6 +7,7 @@ from typing import Any
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
@@ -19,7 +20,7 @@ from hdm_optax.pieces import learners as learners_lib
 _MIN_PRECOND = 1e-30
 
 
-@_common.configured
+@programs.configured
 def hdm_auto(
   *,
   precond_lr: Any = 0.5,

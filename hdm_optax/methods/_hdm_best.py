@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
@@ -26,7 +27,7 @@ DEFAULT_MOMENTUM_LR = 1.0
 _ADAGRAD_EPS = 1e-12
 
 
-@_common.configured
+@programs.configured
 def hdm_best(
   *,
   lipschitz: Optional[Any] = None,

@@ -7,6 +7,7 @@ from typing import Any, Optional, Union
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
@@ -16,7 +17,7 @@ from hdm_optax.pieces import shell
 from hdm_optax.pieces import step_control as step_control_lib
 
 
-@_common.configured
+@programs.configured
 def hdm_hb(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",

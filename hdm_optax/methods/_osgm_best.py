@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
@@ -17,7 +18,7 @@ from hdm_optax.pieces import backtracking as backtracking_lib
 from hdm_optax.pieces import decay as decay_lib
 
 
-@_common.configured
+@programs.configured
 def osgm_best(
   *,
   seed: int = 0,

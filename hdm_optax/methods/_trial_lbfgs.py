@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional
 
 import optax
 
-from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import shell
 from hdm_optax.pieces.lbfgs import direction as direction_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
@@ -15,7 +15,7 @@ from hdm_optax.pieces.lbfgs import step_rule as step_rule_lib
 __all__ = ("trial_lbfgs",)
 
 
-@_common.configured
+@programs.configured
 def trial_lbfgs(
   memory_size: int = 10,
   *,
