@@ -4,16 +4,18 @@ the loop (hdm_optax/driver/__init__.py, docs/research/engine.md)."""
 import ast
 from pathlib import Path
 
+import jax.numpy as jnp
+import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import adjoint, runs
+from hdm_optax.driver import adjoint, protocol, runs
 
 DRIVER = Path(hdm_optax.__file__).parent / "driver"
 
 # Bottom to top; a module imports only modules of lower layers.
 LAYERS = [
-  {"limits", "programs", "results"},
+  {"limits", "programs", "protocol", "results"},
   {"hooks", "cache", "members"},
   {"engine"},
   {"runs"},
@@ -71,3 +73,26 @@ def test_front_doors_do_not_ask_which_adjoint():
   for name in ("solving", "batching"):
     source = (DRIVER / f"{name}.py").read_text()
     assert "isinstance(adjoint" not in source and "UnrolledAdjoint)" not in source, name
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: hdm_optax.trial_lbfgs(lower=0.0),
+    hdm_optax.hdm,
+    hdm_optax.hdm_hb,
+    lambda: hdm_optax.hdm_agd(lipschitz=1.0),
+    hdm_optax.hdm_best,
+    hdm_optax.hdm_auto,
+    hdm_optax.osgm_best,
+  ],
+)
+def test_every_method_state_speaks_the_protocol(make):
+  """What the driver reads of an hdm_optax state (verdict, box, preconditioner) it reads by
+  the protocol; optax's own states get the defaults."""
+  state = make().init(jnp.ones(2))
+  assert isinstance(state, protocol.OptimizerState)
+  assert bool(protocol.accepted(state))
+  assert protocol.accepted(optax.adam(0.1).init(jnp.ones(2))).dtype == jnp.bool_
+  assert protocol.box_of(optax.adam(0.1).init(jnp.ones(2))) is None
+  assert protocol.preconditioner(optax.lbfgs().init(jnp.ones(2))) is None

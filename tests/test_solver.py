@@ -196,10 +196,10 @@ def test_cache_at_params_reads_the_structure():
   cached = [best, optax.chain(optax.scale(2.0), best), optax.lbfgs()]
   cached += [optax.apply_if_finite(best, 3), optax.inject_hyperparams(optax.sgd)(0.1)]
   for opt in cached[:4]:
-    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is not None
+    assert hdm_optax.driver.protocol.cache_at_params(opt.init(x)) is not None
   for opt in (optax.chain(best, optax.scale(0.5)), optax.adam(0.1), optax.named_chain(("b", best))):
-    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is None
-  assert hdm_optax.driver.cache.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
+    assert hdm_optax.driver.protocol.cache_at_params(opt.init(x)) is None
+  assert hdm_optax.driver.protocol.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
 
 
 def test_value_and_grad_from_state_never_returns_a_stale_cache():

@@ -2,9 +2,10 @@
 
 The algorithm side (the methods and their pieces) and this side meet only in the optax
 transformation protocol: ``init``, ``update`` with ``value``, ``grad`` and ``value_fn``,
-the cache contract of the state (:mod:`~hdm_optax.driver.cache`), and a factory's
-configuration (:func:`~hdm_optax.driver.programs.configured`), on which the cache policy
-keys a transformation.
+what the driver reads of a state (its cache, verdict, box and preconditioner:
+:mod:`~hdm_optax.driver.protocol`, with defaults for any optax transformation), and a
+factory's configuration (:func:`~hdm_optax.driver.programs.configured`), on which the cache
+policy keys a transformation.
 
 - :mod:`~hdm_optax.driver.engine`: the one loop (``start``, ``step``, the stop rule
   :func:`~hdm_optax.driver.engine.judge`).
@@ -39,6 +40,7 @@ from hdm_optax.driver import members
 from hdm_optax.driver import minibatch
 from hdm_optax.driver import objective
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import results
 from hdm_optax.driver import runs
 from hdm_optax.driver import scipy_api
@@ -55,6 +57,7 @@ __all__ = (
   "minibatch",
   "objective",
   "programs",
+  "protocol",
   "results",
   "runs",
   "scipy_api",

@@ -15,7 +15,8 @@ nothing):
   the optimizer kept some), in a ``jax.lax.custom_linear_solve``. The rule is a
   ``jax.custom_jvp`` whose tangent rule reaches the solution through the rule itself, so it
   can be differentiated again (``jax.hessian``, ``grad`` of ``grad``). With a box, the
-  variables that L-BFGS-B's projected gradient puts on a bound (:math:`x_i - g_i \le l_i`
+  variables that L-BFGS-B's projected gradient puts on a bound
+  (:func:`hdm_optax.pieces.box.free_at_solution` says why this set) (:math:`x_i - g_i \le l_i`
   with :math:`g_i > 0`, or the same at :math:`u_i`) have derivative 0 and the system is
   :math:`H_{FF}` on the others. ``x0`` and ``init_state`` get zero derivatives.
 - :class:`UnrolledAdjoint`: the run of ``max_steps`` iterations is a ``lax.scan``
@@ -45,9 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax.driver import engine
+from hdm_optax.driver import protocol
 from hdm_optax.driver import runs
-from hdm_optax.pieces.lbfgs import memory as memory_lib
 
 __all__ = (
   "ImplicitAdjoint",
@@ -311,29 +311,6 @@ def _where_free(free, v, other):
   return jax.tree.map(lambda f, a, o: jnp.where(f, a, o), free, v, other)
 
 
-def _active_set(box, x, grad, tol):
-  """``(free, degenerate)``: L-BFGS-B's projected gradient decides which variables are bound.
-
-  A variable is bound where the projected gradient step ends on a bound, ``x - g <= l``
-  with ``g > 0`` (or ``x - g >= u`` with ``g < 0``); it is degenerate where it lies within
-  ``tol`` of a bound with ``|g| <= tol`` (the side is then a matter of rounding).
-  """
-  if box is None:
-    return None, jnp.int32(0)
-
-  def leaf(lo, hi, xi, gi):
-    bound = ((xi - gi <= lo) & (gi > 0)) | ((xi - gi >= hi) & (gi < 0))
-    near = (jnp.abs(xi - lo) <= tol) | (jnp.abs(hi - xi) <= tol)
-    return ~bound, near & (jnp.abs(gi) <= tol)
-
-  pairs = jax.tree.map(leaf, box.lower, box.upper, x, grad)
-  free = jax.tree.map(lambda p: p[0], pairs, is_leaf=lambda p: isinstance(p, tuple))
-  odd = jax.tree.leaves(
-    jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple))
-  )
-  return free, sum(odd, jnp.int32(0))
-
-
 def _zero_tangent(tree):
   def zero(a):
     if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
@@ -348,8 +325,10 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
   x = result.params
   gradient = jax.grad(objective)
   grad_x = gradient(x, theta)
-  box = engine.box_of(result.state)
-  free, degenerate = _active_set(box, x, grad_x, result.tol)
+  box = protocol.box_of(result.state)
+  free, degenerate = (
+    (None, jnp.int32(0)) if box is None else box.free_at_solution(x, grad_x, result.tol)
+  )
   zero = optax.tree.zeros_like(x)
   # The right-hand side -(d/dtheta grad_x f) theta_dot, on the free variables.
   _, cross = jax.jvp(lambda th: gradient(x, th), (theta,), (theta_dot,))
@@ -361,7 +340,7 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
 
   precond = None
   if adjoint.precondition:  # H_m of the run's pairs on the free variables (or None)
-    precond = memory_lib.preconditioner(jax.lax.stop_gradient(result.state), free)
+    precond = protocol.preconditioner(jax.lax.stop_gradient(result.state), free)
   dtype = jax.tree.leaves(x)[0].dtype
   rtol = adjoint.rtol if adjoint.rtol is not None else float(jnp.finfo(dtype).eps) ** 0.6
 

@@ -24,7 +24,6 @@ state at both. Every driver runs this loop:
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -34,20 +33,12 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _common
-from hdm_optax.driver import cache as cache_lib
+from hdm_optax.driver import protocol
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import Status
-from hdm_optax.pieces import box as box_lib
 
-__all__ = (
-  "RUNNING",
-  "Loop",
-  "LoopState",
-  "judge",
-  "loop",
-  "make_loop",
-)
+__all__ = ("RUNNING", "Loop", "LoopState", "judge", "loop", "make_loop")
 
 # The status a state carries while its run goes on (never reported: see Loop.status).
 RUNNING = -1
@@ -123,51 +114,12 @@ def _inf_norm(tree):
   return optax.tree.norm(tree, ord=jnp.inf)
 
 
-def box_of(opt_state) -> Optional[box_lib.Box]:
-  """The box the optimizer holds in its state, or ``None``."""
-  return box_lib.held_box(opt_state, cache_lib.cache_at_params(opt_state))
-
-
 def _stationarity(params, grad, opt_state, norm=None):
   """``||grad||_inf``, or the box's projected gradient's; with ``norm``, that norm of them."""
-  box = box_of(opt_state)
+  box = protocol.box_of(opt_state)
   if norm is not None:
-    if box is not None:
-      grad = optax.tree.sub(box_lib.project(box, optax.tree.sub(params, grad)), params)
-    return norm(grad)
-  return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
-
-
-def _accepted(opt_state) -> jax.Array:
-  """The step rules' verdict: every hdm_optax method in the state accepted its trial (its
-  ``info.accepted``); True for optimizers without a step rule."""
-  infos = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _common.HDMInfo))
-  verdicts = [i.accepted for i in infos if isinstance(i, _common.HDMInfo)]
-  return functools.reduce(jnp.logical_and, verdicts, jnp.asarray(True))
-
-
-def _boxes_as_leaves(state):
-  return jax.tree.flatten(state, is_leaf=lambda x: x is None or isinstance(x, box_lib.Box))
-
-
-def with_box_of(fresh, given):
-  """``given`` (a state handed back in) with the box of ``fresh`` (the optimizer's own).
-
-  Raises:
-    ValueError: ``given`` is not a state of this optimizer.
-  """
-  fresh_leaves, fresh_def = _boxes_as_leaves(fresh)
-  given_leaves, given_def = _boxes_as_leaves(given)
-  if fresh_def != given_def:
-    raise ValueError(
-      "init_state is not a state of this optimizer (another structure):\n"
-      f"  optimizer.init(params): {jax.tree.structure(fresh)}\n"
-      f"  init_state:             {jax.tree.structure(given)}\n"
-      "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
-    )
-  is_box = lambda x: x is None or isinstance(x, box_lib.Box)
-  leaves = [f if is_box(f) else g for f, g in zip(fresh_leaves, given_leaves)]
-  return jax.tree.unflatten(fresh_def, leaves)
+    return norm(grad if box is None else box.projected_gradient(params, grad))
+  return _inf_norm(grad) if box is None else box.projected_gradient_norm(params, grad)
 
 
 def _check_value_dtype(value, params):
@@ -254,7 +206,9 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   if slope is not None:
     flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
   spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
-  converged_code = Status.CONVERGED if box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
+  converged_code = (
+    Status.CONVERGED if protocol.box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
+  )
   codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
   codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS, Status.STOPPED]
   conditions = [~finite, unbounded, converged, stalled, flat, spent, jnp.asarray(halt)]
@@ -279,12 +233,12 @@ def make_loop(
   def start(params, opt_state=None) -> LoopState:
     _warn_tf32(value_fn, params)
     fresh = optimizer.init(params)
-    opt_state = fresh if opt_state is None else with_box_of(fresh, opt_state)
-    box = box_of(opt_state)
+    opt_state = fresh if opt_state is None else protocol.with_box_of(fresh, opt_state)
+    box = protocol.box_of(opt_state)
     if box is not None:  # an infeasible start is projected onto the box
-      params = box_lib.project(box, params)
+      params = box.project(params)
     value, grad = evaluate(params)
-    if cache_lib.cache_at_params(opt_state) is not None:
+    if protocol.cache_at_params(opt_state) is not None:
       opt_state = optax.tree.set(opt_state, value=value, grad=grad)
     measure = _stationarity(params, grad, opt_state, norm)
     dtype = measure.dtype
@@ -314,16 +268,16 @@ def make_loop(
         s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=value_fn
       )
     params = optax.apply_updates(s.params, updates)
-    values, grads = cache_lib.calls_in_update(s.opt_state, opt_state)
+    values, grads = protocol.calls_in_update(s.opt_state, opt_state)
     return params, opt_state, values, grads
 
   def step(s: LoopState) -> LoopState:
     params, opt_state, values, grads = update(s)
-    holder = cache_lib.cache_at_params(opt_state)
+    holder = protocol.cache_at_params(opt_state)
     if holder is not None:
       value, grad = holder.value, holder.grad
     else:
-      if cache_lib.caches_anywhere(opt_state):
+      if protocol.caches_anywhere(opt_state):
         warnings.warn(
           "the optimizer caches f and grad f, but a later transformation may change its "
           "update, so the cache is not known to be at the new params: f is evaluated again "
@@ -333,7 +287,7 @@ def make_loop(
         )
       value, grad = evaluate(params)
       values, grads = values + 1, grads + 1
-    accepted = _accepted(opt_state)
+    accepted = protocol.accepted(opt_state)
     new = s._replace(
       params=params,
       opt_state=opt_state,

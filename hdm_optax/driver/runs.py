@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _gating
-from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import hooks as hooks_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver.engine import RUNNING
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
@@ -59,11 +59,11 @@ class _Carry(NamedTuple):
 
 def _without_cached_grad(s: LoopState) -> LoopState:
   # The cache's gradient and s.grad are one array; carried twice, XLA copies it every step.
-  return s if cache_lib.cache_at_params(s.opt_state) is None else s._replace(grad=None)
+  return s if protocol.cache_at_params(s.opt_state) is None else s._replace(grad=None)
 
 
 def _with_cached_grad(s: LoopState) -> LoopState:
-  return s if s.grad is not None else s._replace(grad=cache_lib.cache_at_params(s.opt_state).grad)
+  return s if s.grad is not None else s._replace(grad=protocol.cache_at_params(s.opt_state).grad)
 
 
 def _trace_entry(s: LoopState) -> Trace:

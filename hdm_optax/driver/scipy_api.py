@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _common
-from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import objective as objective_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import MinimizeResult
@@ -297,7 +297,7 @@ def _check_box(bounds, x0, lower, upper) -> None:
 
 def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
   """``res`` with SciPy's fields; host values outside a trace."""
-  grad = cache_lib.cache_at_params(res.state).grad
+  grad = protocol.cache_at_params(res.state).grad
   size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
   nfev = res.num_value_evals * (size + 1) if mode == "differences" else res.num_value_evals
   fields = dict(

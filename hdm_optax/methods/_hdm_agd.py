@@ -42,6 +42,21 @@ class HDMAGDState(NamedTuple):
   grad: Any
   info: _common.HDMInfo
 
+  # What a driver reads (hdm_optax.driver.protocol.OptimizerState): no box, no pairs.
+
+  def driver_verdict(self) -> jax.Array:
+    """Whether the last trial became the iterate (``info.accepted``)."""
+    return self.info.accepted
+
+  def driver_box(self):
+    """``None``: no bounds."""
+    return None
+
+  def driver_preconditioner(self, free=None):
+    """``None``: no secant pairs."""
+    del free
+    return None
+
 
 @programs.configured
 def hdm_agd(

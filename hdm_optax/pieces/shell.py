@@ -259,6 +259,23 @@ class IterationState(NamedTuple):
   grad: Any
   info: _common.HDMInfo
 
+  # What a driver reads (hdm_optax.driver.protocol.OptimizerState): the step rule's verdict,
+  # and the box and the preconditioner the direction holds, if any.
+
+  def driver_verdict(self) -> jax.Array:
+    """Whether the last trial became the iterate (``info.accepted``)."""
+    return self.info.accepted
+
+  def driver_box(self):
+    """The direction's box (``trial_lbfgs(lower=, upper=)``), or ``None``."""
+    held = getattr(self.direction, "driver_box", None)
+    return None if held is None else held()
+
+  def driver_preconditioner(self, free=None):
+    """The direction's approximation of the inverse Hessian (its secant pairs), or ``None``."""
+    held = getattr(self.direction, "driver_preconditioner", None)
+    return None if held is None else held(free)
+
 
 def _packed_context(packing: _blocks.Packing, ctx: Context) -> Context:
   """``ctx`` with x, u and grad f(x) packed, and an oracle that takes and gives blocks."""

@@ -42,12 +42,21 @@ class LBFGSState(NamedTuple):
     gamma: the scalar of :math:`H_0 = \\gamma I`, from the newest accepted kept pair
       (0 before the first: then :math:`\\min(1, 1/\\|u\\|)`).
     box: the :class:`hdm_optax.pieces.box.Box` of ``lower=`` / ``upper=`` (``None``
-      without bounds); a driver finds it with :func:`hdm_optax.pieces.box.held_box`.
+      without bounds).
   """
 
   memory: memory_lib.SecantMemory
   gamma: jax.Array
   box: Optional[box_lib.Box] = None
+
+  def driver_box(self) -> Optional[box_lib.Box]:
+    """The box, which the iteration's state tells a driver (``IterationState.driver_box``)."""
+    return self.box
+
+  def driver_preconditioner(self, free=None):
+    """:math:`H_m` of the pairs on the ``free`` variables
+    (:func:`hdm_optax.pieces.lbfgs.memory.preconditioner`)."""
+    return memory_lib.preconditioner(self.memory, free)
 
 
 class _Proposed(NamedTuple):
