@@ -173,9 +173,6 @@ def test_the_driver_finds_a_box_by_the_protocol():
     def driver_box(self):
       return self.bounds
 
-    def driver_preconditioner(self, free=None):
-      return None
-
   box = box_lib.make_box(jnp.zeros(2), 0.0, 1.0)
   assert protocol.box_of(Speaker(box)) is box
   assert protocol.box_of((Holder(None), Speaker(box))) is box  # the last of a chain

@@ -28,7 +28,8 @@ from hdm_optax.methods import (
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
 from hdm_optax.pieces import hypergradient, learners, momentum, shell, step_control
 from hdm_optax.pieces.lbfgs import bounded, direction, memory, step_rule
-from hdm_optax.driver import adjoint, cache, engine, programs, runs, scipy_api, solving
+from hdm_optax.adapters import scipy_api
+from hdm_optax.driver import adjoint, cache, engine, programs, runs, solving
 
 PIECES = [
   acceptance,

@@ -21,8 +21,6 @@ LAYERS = [
   {"runs"},
   {"adjoint"},
   {"solving", "batching"},  # the engine's own front doors
-  {"objective"},
-  {"scipy_api", "minibatch", "optimistix"},  # adapters: clients of the doors
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -51,6 +49,19 @@ def test_every_driver_module_has_a_layer():
 def test_a_module_imports_only_modules_below_it(name):
   for imported in driver_imports(DRIVER / f"{name}.py"):
     assert LAYER[imported] < LAYER[name], f"{name} imports {imported}"
+
+
+def test_the_driver_imports_no_method_and_no_adapter():
+  """The adapters (minimize, minibatch_step, the optimistix minimiser) are clients of the
+  driver, beside it; the methods meet it only in the protocols."""
+  for path in DRIVER.glob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        assert not node.module.startswith(("hdm_optax.adapters", "hdm_optax.methods")), path
+        assert node.module != "hdm_optax" or not {a.name for a in node.names} & {
+          "adapters",
+          "methods",
+        }, path
 
 
 def test_the_adjoint_picks_the_loop():

@@ -20,14 +20,12 @@ policy keys a transformation.
   the run's primitive.
 - The front doors: :mod:`~hdm_optax.driver.solving` (:func:`solve`),
   :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`, with
-  :mod:`~hdm_optax.driver.members` for the problems and the grid of a batch),
-  :mod:`~hdm_optax.driver.scipy_api` (:func:`minimize`, with
-  :mod:`~hdm_optax.driver.objective` for SciPy's ``fun`` and ``jac``),
-  :mod:`~hdm_optax.driver.minibatch` (:func:`minibatch_step`), and
+  :mod:`~hdm_optax.driver.members` for the problems and the grid of a batch), and
   :func:`~hdm_optax.driver.engine.loop` for a loop of one's own.
 - :mod:`~hdm_optax.driver.results`: :class:`Status`, :class:`Trace`, :class:`SolveResult`.
-- :mod:`~hdm_optax.driver.optimistix`: the loop as an optimistix minimiser (optional, needs
-  optimistix; not imported here).
+
+The adapters (``minimize``, ``minibatch_step``, the optimistix minimiser) are clients of
+these front doors and live beside the driver: :mod:`hdm_optax.adapters`.
 """
 
 from hdm_optax.driver import adjoint
@@ -37,13 +35,10 @@ from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
 from hdm_optax.driver import limits
 from hdm_optax.driver import members
-from hdm_optax.driver import minibatch
-from hdm_optax.driver import objective
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
 from hdm_optax.driver import results
 from hdm_optax.driver import runs
-from hdm_optax.driver import scipy_api
 from hdm_optax.driver import solving
 
 __all__ = (
@@ -54,12 +49,9 @@ __all__ = (
   "hooks",
   "limits",
   "members",
-  "minibatch",
-  "objective",
   "programs",
   "protocol",
   "results",
   "runs",
-  "scipy_api",
   "solving",
 )

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
@@ -182,7 +182,7 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
   params_one, args_one = jax.tree.unflatten(
     treedef, [a[0] if m else a for a, m in zip(leaves, problems.mapped)]
   )
-  dtype = _common.params_dtype(params_one)
+  dtype = _numerics.params_dtype(params_one)
   static = (
     () if optimizer else members_lib.static_names(make_optimizer, names, points, params_one, dtype)
   )

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from hdm_optax import _common
+from hdm_optax import _oracle
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
 
@@ -63,7 +63,7 @@ def value_and_grad_from_state(
 
   def compiled(closed, params, *args, state):
     def evaluate():
-      return _common.value_and_grad(lambda p: closed(p, *args), params, has_aux=has_aux)
+      return _oracle.value_and_grad(lambda p: closed(p, *args), params, has_aux=has_aux)
 
     holder = None if has_aux else protocol.cache_at_params(state)
     if holder is None:

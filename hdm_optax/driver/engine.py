@@ -32,7 +32,9 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
+from hdm_optax import _oracle
+from hdm_optax import _stale
 from hdm_optax.driver import protocol
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
@@ -123,7 +125,7 @@ def _stationarity(params, grad, opt_state, norm=None):
 
 
 def _check_value_dtype(value, params):
-  dtype = _common.params_dtype(params)
+  dtype = _numerics.params_dtype(params)
   if jnp.result_type(value) != dtype:
     raise TypeError(
       f"fun returns a {jnp.result_type(value)} value for {dtype} params, so the run would "
@@ -158,7 +160,7 @@ def _backend() -> str:
 
 def _warn_tf32(fun, params) -> None:
   """On a GPU, warns of float32 products that JAX's default precision lets run in TF32."""
-  if _backend() != "gpu" or _common.params_dtype(params) != jnp.float32:
+  if _backend() != "gpu" or _numerics.params_dtype(params) != jnp.float32:
     return
   try:
     products = _default_precision_products(fun, params)
@@ -225,7 +227,7 @@ def make_loop(
   value_fn = (lambda p: fun(p)[0]) if has_aux else fun
 
   def evaluate(params):
-    out, grad = _common.value_and_grad(fun, params, has_aux=has_aux, name="fun")
+    out, grad = _oracle.value_and_grad(fun, params, has_aux=has_aux, name="fun")
     value = out[0] if has_aux else out
     _check_value_dtype(value, params)
     return value, grad
@@ -263,7 +265,7 @@ def make_loop(
 
   def update(s: LoopState):
     # value and grad are f and grad f at the params: no stale-cache check in the program.
-    with _common.values_at_params():
+    with _stale.values_at_params():
       updates, opt_state = optimizer.update(
         s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=value_fn
       )

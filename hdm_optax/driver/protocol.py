@@ -44,20 +44,17 @@ __all__ = (
 class OptimizerState(Protocol):
   """What a state tells a driver (every hdm_optax method's state speaks it).
 
-  A bounds object (``driver_box``) has ``lower`` and ``upper`` and the methods ``project(x)``,
+  ``driver_verdict()`` is the protocol's one method; a state may also have
+  ``driver_box()``, the bounds the iterate keeps (``None`` without), and
+  ``driver_preconditioner(free)``, ``v -> H v`` with H an approximation of the inverse
+  Hessian on the ``free`` variables and the identity off them (``None`` without). A bounds
+  object has ``lower`` and ``upper`` and the methods ``project(x)``,
   ``projected_gradient(x, grad)``, ``projected_gradient_norm(x, grad)`` and
   ``free_at_solution(x, grad, tol)`` (:class:`hdm_optax.pieces.box.Box`).
   """
 
   def driver_verdict(self) -> jax.Array:
     """Whether the step rule accepted the last update (the trial became the iterate)."""
-
-  def driver_box(self) -> Optional[Any]:
-    """The bounds the iterate keeps, or ``None``."""
-
-  def driver_preconditioner(self, free=None) -> Optional[Callable[[Any], Any]]:
-    """``v -> H v``, an approximation of the inverse Hessian on the ``free`` variables (the
-    identity off them), or ``None``."""
 
 
 def _speaks(node) -> bool:
@@ -67,6 +64,12 @@ def _speaks(node) -> bool:
 def _speakers(state) -> list:
   """The states in ``state`` that speak :class:`OptimizerState`, in the tree's order."""
   return [node for node in jax.tree.leaves(state, is_leaf=_speaks) if _speaks(node)]
+
+
+def _said(state, method: str, *args) -> list:
+  """What the speakers in ``state`` that have ``method`` say (``None`` left out)."""
+  said = [getattr(s, method)(*args) for s in _speakers(state) if hasattr(s, method)]
+  return [x for x in said if x is not None]
 
 
 def accepted(state) -> jax.Array:
@@ -85,11 +88,10 @@ def box_of(state) -> Optional[Any]:
   Raises:
     ValueError: bounds held elsewhere, or by two transformations.
   """
-  found = [b for b in (s.driver_box() for s in _speakers(state)) if b is not None]
+  found = _said(state, "driver_box")
   if not found:
     return None
-  last = cache_at_params(state)
-  held = [b for b in (s.driver_box() for s in _speakers(last)) if b is not None]
+  held = _said(cache_at_params(state), "driver_box")
   if len(found) > 1 or len(held) != 1:
     raise ValueError(
       "a transformation with bounds (lower=/upper=) must be the last one of the chain, and "
@@ -102,7 +104,7 @@ def box_of(state) -> Optional[Any]:
 
 def _bounds_or_none(state):
   """``is_leaf`` for ``state``: a ``None`` node, or bounds a state in it holds."""
-  boxes = [b for b in (s.driver_box() for s in _speakers(state)) if b is not None]
+  boxes = _said(state, "driver_box")
   return lambda node: node is None or any(node is b for b in boxes)
 
 
@@ -128,7 +130,7 @@ def with_box_of(fresh, given):
 
 def preconditioner(state, free=None) -> Optional[Callable[[Any], Any]]:
   """The one preconditioner the states in ``state`` hold (``None`` where none or several)."""
-  found = [p for p in (s.driver_preconditioner(free) for s in _speakers(state)) if p is not None]
+  found = _said(state, "driver_preconditioner", free)
   return found[0] if len(found) == 1 else None
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
@@ -35,7 +35,7 @@ def check_params(params, name: str = "init_params"):
   if not jax.tree.leaves(params):
     raise ValueError(f"{name} is an empty pytree: there is nothing to optimize; pass arrays.")
   try:
-    _common.params_dtype(params)
+    _numerics.params_dtype(params)
   except (TypeError, ValueError) as err:
     raise type(err)(f"{name}: {err}") from None
   return params

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
@@ -172,9 +172,9 @@ def shrink(factor: Any, floor: Any) -> Callable[[Any, jax.Array], Any]:
 
   def action(precond, accepted):
     dtype = jax.tree.leaves(precond)[0].dtype
-    shrunk = optax.tree.scale(_common.cast(factor, dtype), precond)
+    shrunk = optax.tree.scale(_numerics.cast(factor, dtype), precond)
     return _DIAG.project(
-      _common.keep_if(accepted, precond, shrunk), _common.cast(floor, dtype), None
+      _numerics.keep_if(accepted, precond, shrunk), _numerics.cast(floor, dtype), None
     )
 
   return action
@@ -277,8 +277,8 @@ def momentum_direction(
   beta_lo, beta_hi = momentum_bounds
 
   def init(params):
-    dtype = _common.params_dtype(params)
-    lip = jnp.zeros([], dtype) if lipschitz is None else _common.cast(lipschitz, dtype)
+    dtype = _numerics.params_dtype(params)
+    lip = jnp.zeros([], dtype) if lipschitz is None else _numerics.cast(lipschitz, dtype)
     precond = _DIAG.init(params, init_precond)
     momentum = _SCALAR.project(_SCALAR.init(params, init_momentum), beta_lo, beta_hi)
     curvature = curvature_estimate.init(dtype)
@@ -291,7 +291,7 @@ def momentum_direction(
       momentum_learner_state=momentum_learner.init(momentum),
       curvature=curvature,
       schedule=sched,
-      prev_params=_common.copy_tree(params),
+      prev_params=_numerics.copy_tree(params),
       lipschitz=lip,
       precond_lr=jnp.asarray(eta_p, dtype),
       num_probes=jnp.zeros([], jnp.int32),
@@ -322,7 +322,7 @@ def momentum_direction(
       lip = state.lipschitz
     else:
       l_hat = state.curvature.l_hat
-      lip = jnp.where(l_hat > 0, l_hat, _common.cast(lipschitz, dtype)).astype(dtype)
+      lip = jnp.where(l_hat > 0, l_hat, _numerics.cast(lipschitz, dtype)).astype(dtype)
     if probe is None:
       return lip, jnp.asarray(False)
     running = jnp.where(probing(state), jnp.maximum(lip, grad_change / delta), lip).astype(dtype)
@@ -367,7 +367,7 @@ def momentum_direction(
       beta_hi,
       check_finite=False,
     )
-    momentum, precond_learner_state, momentum_learner_state = _common.keep_if(
+    momentum, precond_learner_state, momentum_learner_state = _numerics.keep_if(
       live,
       (momentum, precond_learner_state, momentum_learner_state),
       (state.momentum, state.precond_learner_state, state.momentum_learner_state),
@@ -390,7 +390,7 @@ def momentum_direction(
     learned, hypergrad_norm = learn_online(state, trial, ctx, lip, live)
     start = state.precond
     if precond_from_probe:
-      start = _common.keep_if(last_probe, optax.tree.full_like(state.precond, 1 / lip), start)
+      start = _numerics.keep_if(last_probe, optax.tree.full_like(state.precond, 1 / lip), start)
     observed = _Observed(start, lip, grad_change, hypergrad_norm)
     trial = trial._replace(finite=finite, probe=probing(state), aux=observed)
     if lookahead is None:
@@ -419,7 +419,7 @@ def momentum_direction(
     accepted, observed = verdict.accepted, trial.aux
     # Line 9: the null step's action on P; a probe leaves P (the last one sets P_1 = 1/L_0).
     precond = null_action(state.precond, accepted)
-    precond = _common.keep_if(probing(state), observed.start, precond)
+    precond = _numerics.keep_if(probing(state), observed.start, precond)
     curv = curvature_estimate.record(
       state.curvature,
       accepted=accepted,
@@ -430,7 +430,7 @@ def momentum_direction(
     curv, fired = curvature_estimate.fire(curv)
     learned = state._replace(
       precond=precond,
-      precond_learner_state=_common.keep_if(
+      precond_learner_state=_numerics.keep_if(
         fired, learner.init(precond), state.precond_learner_state
       ),
       curvature=curv,

@@ -44,7 +44,10 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _info
+from hdm_optax import _numerics
+from hdm_optax import _oracle
+from hdm_optax import _stale
 
 __all__ = (
   "Context",
@@ -190,7 +193,7 @@ def _uphill(seen: Evidence, updates, accepted) -> jax.Array:
 
 def _finite_gradient(state, trial: Trial, ctx: Context):
   del ctx
-  return state, trial._replace(finite=trial.finite & _common.all_finite(trial.grad))
+  return state, trial._replace(finite=trial.finite & _numerics.all_finite(trial.grad))
 
 
 def _values(state, trial: Trial, ctx: Context):
@@ -257,7 +260,7 @@ class IterationState(NamedTuple):
   rule: Any
   value: jax.Array
   grad: Any
-  info: _common.HDMInfo
+  info: _info.HDMInfo
 
   # What a driver reads (hdm_optax.driver.protocol.OptimizerState): the step rule's verdict,
   # and the box and the preconditioner the direction holds, if any.
@@ -321,9 +324,9 @@ def iteration(
   """
 
   def init_fn(params):
-    dtype = _common.params_dtype(params)
+    dtype = _numerics.params_dtype(params)
     return IterationState(
-      **_common.oracle_fields(params, dtype),
+      **_info.oracle_fields(params, dtype),
       direction=direction.init(params),
       rule=step_rule.init(dtype),
     )
@@ -340,10 +343,10 @@ def iteration(
       value, trial_value, grad, trial_grad, step, slope, trial_slope, trial.finite, trial.probe
     )
 
-  @_common.track_point(name)
+  @_stale.track_point(name)
   def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
     del extra_args
-    value, grad = _common.require_oracle(
+    value, grad = _oracle.require_oracle(
       name, value, grad, value_fn, updates, params=params, state_grad=state.grad
     )
     dtype = state.value.dtype
@@ -354,7 +357,7 @@ def iteration(
       grad=grad,
       count=state.count,
       step_size=step_rule.step_size(state.rule),
-      value_and_grad=lambda point: _common.value_and_grad(value_fn, point),
+      value_and_grad=lambda point: _oracle.value_and_grad(value_fn, point),
     )
     # The direction works on packed vectors; the state and the result keep the params' layout.
     packed = _blocks.Packing(params if pack_params else None)
@@ -377,10 +380,10 @@ def iteration(
     new_state = IterationState(
       count=state.count + (~trial.probe).astype(jnp.int32),
       direction=packed.unpack_as(learned.state, state.direction),
-      rule=_common.keep_if(learned.restart, step_rule.init(dtype), verdict.state),
+      rule=_numerics.keep_if(learned.restart, step_rule.init(dtype), verdict.state),
       value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
-      grad=_common.keep_if(accepted, trial.grad, grad),
-      info=_common.next_info(
+      grad=_numerics.keep_if(accepted, trial.grad, grad),
+      info=_info.next_info(
         state.info,
         accepted=accepted,
         hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
@@ -388,6 +391,6 @@ def iteration(
         uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not grad else False,
       ),
     )
-    return _common.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state
+    return _numerics.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -22,7 +22,8 @@ import numpy as np
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces import shell
 from hdm_optax.pieces.lbfgs import bounded
@@ -85,8 +86,8 @@ _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
 
 def _first_gamma(updates) -> jax.Array:
   """:math:`\\min(1, 1/\\|u\\|)` (1 where u = 0), H_0's scale before a pair sets gamma."""
-  grad_norm = _common.scaled_norm(updates)
-  first = jnp.minimum(1, _common.safe_div(jnp.ones([], grad_norm.dtype), grad_norm))
+  grad_norm = _numerics.scaled_norm(updates)
+  first = jnp.minimum(1, _numerics.safe_div(jnp.ones([], grad_norm.dtype), grad_norm))
   return jnp.where(grad_norm > 0, first, 1).astype(grad_norm.dtype)
 
 
@@ -95,7 +96,7 @@ def _check(memory_size, pair_tol, diagonal, lower, upper):
     raise ValueError(
       f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
     )
-  _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  _checks.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
   if diagonal is not None and not callable(diagonal):
     raise ValueError(
       f"diagonal must be None or a function (memory, gamma) -> (h, on), got {diagonal!r}; "
@@ -166,7 +167,7 @@ def lbfgs_direction(
 
   def init(params):
     memory = memory_lib.secant_memory(params, memory_size)
-    dtype = _common.params_dtype(params)
+    dtype = _numerics.params_dtype(params)
     box = box_lib.make_box(params, lower, upper)
     return LBFGSState(memory=memory, gamma=jnp.zeros([], dtype), box=box)
 
@@ -197,7 +198,7 @@ def lbfgs_direction(
       step = optax.tree.scale(-ctx.step_size, operator(state.memory, gamma, updates))
       return _blocks.unpack(step, ctx.params), _Proposed(None, step)
     # In a box: P(x - alpha d), H acting on the free variables.
-    tol = _common.cast(pair_tol, dtype)
+    tol = _numerics.cast(pair_tol, dtype)
     on_free = lambda v, free: memory_lib.two_loop_recursion(
       bounded.restricted_memory(state.memory, free, tol), gamma, v
     )
@@ -216,14 +217,14 @@ def lbfgs_direction(
     return state, trial._replace(finite=finite, aux=observed)
 
   def learn(state, trial, verdict, ctx):
-    c = lambda x: _common.cast(x, ctx.value.dtype)
+    c = lambda x: _numerics.cast(x, ctx.value.dtype)
     finite, (free, step, change, products) = trial.finite, trial.aux
     sy = products.sy
     # ||y|| and gamma = <s, y> / ||y||^2 where ||y||^2 overflows (gradients of 1e19 in
     # float32) from the rescaled norm: a pair of such an f still enters the memory.
     overflow = ~jnp.isfinite(products.yy)
     step_norm = jnp.sqrt(products.ss)
-    change_norm = _common.scaled_norm(change, products.yy)
+    change_norm = _numerics.scaled_norm(change, products.yy)
     # A step below the resolution of x (or one that left the gradient as it was) carries
     # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
     short = step_norm <= c(_RESOLUTION) * optax.tree.norm(_blocks.pack(ctx.params))
@@ -236,8 +237,8 @@ def lbfgs_direction(
     memory = memory_lib.reset(memory, lost)
     scaling = jnp.where(
       overflow,
-      _common.safe_div(_common.safe_div(sy, change_norm), change_norm),
-      _common.safe_div(sy, products.yy),
+      _numerics.safe_div(_numerics.safe_div(sy, change_norm), change_norm),
+      _numerics.safe_div(sy, products.yy),
     )
     if free is not None:  # the scale of H on the free variables the step was taken on
       scaling = bounded.free_scaling(free, step, change, scaling)
