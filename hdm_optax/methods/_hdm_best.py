@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import jax.numpy as jnp
@@ -173,25 +174,10 @@ def hdm_best(
   if lipschitz is None and probe is None:
     probe = curvature_lib.gradient_probe()
 
-  def precond_rule(lip, curvature, factor):
-    """eta_p0 times the decay's factor until L_hat exists, then 1/L; P in [0, p_max/L].
-
-    ``lip`` is the L the direction resolved: the caller's (or L_0), L_hat once formed.
-    """
-    has_l_hat = curvature.l_hat > 0
-    if precond_lr is None:
-      base = DEFAULT_PRECOND_LR_TIMES_L / lip
-    else:
-      base = _numerics.cast(precond_lr, lip.dtype)
-    eta_p = jnp.where(has_l_hat, _numerics.safe_div(1, lip), base * factor)
-    if precond_max_times_lipschitz is None:
-      return eta_p, 0.0, None
-    return eta_p, 0.0, _numerics.cast(precond_max_times_lipschitz, lip.dtype) / lip
-
   momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
   direction = momentum_lib.momentum_direction(
     learner=momentum_lib.additive(learners_lib.adagrad(_ADAGRAD_EPS)),
-    precond_rule=precond_rule,
+    precond_rule=functools.partial(_precond_rule, precond_lr, precond_max_times_lipschitz),
     momentum_lr=lambda lip: _numerics.cast(momentum_lr, lip.dtype),
     denominator=hypergradient_lib.curvature_tau() if denominator is None else denominator,
     curvature_estimate=(
@@ -212,6 +198,22 @@ def hdm_best(
       acceptance_lib.resolved_decrease() if acceptance is None else acceptance
     ),
   )
+
+
+def _precond_rule(precond_lr, precond_max_times_lipschitz, lip, curvature, factor):
+  """eta_p0 times the decay's factor until L_hat exists, then 1/L; P in [0, p_max/L].
+
+  ``lip`` is the L the direction resolved: the caller's (or L_0), L_hat once formed.
+  """
+  has_l_hat = curvature.l_hat > 0
+  if precond_lr is None:
+    base = DEFAULT_PRECOND_LR_TIMES_L / lip
+  else:
+    base = _numerics.cast(precond_lr, lip.dtype)
+  eta_p = jnp.where(has_l_hat, _numerics.safe_div(1, lip), base * factor)
+  if precond_max_times_lipschitz is None:
+    return eta_p, 0.0, None
+  return eta_p, 0.0, _numerics.cast(precond_max_times_lipschitz, lip.dtype) / lip
 
 
 def _momentum_bounds(bounds):

@@ -37,6 +37,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -323,74 +324,91 @@ def iteration(
     True
   """
 
-  def init_fn(params):
-    dtype = _numerics.params_dtype(params)
-    return IterationState(
-      **_info.oracle_fields(params, dtype),
-      direction=direction.init(params),
-      rule=step_rule.init(dtype),
-    )
+  parts = _Parts(name, direction, step_rule, pack_params)
+  update_fn = _stale.track_point(name)(functools.partial(_update, parts))
+  return optax.GradientTransformationExtraArgs(functools.partial(_init, parts), update_fn)
 
-  def evidence(direction_state, trial: Trial, ctx: Context) -> Evidence:
-    """The merit at both points and the slopes along the step, once per update."""
-    trial_value, value, step = direction.merit(direction_state, trial, ctx)
-    grad, trial_grad = _blocks.pack(ctx.grad), _blocks.pack(trial.grad)
-    slope = trial_slope = None
-    if step is not None:
-      step = _blocks.pack(step)
-      slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
-    return Evidence(
-      value, trial_value, grad, trial_grad, step, slope, trial_slope, trial.finite, trial.probe
-    )
 
-  @_stale.track_point(name)
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-    del extra_args
-    value, grad = _oracle.require_oracle(
-      name, value, grad, value_fn, updates, params=params, state_grad=state.grad
-    )
-    dtype = state.value.dtype
-    ctx = Context(
-      params=params,
-      updates=grad if updates is None else updates,
-      value=jnp.asarray(value, dtype),
-      grad=grad,
-      count=state.count,
-      step_size=step_rule.step_size(state.rule),
-      value_and_grad=lambda point: _oracle.value_and_grad(value_fn, point),
-    )
-    # The direction works on packed vectors; the state and the result keep the params' layout.
-    packed = _blocks.Packing(params if pack_params else None)
-    user_ctx, ctx = ctx, _packed_context(packed, ctx)
-    direction_in = packed.pack(state.direction)
-    step, aux = direction.propose(direction_in, ctx)
-    trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(ctx.params, step))
-    trial_value = jnp.asarray(trial_value, dtype)
-    trial = Trial(
-      step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
-    )
-    direction_state, trial = direction.observe(direction_in, trial, ctx)
-    seen = evidence(direction_state, trial, ctx)
-    verdict = step_rule.judge(state.rule, seen)
-    accepted = verdict.accepted
-    learned = direction.learn(direction_state, trial, verdict, ctx)
-    hypergrad_norm = learned.hypergrad_norm
-    trial = trial._replace(step=packed.unpack(trial.step), grad=packed.unpack(trial.grad))
-    ctx = user_ctx
-    new_state = IterationState(
-      count=state.count + (~trial.probe).astype(jnp.int32),
-      direction=packed.unpack_as(learned.state, state.direction),
-      rule=_numerics.keep_if(learned.restart, step_rule.init(dtype), verdict.state),
-      value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
-      grad=_numerics.keep_if(accepted, trial.grad, grad),
-      info=_info.next_info(
-        state.info,
-        accepted=accepted,
-        hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
-        calls=trial.calls,
-        uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not grad else False,
-      ),
-    )
-    return _numerics.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state
+class _Parts(NamedTuple):
+  """:func:`iteration`'s arguments, as its update reads them."""
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  name: str
+  direction: Direction
+  step_rule: StepRule
+  pack_params: bool
+
+
+def _init(parts: _Parts, params) -> IterationState:
+  dtype = _numerics.params_dtype(params)
+  return IterationState(
+    **_info.oracle_fields(params, dtype),
+    direction=parts.direction.init(params),
+    rule=parts.step_rule.init(dtype),
+  )
+
+
+def _evidence(direction: Direction, direction_state, trial: Trial, ctx: Context) -> Evidence:
+  """The merit at both points and the slopes along the step, once per update."""
+  trial_value, value, step = direction.merit(direction_state, trial, ctx)
+  grad, trial_grad = _blocks.pack(ctx.grad), _blocks.pack(trial.grad)
+  slope = trial_slope = None
+  if step is not None:
+    step = _blocks.pack(step)
+    slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
+  return Evidence(
+    value, trial_value, grad, trial_grad, step, slope, trial_slope, trial.finite, trial.probe
+  )
+
+
+def _update(parts: _Parts, updates, state, params, *, value=None, grad=None, value_fn=None, **_):
+  direction, step_rule = parts.direction, parts.step_rule
+  value, grad = _oracle.require_oracle(
+    parts.name, value, grad, value_fn, updates, params=params, state_grad=state.grad
+  )
+  dtype = state.value.dtype
+  ctx = Context(
+    params=params,
+    updates=grad if updates is None else updates,
+    value=jnp.asarray(value, dtype),
+    grad=grad,
+    count=state.count,
+    step_size=step_rule.step_size(state.rule),
+    value_and_grad=lambda point: _oracle.value_and_grad(value_fn, point),
+  )
+  # The direction works on packed vectors; the state and the result keep the params' layout.
+  packed = _blocks.Packing(params if parts.pack_params else None)
+  user_ctx, ctx = ctx, _packed_context(packed, ctx)
+  direction_in = packed.pack(state.direction)
+  step, aux = direction.propose(direction_in, ctx)
+  trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(ctx.params, step))
+  trial_value = jnp.asarray(trial_value, dtype)
+  trial = Trial(
+    step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
+  )
+  direction_state, trial = direction.observe(direction_in, trial, ctx)
+  seen = _evidence(direction, direction_state, trial, ctx)
+  verdict = step_rule.judge(state.rule, seen)
+  learned = direction.learn(direction_state, trial, verdict, ctx)
+  trial = trial._replace(step=packed.unpack(trial.step), grad=packed.unpack(trial.grad))
+  new_state = _next_state(parts, state, packed, learned, verdict, trial, seen, user_ctx)
+  return _numerics.keep_if(verdict.accepted, trial.step, optax.tree.zeros_like(params)), new_state
+
+
+def _next_state(parts: _Parts, state, packed, learned, verdict, trial, seen, ctx):
+  """The state after the update: the trial's value and gradient where it was accepted."""
+  dtype, accepted = state.value.dtype, verdict.accepted
+  hypergrad_norm = learned.hypergrad_norm
+  return IterationState(
+    count=state.count + (~trial.probe).astype(jnp.int32),
+    direction=packed.unpack_as(learned.state, state.direction),
+    rule=_numerics.keep_if(learned.restart, parts.step_rule.init(dtype), verdict.state),
+    value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
+    grad=_numerics.keep_if(accepted, trial.grad, ctx.grad),
+    info=_info.next_info(
+      state.info,
+      accepted=accepted,
+      hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
+      calls=trial.calls,
+      uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not ctx.grad else False,
+    ),
+  )
