@@ -70,21 +70,6 @@ _CUSTOM_RULES = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
 # --- what a transformation is: its factory call ------------------------------------------
 
 
-class _Identity:
-  """A key that is equal only to itself (an unhashable argument, such as an array)."""
-
-  __slots__ = ("value",)
-
-  def __init__(self, value):
-    self.value = value
-
-  def __eq__(self, other):
-    return isinstance(other, _Identity) and other.value is self.value
-
-  def __hash__(self):
-    return id(self.value)
-
-
 def configuration_key(value):
   """``value`` as part of a hashable key: numbers with their type, containers item by item."""
   if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
@@ -93,11 +78,7 @@ def configuration_key(value):
     return (type(value), tuple(configuration_key(v) for v in value))
   if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
     return (dict, tuple((k, configuration_key(v)) for k, v in value.items()))
-  try:
-    hash(value)
-  except TypeError:
-    return _Identity(value)
-  return value
+  return _Held(value)  # by value where hashable, else (an array) only equal to itself
 
 
 class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
