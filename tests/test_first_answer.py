@@ -18,6 +18,7 @@ import pytest
 
 import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import programs
 from hdm_optax.driver import solving
 from hdm_optax.driver import store
 
@@ -110,12 +111,12 @@ def test_a_numpy_fun_compiles_nothing_after_the_method_program():
 
   fun, x0, _ = make(0)
   hdm_optax.minimize(fun, x0, jac=True)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   for seed in (1, 2, 3):
     fun, x0, solution = make(seed)
     res = hdm_optax.minimize(fun, x0, jac=True, options=dict(gtol=1e-10, ftol=0.0))
     np.testing.assert_allclose(res.x, solution, rtol=1e-6, atol=1e-8)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
 
 
 def test_a_new_jax_objective_compiles_only_the_objective():
@@ -123,10 +124,10 @@ def test_a_new_jax_objective_compiles_only_the_objective():
   hdm_optax.solve(hdm_optax.trial_lbfgs(), _quadratic, jnp.zeros(10), fun_args=(a,))
   counts = []
   for power in (2, 4, 6):
-    before = solving.compiled_count()
+    before = programs.compiled_count()
     fun = lambda x, a, power=power: jnp.sum(a * (x - 1.0) ** power)
     res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(10), fun_args=(a,), tol=1e-6)
-    counts.append(solving.compiled_count() - before)
+    counts.append(programs.compiled_count() - before)
     assert bool(res.converged)
   assert counts == [1, 1, 1]  # the objective's value and gradient, the method's reused
 

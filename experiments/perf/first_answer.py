@@ -235,14 +235,14 @@ def case_memory(rounds: int) -> None:
 
 
 def case_crossover(rounds: int) -> None:
-  from hdm_optax.driver import solving  # pylint: disable=import-outside-toplevel
+  from hdm_optax.driver import separate  # pylint: disable=import-outside-toplevel
 
   print("crossover: ms per iteration, warm, separate path against the fused program")
 
   def fun(x, a):
     return 0.5 * jnp.sum(a * (x - 1.0) ** 2) + jnp.sum((x[1:] - x[:-1] ** 2) ** 2)
 
-  default = solving.SEPARATE_RUNS
+  default = separate.SEPARATE_RUNS
   try:
     for n in (10, 1000, 100_000, 1_000_000):
       a = jnp.linspace(1.0, 10.0, n)
@@ -253,7 +253,7 @@ def case_crossover(rounds: int) -> None:
       )
       times = {}
       for path, runs_ in (("separate", 10**9), ("fused", 0)):
-        solving.SEPARATE_RUNS = runs_
+        separate.SEPARATE_RUNS = runs_
         call()
         times[path] = min(_timed(call)[0] for _ in range(max(rounds, 3))) / 50 * 1e3
       print(
@@ -261,7 +261,7 @@ def case_crossover(rounds: int) -> None:
         f"ratio {times['separate'] / times['fused']:5.2f}"
       )
   finally:
-    solving.SEPARATE_RUNS = default
+    separate.SEPARATE_RUNS = default
 
 
 CASES = {

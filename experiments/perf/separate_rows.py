@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 
 import hdm_optax  # noqa: E402
 from experiments.benchmark import suites  # noqa: E402
-from hdm_optax.driver import solving  # noqa: E402
+from hdm_optax.driver import programs  # noqa: E402
+from hdm_optax.driver import separate as separate_lib  # noqa: E402
 
 BUDGET, TOL = 1000, 1e-4
 
@@ -56,17 +57,17 @@ def main(argv=None) -> None:
   )
   args = parser.parse_args(argv)
   if args.options == "xla-defaults":
-    solving.compiler_options = lambda inputs: {}
+    programs.compiler_options = lambda inputs: {}
   elif args.options == "o0":
     o0 = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
-    solving.compiler_options = lambda inputs: o0
+    programs.compiler_options = lambda inputs: o0
   names = args.names.split(",") if args.names else None
   tasks = (
     suites.cutest_tasks(TOL, names)
     if args.suite == "cutest"
     else suites.cutest_bounded_tasks(TOL, names)
   )
-  solving.SEPARATE_RUNS = 1  # the first run of each problem on the separate path
+  separate_lib.SEPARATE_RUNS = 1  # the first run of each problem on the separate path
   same = 0
   start = time.perf_counter()
   for task in tasks:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _oracle
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 
@@ -197,7 +197,7 @@ class JaxOracle(Oracle):
 
     def pair(leaves, args):  # the engine's checks of what fun returns, then its value's dtype
       fun = lambda leaves: objective(leaves, args)
-      value, grads = _common.value_and_grad(fun, leaves, name="fun")
+      value, grads = _oracle.value_and_grad(fun, leaves, name="fun")
       engine.check_value_dtype(value, like)
       return value, grads
 

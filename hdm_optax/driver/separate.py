@@ -16,6 +16,7 @@ appear only in the objective's program. The result comes back in the params' lay
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Optional
 
 import jax
@@ -23,17 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax import _blocks
-from hdm_optax import _common
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import runs
 from hdm_optax.driver import store
 from hdm_optax.pieces import box as box_lib
 
-__all__ = ("Layout", "method_optimizer", "run")
+__all__ = ("SEPARATE_RUNS", "Layout", "chosen", "method_optimizer", "oracle_maker", "run")
 
 
 def _is_box(node) -> bool:
@@ -95,7 +96,7 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
   layout = Layout(params)
   if not layout.on:
     return optimizer, layout
-  if not isinstance(optimizer, _common.ConfiguredTransformation) or configuration is None:
+  if not isinstance(optimizer, programs.ConfiguredTransformation) or configuration is None:
     return optimizer, Layout(None)
   arguments = {}
   for name, value in configuration.arguments.items():
@@ -111,12 +112,10 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
 
 def _entry(key, program, primitive, hook_handle, handle, arrays, x0, state, limits):
   """The method's program: the engine's run with the host oracle as its objective."""
-  from hdm_optax.driver import solving  # pylint: disable=import-outside-toplevel
-
   fun = oracle_lib.function(handle, x0)
   loop_ = engine.make_loop(key.build(arrays), fun, limits)
-  primitive_ = solving.make_primitive(primitive)
-  return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=hook_handle)
+  make = lambda member: (loop_, fun)
+  return runs.run(make, program, None, x0, state, primitive=primitive, handle=hook_handle)
 
 
 _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
@@ -156,7 +155,7 @@ def run(
   *,
   limits,
   program_: runs.Program,
-  primitive: tuple,
+  primitive,
   init_state=None,
   callback=None,
   progress: bool = False,
@@ -191,31 +190,106 @@ def run(
   oracle = make_oracle(layout.on)
   compiled = program(statics, (*handles, *dynamic), options)
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
-  with hooks.session(callback, progress, traced=False, view=view) as hook_handle:
+
+  def run_(hook_handle):
     with oracle_lib.serving(oracle) as (handle, entry):
       try:
-        result = compiled(hook_handle, handle, *dynamic)
-        result = jax.block_until_ready(result)
+        result = jax.block_until_ready(compiled(hook_handle, handle, *dynamic))
       except jax.errors.JaxRuntimeError:
         if entry.error is not None:
           raise entry.error from None
         raise
-    result = _to_user(result, layout, optimizer, x0)
-    error = hooks.error(hook_handle)
-    if error is not None:
-      error.result = result
-      error.add_note(
-        "hdm_optax: the callback raised this; the run stopped, and the result so far "
-        "is in this exception's .result."
-      )
-      raise error
-  return result
+    return _to_user(result, layout, optimizer, x0)
+
+  return hooks.watched(run_, callback, progress, traced=False, view=view)
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
   if not layout.on:
     return result
-  box = _box_of(optimizer, x0) if engine.box_of(result.state) is not None else None
+  box = _box_of(optimizer, x0) if protocol.box_of(result.state) is not None else None
   return result._replace(
     params=layout.packing.unpack(result.params), state=layout.to_user(result.state, box)
   )
+
+
+# Runs of one objective on the separate path before the fused program serves it (the second
+# compiles the fused program in the background).
+SEPARATE_RUNS = 2
+
+
+class _Sightings:
+  """How many times each fused program's key was asked for (the most recent ones)."""
+
+  def __init__(self, size: int = 1024):
+    self.size, self.counts = size, collections.OrderedDict()
+
+  def see(self, key) -> int:
+    count = self.counts.pop(key, 0) + 1
+    self.counts[key] = count
+    while len(self.counts) > self.size:
+      self.counts.popitem(last=False)
+    return count
+
+
+_SIGHTINGS = _Sightings()
+
+
+def chosen(entry, statics: tuple, dynamic: tuple, *, program_: runs.Program, host: bool) -> bool:
+  """Whether a front door's call runs on the separate path rather than ``entry``'s fused
+  program (``entry(*statics, handle, *dynamic)``).
+
+  The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device and
+  process, a NumPy ``fun`` (``host``) always does, and a JAX objective does for its first
+  :data:`SEPARATE_RUNS` runs (counted by the fused program's key: the objective's trace, the
+  optimizer, the shapes); the last of them compiles the fused program in the background,
+  which serves the later runs.
+  """
+  if program_.has_aux or engine.backend() != "cpu" or programs.staged():
+    return False
+  if programs.tracers(dynamic) or _spread(dynamic):
+    return False
+  try:
+    hash(statics)
+  except TypeError:
+    return False
+  if host:
+    return True
+  full = (None if program_.hook is None else np.int32(0), *dynamic)
+  key = programs.program_key(entry, statics, full)
+  if compiled_lib.peek(key) is not None:
+    return False
+  runs_so_far = _SIGHTINGS.see(key)
+  if runs_so_far == SEPARATE_RUNS:
+    options, abstract = programs.compiler_options(full), jax.tree.map(_abstract_value, full)
+    build = lambda: programs.jitted(entry).lower(*statics, *abstract).compile(options or None)
+    compiled_lib.prepare(key, build)
+  return runs_so_far <= SEPARATE_RUNS
+
+
+def _spread(tree) -> bool:
+  """Whether the run spans several devices or processes (the fused program shards it)."""
+  if jax.process_count() > 1:
+    return True
+  arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+  return any(len(x.sharding.device_set) > 1 for x in arrays)
+
+
+def _abstract_value(x):
+  weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))
+  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
+
+
+def oracle_maker(fun, closed, args, fun_args, like):
+  """``make_oracle(packed)`` of the objective: the host's own for a NumPy ``fun``
+  (:func:`hdm_optax.minimize`), else ``fun`` compiled on its own; ``make_oracle.host`` says
+  which."""
+  host = getattr(fun, "host_oracle", None)
+  if host is not None and host(fun_args, like, False) is not None:
+    make = lambda packed: host(fun_args, like, packed)
+    make.host = True
+    return make
+  options = programs.compiler_options((like, args))
+  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed, options=options)
+  make.host = False
+  return make

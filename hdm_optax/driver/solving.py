@@ -1,8 +1,7 @@
-"""``solve``: one problem, one compiled run of the engine; and what every front door shares."""
+"""``solve``: one problem, one compiled run of the engine."""
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -10,82 +9,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.driver import adjoint as adjoint_lib
-from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
-from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import separate
 from hdm_optax.driver.limits import Limits
-from hdm_optax.driver.limits import check_count
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
 
-__all__ = (
-  "DEFAULT_TRACE",
-  "call",
-  "check_params",
-  "compiled_count",
-  "cut_trace",
-  "solve",
-  "trace_size",
-)
-
-# The trace a run keeps by default outside jax.vmap: its last 1024 entries at most.
-DEFAULT_TRACE = 1024
-
-
-def tracers(tree):
-  return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.core.Tracer)]
-
-
-def is_batched(tracer) -> bool:
-  """Whether ``tracer`` is (or wraps) one of ``jax.vmap``'s."""
-  for _ in range(8):
-    if type(tracer).__name__ == "BatchTracer":
-      return True
-    inner = getattr(tracer, "primal", None)
-    tracer = getattr(tracer, "val", None) if inner is None else inner
-    if not isinstance(tracer, jax.core.Tracer):
-      return False
-  return False
-
-
-def trace_size(trace: Optional[int], max_steps, inputs) -> tuple[int, int]:
-  """``(program, result)``: the trace entries a program keeps and those a result shows.
-
-  ``trace``, or by default the whole run up to :data:`DEFAULT_TRACE` entries, and none under
-  ``jax.vmap`` (``inputs`` are batched). The program keeps a power of two, so that budgets
-  that round up alike share one program; the result is cut to ``max_steps + 1``.
-  """
-  if trace is not None:
-    size = int(check_count("trace", trace, 0, "the number of last entries to keep"))
-  elif any(map(is_batched, tracers(inputs))):
-    size = 0
-  else:
-    size = DEFAULT_TRACE
-  if isinstance(max_steps, jax.core.Tracer) or size == 0:
-    return size, size
-  shown = min(size, int(np.minimum(max_steps, size)) + 1)
-  return min(size, 1 << (shown - 1).bit_length()), shown
-
-
-def cut_trace(result, size: int):
-  """``result`` with its trace cut to ``size`` entries (the last axis)."""
-  if result.trace.value.shape[-1] == size:
-    return result
-  cut = _cut if tracers(result.trace) else _cut_compiled
-  return result._replace(trace=cut(result.trace, size))
-
-
-def _cut(trace, size):
-  return jax.tree.map(lambda a: a[..., :size], trace)
-
-
-_cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arrays
+__all__ = ("check_params", "solve")
 
 
 def check_params(params, name: str = "init_params"):
@@ -101,7 +36,7 @@ def check_params(params, name: str = "init_params"):
   if not jax.tree.leaves(params):
     raise ValueError(f"{name} is an empty pytree: there is nothing to optimize; pass arrays.")
   try:
-    _common.params_dtype(params)
+    _numerics.params_dtype(params)
   except (TypeError, ValueError) as err:
     raise type(err)(f"{name}: {err}") from None
   return params
@@ -115,155 +50,19 @@ def _check_every(check_every) -> int:
   return int(check_every)
 
 
-def _raise_with(error: BaseException, result) -> None:
-  error.result = result
-  error.add_note(
-    "hdm_optax: the callback raised this; the run stopped, and the result so far "
-    "is in this exception's .result."
-  )
-  raise error
-
-
-def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress, traced):
-  """Runs ``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes.
-
-  ``statics`` are hashable (the cache policy's keys); where one cannot be keyed
-  (:class:`~hdm_optax.driver.programs.Uncacheable`) the entry is traced inline. The hook
-  session (:func:`hdm_optax.driver.hooks.session`) is open around the call; an exception
-  the callback raised is raised again with the partial result as its ``.result``.
-  """
-  with hooks.session(callback, progress, traced=traced) as handle:
-    program = _program(entry, statics, (handle, *dynamic))
-    result = program(handle, *dynamic)
-    error = hooks.error(handle)
-    if error is not None:
-      _raise_with(error, jax.block_until_ready(result))
-  return result
-
-
-_JITTED: dict = {}
-
-
-def staged() -> bool:
-  """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
-  return isinstance(jnp.zeros(()), jax.core.Tracer)
-
-
-def jitted(entry):
-  """``jax.jit`` of a front door's entry, its first ``entry.num_statics`` arguments static."""
-  if entry not in _JITTED:
-    _JITTED[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
-  return _JITTED[entry]
-
-
-def program_key(entry, statics: tuple, dynamic: tuple) -> tuple:
-  """The cache key of ``entry``'s program for ``statics`` and the abstract ``dynamic``."""
-  return (entry, statics, compiled_lib.abstract(dynamic))
-
-
-def _program(entry, statics: tuple, dynamic: tuple):
-  """``program(*dynamic)``: ``entry``'s program, compiled once per key and kept in the bounded
-  cache (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key
-  describes, the entry traced into the caller's program."""
-  try:
-    hash(statics)
-  except TypeError:
-    return lambda *args: entry(*statics, *args)
-  if staged() or tracers(dynamic):
-    return lambda *args: jitted(entry)(*statics, *args)
-  options = compiler_options(dynamic)
-  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
-  return compiled_lib.lookup(program_key(entry, statics, dynamic), build)
-
-
-# Inputs of at most this many entries in all compile for a short first call.
-SMALL_PROGRAM = 65_536
-
-
-def compiler_options(inputs) -> dict:
-  """XLA's options for a front door's program, by the size of its ``inputs`` (a pytree).
-
-  On the CPU, a problem whose inputs (params, data, state) hold at most
-  :data:`SMALL_PROGRAM` entries in all is compiled with XLA's elemental kernel emitters
-  (``xla_cpu_use_fusion_emitters=False``), which compile faster; larger problems keep XLA's
-  fusion emitters, whose kernels run faster (docs/speed.md). Other backends get ``{}``.
-  :func:`call` passes no options where the program is staged inside a caller's trace (JAX
-  takes them only at the top level).
-
-  Returns:
-    The ``compiler_options`` of ``jax.jit``, ``{}`` for XLA's defaults.
-  """
-  if jax.default_backend() != "cpu":
-    return {}
-  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(inputs))
-  return {"xla_cpu_use_fusion_emitters": False} if entries <= SMALL_PROGRAM else {}
-
-
-def compiled_count() -> int:
-  """How many programs the front doors have compiled in this process (every kind: a fused
-  run, a method's program, an objective's value and gradient)."""
-  return compiled_lib.compiles()
-
-
-def statics_of(optimizer, fun, params, fun_args):
-  """``(optimizer_key, optimizer_arrays, closed, args)``, or raises ``Uncacheable``.
-
-  The optimizer's ``init`` is traced first with its own values, so that its checks of its
-  arguments against the params (a box's shape, NaN) run before they become traced.
-  """
-  jax.eval_shape(optimizer.init, params)
-  key, arrays = programs.split_optimizer(optimizer, params)
-  closed, args = programs.hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args
-
-
 def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, args, state, limits):
   def run(theta, rest):  # every traced value enters as an argument (none is closed over)
     arrays, x0, state, limits, handle = rest
     fun = lambda p: closed(p, *theta)
     loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux)
-    primitive_ = make_primitive(primitive)
-    return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
+    make = lambda member: (loop_, fun)
+    return runs.run(make, program, None, x0, state, primitive=primitive, handle=handle)
 
   rest = (arrays, x0, state, limits, handle)
-  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    return run(args, rest)
-  objective = lambda x, theta: _value(closed(x, *theta), program.has_aux)
-  return adjoint_lib.implicit_solution(adjoint, run, objective, args, rest)
+  return adjoint.apply(run, closed.objective(program.has_aux), args, rest)
 
 
 _solve_entry.num_statics = 5
-
-
-def _value(out, has_aux):
-  return out[0] if has_aux else out
-
-
-def primitive_of(adjoint, check_every: int, max_steps) -> tuple:
-  """The loop primitive of a run, as a static key for :func:`make_primitive`: a scan of
-  ``max_steps`` under :class:`UnrolledAdjoint`, blocks of ``check_every`` steps, or the
-  plain while loop."""
-  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    if check_every != 1:
-      raise ValueError(
-        f"UnrolledAdjoint runs a scan of max_steps iterations; check_every={check_every} "
-        "blocks a while loop: pass check_every=1 with UnrolledAdjoint."
-      )
-    if isinstance(max_steps, jax.core.Tracer) or max_steps >= np.iinfo(np.int32).max:
-      raise ValueError(
-        f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
-      )
-    return ("scan", int(max_steps), adjoint.checkpoint)
-  return ("blocks", check_every) if check_every > 1 else ("while",)
-
-
-def make_primitive(key: tuple):
-  """The primitive :func:`primitive_of` named."""
-  if key[0] == "scan":
-    return runs.scan_primitive(key[1], key[2])
-  if key[0] == "blocks":
-    return runs.blocks_primitive(key[1])
-  return runs.while_primitive
 
 
 @takes_limits
@@ -363,19 +162,20 @@ def solve(
       f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
     )
   adjoint = adjoint_lib.check_adjoint(adjoint)
-  primitive = primitive_of(adjoint, check_every, limits.max_steps)
+  primitive = adjoint.primitive(check_every, limits.max_steps)
   inputs = (init_params, tuple(fun_args), init_state, limits.tol, limits.rtol)
-  traced = bool(tracers(inputs))
-  kept, shown = trace_size(trace, limits.max_steps, inputs)
+  found = programs.tracers(inputs)
+  kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
   program = runs.Program(kept, hook, bool(has_aux))
-  try:
-    key, arrays, closed, args = statics_of(optimizer, fun, init_params, fun_args)
-  except programs.Uncacheable:
-    key, arrays, closed, args = _inline(optimizer, fun, init_params, fun_args)
+  key, arrays, closed, args = programs.prepare(optimizer, fun, init_params, fun_args)
   statics = (key, closed, program, primitive, adjoint)
   dynamic = (arrays, init_params, args, init_state, limits)
-  make_oracle = _oracle_maker(fun, closed, args, fun_args, init_params)
-  if _separate(statics, dynamic, program, traced, host=make_oracle.host):
+
+  make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
+  if not found and separate.chosen(
+    _solve_entry, statics, dynamic, program_=program, host=make_oracle.host
+  ):
+    options = programs.compiler_options((init_params, init_state))
     result = separate.run(
       optimizer,
       make_oracle,
@@ -386,112 +186,13 @@ def solve(
       init_state=init_state,
       callback=callback,
       progress=progress,
-      options=compiler_options((init_params, init_state)),
+      options=options,
       key=key,
     )
-  else:
-    result = call(
-      _solve_entry, statics, dynamic, callback=callback, progress=progress, traced=traced
-    )
-  return cut_trace(result, shown)
+    return runs.cut_trace(result, shown)
 
+  def run(handle):
+    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=bool(found))
 
-# Runs of one objective on the separate path before the fused program serves it (the second
-# compiles the fused program in the background).
-SEPARATE_RUNS = 2
-
-
-class _Sightings:
-  """How many times each fused program's key was asked for (the most recent ones)."""
-
-  def __init__(self, size: int = 1024):
-    self.size, self.counts = size, collections.OrderedDict()
-
-  def see(self, key) -> int:
-    count = self.counts.pop(key, 0) + 1
-    self.counts[key] = count
-    while len(self.counts) > self.size:
-      self.counts.popitem(last=False)
-    return count
-
-
-_SIGHTINGS = _Sightings()
-
-
-def _separate(statics, dynamic, program: runs.Program, traced: bool, host: bool) -> bool:
-  """Whether a call runs on the separate path (:mod:`hdm_optax.driver.separate`).
-
-  The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device, a
-  NumPy ``fun`` always does, and a JAX objective does for its first :data:`SEPARATE_RUNS`
-  runs (the key of the fused program: the objective's trace, the optimizer, the shapes);
-  the last of them compiles the fused program in the background, which serves the later
-  runs.
-  """
-  if traced or program.has_aux or engine.backend() != "cpu":
-    return False
-  if isinstance(statics[0], _Unkeyed) or staged() or tracers(dynamic) or _spread(dynamic):
-    return False
-  try:
-    hash(statics)
-  except TypeError:
-    return False
-  if host:
-    return True
-  handle = None if program.hook is None else np.int32(0)
-  full = (handle, *dynamic)
-  key = program_key(_solve_entry, statics, full)
-  if compiled_lib.peek(key) is not None:
-    return False
-  runs_so_far = _SIGHTINGS.see(key)
-  if runs_so_far == SEPARATE_RUNS:
-    options, abstract = compiler_options(full), jax.tree.map(_abstract_value, full)
-    build = lambda: jitted(_solve_entry).lower(*statics, *abstract).compile(options or None)
-    compiled_lib.prepare(key, build)
-  return runs_so_far <= SEPARATE_RUNS
-
-
-def _spread(tree) -> bool:
-  """Whether the run spans several devices or processes (the fused program shards it)."""
-  if jax.process_count() > 1:
-    return True
-  arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-  return any(len(x.sharding.device_set) > 1 for x in arrays)
-
-
-def _abstract_value(x):
-  weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))
-  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
-
-
-def _oracle_maker(fun, closed, args, fun_args, like):
-  """``make_oracle(packed)`` of the objective: the host's own for a NumPy ``fun``
-  (:func:`hdm_optax.minimize`), else ``fun`` compiled on its own."""
-  host = getattr(fun, "host_oracle", None)
-  if host is not None and host(fun_args, like, False) is not None:
-    make = lambda packed: host(fun_args, like, packed)
-    make.host = True
-    return make
-  options = compiler_options((like, args))
-  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed, options=options)
-  make.host = False
-  return make
-
-
-class _Unkeyed:
-  """A static that makes :func:`call` trace inline (it is not hashable)."""
-
-  __hash__ = None
-
-  def __init__(self, value):
-    self.value = value
-
-  def build(self, arrays):
-    del arrays
-    return self.value
-
-
-def _inline(optimizer, fun, params, fun_args):
-  """What :func:`statics_of` returns, for an optimizer that holds traced values (traced
-  inline: a program keyed on it would hold the tracers)."""
-  closed, args = programs.hoist(fun, params, tuple(fun_args))
-  return _Unkeyed(optimizer), [], closed, args
+  result = hooks.watched(run, callback, progress, traced=bool(found))
+  return runs.cut_trace(result, shown)

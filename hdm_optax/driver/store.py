@@ -22,6 +22,7 @@ after the same checks.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -140,6 +141,9 @@ def _stable_(obj, seen: frozenset = frozenset()) -> Any:
     return (type(obj).__name__, tuple(map(_stable, obj)))
   if isinstance(obj, dict):
     return ("dict", tuple((_stable(k), _stable(v)) for k, v in obj.items()))
+  if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    fields = tuple((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return ("dataclass", _stable(type(obj)), _stable(fields))
   describe_ = getattr(obj, "describe", None)
   if callable(describe_):
     return ("described", _stable(type(obj)), _stable(describe_()))
