@@ -422,6 +422,7 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
+  hdm_optax.clear_caches()  # an earlier test may have compiled this sweep
   before = programs.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
   first = programs.compiled_count()  # pylint: disable=protected-access

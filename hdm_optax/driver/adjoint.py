@@ -98,6 +98,10 @@ class ImplicitAdjoint(NamedTuple):
     del max_steps  # a value of the program
     return runs.Blocks(check_every) if check_every > 1 else runs.While()
 
+  def retires(self) -> bool:
+    """Whether a batch can retire its stopped members (``compact``): yes."""
+    return True
+
   def batch_primitive(self, size: int, compact: bool, stop_at_first_converged: bool, max_steps):
     """The loop of a batch of ``size`` members: stages that retire the finished ones
     (:func:`~hdm_optax.driver.runs.stage_sizes`; one stage without ``compact``)."""
@@ -149,6 +153,10 @@ class UnrolledAdjoint(NamedTuple):
         f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
       )
     return runs.Scan(int(max_steps), self.checkpoint)
+
+  def retires(self) -> bool:
+    """Whether a batch can retire its stopped members (``compact``): no, a scan runs all."""
+    return False
 
   def batch_primitive(self, size: int, compact: bool, stop_at_first_converged: bool, max_steps):
     """The loop of a batch: every member's scan, in lockstep.

@@ -194,11 +194,24 @@ def _batch(arguments: dict, **given) -> _Batch:
   """A front door's arguments as a :class:`_Batch`: the options checked, the refusals."""
   options = {name: arguments.get(name) for name in _Batch._fields} | given
   adjoint = adjoint_lib.check_adjoint(options["adjoint"])
-  batch = _Batch(**{**options, "adjoint": adjoint, "devices": _devices(options["devices"])})
+  compact = _compact(options["compact"], options["problems"], adjoint)
+  devices = _devices(options["devices"])
+  batch = _Batch(**{**options, "adjoint": adjoint, "devices": devices, "compact": compact})
   traced = programs.tracers((batch.problems.tree, batch.limits))
   _check(any(map(programs.is_batched, traced)), batch)
   adjoint.batch_primitive(1, batch.compact, batch.stop_at_first_converged, 1)  # its refusals
   return batch
+
+
+def _compact(compact: Optional[bool], problems, adjoint) -> bool:
+  """``compact``, or where it is ``None`` the rule: retire stopped members where the batch's
+  inputs hold more than :data:`~hdm_optax.driver.programs.SMALL_PROGRAM` entries in all (the
+  run outweighs the compile of the extra stages) and the adjoint can; else lockstep, whose
+  program compiles as fast as ``jax.jit(jax.vmap(solve))``'s."""
+  if compact is not None:
+    return bool(compact)
+  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(problems.tree))
+  return entries > programs.SMALL_PROGRAM and adjoint.retires()
 
 
 def _layout(batch: _Batch, fun):
@@ -384,7 +397,7 @@ def solve_batch(
   limits: Limits,
   fun_args: Sequence[Any] = (),
   in_axes: Any = (0, 0),
-  compact: bool = True,
+  compact: Optional[bool] = None,
   has_aux: bool = False,
   callback: Optional[Callable[[hooks.Snapshot], Any]] = None,
   progress: bool = False,
@@ -396,9 +409,10 @@ def solve_batch(
   """Solves a batch of problems in one compiled call, retiring the members that have stopped.
 
   ``jax.jit(jax.vmap(solve))`` runs every member in lockstep until the slowest one stops.
-  Here, once at most a quarter of the batch is still running, the running members move to a
-  batch a quarter the size (B, B/4, ..., down to 1, or to 16 for more than 64 members; each
-  stage is one more loop in the program, so it compiles longer than the lockstep one). Each
+  Here (``compact``, the default for batches of more than 65,536 entries), once at most a
+  quarter of the batch is still running, the running members move to a batch a quarter the
+  size (B, B/4, ..., down to 1, or to 16 for more than 64 members; each stage is one more
+  loop in the program, so it compiles longer than the lockstep one). Each
   member runs the loop of :func:`hdm_optax.solve`. With ``devices`` the members are spread
   over the devices (``jax.shard_map``), each retiring its own.
 
@@ -409,7 +423,11 @@ def solve_batch(
     fun_args: as in :func:`hdm_optax.solve`; the problems' data.
     in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s; the mapped axes (of one
       size B) are the batch. Default: both on axis 0.
-    compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``).
+    compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``);
+      ``None``: where the problems' inputs (params and ``fun_args`` of every member) hold
+      more than 65,536 entries in all, where the run outweighs the compile of the extra
+      stages; smaller batches run in lockstep and compile as fast as
+      ``jax.jit(jax.vmap(solve))``.
     limits: as in :func:`hdm_optax.solve`, for every member.
     has_aux: as in :func:`hdm_optax.solve`.
     callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step.
