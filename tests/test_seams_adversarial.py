@@ -14,9 +14,12 @@ compile; ``minimize`` and the bounded cases run ``trial_lbfgs``.
 """
 
 import functools
+import gc
 import json
 import subprocess
 import sys
+import warnings
+import weakref
 
 import equinox as eqx
 import jax
@@ -30,6 +33,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import hdm_optax
+from hdm_optax.driver import hooks
 from helpers import ROOT
 from helpers import Compilations
 
@@ -603,3 +607,200 @@ def test_grad_through_solve_without_jit_reuses_its_program():
   with Compilations() as compiled:
     np.testing.assert_allclose(jax.grad(total)(jnp.asarray(SECOND)), 1.0)
   assert compiled.count == 0
+
+
+# --- derivatives without jax.jit: every front door under every transformation (issue 55) --
+#
+# x*(c) = c for 0.5 ||x - c||^2 (clip(c, lo, hi) in a box), so dx*/dc is the identity (on the
+# free variables): the closed form each derivative is checked against. ``c`` reaches the
+# objective the ways a user writes it: closed over, or in fun_args.
+
+
+def _closed(c):
+  return lambda x: _half_square(x, c)
+
+
+GRAD_DOORS = {
+  "solve": lambda c: hdm_optax.solve(SGD, _closed(c), jnp.zeros(3), max_steps=STEPS).params,
+  "solve_fun_args": lambda c: (
+    hdm_optax.solve(SGD, _half_square, jnp.zeros(3), fun_args=(c,), max_steps=STEPS).params
+  ),
+  "minimize": lambda c: hdm_optax.minimize(_closed(c), X0, tol=1e-12).x,
+  "minimize_box": lambda c: hdm_optax.minimize(_closed(c), X0, bounds=(-10.0, 10.0), tol=1e-12).x,
+  "sweep": lambda c: hdm_optax.sweep(
+    optax.sgd, {"learning_rate": [1.0]}, _closed(c), jnp.zeros(3), max_steps=STEPS
+  ).results.params[0],
+  "solve_batch": lambda c: hdm_optax.solve_batch(
+    SGD, _closed(c), jnp.zeros((2, 3)), in_axes=(0, None), max_steps=STEPS
+  ).params[1],
+}
+
+_W = jnp.asarray([0.5, -1.0, 2.0])
+TRANSFORMS = {
+  "grad": (lambda door, c: jax.grad(lambda c: _W @ door(c))(c), lambda c: _W),
+  "jacrev": (lambda door, c: jax.jacrev(door)(c), lambda c: jnp.eye(3)),
+  "jacfwd": (lambda door, c: jax.jacfwd(door)(c), lambda c: jnp.eye(3)),
+  "linearize": (lambda door, c: jax.linearize(door, c)[1](_W), lambda c: _W),
+  "hessian": (
+    lambda door, c: jax.hessian(lambda c: jnp.sum(door(c) ** 2))(c),
+    lambda c: 2 * jnp.eye(3),
+  ),
+}
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+@pytest.mark.parametrize("door", list(GRAD_DOORS))
+def test_derivatives_without_jit_through_every_front_door(door, transform):
+  """No outer jax.jit: a derivative with respect to an array the objective closes over (or
+  takes in fun_args) is the closed form's, for problems small enough that the front door
+  would pick XLA's compile options for a small program (JAX takes them at the top only)."""
+  derivative, expected = TRANSFORMS[transform]
+  c = jnp.asarray(FIRST)
+  np.testing.assert_allclose(derivative(GRAD_DOORS[door], c), expected(c), atol=1e-6)
+
+
+@pytest.mark.parametrize("door", ["solve", "minimize", "minimize_box"])
+def test_vmap_without_jit_of_a_front_door(door):
+  """jax.vmap (no jit) of a front door over the array its objective closes over: each row
+  its own answer, and the derivative of each row."""
+  cs = jnp.asarray([FIRST, SECOND, 0.5 * FIRST])
+  np.testing.assert_allclose(jax.vmap(GRAD_DOORS[door])(cs), cs, atol=1e-6)
+  grads = jax.vmap(jax.grad(lambda c: _W @ GRAD_DOORS[door](c)))(cs)
+  np.testing.assert_allclose(grads, jnp.broadcast_to(_W, (3, 3)), atol=1e-6)
+
+
+def test_grad_with_respect_to_the_center_of_a_box_at_its_bound():
+  """In a box, dx*/dc is 1 on the free variables and 0 on those a bound holds; the box is
+  closed over with the center, at a size the small-program options would apply to."""
+  lo, hi = jnp.asarray([-1.0, -1.0, -1.0]), jnp.asarray([2.0, 2.0, 2.0])
+  c = jnp.asarray([1.0, -2.0, 3.0])  # the second and third on a bound
+  door = lambda c: hdm_optax.minimize(_closed(c), X0, bounds=(lo, hi), tol=1e-12).x
+  np.testing.assert_allclose(door(c), jnp.clip(c, lo, hi), atol=1e-9)
+  np.testing.assert_allclose(jax.jacrev(door)(c), jnp.diag(jnp.asarray([1.0, 0.0, 0.0])), atol=1e-9)
+
+
+# --- a callback is released when its call returns, under un-jitted transformations too ----
+
+
+class _HeavyCallback:
+  """A callback that holds 16 MB, as one holding a model or a dataset does."""
+
+  def __init__(self):
+    self.payload = np.zeros(2_000_000)
+    self.calls = 0
+
+  def __call__(self, *args):
+    self.calls += 1
+
+
+def _watched(door):
+  """``door(c, callback)``: a front door whose objective takes c in fun_args."""
+  sgd = optax.sgd(0.5)  # halves the distance each step: every step is watched
+  doors = {
+    "solve": lambda c, cb: (
+      hdm_optax.solve(
+        sgd, _half_square, jnp.zeros(3), fun_args=(c,), max_steps=4, callback=cb
+      ).params
+    ),
+    "solve_closed": lambda c, cb: (
+      hdm_optax.solve(sgd, _closed(c), jnp.zeros(3), max_steps=4, callback=cb).params
+    ),
+    "solve_progress": lambda c, cb: (
+      hdm_optax.solve(
+        sgd, _half_square, jnp.zeros(3), fun_args=(c,), max_steps=4, callback=cb, progress=True
+      ).params
+    ),
+    "minimize": lambda c, cb: hdm_optax.minimize(_half_square, X0, args=(c,), callback=cb).x,
+    "sweep": lambda c, cb: hdm_optax.sweep(
+      optax.sgd, {"learning_rate": [0.5]}, _half_square, X0, fun_args=(c,), max_steps=4, callback=cb
+    ).results.params[0],
+    "solve_batch": lambda c, cb: hdm_optax.solve_batch(
+      sgd,
+      _half_square,
+      jnp.zeros((2, 3)),
+      fun_args=(c,),
+      in_axes=(0, None),
+      max_steps=4,
+      callback=cb,
+    ).params[0],
+  }
+  return doors[door]
+
+
+LEAK_TRANSFORMS = {
+  "plain": lambda run, c: run(c),
+  "grad": lambda run, c: jax.grad(lambda c: jnp.sum(run(c)))(c),
+  "jvp": lambda run, c: jax.jvp(run, (c,), (jnp.ones(3),))[1],
+  "vjp": lambda run, c: jax.vjp(run, c)[1](jnp.ones(3)),
+  "vmap": lambda run, c: jax.vmap(run)(jnp.stack([c, 2 * c])),
+}
+
+
+def _run_watched(door, transform, callback):
+  run = _watched(door)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", hdm_optax.ImplicitGradientWarning)  # 4 steps: unconverged
+    out = LEAK_TRANSFORMS[transform](lambda c: run(c, callback), jnp.asarray(FIRST))
+  jax.block_until_ready(out)
+
+
+@pytest.mark.parametrize("transform", list(LEAK_TRANSFORMS))
+@pytest.mark.parametrize(
+  "door", ["solve", "solve_closed", "solve_progress", "minimize", "sweep", "solve_batch"]
+)
+def test_a_callback_is_released_when_its_call_returns(door, transform, capsys):
+  """After the call (un-jitted jax.grad, jax.jvp, jax.vjp, jax.vmap around it included) no
+  session holds the callback: a weak reference to it dies once the caller drops it."""
+  if transform == "vmap" and door in ("sweep", "solve_batch"):
+    pytest.skip("sweep and solve_batch refuse jax.vmap (they batch already)")
+  before = len(hooks._SESSIONS)  # pylint: disable=protected-access
+  callback = _HeavyCallback()
+  alive = weakref.ref(callback)
+  _run_watched(door, transform, callback)
+  assert callback.calls >= 1
+  del callback
+  gc.collect()
+  assert alive() is None
+  assert len(hooks._SESSIONS) == before  # pylint: disable=protected-access
+  capsys.readouterr()
+
+
+def test_a_callback_under_jit_stays_with_its_one_trace():
+  """Under jax.jit the program runs after the trace, as often as it is called: the session
+  stays open, one per trace, however many calls."""
+  callback = _HeavyCallback()
+  run = jax.jit(lambda c: _watched("solve")(c, callback))
+  before = len(hooks._SESSIONS)  # pylint: disable=protected-access
+  for k in range(20):
+    run(jnp.asarray(FIRST) + k)
+  assert len(hooks._SESSIONS) == before + 1  # pylint: disable=protected-access
+  assert callback.calls == 20 * 4
+
+
+class _Refuses:
+  """Raises ``error`` at the ``at``-th step it sees."""
+
+  def __init__(self, error, at=2):
+    self.error, self.at, self.calls = error, at, 0
+
+  def __call__(self, *args):
+    self.calls += 1
+    if self.calls == self.at:
+      raise self.error
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap"])
+def test_a_callback_error_under_an_unjitted_transformation_comes_back_as_itself(transform):
+  """An exception the callback raises under an un-jitted jax.grad/jax.jvp/jax.vmap comes back
+  as itself (not as XLA's runtime error), with the partial result as values."""
+  callback = _Refuses(LookupError("enough"))
+  run = lambda c: _watched("solve")(c, callback)
+  with pytest.raises(LookupError, match="enough") as caught, warnings.catch_warnings():
+    warnings.simplefilter("ignore", hdm_optax.ImplicitGradientWarning)
+    LEAK_TRANSFORMS[transform](run, jnp.asarray(FIRST))
+  result = caught.value.result
+  assert int(np.ravel(result.num_steps)[0]) == 2
+  assert int(np.ravel(result.status)[0]) == hdm_optax.Status.STOPPED
+  params = np.asarray(result.params)
+  expected = np.asarray(FIRST) * 0.75  # two steps of sgd(0.5) from 0 towards c
+  np.testing.assert_allclose(params if transform != "vmap" else params[0], expected)

@@ -106,6 +106,7 @@ class _Session:
   """One call's callback, progress line, table of members and the callback's error."""
 
   def __init__(self, callback, progress, members):
+    self.staged = False
     self.callback = callback
     self.progress = progress
     self.members = members
@@ -177,13 +178,17 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, traced: bool):
+def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, staged: bool):
   """Opens a session; yields its handle (an int32 array) or ``None`` without a hook.
 
-  Outside a trace the session closes when the block ends, and an exception the callback
-  raised is raised again there (its own type; the caller attaches the partial result).
-  Inside a trace (the program may run many times) the session stays open, and the
-  callback's exception propagates from the host call.
+  The session closes when the block ends, and an exception the callback raised is raised
+  again there (its own type; the caller attaches the partial result): the program ran
+  inside the block, also under an un-jitted ``jax.grad``, ``jax.vjp`` or ``jax.vmap``
+  (their programs run at once; a host call after the block, such as a checkpointed
+  iteration recomputed in a backward pass, finds no session and leaves the user's callback
+  alone). Where the caller is ``staged`` (inside ``jax.jit``, a ``lax.scan`` body: the
+  program runs later, maybe many times) the session stays open for the life of the
+  process, and the callback's exception propagates from the host call.
   """
   if callback is None and not progress:
     yield None
@@ -191,11 +196,11 @@ def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, tr
   with _LOCK:
     handle = next(_HANDLES)
     _SESSIONS[handle] = _Session(callback, progress, 0)
-  _SESSIONS[handle].traced = traced
+  _SESSIONS[handle].staged = staged
   try:
     yield np.int32(handle)
   finally:
-    if not traced:
+    if not staged:
       _SESSIONS.pop(handle, None)
 
 
@@ -210,11 +215,11 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   names += ("num_null_steps", "status")
   status = np.asarray(fields[-1])
   current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
-  if current is None or current.error is not None:
+  if current is None or (current.error is not None and not final):
     return np.full(status.shape, True)
   current.members = members
   merged = current.merge(None if members == 0 else member, dict(zip(names, fields)))
-  if current.progress:
+  if current.progress:  # the final line ends the progress line, after an error too
     current.draw(final, merged)
   if final or current.callback is None:
     return np.full(status.shape, final)
@@ -224,10 +229,10 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
     halt = bool(current.callback(snapshot))
   except StopIteration:
     halt = True
-  except Exception as err:  # pylint: disable=broad-except
-    if getattr(current, "traced", False):
+  except BaseException as err:  # pylint: disable=broad-except
+    if current.staged:
       raise
-    current.error, halt = err, True
+    current.error, halt = err, True  # KeyboardInterrupt and SystemExit too: raised at the end
   return np.full(status.shape, halt)
 
 

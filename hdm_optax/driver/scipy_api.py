@@ -458,5 +458,5 @@ def minimize(
     adjoint=adjoint,
     trace=trace,
   )
-  traced = bool(solving.tracers((x0, args, lower, upper, gtol)))
-  return _scipy_fields(res, mode, x0, traced)
+  # Traced also where only the arrays fun closes over are (jax.grad of them, no jax.jit).
+  return _scipy_fields(res, mode, x0, bool(solving.tracers(res)))

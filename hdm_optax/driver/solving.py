@@ -116,8 +116,22 @@ def _check_every(check_every) -> int:
   return int(check_every)
 
 
+def _primal(x):
+  """A leaf of a result under an un-jitted ``jax.grad``/``jax.jvp``/``jax.vmap``, as values
+  (the batch first), or ``None`` where it is not reachable."""
+  if not isinstance(x, jax.core.Tracer):
+    return x
+  if hasattr(x, "primal"):
+    return _primal(x.primal)
+  inner = _primal(getattr(x, "val", None))
+  axis = getattr(x, "batch_dim", None)
+  if inner is None or isinstance(inner, jax.core.Tracer):
+    return None
+  return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
+
+
 def _raise_with(error: BaseException, result) -> None:
-  error.result = result
+  error.result = jax.block_until_ready(jax.tree.map(_primal, result))
   error.add_note(
     "hdm_optax: the callback raised this; the run stopped, and the result so far "
     "is in this exception's .result."
@@ -131,10 +145,15 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
   ``statics`` are hashable (the cache policy's keys); where one cannot be keyed
   (:class:`~hdm_optax.driver.programs.Uncacheable`) the entry is traced inline. The hook
   session (:func:`hdm_optax.driver.hooks.session`) is open around the call; an exception
-  the callback raised is raised again with the partial result as its ``.result``.
+  the callback raised is raised again with the partial result as its ``.result``. Where
+  any of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front
+  door, the arrays ``fun`` closes over included) the program is called with XLA's default
+  options: JAX takes ``compiler_options`` only at the top level.
   """
-  with hooks.session(callback, progress, traced=traced) as handle:
-    options = {} if traced or staged() else compiler_options(dynamic)
+  traced = traced or bool(tracers(dynamic))  # the arrays fun closes over are traced too
+  staged_out = staged()
+  with hooks.session(callback, progress, staged=staged_out) as handle:
+    options = {} if traced or staged_out else compiler_options(dynamic)
     program = _compiled(entry, options)
     try:
       hash(statics)
@@ -143,7 +162,7 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
     result = program(*statics, handle, *dynamic)
     error = hooks.error(handle)
     if error is not None:
-      _raise_with(error, jax.block_until_ready(result))
+      _raise_with(error, result)
   return result
 
 
