@@ -15,7 +15,12 @@ compile; ``minimize`` and the bounded cases run ``trial_lbfgs``.
 
 import functools
 import gc
+import hashlib
 import json
+import lzma
+import os
+import shutil
+import stat
 import subprocess
 import sys
 import warnings
@@ -33,6 +38,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import hdm_optax
+from hdm_optax._private_dir import private_dir
 from hdm_optax.driver import hooks
 from helpers import ROOT
 from helpers import Compilations
@@ -804,3 +810,283 @@ def test_a_callback_error_under_an_unjitted_transformation_comes_back_as_itself(
   params = np.asarray(result.params)
   expected = np.asarray(FIRST) * 0.75  # two steps of sgd(0.5) from 0 towards c
   np.testing.assert_allclose(params if transform != "vmap" else params[0], expected)
+
+
+# --- files: a private cache directory, the kernel it loads, the LIBSVM files it reads ------
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o777])
+def test_a_new_cache_directory_is_private_whatever_the_umask(tmp_path, umask):
+  """Created with mode 0700 (its missing parents too, none wider than 0700)."""
+  old = os.umask(umask)
+  try:
+    path = private_dir(tmp_path / "a" / "b" / "cache")
+  finally:
+    os.umask(old)
+  assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+  for parent in (tmp_path / "a", tmp_path / "a" / "b"):
+    assert stat.S_IMODE(os.stat(parent).st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o750, 0o755, 0o500])
+def test_an_existing_directory_nobody_else_writes_to_is_taken_as_it_is(tmp_path, mode):
+  path = tmp_path / "cache"
+  path.mkdir()
+  path.chmod(mode)
+  assert private_dir(path) == str(path)
+  assert stat.S_IMODE(path.stat().st_mode) == mode  # not changed behind the user's back
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722, 0o702, 0o1777])
+def test_a_directory_others_can_write_to_is_refused(tmp_path, mode):
+  path = tmp_path / "cache"
+  path.mkdir()
+  path.chmod(mode)
+  with pytest.raises(ValueError, match=r"writable by other users .*chmod 700"):
+    private_dir(path)
+
+
+@pytest.mark.parametrize("target", ["private", "public", "dangling", "file"])
+def test_a_symbolic_link_is_never_followed(tmp_path, target):
+  """A link is refused, whatever it points to: a private directory, a public one, nothing
+  (a clear error, not FileExistsError), a file."""
+  pointee = tmp_path / target
+  if target in ("private", "public"):
+    pointee.mkdir(mode=0o700)
+    pointee.chmod(0o700 if target == "private" else 0o777)
+  elif target == "file":
+    pointee.write_text("x")
+  link = tmp_path / "cache"
+  link.symlink_to(pointee)
+  with pytest.raises(ValueError, match="symbolic link") as caught:
+    private_dir(link)
+  assert ("does not exist" in str(caught.value)) == (target == "dangling")
+  assert not pointee.exists() or target != "dangling"
+
+
+def test_a_file_where_the_directory_should_be_is_refused(tmp_path):
+  (tmp_path / "cache").write_text("x")
+  with pytest.raises(ValueError, match="not a directory"):
+    private_dir(tmp_path / "cache")
+
+
+def test_another_users_directory_is_refused(tmp_path):
+  """A directory of another uid (root's / for a user; a directory handed to uid 65534 when
+  the tests run as root)."""
+  if os.getuid() != 0:
+    path = "/"
+  else:
+    path = tmp_path / "theirs"
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+  with pytest.raises(ValueError, match="belongs to another user"):
+    private_dir(path)
+
+
+@pytest.mark.parametrize("case", ["public", "dangling", "link"])
+def test_enable_compilation_cache_refuses_an_unsafe_directory(tmp_path, case):
+  """The checks run before JAX's configuration is touched: the process keeps its cache."""
+  before = jax.config.jax_compilation_cache_dir
+  path = tmp_path / "cache"
+  if case == "public":
+    path.mkdir()
+    path.chmod(0o777)
+  else:
+    (tmp_path / "real").mkdir(mode=0o700)
+    path.symlink_to(tmp_path / ("gone" if case == "dangling" else "real"))
+  with pytest.raises(ValueError, match="path .*(writable by other|symbolic link)"):
+    hdm_optax.enable_compilation_cache(str(path))
+  assert jax.config.jax_compilation_cache_dir == before
+
+
+def _libsvm_dir(tmp_path, text: bytes, stated=None, compress=False):
+  """A data directory holding dataset "toy" (with a MANIFEST row stating ``stated``
+  features where given)."""
+  directory = tmp_path / "data"
+  directory.mkdir()
+  name = "toy.xz" if compress else "toy"
+  (directory / name).write_bytes(lzma.compress(text) if compress else text)
+  if stated is not None:
+    (directory / "MANIFEST.tsv").write_text(
+      "name\trows\tfeatures_in_file\tstated_features\tlabels\tsha256_of_uncompressed\t"
+      f"source_repo\tnotes\ntoy\t\t\t{stated}\t\t\tlocal\tsynthetic\n"
+    )
+  return directory, directory / name
+
+
+_GOOD = [
+  b"# a comment line",
+  b"+1 1:0.5 3:-1",
+  b"",
+  b"-1 2:1.5 # trailing comment",
+  b"+1 1:1 2:2 3:3",
+]
+_BAD_LINES = {
+  "nan_label": (b"nan 1:1", "label is nan"),
+  "inf_label": (b"-inf 2:1", "label is -inf"),
+  "word_label": (b"yes 1:1", "label 'yes' is not a number"),
+  "nan_value": (b"+1 1:NaN", "feature 1 is NaN"),
+  "inf_value": (b"-1 3:inf", "feature 3 is inf"),
+  "overflowing_value": (b"-1 2:1e999", "feature 2 is 1e999"),
+  "word_value": (b"+1 2:x", "'2:x' is not index:value"),
+  "no_colon": (b"+1 2", "'2' is not index:value"),
+  "zero_index": (b"-1 0:1", "indices start at 1"),
+  "negative_index": (b"-1 -4:1", "indices start at 1"),
+  "huge_index": (b"+1 1000000000:1", "feature index 1000000000 exceeds MAX_FEATURES"),
+  "overflowing_index": (b"+1 1000000000000:1", "feature index 1000000000000 exceeds"),
+  "int64_overflow": (b"+1 99999999999999999999999:1", "exceeds"),
+}
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("at", [0, 2, 5])
+@pytest.mark.parametrize("case", list(_BAD_LINES))
+def test_a_bad_libsvm_line_is_named_by_file_and_line(tmp_path, case, at, compress):
+  """One bad line among good ones (comments and blank lines counted as lines): the error
+  names the file and that line, and says what is wrong; nothing of the size of a feature
+  index is allocated first."""
+  from experiments import data as data_lib
+
+  bad, what = _BAD_LINES[case]
+  lines = _GOOD[:at] + [bad] + _GOOD[at:]
+  directory, path = _libsvm_dir(tmp_path, b"\n".join(lines) + b"\n", compress=compress)
+  with pytest.raises(ValueError) as caught:
+    data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+  message = str(caught.value)
+  assert message.startswith(f"{path}, line {at + 1}: "), message
+  assert what in message, message
+
+
+@pytest.mark.parametrize("index, ok", [(7, True), (8, False)])
+def test_a_libsvm_index_is_checked_against_the_manifest_count(tmp_path, index, ok):
+  """With a MANIFEST row stating 7 features, index 7 is read and index 8 refused."""
+  from experiments import data as data_lib
+
+  text = b"+1 1:1\n-1 %d:2\n" % index
+  directory, path = _libsvm_dir(tmp_path, text, stated=7)
+  if ok:
+    X, y = data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+    assert X.shape == (2, 7) and X[1, index - 1] == 2.0
+    np.testing.assert_array_equal(y, [1.0, -1.0])
+  else:
+    with pytest.raises(ValueError, match=rf"^{path}, line 2: feature index 8 exceeds the 7"):
+      data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+
+
+def test_good_libsvm_lines_read_as_written(tmp_path):
+  """Comments, blank lines, trailing comments: the matrix and labels as written."""
+  from experiments import data as data_lib
+
+  directory, _ = _libsvm_dir(tmp_path, b"\n".join(_GOOD) + b"\n")
+  X, y = data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+  np.testing.assert_array_equal(X.toarray(), [[0.5, 0, -1], [0, 1.5, 0], [1, 2, 3]])
+  np.testing.assert_array_equal(y, [1.0, -1.0, 1.0])
+
+
+@pytest.fixture(scope="module")
+def built_kernel(tmp_path_factory):
+  """The CSR kernel built once into a private cache: ``(library, its .sha256)``."""
+  from experiments.sparse import host_csr
+
+  if shutil.which(os.environ.get("CXX", "g++")) is None:
+    pytest.skip("no C++ compiler: the kernel cannot be built here")
+  cache = tmp_path_factory.mktemp("kernel")
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("HDM_KERNEL_CACHE", str(cache))
+    library = host_csr._build_kernel()  # pylint: disable=protected-access
+  return library, library.with_suffix(".sha256")
+
+
+def _kernel_cache(tmp_path, built, change):
+  """A copy of the built kernel's cache, changed by ``change``; returns the library's path."""
+  from experiments.sparse import host_csr
+
+  cache = tmp_path / "cache"
+  cache.mkdir(mode=0o700)
+  library, digest = (cache / built[0].name, cache / built[1].name)
+  shutil.copy2(built[0], library)
+  shutil.copy2(built[1], digest)
+  change(cache, library, digest)
+  assert host_csr.KERNEL_SOURCE.exists()
+  return library
+
+
+def _append_a_byte(cache, library, digest):
+  library.write_bytes(library.read_bytes() + b"\0")
+
+
+def _other_library(cache, library, digest):
+  library.write_bytes(b"\x7fELF not the kernel")
+  digest.write_text(hashlib.sha256(b"something else").hexdigest())
+
+
+def _link_to_a_copy(cache, library, digest):
+  elsewhere = cache.parent / "elsewhere.so"
+  library.rename(elsewhere)
+  library.symlink_to(elsewhere)
+
+
+def _group_writable(cache, library, digest):
+  library.chmod(0o775)
+
+
+UNCHECKED = {
+  "appended_byte": _append_a_byte,
+  "another_library": _other_library,
+  "a_link": _link_to_a_copy,
+  "group_writable": _group_writable,
+}
+
+
+@pytest.mark.parametrize("change", list(UNCHECKED))
+def test_the_kernel_cache_loads_only_what_it_built(tmp_path, built_kernel, change):
+  """A library in the cache that is not the one built there (another digest, a link, a file
+  others can write) is refused before it is loaded."""
+  from experiments.sparse import host_csr
+
+  library = _kernel_cache(tmp_path, built_kernel, UNCHECKED[change])
+  with pytest.raises(host_csr.UncheckedLibrary):
+    host_csr._checked_library(library)  # pylint: disable=protected-access
+
+
+def test_the_kernel_cache_checks_a_library_it_built(tmp_path, built_kernel):
+  from experiments.sparse import host_csr
+
+  library = _kernel_cache(tmp_path, built_kernel, lambda *a: None)
+  assert host_csr._checked_library(library) == library  # pylint: disable=protected-access
+
+
+_LOAD = """
+import warnings, sys
+from experiments.sparse import host_csr
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  print(host_csr.lowering(), "|", " ".join(str(w.message) for w in caught))
+"""
+
+
+@pytest.mark.parametrize("case", ["appended_byte", "public_cache", "no_digest"])
+def test_a_fresh_process_falls_back_or_rebuilds_rather_than_load_an_unchecked_kernel(
+  tmp_path, built_kernel, case
+):
+  """In a new process: a tampered library or a cache others can write to gives the callback
+  path with a warning that says why; a library with no recorded digest is built again."""
+  change = {
+    "appended_byte": _append_a_byte,
+    "public_cache": lambda cache, library, digest: cache.chmod(0o777),
+    "no_digest": lambda cache, library, digest: digest.unlink(),
+  }[case]
+  library = _kernel_cache(tmp_path, built_kernel, change)
+  env = dict(os.environ, HDM_KERNEL_CACHE=str(library.parent), PYTHONPATH=str(ROOT))
+  env.pop("HDM_HOST_CSR", None)
+  out = subprocess.run(
+    [sys.executable, "-c", _LOAD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  lowering, _, warned = (part.strip() for part in out.stdout.splitlines()[-1].partition("|"))
+  if case == "no_digest":
+    assert lowering == "ffi" and not warned
+    assert library.with_suffix(".sha256").read_text() == built_kernel[1].read_text()
+  else:
+    assert lowering == "callback"
+    assert ("SHA-256" if case == "appended_byte" else "writable by other users") in warned
