@@ -1090,3 +1090,152 @@ def test_a_fresh_process_falls_back_or_rebuilds_rather_than_load_an_unchecked_ke
   else:
     assert lowering == "callback"
     assert ("SHA-256" if case == "appended_byte" else "writable by other users") in warned
+
+
+# --- a bad argument gets a message naming it, its value and the fix ----------------------
+
+_ONES = jnp.ones(3)
+
+
+def _no_batch(in_axes, params, data):
+  return lambda: hdm_optax.solve_batch(SGD, _half_square, params, fun_args=(data,), in_axes=in_axes)
+
+
+def _sweep_of(make, grid, **kw):
+  return lambda: hdm_optax.sweep(make, grid, _half_square, jnp.zeros(3), fun_args=(_ONES,), **kw)
+
+
+def _aux(out):
+  return lambda: hdm_optax.solve(
+    SGD, lambda x: out(_half_square(x, _ONES)), jnp.zeros(3), has_aux=True, max_steps=2
+  )
+
+
+def _resumed(state):
+  return lambda: hdm_optax.solve(
+    hdm_optax.trial_lbfgs(), _half_square, jnp.zeros(3), fun_args=(_ONES,), init_state=state
+  )
+
+
+_STATE_5 = hdm_optax.trial_lbfgs().init(jnp.zeros(5))
+_STATE_F32 = hdm_optax.trial_lbfgs().init(jnp.zeros(3, jnp.float32))
+_CPU = jax.devices("cpu")[0]
+
+BAD_ARGUMENTS = {
+  "batch_of_none": (_no_batch((0, 0), jnp.zeros((0, 3)), jnp.zeros((0, 3))), ValueError, "size 0"),
+  "batch_of_none_in_data": (
+    _no_batch((None, 0), jnp.zeros(3), jnp.zeros((0, 3))),
+    ValueError,
+    "size 0",
+  ),
+  "sweep_of_no_problem": (
+    lambda: hdm_optax.sweep(
+      optax.sgd,
+      {"learning_rate": [1.0]},
+      _half_square,
+      jnp.zeros(3),
+      fun_args=(jnp.zeros((0, 3)),),
+      in_axes=(None, 0),
+    ),
+    ValueError,
+    "size 0",
+  ),
+  "devices_twice": (
+    lambda: hdm_optax.solve_batch(
+      SGD, _half_square, jnp.zeros((4, 3)), fun_args=(jnp.zeros((4, 3)),), devices=[_CPU, _CPU]
+    ),
+    ValueError,
+    r"devices names cpu:0 more than once",
+  ),
+  "memory_size_0": (
+    _sweep_of(lambda memory_size: hdm_optax.trial_lbfgs(memory_size), {"memory_size": [0, 3]}),
+    ValueError,
+    r"grid point \{'memory_size': 0\}.*memory_size must be an int >= 1, got 0",
+  ),
+  "memory_size_0_second": (
+    _sweep_of(lambda memory_size: hdm_optax.trial_lbfgs(memory_size), {"memory_size": [3, 0]}),
+    ValueError,
+    r"grid point \{'memory_size': 0\}.*got 0",
+  ),
+  "negative_learning_rate_point": (
+    _sweep_of(lambda m: hdm_optax.trial_lbfgs(m), [{"m": 4}, {"m": -1}]),
+    ValueError,
+    r"grid point \{'m': -1\}",
+  ),
+  "instance_with_a_grid": (
+    _sweep_of(hdm_optax.trial_lbfgs(), {"memory_size": [3]}),
+    ValueError,
+    "has no settings for the grid",
+  ),
+  "not_a_factory": (_sweep_of(3.0, {}), TypeError, "make_optimizer must be a factory"),
+  "init_state_of_other_shape": (_resumed(_STATE_5), ValueError, r"init_state .*shape \(10, 5\)"),
+  "init_state_of_other_dtype": (_resumed(_STATE_F32), ValueError, r"init_state .*dtype float32"),
+  "lower_plus_inf": (
+    lambda: hdm_optax.minimize(_closed(_ONES), X0, bounds=(np.inf, None)),
+    ValueError,
+    r"lower is \+inf .*use -inf or None",
+  ),
+  "upper_minus_inf_entry": (
+    lambda: hdm_optax.minimize(_closed(_ONES), X0, bounds=(None, np.array([1.0, -np.inf, 2.0]))),
+    ValueError,
+    r"upper is -inf at index \(1,\)",
+  ),
+  "scipy_pair_plus_inf": (
+    lambda: hdm_optax.minimize(_closed(_ONES), X0, bounds=[(0, 1), (np.inf, None), (None, None)]),
+    ValueError,
+    r"lower is \+inf at index \(1,\)",
+  ),
+  "optimizer_lower_plus_inf": (
+    lambda: hdm_optax.trial_lbfgs(lower=np.inf).init(jnp.zeros(3)),
+    ValueError,
+    r"lower is \+inf",
+  ),
+  "aux_missing": (
+    _aux(lambda v: v),
+    TypeError,
+    r"pair \(value, aux\), got a single array of shape \(\)",
+  ),
+  "aux_triple": (_aux(lambda v: (v, v, v)), TypeError, "got a tuple of length 3"),
+  "aux_in_a_dict": (_aux(lambda v: {"value": v}), TypeError, r"got a dict with 1 array"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_a_bad_argument_is_named_with_its_value_and_fix(case):
+  call, kind, message = BAD_ARGUMENTS[case]
+  with pytest.raises(kind, match=message) as caught:
+    call()
+  assert "Tracer" not in str(caught.value)  # a value the user wrote, not a traced one
+
+
+def test_sweep_takes_an_optimizer_with_an_empty_grid_for_problem_data_alone():
+  """An optimizer and grid={}: one point per problem, each the closed form x* = c."""
+  cs = jnp.asarray([FIRST, SECOND])
+  out = hdm_optax.sweep(SGD, {}, _half_square, jnp.zeros(3), fun_args=(cs,), in_axes=(None, 0))
+  np.testing.assert_allclose(out.results.params, cs)
+  assert out.points == [{"problem": 0}, {"problem": 1}]
+
+
+FRONT_DOOR_OPTIONS = ("callback", "progress", "ftol", "init_state", "has_aux", "adjoint")
+
+
+@pytest.mark.parametrize(
+  "door", ["solve", "solve_batch", "sweep", "minimize", "loop", "minibatch_step"]
+)
+def test_the_readme_says_which_front_door_takes_which_option(door):
+  """README: solve, solve_batch, sweep and minimize take every option; loop takes ftol and
+  has_aux; minibatch_step none. What a door does not take is a TypeError naming it."""
+  import inspect
+
+  readme = (ROOT / "README.md").read_text()
+  assert (
+    "The first\n  four take `callback=`, `progress=True`, `ftol=`, `init_state=`, `has_aux=`"
+    in readme
+  )
+  taken = set(inspect.signature(getattr(hdm_optax, door)).parameters)
+  expected = {
+    "loop": {"ftol", "has_aux"},
+    "minibatch_step": set(),
+    "minimize": set(FRONT_DOOR_OPTIONS) - {"ftol"},  # SciPy's options={"ftol": ...}
+  }.get(door, set(FRONT_DOOR_OPTIONS))
+  assert taken & set(FRONT_DOOR_OPTIONS) == expected

@@ -181,6 +181,13 @@ def _devices(devices) -> Optional[tuple]:
       f"devices must be None, a jax.sharding.Mesh or a sequence of jax.Device, got {devices!r}"
       "; e.g. devices=jax.devices()."
     )
+  if len(set(devices)) != len(devices):
+    twice = sorted({str(d) for d in devices if devices.count(d) > 1})
+    raise ValueError(
+      f"devices names {', '.join(twice)} more than once ({len(devices)} entries, "
+      f"{len(set(devices))} devices): each device runs its own share of the members once; "
+      "pass each device once, e.g. devices=jax.devices()."
+    )
   return devices
 
 
@@ -358,7 +365,8 @@ def sweep(
 
   Args:
     make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric settings
-      arrive as traced scalars (Python floats in the params' dtype).
+      arrive as traced scalars (Python floats in the params' dtype). With ``grid={}``, an
+      optimizer itself: the points are then the problems of ``in_axes`` alone.
     grid: keyword -> list of values (their Cartesian product, row-major), or a list of
       points (dicts with the same keys).
     fun: the objective, as in :func:`hdm_optax.solve`.
@@ -394,6 +402,8 @@ def sweep(
     >>> len(out.points), out.results.num_steps.shape
     (4, (4,))
   """
+  instance = isinstance(make_optimizer, optax.GradientTransformation)
+  _check_factory(make_optimizer, grid, instance)
   problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if stop_at_first_converged and problems.count > 1:
     raise ValueError(
@@ -410,16 +420,52 @@ def sweep(
     max_null_steps=max_null_steps,
     min_value=min_value,
   )
-  points, results = _checked_run(
-    make_optimizer=make_optimizer,
-    optimizer=None,
-    grid=grid,
-    fun=fun,
-    problems=problems,
-    limits=limits,
-    **_options(locals()),
-  )
+  try:
+    points, results = _checked_run(
+      make_optimizer=None if instance else make_optimizer,
+      optimizer=make_optimizer if instance else None,
+      grid=grid,
+      fun=fun,
+      problems=problems,
+      limits=limits,
+      **_options(locals()),
+    )
+  except Exception as error:  # pylint: disable=broad-except
+    if not instance:
+      _blame_point(make_optimizer, grid, error)
+    raise
   return SweepResult(points=points, results=results, best=best_index(results))
+
+
+def _check_factory(make_optimizer, grid, instance: bool) -> None:
+  """sweep's ``make_optimizer``: a factory, or an optimizer with an empty grid."""
+  if instance and members_lib.grid_points(grid)[1] != [{}]:
+    raise ValueError(
+      f"sweep: make_optimizer is an optimizer ({type(make_optimizer).__name__}), which has no "
+      f"settings for the grid {grid!r} to vary; pass a factory, e.g. "
+      "make_optimizer=lambda memory_size: hdm_optax.trial_lbfgs(memory_size), or grid={} to "
+      "sweep problem data only (in_axes)."
+    )
+  if not instance and not callable(make_optimizer):
+    raise TypeError(
+      f"sweep: make_optimizer must be a factory make_optimizer(**point) -> optimizer (or an "
+      f"optimizer, with grid={{}}), got {make_optimizer!r}."
+    )
+
+
+def _blame_point(make_optimizer, grid, error: Exception) -> None:
+  """Where a run failed because a grid point builds no optimizer, raises that point's error
+  (from ``make_optimizer(**point)`` with the point's own values, not traced ones)."""
+  try:
+    points = members_lib.grid_points(grid)[1]
+  except Exception:  # pylint: disable=broad-except  # the grid's own error is the one to see
+    return
+  for point in points:
+    try:
+      make_optimizer(**point)
+    except Exception as bad:  # pylint: disable=broad-except
+      kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
+      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from error
 
 
 def solve_batch(

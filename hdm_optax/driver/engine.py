@@ -152,8 +152,27 @@ def with_box_of(fresh, given):
       "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
     )
   is_box = lambda x: x is None or isinstance(x, box_lib.Box)
+  _check_leaves(fresh, given, is_box)
   leaves = [f if is_box(f) else g for f, g in zip(fresh_leaves, given_leaves)]
   return jax.tree.unflatten(fresh_def, leaves)
+
+
+def _check_leaves(fresh, given, is_box) -> None:
+  """Raises where a leaf of ``given`` has another shape or dtype than ``fresh``'s."""
+  fresh_paths = jax.tree_util.tree_flatten_with_path(fresh, is_leaf=is_box)[0]
+  given_leaves = jax.tree.leaves(given, is_leaf=is_box)
+  for (path, f), g in zip(fresh_paths, given_leaves):
+    if is_box(f):
+      continue
+    want, got = (jnp.shape(f), jnp.result_type(f)), (jnp.shape(g), jnp.result_type(g))
+    if want != got:
+      raise ValueError(
+        f"init_state is not a state of this optimizer for these params: its leaf "
+        f"{jax.tree_util.keystr(path)} has shape {got[0]} and dtype {got[1]}, where "
+        f"optimizer.init(init_params) gives shape {want[0]} and dtype {want[1]}. Pass the "
+        "state of a run on params of this shape and dtype (result.state), or leave "
+        "init_state out."
+      )
 
 
 def _check_value_dtype(value, params):
