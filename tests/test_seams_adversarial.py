@@ -1239,3 +1239,126 @@ def test_the_readme_says_which_front_door_takes_which_option(door):
     "minimize": set(FRONT_DOOR_OPTIONS) - {"ftol"},  # SciPy's options={"ftol": ...}
   }.get(door, set(FRONT_DOOR_OPTIONS))
   assert taken & set(FRONT_DOOR_OPTIONS) == expected
+
+
+# --- ftol at the edge of the region where f is finite (docs/scipy.md states the rule) -----
+
+_WEIGHTS = jnp.asarray([1.0, 10.0, 100.0])
+
+
+def _edge_objective(bad, region="halfspace"):
+  """0.5 sum w (x - 1)^2, and ``bad`` (NaN or inf) where ``region`` says: its minimiser
+  (1, 1, 1) lies beyond the edge, so a run from 0 ends at the edge."""
+  inside = {
+    "halfspace": lambda x: jnp.any(x > 0.5),
+    "ball": lambda x: jnp.sum(x**2) > 0.8,
+    "slab": lambda x: jnp.abs(x[0] - x[2]) > 0.3,
+  }[region]
+  return lambda x: jnp.where(inside(x), bad, 0.5 * jnp.sum(_WEIGHTS * (x - 1.0) ** 2))
+
+
+def _edge_run(door, fun, ftol):
+  x0 = jnp.zeros(3)
+  if door == "minimize":
+    r = hdm_optax.minimize(fun, x0, options={"ftol": ftol})
+    return r.x, r.status, r.success, r.grad_norm, r.fun
+  if door == "loop":
+    run = hdm_optax.loop(hdm_optax.trial_lbfgs(), fun, ftol=ftol, tol=1e-5, max_steps=1000)
+    s = jax.lax.while_loop(lambda s: ~run.done(s), run.step, run.start(x0))
+    status = run.status(s)
+    return s.params, status, status == hdm_optax.Status.CONVERGED_FTOL, s.grad_norm, s.value
+  opt = {"solve": hdm_optax.trial_lbfgs(), "hdm_auto": hdm_optax.hdm_auto()}.get(door)
+  opt = opt or hdm_optax.hdm_best(lipschitz=100.0)
+  r = hdm_optax.solve(opt, fun, x0, ftol=ftol, tol=1e-5)
+  return r.params, r.status, r.converged, r.grad_norm, r.value
+
+
+@pytest.mark.parametrize("ftol", [2.2e-9, 1e-6, 1e-12])
+@pytest.mark.parametrize("region", ["halfspace", "ball", "slab"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("door", ["minimize", "solve", "hdm_auto", "hdm_best", "loop"])
+def test_an_ftol_stop_at_the_edge_of_the_finite_region_is_no_success(door, bad, region, ftol):
+  """Rule 3: a small decrease right after non-finite trials stops with FTOL_AT_NON_FINITE,
+  not a success; f, grad_norm are those at the returned point (a fresh evaluation), and the
+  point is no stationary point (grad_norm far above tol)."""
+  fun = _edge_objective(bad, region)
+  x, status, success, grad_norm, value = _edge_run(door, fun, ftol)
+  assert int(status) == hdm_optax.Status.FTOL_AT_NON_FINITE
+  assert not bool(success)
+  np.testing.assert_allclose(float(value), float(fun(jnp.asarray(x))), rtol=1e-12)
+  g = jax.grad(fun)(jnp.asarray(x))
+  np.testing.assert_allclose(float(grad_norm), float(jnp.max(jnp.abs(g))), rtol=1e-12)
+  assert float(grad_norm) > 1.0
+
+
+def test_the_edge_message_says_why_and_how():
+  res = hdm_optax.minimize(_edge_objective(np.nan), jnp.zeros(3))
+  assert "edge of the region where f is finite" in res.message and "bounds" in res.message
+  assert res.fun > 13.875  # the best finite value, at (0.5, 0.5, 0.5): no minimum was found
+
+
+@pytest.mark.parametrize("lipschitz", [0.01, 0.1, 1.0])
+@pytest.mark.parametrize("wall", [3.0, 6.0])
+def test_non_finite_trials_before_an_interior_minimum_do_not_count(lipschitz, wall):
+  """Rule 4: a step size far too large sends the first trials into the NaN region; the run
+  then converges inside it, and its ftol stop is a success at the closed-form minimiser."""
+  evaluations = []
+
+  def fun(x):
+    v = jnp.where(jnp.any(jnp.abs(x) > wall), jnp.nan, 0.5 * jnp.sum(_WEIGHTS * (x - 0.9) ** 2))
+    jax.debug.callback(lambda v: evaluations.append(float(v)), v)
+    return v
+
+  res = hdm_optax.solve(
+    hdm_optax.hdm_best(lipschitz=lipschitz),
+    fun,
+    jnp.zeros(3),
+    ftol=1e-10,
+    tol=1e-12,
+    max_steps=2000,
+  )
+  jax.effects_barrier()
+  assert not np.all(np.isfinite(evaluations))  # the early trials did cross the edge
+  assert int(res.status) == hdm_optax.Status.CONVERGED_FTOL and bool(res.converged)
+  np.testing.assert_allclose(res.params, 0.9, atol=1e-3)
+
+
+def test_an_optimizer_without_trials_keeps_scipys_ftol():
+  """Rule 5: optax.lbfgs reports no trials; its ftol stop is judged by the decrease alone."""
+  fun = lambda x: 0.5 * jnp.sum(_WEIGHTS * (x - 0.3) ** 2)
+  res = hdm_optax.solve(optax.lbfgs(), fun, jnp.zeros(3), ftol=1e-6, tol=1e-14)
+  assert int(res.status) == hdm_optax.Status.CONVERGED_FTOL and bool(res.converged)
+
+
+def test_the_nonfinite_run_counts_trials_since_the_last_accepted_update():
+  """HDMInfo.nonfinite_run, update by update, against the trial values each update
+  evaluated (logged from inside the objective): +1 on a null step whose trial was not
+  finite, 0 after an accepted update (trial_lbfgs accepts finite trials only)."""
+  trials = []
+  edge = _edge_objective(np.nan)
+
+  def fun(x):
+    v = edge(x)
+    jax.debug.callback(lambda v: trials.append(float(v)), v)
+    return v
+
+  opt = hdm_optax.trial_lbfgs()
+  x = jnp.zeros(3)
+  value, grad = jax.value_and_grad(edge)(x)
+  state = opt.init(x)._replace(value=value, grad=grad)
+  update = jax.jit(lambda x, s: opt.update(s.grad, s, x, value=s.value, grad=s.grad, value_fn=fun))
+  expected, seen = 0, []
+  for _ in range(40):
+    trials.clear()
+    updates, state = update(x, state)
+    jax.effects_barrier()
+    x = x + updates
+    assert len(trials) == 1  # one trial per update
+    if bool(state.info.accepted):
+      assert np.isfinite(trials[0])
+      expected = 0
+    else:
+      expected += int(not np.isfinite(trials[0]))
+    assert int(state.info.nonfinite_run) == expected
+    seen.append(expected)
+  assert max(seen) >= 2  # runs of non-finite trials happened, and were counted

@@ -132,6 +132,14 @@ def _accepted(opt_state) -> jax.Array:
   return functools.reduce(jnp.logical_and, verdicts, jnp.asarray(True))
 
 
+def _nonfinite_trials(opt_state) -> jax.Array:
+  """Trials since the last accepted update where f or grad f was not finite, over every
+  hdm_optax method in the state (:attr:`HDMInfo.nonfinite_run`); 0 for other optimizers."""
+  infos = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _common.HDMInfo))
+  runs = [i.nonfinite_run for i in infos if isinstance(i, _common.HDMInfo)]
+  return functools.reduce(jnp.add, runs, jnp.zeros([], jnp.int32))
+
+
 def _boxes_as_leaves(state):
   return jax.tree.flatten(state, is_leaf=lambda x: x is None or isinstance(x, box_lib.Box))
 
@@ -237,8 +245,11 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Arr
   rejected updates in a row), ``CONVERGED_FTOL`` (SciPy L-BFGS-B's relative decrease
   ``(f_k - f_{k+1}) <= ftol max(|f_k|, |f_{k+1}|, 1)``, tested after an accepted update
   that decreased f: a null step keeps x, and L-BFGS-B's line search only ends on a
-  decrease), ``MAX_STEPS`` (``max_steps`` updates or ``max_grad_evals`` calls), else
-  :data:`RUNNING`.
+  decrease), ``FTOL_AT_NON_FINITE`` (the same small decrease, where a trial since the
+  previous accepted update met a non-finite f or grad f: the update's step was cut short
+  by the edge of the region where f is finite, so the small decrease is no sign of
+  convergence and the run is not a success), ``MAX_STEPS`` (``max_steps`` updates or
+  ``max_grad_evals`` calls), else :data:`RUNNING`.
 
   Departure from L-BFGS-B: where ``slope`` (:math:`\langle \nabla f(x_k), x_{k+1} -
   x_k\rangle`) is given, ``ftol`` also needs the decrease the slope predicts to be small,
@@ -257,11 +268,13 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Arr
   flat = new.accepted & (decrease > 0) & small
   if slope is not None:
     flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
+  # The trials since the previous accepted update: before this update, and this one's own.
+  edge = flat & (_nonfinite_trials(old.opt_state) + _nonfinite_trials(new.opt_state) > 0)
   spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
   converged_code = Status.CONVERGED if box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
   codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
-  codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS]
-  conditions = [~finite, unbounded, converged, stalled, flat, spent]
+  codes += [Status.FTOL_AT_NON_FINITE, Status.CONVERGED_FTOL, Status.MAX_STEPS]
+  conditions = [~finite, unbounded, converged, stalled, edge, flat, spent]
   return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
 
 

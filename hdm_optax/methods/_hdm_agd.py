@@ -242,6 +242,7 @@ def hdm_agd(
         accepted=accepted,
         hypergrad_norm=_blocks.norm(hypergrad),
         calls=3,
+        finite=pre_ok & _common.all_finite(lip_value, lip_grad),
       ),
     )
     step = _common.keep_if(

@@ -369,6 +369,7 @@ def iteration(
         hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
         calls=trial.calls,
         uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not grad else False,
+        finite=trial.finite,
       ),
     )
     return _common.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state
