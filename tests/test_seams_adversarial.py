@@ -1362,3 +1362,86 @@ def test_the_nonfinite_run_counts_trials_since_the_last_accepted_update():
     assert int(state.info.nonfinite_run) == expected
     seen.append(expected)
   assert max(seen) >= 2  # runs of non-finite trials happened, and were counted
+
+
+# --- interrupts: KeyboardInterrupt, SystemExit and Ctrl-C keep the partial result --------
+
+
+def _interrupting_door(door, callback, progress=False):
+  x0, c = jnp.zeros(3), jnp.asarray(FIRST)
+  sgd = optax.sgd(0.1)  # x_k = (1 - 0.9^k) c: the closed form of the partial result
+  kw = dict(callback=callback, progress=progress, max_steps=50, tol=0.0)
+  if door == "solve":
+    return lambda: hdm_optax.solve(sgd, _half_square, x0, fun_args=(c,), **kw)
+  if door == "minimize":
+    del kw["max_steps"], kw["tol"]
+    return lambda: hdm_optax.minimize(_half_square, x0, args=(c,), **kw)
+  if door == "sweep":
+    return lambda: hdm_optax.sweep(
+      optax.sgd, {"learning_rate": [0.1]}, _half_square, x0, fun_args=(c,), **kw
+    )
+  return lambda: hdm_optax.solve_batch(
+    sgd, _half_square, jnp.zeros((2, 3)), fun_args=(c,), in_axes=(0, None), **kw
+  )
+
+
+@pytest.mark.parametrize("progress", [False, True])
+@pytest.mark.parametrize(
+  "error", [KeyboardInterrupt, SystemExit], ids=["KeyboardInterrupt", "SystemExit"]
+)
+@pytest.mark.parametrize("door", ["solve", "minimize", "sweep", "solve_batch"])
+def test_keyboard_interrupt_and_system_exit_in_a_callback_come_back_as_themselves(
+  door, error, progress, capfd
+):
+  """Raised by the callback at its k-th call: the same exception, the partial result of k
+  steps as the door returns it (the closed form for sgd; minimize's x against a fresh run
+  of k iterations), status STOPPED, and the progress line ended."""
+  at = 1 if door == "minimize" else 4  # trial_lbfgs solves the quadratic in two steps
+  callback = _Refuses(error("stop here"), at=at)
+  with pytest.raises(error) as caught:
+    _interrupting_door(door, callback, progress)()
+  result = caught.value.result
+  if door == "sweep":
+    assert isinstance(result, hdm_optax.SweepResult) and result.points == [{"learning_rate": 0.1}]
+    result = result.results
+  assert np.all(np.ravel(result.num_steps) == at)
+  assert np.all(np.ravel(result.status) == hdm_optax.Status.STOPPED)
+  params = np.asarray(result.params).reshape(-1, 3)[0]
+  if door == "minimize":
+    assert isinstance(result, hdm_optax.MinimizeResult) and not result.success
+    fresh = hdm_optax.minimize(_half_square, jnp.zeros(3), args=(jnp.asarray(FIRST),), max_steps=at)
+    np.testing.assert_allclose(result.x, fresh.x, rtol=1e-12)
+  else:
+    np.testing.assert_allclose(params, (1 - 0.9**at) * np.asarray(FIRST), rtol=1e-12)
+  assert callback.calls == at  # no call after the error
+  err = capfd.readouterr().err
+  if progress:
+    assert err.endswith("\n") and err.splitlines()[-1].startswith("hdm_optax: ")
+    assert err.splitlines()[-1].endswith("batch" if door == "solve_batch" else "STOPPED")
+
+
+def test_ctrl_c_stops_a_compiled_run_and_keeps_its_result():
+  """SIGINT one second into a run of 10^8 steps (a fresh process, every front door): a
+  KeyboardInterrupt within a few seconds (the figure: the check comes every 0.2 s),
+  carrying a partial result equal to a fresh run of that many steps (status STOPPED), and
+  the SIGINT handler of before restored; a handler of the user's is left alone."""
+  doors = ["solve", "solve_watched", "minimize", "solve_batch", "sweep", "user_handler"]
+  out = subprocess.run(
+    [sys.executable, str(ROOT / "tests" / "interrupt_worker.py"), *doors],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+  assert [r["door"] for r in rows] == doors
+  for row in rows[:-1]:
+    assert row["interrupted"], row
+    assert row["latency"] < 30.0, row  # stopped, not run to its end (minutes)
+    assert all(0 < s < 100_000_000 for s in row["steps"]) and set(row["status"]) == {3}, row
+    assert row["replay_error"] <= 1e-9, row
+    assert row["handler_restored"] and row["wakeup_fd_restored"], row
+  mine = rows[-1]
+  assert mine["steps"] == [20_000] and mine["user_handler_ran"] and mine["handler_restored"]

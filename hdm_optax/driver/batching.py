@@ -258,21 +258,34 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
     }
     plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
     hook = hooks.check_hook(kw["callback"], kw["progress"], len(indices))  # its own table
-    program = runs.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
-    part = _run_part(
-      maker,
-      arrays,
-      columns,
-      indices,
-      pid[indices],
-      closed,
-      program,
-      problems,
-      theta,
-      limits,
-      plan,
-      traced,
+    watch = (
+      hook is None
+      and kw["devices"] is None
+      and not isinstance(kw["adjoint"], adjoint_lib.UnrolledAdjoint)
+      and solving.watchable((problems.tree, theta, limits, kw["init_state"], arrays))
     )
+    program = runs.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol), watch)
+    try:
+      part = _run_part(
+        maker,
+        arrays,
+        columns,
+        indices,
+        pid[indices],
+        closed,
+        program,
+        problems,
+        theta,
+        limits,
+        plan,
+        traced,
+      )
+    except BaseException as error:  # a callback's error or Ctrl-C: the members run so far
+      if isinstance(getattr(error, "result", None), SolveResult):
+        done = parts + [(indices, error.result)]
+        error.result = _combine(done)
+        error.points = [points[i] for i in np.sort(np.concatenate([i for i, _ in done]))]
+      raise
     parts.append((indices, part))
   return points, _combine(parts)
 
@@ -299,16 +312,34 @@ def _run_part(
     and np.array_equal(pid, np.arange(problems.count)),
     stop_at_first_converged=kw["stop_at_first_converged"],
     devices=devices,
-    unrolled_steps=int(kw["max_steps"]),
+    # The scan's length; 0 (no program of its own per max_steps) for the implicit adjoint.
+    unrolled_steps=int(kw["max_steps"])
+    if isinstance(kw["adjoint"], adjoint_lib.UnrolledAdjoint)
+    else 0,
   )
   statics = (maker, closed, program, plan, kw["adjoint"])
   data = (problems.tree[0], theta)
   dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), data, state, limits)
-  result = solving.call(
-    _batch_entry, statics, dynamic, callback=kw["callback"], progress=kw["progress"], traced=traced
-  )
-  result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-  return solving.cut_trace(result, min(kw["trace"] or 0, int(kw["max_steps"]) + 1))
+
+  def finished(result):
+    result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
+    return solving.cut_trace(result, min(kw["trace"] or 0, int(kw["max_steps"]) + 1))
+
+  try:
+    result = solving.call(
+      _batch_entry,
+      statics,
+      dynamic,
+      callback=kw["callback"],
+      progress=kw["progress"],
+      traced=traced,
+      watch=program.watch,
+    )
+  except BaseException as error:  # the partial result, as a finished one is returned
+    if isinstance(getattr(error, "result", None), SolveResult):
+      error.result = finished(error.result)
+    raise
+  return finished(result)
 
 
 def _checked_run(*, problems, limits, **kw):
@@ -430,8 +461,11 @@ def sweep(
       limits=limits,
       **_options(locals()),
     )
-  except Exception as error:  # pylint: disable=broad-except
-    if not instance:
+  except BaseException as error:  # pylint: disable=broad-except
+    if isinstance(getattr(error, "result", None), SolveResult):  # stopped: the points run
+      part = error.result
+      error.result = SweepResult(points=error.points, results=part, best=best_index(part))
+    elif isinstance(error, Exception) and not instance:
       _blame_point(make_optimizer, grid, error)
     raise
   return SweepResult(points=points, results=results, best=best_index(results))

@@ -27,9 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import interrupts
 from hdm_optax.driver.results import Status
 
-__all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
+__all__ = ("Handle", "Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
 
 # The progress line is redrawn at most this often on a terminal, and written as a new line
 # at most this often elsewhere (a log file).
@@ -78,6 +79,19 @@ class Hook(NamedTuple):
   callback: bool
   progress: bool
   members: int = 0
+
+
+class Handle(NamedTuple):
+  """What a program gets from its call's host side (an argument: it does not compile anew).
+
+  Attributes:
+    hook: the session's handle (int32), or ``None`` without a callback or progress line.
+    watch: the Ctrl-C check's ``[id, first chunk]`` (:func:`hdm_optax.driver.interrupts.
+      watching`), or ``None`` where the run is not checked.
+  """
+
+  hook: Any = None
+  watch: Any = None
 
 
 class HookState(NamedTuple):
@@ -216,6 +230,9 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   status = np.asarray(fields[-1])
   current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
   if current is None or (current.error is not None and not final):
+    return np.full(status.shape, True)
+  if not final and interrupts.seen():  # Ctrl-C: the run stops, the call raises
+    current.error = KeyboardInterrupt()
     return np.full(status.shape, True)
   current.members = members
   merged = current.merge(None if members == 0 else member, dict(zip(names, fields)))

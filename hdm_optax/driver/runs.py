@@ -21,6 +21,7 @@ import optax
 from hdm_optax import _gating
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import hooks as hooks_lib
+from hdm_optax.driver import interrupts
 from hdm_optax.driver.engine import RUNNING
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
@@ -87,18 +88,39 @@ class Program(NamedTuple):
     hook: the :class:`~hdm_optax.driver.hooks.Hook` (callback, progress), or ``None``.
     has_aux: ``fun`` returns ``(value, aux)``; aux is evaluated once at the end.
     ftol: the run may stop on ``ftol`` (see :func:`make_loop`).
+    watch: the run asks the host about Ctrl-C between chunks of steps
+      (:func:`hdm_optax.driver.interrupts.chunked`; the handle's ``watch``).
   """
 
   trace_size: int = 0
   hook: Optional[hooks_lib.Hook] = None
   has_aux: bool = False
   ftol: bool = False
+  watch: bool = False
 
 
 def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> _Carry:
   s = loop_.start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle, member))
+  hook = hooks_lib.begin(program.hook, _hook_handle(handle), member)
+  return _Carry(_without_cached_grad(s), trace, hook)
+
+
+def _hook_handle(handle):
+  return handle.hook if isinstance(handle, hooks_lib.Handle) else handle
+
+
+def _watched(program: Program, primitive, handle, steps_of, stop):
+  """``primitive`` with the Ctrl-C check between chunks where ``program.watch``."""
+  if not program.watch:
+    return primitive
+  return interrupts.chunked(primitive, handle.watch, steps_of, stop)
+
+
+def _stopped(carry: _Carry) -> _Carry:
+  """The carry of a run the user stopped: status ``STOPPED`` where it was running."""
+  status = jnp.where(_running(carry), jnp.int32(Status.STOPPED), carry.state.status)
+  return carry._replace(state=carry.state._replace(status=status))
 
 
 def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carry:
@@ -204,6 +226,7 @@ def run(
 ) -> SolveResult:
   """Runs ``loop_`` from ``params`` to its end with ``primitive`` (default: the while loop)."""
   primitive = primitive or while_primitive
+  primitive = _watched(program, primitive, handle, lambda c: c.state.num_steps, _stopped)
   carry = _begin(loop_, program, params, opt_state, handle, None)
   carry = primitive(_running, functools.partial(_advance, loop_, program), carry)
   return _end(loop_, program, fun, carry)
@@ -269,10 +292,16 @@ def run_batch(
     return jnp.any(jax.vmap(lambda c: _converged(c.state.status))(part))
 
   def stage(rows, part, later, stopped):
-    def go(part):
+    def go(counted):
+      part = counted[0]
       return (jnp.sum(jax.vmap(_running)(part)) > later) & ~stopped & ~stop(part)
 
-    return jax.lax.while_loop(go, lambda part: jax.vmap(advance)(rows, part), part)
+    def step(counted):
+      return jax.vmap(advance)(rows, counted[0]), counted[1] + 1
+
+    every = lambda counted: (jax.vmap(_stopped)(counted[0]), counted[1])
+    loop = _watched(program, while_primitive, handle, lambda counted: counted[1], every)
+    return loop(go, step, (part, jnp.zeros([], jnp.int32)))[0]
 
   ids = first_member + jnp.arange(sizes[0], dtype=jnp.int32)
   axes = (0, 0, None if opt_state is None else 0, 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -14,6 +15,7 @@ from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
+from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
 from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
 from hdm_optax.driver.limits import check_count
@@ -130,16 +132,22 @@ def _primal(x):
   return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
 
 
-def _raise_with(error: BaseException, result) -> None:
+def _raise_with(error: BaseException, result, why: str) -> None:
   error.result = jax.block_until_ready(jax.tree.map(_primal, result))
-  error.add_note(
-    "hdm_optax: the callback raised this; the run stopped, and the result so far "
-    "is in this exception's .result."
-  )
+  error.add_note(f"hdm_optax: {why}; the run stopped, and the result so far is in .result.")
   raise error
 
 
-def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress, traced):
+def watchable(dynamic) -> bool:
+  """Whether a front door's run can be stopped by Ctrl-C (:mod:`~hdm_optax.driver.interrupts`):
+  called at the top (nothing of ``dynamic`` traced, not staged out), so that the program
+  runs within the call."""
+  return interrupts.ENABLED and not tracers(dynamic) and not staged()
+
+
+def call(
+  entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress, traced, watch=False
+):
   """Runs ``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes.
 
   ``statics`` are hashable (the cache policy's keys); where one cannot be keyed
@@ -148,22 +156,42 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress,
   the callback raised is raised again with the partial result as its ``.result``. Where
   any of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front
   door, the arrays ``fun`` closes over included) the program is called with XLA's default
-  options: JAX takes ``compiler_options`` only at the top level.
+  options: JAX takes ``compiler_options`` only at the top level. ``handle`` is a
+  :class:`~hdm_optax.driver.hooks.Handle`; with ``watch`` (a program whose ``Program.watch``
+  is on) a SIGINT during the call stops the run and raises ``KeyboardInterrupt`` with the
+  partial result, as does one seen by a callback's or progress line's host call.
   """
   traced = traced or bool(tracers(dynamic))  # the arrays fun closes over are traced too
   staged_out = staged()
-  with hooks.session(callback, progress, staged=staged_out) as handle:
+  session = hooks.session(callback, progress, staged=staged_out)
+  with session as hook, interrupts.catching(not staged_out and (watch or hook is not None)):
     options = {} if traced or staged_out else compiler_options(dynamic)
     program = _compiled(entry, options)
     try:
       hash(statics)
+      key = (entry, statics, _shapes(dynamic))  # the chunk size is learned on it
     except TypeError:
-      program = entry
-    result = program(*statics, handle, *dynamic)
-    error = hooks.error(handle)
-    if error is not None:
-      _raise_with(error, result)
+      program, key = entry, None
+    with _watch(watch, key) as watched:
+      result = program(*statics, hooks.Handle(hook, watched), *dynamic)
+      if hook is not None or watched is not None:  # the run is over: its errors are known
+        result = jax.block_until_ready(result)
+      error = hooks.error(hook)
+      if error is not None:
+        _raise_with(error, result, "the callback raised this")
+      if interrupts.seen():
+        _raise_with(KeyboardInterrupt(), result, "Ctrl-C (SIGINT) during the run")
   return result
+
+
+def _shapes(tree) -> tuple:
+  return tuple(
+    (getattr(x, "shape", ()), getattr(x, "dtype", type(x))) for x in jax.tree.leaves(tree)
+  )
+
+
+def _watch(on: bool, key):
+  return interrupts.watching(key) if on else contextlib.nullcontext()
 
 
 _PROGRAMS: dict = {}
@@ -390,14 +418,17 @@ def solve(
   inputs = (init_params, tuple(fun_args), init_state, tol, rtol)
   traced = bool(tracers(inputs))
   kept, shown = trace_size(trace, max_steps, inputs)
-  program = runs.Program(kept, hook, bool(has_aux), ftol_on(ftol))
   try:
     key, arrays, closed, args = statics_of(optimizer, fun, init_params, fun_args)
   except programs.Uncacheable:
     key, arrays, closed, args = _inline(optimizer, fun, init_params, fun_args)
-  statics = (key, closed, program, primitive, adjoint)
   dynamic = (arrays, init_params, args, init_state, limits)
-  result = call(_solve_entry, statics, dynamic, callback=callback, progress=progress, traced=traced)
+  watch = hook is None and primitive[0] != "scan" and watchable(dynamic)
+  program = runs.Program(kept, hook, bool(has_aux), ftol_on(ftol), watch)
+  statics = (key, closed, program, primitive, adjoint)
+  result = call(
+    _solve_entry, statics, dynamic, callback=callback, progress=progress, traced=traced, watch=watch
+  )
   return cut_trace(result, shown)
 
 
