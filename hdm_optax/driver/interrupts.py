@@ -184,27 +184,32 @@ def chunked(primitive, watch, steps_of, stop):
   """``primitive`` run in chunks with a host check between them.
 
   Args:
-    primitive: ``primitive(running, body, carry)``, a run's loop.
+    primitive: ``primitive(steps, carry)``, a run's loop
+      (:class:`hdm_optax.driver.runs.Steps`: ``running``, ``body``, ``room``).
     watch: the int32 ``[id, first_chunk]`` of :func:`watching` (an argument of the program).
     steps_of: ``steps_of(carry)``: the steps made (int32).
     stop: ``stop(carry)``: the carry of a run stopped by the user (status ``STOPPED``).
 
   Returns:
-    The primitive of the same signature.
+    The primitive of the same signature: each chunk is ``primitive`` until the run stops
+    or the chunk's steps are made (its ``running`` and ``room`` also ask that).
   """
 
-  def run(running, body, carry):
+  def run(steps, carry):
     def chunk(inner):
       carry, size = inner
       limit = steps_of(carry) + size
-      carry = primitive(lambda c: running(c) & (steps_of(c) < limit), body, carry)
-      ask = lambda: _ask(watch, steps_of(carry))
-      size = jax.lax.cond(running(carry), ask, lambda: size)
+      within = steps._replace(
+        running=lambda c: steps.running(c) & (steps_of(c) < limit),
+        room=lambda c, more: steps.room(c, more) & (steps_of(c) + more <= limit),
+      )
+      carry = primitive(within, carry)
+      size = jax.lax.cond(steps.running(carry), lambda: _ask(watch, steps_of(carry)), lambda: size)
       carry = jax.lax.cond(size == 0, stop, lambda c: c, carry)
       return carry, size
 
     first = jnp.asarray(watch, jnp.int32)[1]
-    return jax.lax.while_loop(lambda inner: running(inner[0]), chunk, (carry, first))[0]
+    return jax.lax.while_loop(lambda inner: steps.running(inner[0]), chunk, (carry, first))[0]
 
   return run
 
