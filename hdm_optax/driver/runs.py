@@ -189,9 +189,9 @@ def blocks_primitive(check_every: int):
   """Blocks of ``check_every`` steps per test of the ``while_loop`` condition.
 
   The steps of a block run unmasked and the rule is evaluated after each; once it held
-  inside a block, the run goes on step by step from that block's start, so the result,
-  counts and trace are those of a test at every step (the block's steps after the stop
-  are computed and discarded). No block runs past ``max_steps``: where the budget leaves
+  before a block's last step, the run goes on step by step from that block's start, so the
+  result, counts and trace are those of a test at every step (the block's steps after the
+  stop are computed and discarded). No block runs past ``max_steps``: where the budget leaves
   less than a block, the last steps are tested one by one.
   """
 
@@ -201,17 +201,18 @@ def blocks_primitive(check_every: int):
     def block(c):
       current, _, _ = c
 
-      def one(_, inner):
+      def one(i, inner):
         carry, held = inner
         carry = body(carry)
-        return carry, held | ~running(carry)
+        # A stop at the block's last step needs no replay: the block's end is that step.
+        return carry, held | (~running(carry) & (i < check_every - 1))
 
       end, held = jax.lax.fori_loop(0, check_every, one, (current, jnp.asarray(False)))
       return end, current, held
 
     def more(c):
       current, _, held = c
-      return ~held & steps.room(current, check_every)
+      return ~held & running(current) & steps.room(current, check_every)
 
     end, start, held = jax.lax.while_loop(more, block, (carry, carry, ~running(carry)))
     carry = jax.lax.cond(held, lambda: start, lambda: end)
