@@ -82,6 +82,14 @@ def init_info(dtype) -> HDMInfo:
   )
 
 
+def null_steps(state) -> Any:
+  """The null steps every hdm_optax method in ``state`` made (:attr:`HDMInfo.num_null_steps`,
+  summed; 0 where there is none): a resumed run's count of them."""
+  infos = [i for i in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HDMInfo))]
+  counts = [i.num_null_steps for i in infos if isinstance(i, HDMInfo)]
+  return sum(counts, jnp.zeros([], jnp.int32))
+
+
 def uphill_advice(state) -> str:
   """What to do where a transformation before an HDM method stalls it ("" where nothing).
 

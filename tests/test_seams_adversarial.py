@@ -1445,3 +1445,186 @@ def test_ctrl_c_stops_a_compiled_run_and_keeps_its_result():
     assert row["handler_restored"] and row["wakeup_fd_restored"], row
   mine = rows[-1]
   assert mine["steps"] == [20_000] and mine["user_handler_ran"] and mine["handler_restored"]
+
+
+# --- resuming a run (docs/guide.md, "Resuming a run", rule by rule) ----------------------
+
+_RNG = np.random.default_rng(7)
+_A = jnp.asarray(_RNG.standard_normal((60, 8)))
+_Y = jnp.sign(_A @ jnp.ones(8) + 0.1)
+
+
+def _ridge_logistic(w, a, y):
+  return jnp.sum(jnp.logaddexp(0.0, -y * (a @ w))) + 0.05 * w @ w
+
+
+RESUMED_OPTIMIZERS = {
+  "trial_lbfgs": hdm_optax.trial_lbfgs,
+  "hdm_auto": hdm_optax.hdm_auto,
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=20.0),
+  "optax_lbfgs": optax.lbfgs,
+}
+
+
+_CALLS = []
+
+
+def _counted(w, a, y):
+  """The objective, its calls counted in ``_CALLS`` (one function for every test: a debug
+  callback is part of the program its first solve compiled)."""
+  jax.debug.callback(lambda: _CALLS.append(1))
+  return _ridge_logistic(w, a, y)
+
+
+@pytest.mark.parametrize("k", [1, 7, 19])
+@pytest.mark.parametrize("name", list(RESUMED_OPTIMIZERS))
+def test_a_resumed_run_is_the_uninterrupted_run(name, k):
+  """Rules 1-3: stopped at k steps and resumed from its result, the run makes the steps,
+  the calls (the objective's own count, by a debug callback: one objective throughout)
+  and the point of the run that never stopped, and the resumed call compiles nothing."""
+  opt = RESUMED_OPTIMIZERS[name]()
+
+  def run(x0, steps, state=None):
+    jax.effects_barrier()
+    _CALLS.clear()
+    out = hdm_optax.solve(
+      opt, _counted, x0, fun_args=(_A, _Y), max_steps=steps, tol=1e-9, init_state=state
+    )
+    jax.effects_barrier()
+    return out, len(_CALLS)
+
+  whole, whole_calls = run(jnp.zeros(8), 400)
+  first, first_calls = run(jnp.zeros(8), k)
+  run(first.params, 400, first)  # compiles the eager helpers once
+  with Compilations() as compiled:
+    rest, rest_calls = run(first.params, 400, first)
+  assert compiled.count == 0
+  assert int(whole.num_steps) > k  # the split happened inside the run
+  assert int(rest.num_steps) == int(whole.num_steps)
+  assert int(rest.num_grad_evals) == int(whole.num_grad_evals)
+  assert first_calls + rest_calls == whole_calls  # no extra call at the resume
+  assert int(rest.status) == int(whole.status)
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)
+
+
+def test_a_fresh_a_warm_and_a_resumed_run_share_one_program():
+  """Rule 5: init_state None, a state, a result: one compiled program."""
+  opt = hdm_optax.trial_lbfgs(memory_size=4)
+  run = lambda x0, state=None: hdm_optax.solve(
+    opt, _ridge_logistic, x0, fun_args=(_A, _Y), max_steps=1500, tol=1e-9, init_state=state
+  )
+  first = run(jnp.zeros(8))
+  run(first.params, first), run(jnp.ones(8), first.state)  # eager helpers
+  with Compilations() as compiled:
+    fresh = run(jnp.ones(8))
+    warm = run(jnp.ones(8), first.state)
+    resumed = run(first.params, first)
+  assert compiled.count == 0
+  assert int(warm.num_steps) < int(fresh.num_steps) or int(warm.num_grad_evals) >= 1
+  assert int(resumed.num_steps) == int(first.num_steps)  # already converged: no step
+
+
+def test_the_progress_line_the_callback_and_the_trace_go_on(capfd):
+  """Rule 2: the resumed run's snapshots, line and trace count from where it stopped."""
+  seen = []
+  run = lambda x0, steps, state=None, **kw: hdm_optax.solve(
+    optax.sgd(1e-3),
+    _ridge_logistic,
+    x0,
+    fun_args=(_A, _Y),
+    max_steps=steps,
+    tol=0.0,
+    init_state=state,
+    **kw,
+  )
+  first = run(jnp.zeros(8), 10)
+  capfd.readouterr()
+  rest = run(
+    first.params, 16, first, callback=lambda s: seen.append(int(s.num_steps)), progress=True
+  )
+  assert seen == list(range(11, 17))
+  assert "steps 16" in capfd.readouterr().err.splitlines()[-1]
+  np.testing.assert_array_equal(rest.trace.step[:7], np.arange(10, 17))
+  np.testing.assert_allclose(rest.trace.value[0], first.value, rtol=0)
+
+
+def test_an_optimizer_without_a_cache_evaluates_once_at_the_resume():
+  """Rule 3: optax.sgd keeps no f and grad f: the resumed run evaluates them, counted."""
+  run = lambda x0, steps, state=None: hdm_optax.solve(
+    optax.sgd(1e-3),
+    _ridge_logistic,
+    x0,
+    fun_args=(_A, _Y),
+    max_steps=steps,
+    tol=0.0,
+    init_state=state,
+  )
+  whole, first = run(jnp.zeros(8), 30), run(jnp.zeros(8), 12)
+  rest = run(first.params, 30, first)
+  assert int(rest.num_steps) == 30 and int(rest.num_grad_evals) == int(whole.num_grad_evals) + 1
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["callback_stop", "callback_error", "minimize", "solve_batch"])
+def test_every_way_a_run_stops_resumes(how):
+  """Rules 1-2 across the doors: a callback's StopIteration, a callback's exception's
+  .result, minimize's own result, a batch's result member by member."""
+  if how == "minimize":
+    whole = hdm_optax.minimize(_ridge_logistic, jnp.zeros(8), args=(_A, _Y), tol=1e-10)
+    first = hdm_optax.minimize(_ridge_logistic, jnp.zeros(8), args=(_A, _Y), tol=1e-10, max_steps=5)
+    rest = hdm_optax.minimize(_ridge_logistic, first.x, args=(_A, _Y), tol=1e-10, init_state=first)
+    assert (rest.nit, rest.njev) == (whole.nit, whole.njev)
+    np.testing.assert_allclose(rest.x, whole.x, rtol=1e-12)
+    return
+  opt = hdm_optax.trial_lbfgs()
+  if how == "solve_batch":
+    a, y = jnp.stack([_A, 2 * _A]), jnp.stack([_Y, _Y])
+    run = lambda x0, steps, state=None: hdm_optax.solve_batch(
+      opt, _ridge_logistic, x0, fun_args=(a, y), max_steps=steps, tol=1e-9, init_state=state
+    )
+    whole, first = run(jnp.zeros((2, 8)), 400), run(jnp.zeros((2, 8)), 6)
+    rest = run(first.params, 400, first)
+    np.testing.assert_array_equal(rest.num_grad_evals, whole.num_grad_evals)
+    np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)
+    return
+  whole = hdm_optax.solve(opt, _ridge_logistic, jnp.zeros(8), fun_args=(_A, _Y), tol=1e-9)
+  if how == "callback_stop":
+    stop = lambda s: int(s.num_steps) == 6
+    first = hdm_optax.solve(
+      opt, _ridge_logistic, jnp.zeros(8), fun_args=(_A, _Y), tol=1e-9, callback=stop
+    )
+  else:
+    with pytest.raises(LookupError) as caught:
+      hdm_optax.solve(
+        opt,
+        _ridge_logistic,
+        jnp.zeros(8),
+        fun_args=(_A, _Y),
+        tol=1e-9,
+        callback=_Refuses(LookupError("out"), at=6),
+      )
+    first = caught.value.result
+  assert int(first.num_steps) == 6 and int(first.status) == hdm_optax.Status.STOPPED
+  rest = hdm_optax.solve(
+    opt, _ridge_logistic, first.params, fun_args=(_A, _Y), tol=1e-9, init_state=first
+  )
+  assert (int(rest.num_steps), int(rest.num_grad_evals)) == (
+    int(whole.num_steps),
+    int(whole.num_grad_evals),
+  )
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)
+
+
+def test_a_result_resumes_only_from_its_own_params():
+  """Rule 1: other init_params with a result are refused by name (the warm start is the
+  state's); a warm start counts from 0 and evaluates f."""
+  opt = hdm_optax.trial_lbfgs()
+  first = hdm_optax.solve(opt, _ridge_logistic, jnp.zeros(8), fun_args=(_A, _Y), max_steps=5)
+  with pytest.raises(
+    ValueError, match=r"init_params differ from result.params.*init_state=result.state"
+  ):
+    hdm_optax.solve(opt, _ridge_logistic, first.params + 1e-3, fun_args=(_A, _Y), init_state=first)
+  warm = hdm_optax.solve(
+    opt, _ridge_logistic, first.params + 1e-3, fun_args=(_A, _Y), init_state=first.state
+  )
+  assert int(warm.num_grad_evals) == int(warm.num_steps) + 1  # counted from 0, f evaluated

@@ -27,6 +27,7 @@ from hdm_optax.driver import programs
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
+from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import best_index
@@ -301,7 +302,7 @@ def _run_part(
     a = jnp.asarray(a)
     return jnp.concatenate([a, jnp.repeat(a[-1:], padded - count, axis=0)]) if padded > count else a
 
-  state = kw["init_state"]
+  state = _resumed(kw["init_state"])
   state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
   plan = _Plan(
     sizes=runs.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
@@ -342,9 +343,32 @@ def _run_part(
   return finished(result)
 
 
+def _resumed(init_state):
+  """A batch's ``init_state``: ``None``, the members' optimizer states (a warm start), or a
+  batched result (a :class:`SweepResult`'s too) whose runs each member resumes, its counts
+  going on (:class:`hdm_optax.driver.engine.Resume`, a row per member)."""
+  init_state = getattr(init_state, "results", init_state)  # a SweepResult
+  if not isinstance(init_state, (SolveResult, MinimizeResult)):
+    return init_state
+  rows = np.shape(init_state.num_steps)[0]
+  counts = dict(
+    num_steps=init_state.num_steps,
+    num_value_evals=init_state.num_value_evals,
+    num_grad_evals=init_state.num_grad_evals,
+    null_run=init_state.null_run,
+    num_null_steps=_common.null_steps(init_state.state),
+    mode=np.full(rows, engine.RESUME),
+  )
+  counts = {k: jnp.broadcast_to(jnp.asarray(v, jnp.int32), (rows,)) for k, v in counts.items()}
+  return engine.Resume(opt_state=init_state.state, **counts)
+
+
 def _checked_run(*, problems, limits, **kw):
   """What sweep and solve_batch share: the options checked, the refusals, the run."""
   kw.update(adjoint=adjoint_lib.check_adjoint(kw["adjoint"]), devices=_devices(kw["devices"]))
+  resumed = getattr(kw["init_state"], "results", kw["init_state"])
+  if isinstance(resumed, (SolveResult, MinimizeResult)):  # a resumed batch: from its params
+    solving.check_resumed_params(problems.tree[0], resumed.params)
   batched = any(map(solving.is_batched, solving.tracers((problems.tree, limits))))
   _check(
     batched,

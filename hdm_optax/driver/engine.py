@@ -31,6 +31,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hdm_optax import _common
@@ -41,9 +42,13 @@ from hdm_optax.driver.results import Status
 from hdm_optax.pieces import box as box_lib
 
 __all__ = (
+  "FRESH",
+  "RESUME",
   "RUNNING",
+  "WARM",
   "Loop",
   "LoopState",
+  "Resume",
   "judge",
   "loop",
   "make_loop",
@@ -250,6 +255,44 @@ def _warn_tf32(fun, params) -> None:
     )
 
 
+# Resume.mode: a fresh run, one from an optimizer state (a warm start), a resumed run.
+FRESH, WARM, RESUME = 0, 1, 2
+
+
+class Resume(NamedTuple):
+  """Where a run starts, as an argument of its program (so that a fresh run, a warm start
+  and a resumed run share one program).
+
+  Attributes:
+    opt_state: the optimizer state to start from: a placeholder of its shapes (zeros) where
+      ``mode`` is :data:`FRESH` (the run takes ``optimizer.init``), the state given where it
+      is :data:`WARM` or :data:`RESUME`; ``None``: a fresh run with no placeholder.
+    num_steps: the steps made so far (0 unless resumed), and so on for each count:
+    num_value_evals: objective evaluations so far.
+    num_grad_evals: gradient evaluations so far.
+    null_run: null steps in a row up to the last step.
+    num_null_steps: null steps so far.
+    mode: :data:`FRESH`, :data:`WARM` (an optimizer state: the counts start at 0, f and grad
+      f are evaluated) or :data:`RESUME` (a result: the counts go on, and f and grad f at
+      the params are the optimizer cache's, where it keeps one: no call).
+  """
+
+  opt_state: Any
+  num_steps: Any
+  num_value_evals: Any
+  num_grad_evals: Any
+  null_run: Any
+  num_null_steps: Any
+  mode: Any
+
+  @classmethod
+  def of(cls, opt_state, mode=WARM, **counts) -> "Resume":
+    """A :class:`Resume` of ``opt_state`` (``None``: fresh), the counts 0 unless given."""
+    fields = dict.fromkeys(cls._fields[1:-1], 0)
+    fields.update(counts, mode=mode)
+    return cls(opt_state, **{k: np.int32(v) for k, v in fields.items()})
+
+
 def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False) -> jax.Array:
   r"""The one stop rule: the status of a run at ``new``, reached from ``old`` (int32).
 
@@ -311,33 +354,47 @@ def make_loop(
   def start(params, opt_state=None) -> LoopState:
     _warn_tf32(value_fn, params)
     fresh = optimizer.init(params)
-    opt_state = fresh if opt_state is None else with_box_of(fresh, opt_state)
+    resume = opt_state if isinstance(opt_state, Resume) else Resume.of(opt_state)
+    if resume.opt_state is None:
+      opt_state = fresh
+    else:  # a Resume's state is a placeholder where the run is fresh (one program for all)
+      given = with_box_of(fresh, resume.opt_state)
+      opt_state = jax.tree.map(lambda f, g: jnp.where(resume.mode == FRESH, f, g), fresh, given)
     box = box_of(opt_state)
     if box is not None:  # an infeasible start is projected onto the box
       params = box_lib.project(box, params)
-    value, grad = evaluate(params)
+    value, grad, calls = _first_values(resume, opt_state, params)
     if cache_lib.cache_at_params(opt_state) is not None:
       opt_state = optax.tree.set(opt_state, value=value, grad=grad)
     measure = _stationarity(params, grad, opt_state, norm)
     dtype = measure.dtype
     tol = jnp.maximum(jnp.asarray(limits.tol, dtype), jnp.asarray(limits.rtol, dtype) * measure)
-    one, zero = jnp.ones([], jnp.int32), jnp.zeros([], jnp.int32)
     s = LoopState(
       params=params,
       opt_state=opt_state,
       value=value,
       grad=grad,
       grad_norm=measure,
-      num_steps=zero,
-      num_value_evals=one,
-      num_grad_evals=one,
+      num_steps=resume.num_steps,
+      num_value_evals=resume.num_value_evals + calls,
+      num_grad_evals=resume.num_grad_evals + calls,
       accepted=jnp.asarray(True),
-      null_run=zero,
-      num_null_steps=zero,
+      null_run=resume.null_run,
+      num_null_steps=resume.num_null_steps,
       status=jnp.int32(RUNNING),
       tol=tol,
     )
     return s._replace(status=judge(s, s, limits))
+
+  def _first_values(resume, opt_state, params):
+    """f and grad f at the first point, and the calls made: a resumed run takes them from
+    the optimizer's cache where it holds them (it is at the params: the run's end)."""
+    holder = cache_lib.cache_at_params(opt_state)
+    if holder is None or resume.opt_state is None:
+      return (*evaluate(params), jnp.ones([], jnp.int32))
+    cached = lambda: (jnp.asarray(holder.value, _common.params_dtype(params)), holder.grad)
+    value, grad = jax.lax.cond(resume.mode == RESUME, cached, lambda: evaluate(params))
+    return value, grad, (resume.mode != RESUME).astype(jnp.int32)
 
   def update(s: LoopState):
     # value and grad are f and grad f at the params: no stale-cache check in the program.

@@ -73,7 +73,8 @@ def _record(trace: Trace, s: LoopState) -> Trace:
 def _ordered(trace: Trace, s: LoopState) -> Trace:
   """The ring in step order: the last ``size`` entries, then the final one repeated."""
   size = trace.value.shape[0]
-  first = jnp.maximum(0, s.num_steps - size + 1)
+  begun = jnp.min(trace.step) if size else 0  # the step the run began at (resumed: not 0)
+  first = jnp.maximum(begun, s.num_steps - size + 1)
   steps = jnp.minimum(first + jnp.arange(size, dtype=s.num_steps.dtype), s.num_steps)
   ordered = jax.tree.map(lambda a: a[steps % max(size, 1)], trace)
   after = first + jnp.arange(size, dtype=s.num_steps.dtype) > s.num_steps

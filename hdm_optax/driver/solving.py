@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -20,6 +21,7 @@ from hdm_optax.driver import programs
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import check_count
 from hdm_optax.driver.limits import takes_limits
+from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 
 __all__ = (
@@ -179,6 +181,68 @@ def call(
   return result
 
 
+def resume_from(init_state, init_params, shape) -> engine.Resume:
+  """The start of a run as an argument of its program: fresh (a placeholder of the state's
+  ``shape``), a warm start from a state, or a resumed result (:class:`engine.Resume`)."""
+  if init_state is None:
+    return engine.Resume.of(_zeros(jax.tree.structure(shape), _avals(shape)), engine.FRESH)
+  if not isinstance(init_state, (SolveResult, MinimizeResult)):
+    return engine.Resume.of(_like(init_state, shape), engine.WARM)
+  check_resumed_params(init_params, init_state.params)
+  counts = dict(
+    num_steps=init_state.num_steps,
+    num_value_evals=init_state.num_value_evals,
+    num_grad_evals=init_state.num_grad_evals,
+    null_run=init_state.null_run,
+    num_null_steps=_common.null_steps(init_state.state),
+  )
+  counts = {k: v if tracers(v) else np.int32(np.asarray(v)) for k, v in counts.items()}
+  return engine.Resume.of(_like(init_state.state, shape), engine.RESUME, **counts)
+
+
+def _avals(shape) -> tuple:
+  return tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in jax.tree.leaves(shape))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _zeros(treedef, avals):
+  """A placeholder state: zeros of these shapes (one dispatch, no transfer)."""
+  return jax.tree.unflatten(treedef, [jnp.zeros(shape, dtype) for shape, dtype in avals])
+
+
+def _like(state, shape):
+  """``state`` with the leaves' types of ``optimizer.init``'s (a weakly typed scalar, a NumPy
+  array of another dtype would make another program); as it is where the structures differ
+  (the program's check then names the difference)."""
+  if jax.tree.structure(state) != jax.tree.structure(shape):
+    return state
+  same = lambda a, s: getattr(a, "dtype", None) == s.dtype and not getattr(a, "weak_type", False)
+  cast = lambda a, s: a if same(a, s) else jnp.asarray(a, s.dtype)
+  return jax.tree.map(cast, state, shape)
+
+
+def check_resumed_params(params, resumed):
+  """A resumed run starts where its result ended: ``init_params`` must be its params."""
+  leaves, given = jax.tree.leaves(resumed), jax.tree.leaves(params)
+  if jax.tree.structure(resumed) != jax.tree.structure(params):
+    raise ValueError(
+      "init_state is a result, which resumes its run from its params, but init_params has "
+      f"another structure ({jax.tree.structure(params)} against "
+      f"{jax.tree.structure(resumed)}); pass init_params=result.params, or "
+      "init_state=result.state for a warm start from other params."
+    )
+  for a, b in zip(given, leaves):
+    if a is b or tracers((a, b)):
+      continue
+    if np.shape(a) != np.shape(b) or not np.array_equal(np.asarray(a), np.asarray(b)):
+      raise ValueError(
+        "init_state is a result, which resumes its run from its params (f and grad f there "
+        "are the result's), but init_params differ from result.params; pass "
+        "init_params=result.params to resume, or init_state=result.state for a warm start "
+        "from these params (f is evaluated there, the counts start at 0)."
+      )
+
+
 def _shapes(tree) -> tuple:
   return tuple(
     (getattr(x, "shape", ()), getattr(x, "dtype", type(x))) for x in jax.tree.leaves(tree)
@@ -235,15 +299,16 @@ def compiled_count() -> int:
 
 
 def statics_of(optimizer, fun, params, fun_args):
-  """``(optimizer_key, optimizer_arrays, closed, args)``, or raises ``Uncacheable``.
+  """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``, or raises
+  ``Uncacheable`` (``state_shape``: ``jax.eval_shape`` of ``optimizer.init``).
 
   The optimizer's ``init`` is traced first with its own values, so that its checks of its
   arguments against the params (a box's shape, NaN) run before they become traced.
   """
-  jax.eval_shape(optimizer.init, params)
+  shape = jax.eval_shape(optimizer.init, params)
   key, arrays = programs.split_optimizer(optimizer)
   closed, args = programs.hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args
+  return key, arrays, closed, args, shape
 
 
 def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, args, state, limits):
@@ -346,8 +411,13 @@ def solve(
       as keywords (``tol=1e-6, max_steps=500``), each replacing its default (1000 steps,
       the paper's budget; ``tol`` 1e-4; no ``ftol``): :class:`~hdm_optax.driver.limits.Limits`
       says what each means. :attr:`SolveResult.tol` is the threshold used.
-    init_state: resume from this state of the same optimizer (``result.state``); its box
-      is replaced by the optimizer's.
+    init_state: where to start: ``None`` (the optimizer's ``init``); a result of this
+      optimizer on this problem (``result``, or an exception's ``.result``) to resume the
+      run: ``init_params`` must be its params, the counts go on from its own (``max_steps``
+      and ``max_grad_evals`` count the whole run) and f and grad f at the params are the
+      result's (no call); or an optimizer state (``result.state``): a warm start from
+      ``init_params``, the counts from 0. A state's box is replaced by the optimizer's. The
+      three share one compiled program (docs/guide.md, "Resuming a run").
     fun_args: extra arguments of ``fun`` (e.g. the data).
     has_aux: ``fun`` returns ``(value, aux)``; ``aux`` at the final params is in
       :attr:`SolveResult.aux` (one more evaluation of ``fun``, counted).
@@ -397,10 +467,11 @@ def solve(
   traced = bool(tracers(inputs))
   kept, shown = trace_size(trace, limits.max_steps, inputs)
   try:
-    key, arrays, closed, args = statics_of(optimizer, fun, init_params, fun_args)
+    key, arrays, closed, args, shape = statics_of(optimizer, fun, init_params, fun_args)
   except programs.Uncacheable:
-    key, arrays, closed, args = _inline(optimizer, fun, init_params, fun_args)
-  dynamic = (arrays, init_params, args, init_state, limits)
+    key, arrays, closed, args, shape = _inline(optimizer, fun, init_params, fun_args)
+  start = resume_from(init_state, init_params, shape)
+  dynamic = (arrays, init_params, args, start, limits)
   watch = hook is None and primitive[0] != "scan" and watchable(dynamic)
   program = runs.Program(kept, hook, bool(has_aux), watch)
   statics = (key, closed, program, primitive, adjoint)
@@ -427,4 +498,4 @@ def _inline(optimizer, fun, params, fun_args):
   """What :func:`statics_of` returns, for an optimizer that holds traced values (traced
   inline: a program keyed on it would hold the tracers)."""
   closed, args = programs.hoist(fun, params, tuple(fun_args))
-  return _Unkeyed(optimizer), [], closed, args
+  return _Unkeyed(optimizer), [], closed, args, jax.eval_shape(optimizer.init, params)
