@@ -28,10 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax.driver import interrupts
+from hdm_optax.driver import programs
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import converged
 
-__all__ = ("Handle", "Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
+__all__ = (
+  "Handle",
+  "Hook",
+  "REFRESH_SECONDS",
+  "Snapshot",
+  "check_hook",
+  "session",
+  "watchable",
+  "watched",
+)
 
 # The progress line is redrawn at most this often on a terminal, and written as a new line
 # at most this often elsewhere (a log file).
@@ -219,6 +229,57 @@ def error(handle) -> Optional[BaseException]:
   """The exception the callback of an open session raised, if any."""
   found = _SESSIONS.get(int(handle)) if handle is not None else None
   return None if found is None else found.error
+
+
+def watchable(dynamic) -> bool:
+  """Whether a front door's run can be stopped by Ctrl-C (:mod:`~hdm_optax.driver.interrupts`):
+  called at the top (nothing of ``dynamic`` traced, not staged out), so that the program
+  runs within the call."""
+  return interrupts.ENABLED and not programs.tracers(dynamic) and not programs.staged()
+
+
+def watched(run: Callable[[Any], Any], callback, progress, *, watch: bool = False, key=None):
+  """``run(handle)`` in a session (:func:`session`) of ``callback`` and ``progress``.
+
+  ``handle`` is a :class:`Handle`. An exception the callback raised is raised again with the
+  partial result as its ``.result``. With ``watch`` (a program whose ``Program.watch`` is
+  on; ``key`` names it and its shapes, :func:`hdm_optax.driver.interrupts.watching`) a
+  SIGINT during the call stops the run and raises ``KeyboardInterrupt`` with the partial
+  result, as does one seen by a callback's or progress line's host call.
+  """
+  staged = programs.staged()
+  with session(callback, progress, staged=staged) as hook:
+    with interrupts.catching(not staged and (watch or hook is not None)):
+      with interrupts.watching(key) if watch else contextlib.nullcontext() as checks:
+        result = run(Handle(hook, checks))
+        if hook is not None or checks is not None:  # the run is over: its errors are known
+          result = jax.block_until_ready(result)
+        raised = error(hook)
+        if raised is not None:
+          _raise_with(raised, result, "the callback raised this")
+        if interrupts.seen():
+          _raise_with(KeyboardInterrupt(), result, "Ctrl-C (SIGINT) during the run")
+  return result
+
+
+def _primal(x):
+  """A leaf of a result under an un-jitted ``jax.grad``/``jax.jvp``/``jax.vmap``, as values
+  (the batch first), or ``None`` where it is not reachable."""
+  if not isinstance(x, jax.core.Tracer):
+    return x
+  if hasattr(x, "primal"):
+    return _primal(x.primal)
+  inner = _primal(getattr(x, "val", None))
+  axis = getattr(x, "batch_dim", None)
+  if inner is None or isinstance(inner, jax.core.Tracer):
+    return None
+  return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
+
+
+def _raise_with(error_: BaseException, result, why: str) -> None:
+  error_.result = jax.block_until_ready(jax.tree.map(_primal, result))
+  error_.add_note(f"hdm_optax: {why}; the run stopped, and the result so far is in .result.")
+  raise error_
 
 
 def _host_step(final: bool, members: int, handle, member, params, *fields):

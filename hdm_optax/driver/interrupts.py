@@ -180,37 +180,39 @@ def _poll(watch, steps):
   return np.int32(found.steps)
 
 
-def chunked(primitive, watch, steps_of, stop):
+def chunked(primitive, steps_of, *, watch):
   """``primitive`` run in chunks with a host check between them.
 
   Args:
-    primitive: ``primitive(steps, carry)``, a run's loop
-      (:class:`hdm_optax.driver.runs.Steps`: ``running``, ``body``, ``room``).
-    watch: the int32 ``[id, first_chunk]`` of :func:`watching` (an argument of the program).
+    primitive: a run's loop, ``primitive(steps, member, carry)``
+      (:class:`hdm_optax.driver.runs.Steps`: ``running``, ``body``, ``room``, ``stop``).
     steps_of: ``steps_of(carry)``: the steps made (int32).
-    stop: ``stop(carry)``: the carry of a run stopped by the user (status ``STOPPED``).
+    watch: the int32 ``[id, first_chunk]`` of :func:`watching` (an argument of the program).
 
   Returns:
     The primitive of the same signature: each chunk is ``primitive`` until the run stops
-    or the chunk's steps are made (its ``running`` and ``room`` also ask that).
+    or the chunk's steps are made (its ``running`` and ``room`` also ask that); after a
+    SIGINT the run ends ``STOPPED`` (``steps.stop``).
   """
 
-  def run(steps, carry):
+  def run(steps, member, carry):
     def chunk(inner):
       carry, size = inner
       limit = steps_of(carry) + size
       within = steps._replace(
         running=lambda c: steps.running(c) & (steps_of(c) < limit),
-        room=lambda c, more: steps.room(c, more) & (steps_of(c) + more <= limit),
+        room=lambda m, c, more: steps.room(m, c, more) & (steps_of(c) + more <= limit),
       )
-      carry = primitive(within, carry)
+      carry = primitive(within, member, carry)
       size = jax.lax.cond(steps.running(carry), lambda: _ask(watch, steps_of(carry)), lambda: size)
-      carry = jax.lax.cond(size == 0, stop, lambda c: c, carry)
+      stopped = lambda c: steps.stop(member, c, jnp.asarray(True))
+      carry = jax.lax.cond(size == 0, stopped, lambda c: c, carry)
       return carry, size
 
     first = jnp.asarray(watch, jnp.int32)[1]
     return jax.lax.while_loop(lambda inner: steps.running(inner[0]), chunk, (carry, first))[0]
 
+  run.batch = False
   return run
 
 

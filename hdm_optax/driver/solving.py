@@ -1,9 +1,7 @@
-"""``solve``: one problem, one compiled run of the engine; and what every front door shares."""
+"""``solve``: one problem, one compiled run of the engine."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from typing import Any, Callable, Optional, Sequence
 
 import jax
@@ -11,81 +9,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
-from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
+from hdm_optax.driver import resuming
 from hdm_optax.driver.limits import Limits
-from hdm_optax.driver.limits import check_count
 from hdm_optax.driver.limits import takes_limits
-from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 
-__all__ = (
-  "DEFAULT_TRACE",
-  "call",
-  "check_params",
-  "compiled_count",
-  "cut_trace",
-  "solve",
-  "trace_size",
-)
-
-# The trace a run keeps by default outside jax.vmap: its last 1024 entries at most.
-DEFAULT_TRACE = 1024
-
-
-def tracers(tree):
-  return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.core.Tracer)]
-
-
-def is_batched(tracer) -> bool:
-  """Whether ``tracer`` is (or wraps) one of ``jax.vmap``'s."""
-  for _ in range(8):
-    if type(tracer).__name__ == "BatchTracer":
-      return True
-    inner = getattr(tracer, "primal", None)
-    tracer = getattr(tracer, "val", None) if inner is None else inner
-    if not isinstance(tracer, jax.core.Tracer):
-      return False
-  return False
-
-
-def trace_size(trace: Optional[int], max_steps, inputs) -> tuple[int, int]:
-  """``(program, result)``: the trace entries a program keeps and those a result shows.
-
-  ``trace``, or by default the whole run up to :data:`DEFAULT_TRACE` entries, and none under
-  ``jax.vmap`` (``inputs`` are batched). The program keeps a power of two, so that budgets
-  that round up alike share one program; the result is cut to ``max_steps + 1``.
-  """
-  if trace is not None:
-    size = int(check_count("trace", trace, 0, "the number of last entries to keep"))
-  elif any(map(is_batched, tracers(inputs))):
-    size = 0
-  else:
-    size = DEFAULT_TRACE
-  if isinstance(max_steps, jax.core.Tracer) or size == 0:
-    return size, size
-  shown = min(size, int(np.minimum(max_steps, size)) + 1)
-  return min(size, 1 << (shown - 1).bit_length()), shown
-
-
-def cut_trace(result, size: int):
-  """``result`` with its trace cut to ``size`` entries (the last axis)."""
-  if result.trace.value.shape[-1] == size:
-    return result
-  cut = _cut if tracers(result.trace) else _cut_compiled
-  return result._replace(trace=cut(result.trace, size))
-
-
-def _cut(trace, size):
-  return jax.tree.map(lambda a: a[..., :size], trace)
-
-
-_cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arrays
+__all__ = ("check_params", "solve")
 
 
 def check_params(params, name: str = "init_params"):
@@ -101,7 +36,7 @@ def check_params(params, name: str = "init_params"):
   if not jax.tree.leaves(params):
     raise ValueError(f"{name} is an empty pytree: there is nothing to optimize; pass arrays.")
   try:
-    _common.params_dtype(params)
+    _numerics.params_dtype(params)
   except (TypeError, ValueError) as err:
     raise type(err)(f"{name}: {err}") from None
   return params
@@ -115,249 +50,19 @@ def _check_every(check_every) -> int:
   return int(check_every)
 
 
-def _primal(x):
-  """A leaf of a result under an un-jitted ``jax.grad``/``jax.jvp``/``jax.vmap``, as values
-  (the batch first), or ``None`` where it is not reachable."""
-  if not isinstance(x, jax.core.Tracer):
-    return x
-  if hasattr(x, "primal"):
-    return _primal(x.primal)
-  inner = _primal(getattr(x, "val", None))
-  axis = getattr(x, "batch_dim", None)
-  if inner is None or isinstance(inner, jax.core.Tracer):
-    return None
-  return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
-
-
-def _raise_with(error: BaseException, result, why: str) -> None:
-  error.result = jax.block_until_ready(jax.tree.map(_primal, result))
-  error.add_note(f"hdm_optax: {why}; the run stopped, and the result so far is in .result.")
-  raise error
-
-
-def watchable(dynamic) -> bool:
-  """Whether a front door's run can be stopped by Ctrl-C (:mod:`~hdm_optax.driver.interrupts`):
-  called at the top (nothing of ``dynamic`` traced, not staged out), so that the program
-  runs within the call."""
-  return interrupts.ENABLED and not tracers(dynamic) and not staged()
-
-
-def call(
-  entry: Callable, statics: tuple, dynamic: tuple, *, callback, progress, traced, watch=False
-):
-  """Runs ``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes.
-
-  ``statics`` are hashable (the cache policy's keys); where one cannot be keyed
-  (:class:`~hdm_optax.driver.programs.Uncacheable`) the entry is traced inline. The hook
-  session (:func:`hdm_optax.driver.hooks.session`) is open around the call; an exception
-  the callback raised is raised again with the partial result as its ``.result``. Where
-  any of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front
-  door, the arrays ``fun`` closes over included) the program is called with XLA's default
-  options: JAX takes ``compiler_options`` only at the top level. ``handle`` is a
-  :class:`~hdm_optax.driver.hooks.Handle`; with ``watch`` (a program whose ``Program.watch``
-  is on) a SIGINT during the call stops the run and raises ``KeyboardInterrupt`` with the
-  partial result, as does one seen by a callback's or progress line's host call.
-  """
-  traced = traced or bool(tracers(dynamic))  # the arrays fun closes over are traced too
-  staged_out = staged()
-  session = hooks.session(callback, progress, staged=staged_out)
-  with session as hook, interrupts.catching(not staged_out and (watch or hook is not None)):
-    options = {} if traced or staged_out else compiler_options(dynamic)
-    program = _compiled(entry, options)
-    try:
-      hash(statics)
-      key = (entry, statics, _shapes(dynamic))  # the chunk size is learned on it
-    except TypeError:
-      program, key = entry, None
-    with _watch(watch, key) as watched:
-      result = program(*statics, hooks.Handle(hook, watched), *dynamic)
-      if hook is not None or watched is not None:  # the run is over: its errors are known
-        result = jax.block_until_ready(result)
-      error = hooks.error(hook)
-      if error is not None:
-        _raise_with(error, result, "the callback raised this")
-      if interrupts.seen():
-        _raise_with(KeyboardInterrupt(), result, "Ctrl-C (SIGINT) during the run")
-  return result
-
-
-def resume_from(init_state, init_params, shape) -> engine.Resume:
-  """The start of a run as an argument of its program: fresh (a placeholder of the state's
-  ``shape``), a warm start from a state, or a resumed result (:class:`engine.Resume`)."""
-  if init_state is None:
-    return engine.Resume.of(_zeros(jax.tree.structure(shape), _avals(shape)), engine.FRESH)
-  if not isinstance(init_state, (SolveResult, MinimizeResult)):
-    return engine.Resume.of(_like(init_state, shape), engine.WARM)
-  check_resumed_params(init_params, init_state.params)
-  counts = dict(
-    num_steps=init_state.num_steps,
-    num_value_evals=init_state.num_value_evals,
-    num_grad_evals=init_state.num_grad_evals,
-    null_run=init_state.null_run,
-    num_null_steps=_common.null_steps(init_state.state),
-  )
-  counts = {k: v if tracers(v) else np.int32(np.asarray(v)) for k, v in counts.items()}
-  return engine.Resume.of(_like(init_state.state, shape), engine.RESUME, **counts)
-
-
-def _avals(shape) -> tuple:
-  return tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in jax.tree.leaves(shape))
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _zeros(treedef, avals):
-  """A placeholder state: zeros of these shapes (one dispatch, no transfer)."""
-  return jax.tree.unflatten(treedef, [jnp.zeros(shape, dtype) for shape, dtype in avals])
-
-
-def _like(state, shape):
-  """``state`` with the leaves' types of ``optimizer.init``'s (a weakly typed scalar, a NumPy
-  array of another dtype would make another program); as it is where the structures differ
-  (the program's check then names the difference)."""
-  if jax.tree.structure(state) != jax.tree.structure(shape):
-    return state
-  same = lambda a, s: getattr(a, "dtype", None) == s.dtype and not getattr(a, "weak_type", False)
-  cast = lambda a, s: a if same(a, s) else jnp.asarray(a, s.dtype)
-  return jax.tree.map(cast, state, shape)
-
-
-def check_resumed_params(params, resumed):
-  """A resumed run starts where its result ended: ``init_params`` must be its params."""
-  leaves, given = jax.tree.leaves(resumed), jax.tree.leaves(params)
-  if jax.tree.structure(resumed) != jax.tree.structure(params):
-    raise ValueError(
-      "init_state is a result, which resumes its run from its params, but init_params has "
-      f"another structure ({jax.tree.structure(params)} against "
-      f"{jax.tree.structure(resumed)}); pass init_params=result.params, or "
-      "init_state=result.state for a warm start from other params."
-    )
-  for a, b in zip(given, leaves):
-    if a is b or tracers((a, b)):
-      continue
-    if np.shape(a) != np.shape(b) or not np.array_equal(np.asarray(a), np.asarray(b)):
-      raise ValueError(
-        "init_state is a result, which resumes its run from its params (f and grad f there "
-        "are the result's), but init_params differ from result.params; pass "
-        "init_params=result.params to resume, or init_state=result.state for a warm start "
-        "from these params (f is evaluated there, the counts start at 0)."
-      )
-
-
-def _shapes(tree) -> tuple:
-  return tuple(
-    (getattr(x, "shape", ()), getattr(x, "dtype", type(x))) for x in jax.tree.leaves(tree)
-  )
-
-
-def _watch(on: bool, key):
-  return interrupts.watching(key) if on else contextlib.nullcontext()
-
-
-_PROGRAMS: dict = {}
-
-
-def staged() -> bool:
-  """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
-  return isinstance(jnp.zeros(()), jax.core.Tracer)
-
-
-def _compiled(entry, options: dict):
-  key = (entry, tuple(sorted(options.items())))
-  if key not in _PROGRAMS:
-    _PROGRAMS[key] = jax.jit(
-      entry, static_argnums=tuple(range(entry.num_statics)), compiler_options=options or None
-    )
-  return _PROGRAMS[key]
-
-
-# Inputs of at most this many entries in all compile for a short first call.
-SMALL_PROGRAM = 65_536
-
-
-def compiler_options(inputs) -> dict:
-  """XLA's options for a front door's program, by the size of its ``inputs`` (a pytree).
-
-  On the CPU, a problem whose inputs (params, data, state) hold at most
-  :data:`SMALL_PROGRAM` entries in all is compiled with XLA's elemental kernel emitters
-  (``xla_cpu_use_fusion_emitters=False``), which compile faster; larger problems keep XLA's
-  fusion emitters, whose kernels run faster (docs/speed.md). Other backends get ``{}``.
-  :func:`call` passes no options where the program is staged inside a caller's trace (JAX
-  takes them only at the top level).
-
-  Returns:
-    The ``compiler_options`` of ``jax.jit``, ``{}`` for XLA's defaults.
-  """
-  if jax.default_backend() != "cpu":
-    return {}
-  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(inputs))
-  return {"xla_cpu_use_fusion_emitters": False} if entries <= SMALL_PROGRAM else {}
-
-
-def compiled_count() -> int:
-  """How many programs the front doors have compiled in this process (each jit cache entry)."""
-  return sum(program._cache_size() for program in _PROGRAMS.values())
-
-
-def statics_of(optimizer, fun, params, fun_args):
-  """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``, or raises
-  ``Uncacheable`` (``state_shape``: ``jax.eval_shape`` of ``optimizer.init``).
-
-  The optimizer's ``init`` is traced first with its own values, so that its checks of its
-  arguments against the params (a box's shape, NaN) run before they become traced.
-  """
-  shape = jax.eval_shape(optimizer.init, params)
-  key, arrays = programs.split_optimizer(optimizer)
-  closed, args = programs.hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args, shape
-
-
 def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, args, state, limits):
   def run(theta, rest):  # every traced value enters as an argument (none is closed over)
     arrays, x0, state, limits, handle = rest
     fun = lambda p: closed(p, *theta)
     loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux)
-    primitive_ = make_primitive(primitive)
-    return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
+    make = lambda member: (loop_, fun)
+    return runs.run(make, program, None, x0, state, primitive=primitive, handle=handle)
 
   rest = (arrays, x0, state, limits, handle)
-  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    return run(args, rest)
-  objective = lambda x, theta: _value(closed(x, *theta), program.has_aux)
-  return adjoint_lib.implicit_solution(adjoint, run, objective, args, rest)
+  return adjoint.apply(run, closed.objective(program.has_aux), args, rest)
 
 
 _solve_entry.num_statics = 5
-
-
-def _value(out, has_aux):
-  return out[0] if has_aux else out
-
-
-def primitive_of(adjoint, check_every: int, max_steps) -> tuple:
-  """The loop primitive of a run, as a static key for :func:`make_primitive`: a scan of
-  ``max_steps`` under :class:`UnrolledAdjoint`, blocks of ``check_every`` steps, or the
-  plain while loop."""
-  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    if check_every != 1:
-      raise ValueError(
-        f"UnrolledAdjoint runs a scan of max_steps iterations; check_every={check_every} "
-        "blocks a while loop: pass check_every=1 with UnrolledAdjoint."
-      )
-    if isinstance(max_steps, jax.core.Tracer) or max_steps >= np.iinfo(np.int32).max:
-      raise ValueError(
-        f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
-      )
-    return ("scan", int(max_steps), adjoint.checkpoint)
-  return ("blocks", check_every) if check_every > 1 else ("while",)
-
-
-def make_primitive(key: tuple):
-  """The primitive :func:`primitive_of` named."""
-  if key[0] == "scan":
-    return runs.scan_primitive(key[1], key[2])
-  if key[0] == "blocks":
-    return runs.blocks_primitive(key[1])
-  return runs.while_primitive
 
 
 @takes_limits
@@ -462,40 +167,20 @@ def solve(
       f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
     )
   adjoint = adjoint_lib.check_adjoint(adjoint)
-  primitive = primitive_of(adjoint, check_every, limits.max_steps)
+  primitive = adjoint.primitive(check_every, limits.max_steps)
   inputs = (init_params, tuple(fun_args), init_state, limits.tol, limits.rtol)
-  traced = bool(tracers(inputs))
-  kept, shown = trace_size(trace, limits.max_steps, inputs)
-  try:
-    key, arrays, closed, args, shape = statics_of(optimizer, fun, init_params, fun_args)
-  except programs.Uncacheable:
-    key, arrays, closed, args, shape = _inline(optimizer, fun, init_params, fun_args)
-  start = resume_from(init_state, init_params, shape)
+  found = programs.tracers(inputs)
+  kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
+  key, arrays, closed, args, shape = programs.prepare(optimizer, fun, init_params, fun_args)
+  start = resuming.start_of(init_state, init_params, shape)
   dynamic = (arrays, init_params, args, start, limits)
-  watch = hook is None and primitive[0] != "scan" and watchable(dynamic)
+  watch = hook is None and not isinstance(primitive, runs.Scan) and hooks.watchable(dynamic)
   program = runs.Program(kept, hook, bool(has_aux), watch)
   statics = (key, closed, program, primitive, adjoint)
-  result = call(
-    _solve_entry, statics, dynamic, callback=callback, progress=progress, traced=traced, watch=watch
-  )
-  return cut_trace(result, shown)
 
+  def run(handle):
+    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=bool(found))
 
-class _Unkeyed:
-  """A static that makes :func:`call` trace inline (it is not hashable)."""
-
-  __hash__ = None
-
-  def __init__(self, value):
-    self.value = value
-
-  def build(self, arrays):
-    del arrays
-    return self.value
-
-
-def _inline(optimizer, fun, params, fun_args):
-  """What :func:`statics_of` returns, for an optimizer that holds traced values (traced
-  inline: a program keyed on it would hold the tracers)."""
-  closed, args = programs.hoist(fun, params, tuple(fun_args))
-  return _Unkeyed(optimizer), [], closed, args, jax.eval_shape(optimizer.init, params)
+  named = programs.program_key(_solve_entry, statics, dynamic) if watch else None
+  result = hooks.watched(run, callback, progress, watch=watch, key=named)
+  return runs.cut_trace(result, shown)
