@@ -212,7 +212,7 @@ def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
   shared = tmp_path / "shared"
   shared.mkdir()
   shared.chmod(0o777)
-  for folder, why in ((link, "symbolic link"), (shared, "others can write")):
+  for folder, why in ((link, "symbolic link"), (shared, "writable by other users")):
     monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE", str(folder))
     with pytest.warns(UserWarning, match=why):
       assert store.directory() is None

@@ -16,8 +16,8 @@ DRIVER = Path(hdm_optax.__file__).parent / "driver"
 # Bottom to top; a module imports only modules of lower layers.
 LAYERS = [
   {"compiled"},
-  {"limits", "programs", "protocol", "results"},
-  {"hooks", "cache", "members"},
+  {"limits", "programs", "protocol", "results", "interrupts"},
+  {"hooks", "cache", "members", "resuming"},
   {"engine"},
   {"runs", "oracle"},
   {"adjoint", "store"},

@@ -524,23 +524,31 @@ def minimize(
     )
   own = lambda a: jnp.asarray(a, a.dtype) if getattr(a, "weak_type", False) else a
   args = jax.tree.map(own, tuple(args))
-  res = solving.solve(
+  try:
+    keywords = dict(has_aux=has_aux, init_state=init_state, callback=callback)
+    keywords.update(progress=progress, adjoint=adjoint, trace=trace, rtol=rtol)
+    res = _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords)
+  except BaseException as error:  # a callback's error or Ctrl-C: the partial result, SciPy's
+    if isinstance(getattr(error, "result", None), SolveResult):
+      error.result = _scipy_fields(error.result, mode, x0, False)
+    raise
+  # Traced also where only the arrays fun closes over are (jax.grad of them, no jax.jit).
+  return _scipy_fields(res, mode, x0, bool(programs.tracers(res)))
+
+
+def _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords):
+  """minimize's run: :func:`hdm_optax.solve` of the method with the box."""
+  callback = keywords.pop("callback")
+  return solving.solve(
     METHODS[method](opts["maxcor"], lower=lower, upper=upper),
     objective,
     x0,
     fun_args=args,
     max_steps=opts["maxiter"],
     tol=gtol,
-    rtol=rtol,
     ftol=ftol,
     max_grad_evals=opts["maxfun"],
     min_value=None,
-    has_aux=has_aux,
-    init_state=init_state,
     callback=None if callback is None else _SciPyCallback(callback),
-    progress=progress,
-    adjoint=adjoint,
-    trace=trace,
+    **keywords,
   )
-  traced = bool(programs.tracers((x0, args, lower, upper, gtol)))
-  return _scipy_fields(res, mode, x0, traced)

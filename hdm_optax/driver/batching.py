@@ -24,6 +24,7 @@ from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import resuming
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
@@ -149,6 +150,13 @@ def _devices(devices) -> Optional[tuple]:
       f"devices must be None, a jax.sharding.Mesh or a sequence of jax.Device, got {devices!r}"
       "; e.g. devices=jax.devices()."
     )
+  if len(set(devices)) != len(devices):
+    twice = sorted({str(d) for d in devices if devices.count(d) > 1})
+    raise ValueError(
+      f"devices names {', '.join(twice)} more than once ({len(devices)} entries, "
+      f"{len(set(devices))} devices): each device runs its own share of the members once; "
+      "pass each device once, e.g. devices=jax.devices()."
+    )
   return devices
 
 
@@ -200,6 +208,9 @@ def _batch(arguments: dict, **given) -> _Batch:
   traced = programs.tracers((batch.problems.tree, batch.limits))
   _check(any(map(programs.is_batched, traced)), batch)
   adjoint.batch_primitive(1, batch.compact, batch.stop_at_first_converged, 1)  # its refusals
+  resumed = resuming.result_of(batch.init_state)
+  if resumed is not None:  # a resumed batch: from its params
+    resuming.check_params(batch.problems.tree[0], resumed.params)
   return batch
 
 
@@ -264,7 +275,14 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
       for n in names
       if n not in static
     }
-    part = _run_part(batch, maker, arrays, columns, indices, pid[indices], closed, theta, mapped)
+    try:
+      part = _run_part(batch, maker, arrays, columns, indices, pid[indices], closed, theta, mapped)
+    except BaseException as error:  # a callback's error or Ctrl-C: the members run so far
+      if isinstance(getattr(error, "result", None), SolveResult):
+        done = parts + [(indices, error.result)]
+        error.result = _combine(done)
+        error.points = [points[i] for i in np.sort(np.concatenate([i for i, _ in done]))]
+      raise
     parts.append((indices, part))
   return points, _combine(parts)
 
@@ -278,7 +296,7 @@ def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta
     a = jnp.asarray(a)
     return jnp.concatenate([a, jnp.repeat(a[-1:], padded - count, axis=0)]) if padded > count else a
 
-  state = batch.init_state
+  state = resuming.batch_start(batch.init_state)
   state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
   size = padded // (1 if devices is None else len(devices))
   limits = batch.limits
@@ -295,17 +313,27 @@ def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta
   )
   kept, shown = runs.trace_size(batch.trace, limits.max_steps, batch=True)
   hook = hooks.check_hook(batch.callback, batch.progress, count)  # its own table
-  program = runs.Program(kept, hook, batch.has_aux)
-  statics = (maker, closed, program, plan, batch.adjoint)
   dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), (problems.tree[0], theta), state, limits)
+  watch = hook is None and devices is None and isinstance(plan.primitive, runs.Staged)
+  program = runs.Program(kept, hook, batch.has_aux, watch and hooks.watchable(dynamic))
+  statics = (maker, closed, program, plan, batch.adjoint)
   traced = bool(programs.tracers((problems.tree, limits)))
 
   def run(handle):
     return programs.call(_batch_entry, statics, dynamic, handle=handle, traced=traced)
 
-  result = hooks.watched(run, batch.callback, batch.progress, traced=traced)
-  result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-  return runs.cut_trace(result, shown)
+  def finished(result):
+    result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
+    return runs.cut_trace(result, shown)
+
+  named = programs.program_key(_batch_entry, statics, dynamic) if program.watch else None
+  try:
+    result = hooks.watched(run, batch.callback, batch.progress, watch=program.watch, key=named)
+  except BaseException as error:  # the partial result, as a finished one is returned
+    if isinstance(getattr(error, "result", None), SolveResult):
+      error.result = finished(error.result)
+    raise
+  return finished(result)
 
 
 @takes_limits
@@ -341,7 +369,8 @@ def sweep(
 
   Args:
     make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric settings
-      arrive as traced scalars (Python floats in the params' dtype).
+      arrive as traced scalars (Python floats in the params' dtype). With ``grid={}``, an
+      optimizer itself: the points are then the problems of ``in_axes`` alone.
     grid: keyword -> list of values (their Cartesian product, row-major), or a list of
       points (dicts with the same keys).
     fun: the objective, as in :func:`hdm_optax.solve`.
@@ -384,8 +413,50 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  points, results = _run(_batch(locals()), fun, grid, make_optimizer=make_optimizer)
+  instance = isinstance(make_optimizer, optax.GradientTransformation)
+  _check_factory(make_optimizer, grid, instance)
+  factory = {"optimizer" if instance else "make_optimizer": make_optimizer}
+  try:
+    points, results = _run(_batch(locals()), fun, grid, **factory)
+  except BaseException as error:  # pylint: disable=broad-except
+    if isinstance(getattr(error, "result", None), SolveResult):  # stopped: the points run
+      part = error.result
+      error.result = SweepResult(points=error.points, results=part, best=best_index(part))
+    elif isinstance(error, Exception) and not instance:
+      _blame_point(make_optimizer, grid, error)
+    raise
   return SweepResult(points=points, results=results, best=best_index(results))
+
+
+def _check_factory(make_optimizer, grid, instance: bool) -> None:
+  """sweep's ``make_optimizer``: a factory, or an optimizer with an empty grid."""
+  if instance and members_lib.grid_points(grid)[1] != [{}]:
+    raise ValueError(
+      f"sweep: make_optimizer is an optimizer ({type(make_optimizer).__name__}), which has no "
+      f"settings for the grid {grid!r} to vary; pass a factory, e.g. "
+      "make_optimizer=lambda memory_size: hdm_optax.trial_lbfgs(memory_size), or grid={} to "
+      "sweep problem data only (in_axes)."
+    )
+  if not instance and not callable(make_optimizer):
+    raise TypeError(
+      f"sweep: make_optimizer must be a factory make_optimizer(**point) -> optimizer (or an "
+      f"optimizer, with grid={{}}), got {make_optimizer!r}."
+    )
+
+
+def _blame_point(make_optimizer, grid, error: Exception) -> None:
+  """Where a run failed because a grid point builds no optimizer, raises that point's error
+  (from ``make_optimizer(**point)`` with the point's own values, not traced ones)."""
+  try:
+    points = members_lib.grid_points(grid)[1]
+  except Exception:  # pylint: disable=broad-except  # the grid's own error is the one to see
+    return
+  for point in points:
+    try:
+      make_optimizer(**point)
+    except Exception as bad:  # pylint: disable=broad-except
+      kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
+      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from error
 
 
 @takes_limits

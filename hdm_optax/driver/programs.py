@@ -594,20 +594,21 @@ class _Unkeyed:
 
 
 def prepare(optimizer, fun, params, fun_args) -> tuple:
-  """``(optimizer_key, optimizer_arrays, closed, args)``: a front door's call as a program's
-  statics and arguments (:func:`split_optimizer`, :func:`hoist`).
+  """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``: a front door's call as
+  a program's statics and arguments (:func:`split_optimizer`, :func:`hoist`), and
+  ``jax.eval_shape`` of ``optimizer.init``.
 
   The optimizer's ``init`` is traced first with its own values, so that its checks of its
   arguments against the params (a box's shape, NaN) run before they become traced. An
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
+  shape = jax.eval_shape(optimizer.init, params)
   try:
-    jax.eval_shape(optimizer.init, params)
     key, arrays = split_optimizer(optimizer, params)
   except Uncacheable:
     key, arrays = _Unkeyed(optimizer), []
   closed, args = hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args
+  return key, arrays, closed, args, shape
 
 
 _JITTED: dict = {}
@@ -620,8 +621,13 @@ def jitted(entry):
   return _JITTED[entry]
 
 
-def program_key(entry, statics: tuple, dynamic: tuple) -> tuple:
-  """The cache key of ``entry``'s program for ``statics`` and the abstract ``dynamic``."""
+def program_key(entry, statics: tuple, dynamic: tuple):
+  """The cache key of ``entry``'s program for ``statics`` and the abstract ``dynamic`` (what
+  names a program and its inputs' shapes; ``None`` where ``statics`` cannot be keyed)."""
+  try:
+    hash(statics)
+  except TypeError:
+    return None
   return (entry, statics, compiled_lib.abstract(dynamic))
 
 
@@ -674,7 +680,10 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: boo
 
   ``entry.num_statics`` leading arguments are static: hashable (the cache policy's keys);
   where one cannot be keyed (an optimizer that holds traced values) the entry is traced
-  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument.
+  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument. Where any
+  of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front door,
+  the arrays ``fun`` closes over included) the program is called with XLA's default
+  options: JAX takes ``compiler_options`` only at the top level.
   """
   dynamic = (handle, *dynamic)
   return _program(entry, statics, dynamic, traced)(*dynamic)

@@ -30,6 +30,7 @@ from hdm_optax.driver import hooks
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
+from hdm_optax.driver import resuming
 from hdm_optax.driver import runs
 from hdm_optax.driver import store
 from hdm_optax.pieces import box as box_lib
@@ -110,12 +111,13 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
   return configuration.factory(**arguments), layout
 
 
-def _entry(key, program, primitive, hook_handle, handle, arrays, x0, state, limits):
-  """The method's program: the engine's run with the host oracle as its objective."""
-  fun = oracle_lib.function(handle, x0)
+def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
+  """The method's program: the engine's run with the host oracle (``site``'s) as its
+  objective; ``handle`` is the call's :class:`~hdm_optax.driver.hooks.Handle`."""
+  fun = oracle_lib.function(site, x0)
   loop_ = engine.make_loop(key.build(arrays), fun, limits)
   make = lambda member: (loop_, fun)
-  return runs.run(make, program, None, x0, state, primitive=primitive, handle=hook_handle)
+  return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
 
 
 _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
@@ -180,28 +182,44 @@ def run(
   x = _blocks.pack(x0) if layout.on else x0
   if key is None or layout.on:
     key = programs.OptimizerKey(method, x)
-  arrays = key.arrays
-  state = None if init_state is None else layout.to_method(init_state)
-  dynamic = (arrays, x, state, limits)
-  handles = (None if program_.hook is None else np.int32(0), np.int32(0))
+  start = _start(init_state, layout, method, x0, x)
+  dynamic = (key.arrays, x, start, limits)
+  placeholder = hooks.Handle(
+    None if program_.hook is None else np.int32(0),
+    np.zeros(2, np.int32) if program_.watch else None,
+  )
   statics, options = (key, program_, primitive), options or {}
   # The method's program builds in a thread while the objective's compiles here.
-  program(statics, (*handles, *dynamic), options, background=True)
+  program(statics, (placeholder, np.int32(0), *dynamic), options, background=True)
   oracle = make_oracle(layout.on)
-  compiled = program(statics, (*handles, *dynamic), options)
+  compiled = program(statics, (placeholder, np.int32(0), *dynamic), options)
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
 
-  def run_(hook_handle):
-    with oracle_lib.serving(oracle) as (handle, entry):
+  def run_(handle):
+    with oracle_lib.serving(oracle) as (site, entry):
       try:
-        result = jax.block_until_ready(compiled(hook_handle, handle, *dynamic))
+        result = jax.block_until_ready(compiled(handle, site, *dynamic))
       except jax.errors.JaxRuntimeError:
         if entry.error is not None:
           raise entry.error from None
         raise
     return _to_user(result, layout, optimizer, x0)
 
-  return hooks.watched(run_, callback, progress, traced=False, view=view)
+  named = ("method", statics, compiled_lib.abstract(dynamic))
+  watch = program_.watch
+  return hooks.watched(run_, callback, progress, watch=watch, key=named, view=view)
+
+
+def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:
+  """Where the run starts (:func:`hdm_optax.driver.resuming.start_of`), in the method's
+  layout: a given state or result with its params-shaped nodes packed."""
+  result = resuming.result_of(init_state)
+  if layout.on and result is not None:
+    resuming.check_params(x0, result.params)  # named in the user's layout
+    init_state = result._replace(params=x, state=layout.to_method(result.state))
+  elif layout.on and init_state is not None:
+    init_state = layout.to_method(init_state)
+  return resuming.start_of(init_state, x, jax.eval_shape(method.init, x))
 
 
 def _to_user(result, layout: Layout, optimizer, x0):

@@ -38,6 +38,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from hdm_optax._private_dir import private_dir
+from hdm_optax.driver import interrupts
 from hdm_optax.driver import oracle as oracle_lib
 
 __all__ = ("counts", "describe", "directory", "load", "save")
@@ -55,43 +57,18 @@ _SUFFIX = ".program"
 _TRUSTED = ("jax", "jaxlib", "numpy", "ml_dtypes", "hdm_optax", "builtins", "collections")
 
 
-def _unsafe(path: str, info: os.stat_result) -> Optional[str]:
-  if stat.S_ISLNK(info.st_mode):
-    return "it is a symbolic link"
-  if not stat.S_ISDIR(info.st_mode):
-    return "it is not a directory"
-  if hasattr(os, "getuid") and info.st_uid != os.getuid():
-    return f"it belongs to user id {info.st_uid}, not to this process's user"
-  if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-    return f"others can write to it (mode {stat.S_IMODE(info.st_mode):o})"
-  del path
-  return None
-
-
 def _private(path: str) -> Optional[str]:
-  """``path`` as a private directory (created 0700), or ``None`` with a warning."""
-  path = os.path.abspath(os.path.expanduser(path))
-  parent = os.path.dirname(path)
+  """``path`` as a private directory (:func:`hdm_optax._private_dir.private_dir`), or ``None``
+  with a warning."""
   try:
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    try:
-      os.mkdir(path, 0o700)
-    except FileExistsError:
-      pass
-    info = os.lstat(path)
-  except OSError as error:
-    warnings.warn(f"hdm_optax: the program store {path!r} is off: {error}.", stacklevel=4)
-    return None
-  why = _unsafe(path, info)
-  if why is not None:
+    return private_dir(path, name="HDM_OPTAX_PROGRAM_CACHE")
+  except ValueError as error:
     warnings.warn(
-      f"hdm_optax: the program store {path!r} is off: {why}, and loading a program runs "
-      "its code. Remove it, or set HDM_OPTAX_PROGRAM_CACHE to a private directory (or to 0 "
-      "to turn the store off).",
+      f"hdm_optax: the program store is off: {error} Loading a program runs its code; set "
+      "HDM_OPTAX_PROGRAM_CACHE to a private directory, or to 0 to turn the store off.",
       stacklevel=4,
     )
     return None
-  return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -196,9 +173,15 @@ def describe(*parts) -> Optional[str]:
 # --- writing and reading ---------------------------------------------------------------------
 
 
-def _site_of(callback, depth: int = 0) -> Optional[oracle_lib.Site]:
-  """The :class:`~hdm_optax.driver.oracle.Site` a host callback of JAX's calls, if any."""
-  if isinstance(callback, oracle_lib.Site):
+# The library's own host calls a stored program may make besides the oracle's sites (module
+# functions: a new process binds its own by name).
+_LIBRARY_CALLS = (interrupts._poll,)  # pylint: disable=protected-access
+
+
+def _site_of(callback, depth: int = 0):
+  """The :class:`~hdm_optax.driver.oracle.Site` (or one of :data:`_LIBRARY_CALLS`) a host
+  callback of JAX's calls, if any."""
+  if isinstance(callback, oracle_lib.Site) or any(callback is f for f in _LIBRARY_CALLS):
     return callback
   if depth > 6:
     return None
@@ -275,9 +258,15 @@ def _device_list(devices):
   return xla_client.DeviceList(tuple(devices))
 
 
-def _host_entry(site: oracle_lib.Site):
-  """What the backend calls at a stored program's host call: the site, on flat arrays."""
-  return lambda *args: site(*args)
+def _host_entry(site):
+  """What the backend calls at a stored program's host call: the site (or library call) on
+  flat arrays, its outputs as a tuple of arrays."""
+
+  def entry(*args):
+    out = site(*args)
+    return tuple(map(np.asarray, out)) if isinstance(out, tuple) else (np.asarray(out),)
+
+  return entry
 
 
 def save(key: Optional[str], compiled) -> bool:
