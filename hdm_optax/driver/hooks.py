@@ -102,6 +102,11 @@ class Handle(NamedTuple):
   hook: Any = None
   watch: Any = None
 
+  @classmethod
+  def like(cls, hook: bool, watch: bool) -> "Handle":
+    """A handle of the shapes a call's would have (to compile a program before the call)."""
+    return cls(np.int32(0) if hook else None, np.zeros(2, np.int32) if watch else None)
+
 
 class HookState(NamedTuple):
   """What a run carries for its hook: the session's handle and the member."""

@@ -310,29 +310,34 @@ def _signature(jaxpr, inner: list) -> tuple:
 _HOST_CALLS = ("debug_callback", "pure_callback", "io_callback")
 
 
-def _callback_key(fn, depth: int = 0) -> Any:
-  """A host callback of the trace as a key: the user's function by identity (what it writes
-  to, a list or a file, is part of what it does), JAX's wrappers around it and the library's
-  own callbacks by their code and what they hold. Two traces of ``jax.debug.callback(log)`` share a key; ``log_a`` and
-  ``log_b`` do not."""
+def _callback_key(fn, depth: int = 0, library: bool = True) -> Any:
+  """A host callback of the trace as a key: a function by its code, its defaults and what
+  its closure holds (a function again so; a dict that JAX's or the library's own function
+  holds by its contents; anything else by ``==`` where it is hashable, else by identity: a
+  list or a file the user's function writes to is part of what it does). Two traces of
+  ``jax.debug.callback(lambda x: log(x))`` share a key; with ``log_a`` and ``log_b``, or with
+  two lists to append to, they do not."""
   if depth > 8:
     return _Held(fn)
   if isinstance(fn, jax.core.Tracer):  # a value of the trace the rule closes over
     return ("traced", fn.aval)
-  inner = lambda x: _callback_key(x, depth + 1)
+  inner = lambda x: _callback_key(x, depth + 1, library)
   if isinstance(fn, functools.partial):
     return ("partial", inner(fn.func), tuple(map(inner, fn.args)), inner(fn.keywords))
   wrapped = getattr(fn, "callback_func", None)  # jax.pure_callback's flat wrapper
   if wrapped is not None:
     return ("flat", inner(wrapped), _Held(getattr(fn, "in_tree", None)))
-  if isinstance(fn, dict):
+  if isinstance(fn, dict) and library:
     return (dict, tuple((k, inner(v)) for k, v in fn.items()))
-  if isinstance(fn, (tuple, list)):
-    return (type(fn), tuple(map(inner, fn)))
-  ours = getattr(fn, "__module__", "") or ""
-  if isinstance(fn, types.FunctionType) and ours.split(".")[0] in ("jax", "hdm_optax"):
-    cells = tuple(inner(c.cell_contents) for c in fn.__closure__ or () if _filled(c))
-    return ("jax", fn.__code__, cells)
+  if isinstance(fn, tuple):
+    return (tuple, tuple(map(inner, fn)))
+  if isinstance(fn, types.FunctionType):
+    ours = (getattr(fn, "__module__", "") or "").split(".")[0] in ("jax", "hdm_optax")
+    held = lambda x: _callback_key(x, depth + 1, ours)
+    cells = tuple(held(c.cell_contents) for c in fn.__closure__ or () if _filled(c))
+    named = sorted((fn.__kwdefaults__ or {}).items())
+    defaults = (held(fn.__defaults__ or ()), tuple((k, held(v)) for k, v in named))
+    return ("function", fn.__code__, id(fn.__globals__), cells, defaults)
   return _Held(fn)
 
 

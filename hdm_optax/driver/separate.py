@@ -184,10 +184,7 @@ def run(
     key = programs.OptimizerKey(method, x)
   start = _start(init_state, layout, method, x0, x)
   dynamic = (key.arrays, x, start, limits)
-  placeholder = hooks.Handle(
-    None if program_.hook is None else np.int32(0),
-    np.zeros(2, np.int32) if program_.watch else None,
-  )
+  placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
   statics, options = (key, program_, primitive), options or {}
   # The method's program builds in a thread while the objective's compiles here.
   program(statics, (placeholder, np.int32(0), *dynamic), options, background=True)
@@ -273,7 +270,7 @@ def chosen(entry, statics: tuple, dynamic: tuple, *, program_: runs.Program, hos
     return False
   if host:
     return True
-  full = (None if program_.hook is None else np.int32(0), *dynamic)
+  full = (hooks.Handle.like(program_.hook is not None, program_.watch), *dynamic)
   key = programs.program_key(entry, statics, full)
   if compiled_lib.peek(key) is not None:
     return False
