@@ -465,6 +465,20 @@ def test_float32_converges_where_steps_fall_below_1024_eps_of_x():
   assert float(jnp.linalg.norm(res.params)) > 20  # the regime the test is about
 
 
+@pytest.mark.parametrize("x0", [[1e6, 1e-9], [1e6 + 0.5, 1e-9]])
+def test_a_step_along_a_small_coordinate_is_not_below_the_resolution_of_x(x0):
+  """x = (1e6, 1e-9), the minimiser's second coordinate 3e-9: the steps that move it are
+  far above its resolution but below 1024 eps ||x|| = 2.3e-7 (MISRA1ALS from 100 y0 and
+  under a rescaling, whose coordinates differ by 1e10). Read against ||x||, each was taken
+  for a collapse of the operator and the memory restarted: 200 calls to the budget."""
+
+  def fun(x):
+    return 0.5 * (1e18 * (x[1] - 3e-9) ** 2 + (x[0] - 1e6 - 1.0) ** 2)
+
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.array(x0), max_steps=200, tol=1e-6)
+  assert bool(res.converged) and int(res.num_grad_evals) <= 30
+
+
 def _judge(rule, alpha, *, value, trial_value, slope, trial_slope, finite):
   """One verdict of a step rule on a trial along s with slopes d0 = ``slope``, d1 = ``trial_slope``."""
   evidence = shell.Evidence(
