@@ -14,6 +14,7 @@ import hdm_optax
 from hdm_optax import _common
 from helpers import Compilations, logistic, logistic_problem, python_blocks
 from hdm_optax.driver import engine
+from hdm_optax.driver import limits as limits_lib
 from hdm_optax.driver import solving
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
@@ -101,13 +102,13 @@ def test_budgets_and_tolerances_are_traced():
 
 def test_solve_checks_its_limits_once(monkeypatch):
   calls, builds = [], []
-  check, build = solving.check_limits, engine.make_loop
+  check, build = limits_lib.Limits.checked, engine.make_loop
 
-  def counted_check(**kw):
-    calls.append(kw)
-    return check(**kw)
+  def counted_check(limits):
+    calls.append(limits)
+    return check(limits)
 
-  monkeypatch.setattr(solving, "check_limits", counted_check)
+  monkeypatch.setattr(limits_lib.Limits, "checked", counted_check)
   monkeypatch.setattr(engine, "make_loop", lambda *a: builds.append(1) or build(*a))
   opt = hdm_optax.hdm(precond_lr=0.123)  # a new configuration: traced here
   hdm_optax.solve(opt, logistic, PROBLEM.x0, max_steps=20, tol=1e-5, rtol=1e-3, fun_args=ARGS)

@@ -133,6 +133,21 @@ def test_relative_tolerance():
   np.testing.assert_allclose(float(sol.state.tol), 1e-3 * g0, rtol=1e-12)
 
 
+def test_status_is_the_stop_rules_with_a_box():
+  """The minimiser maps the loop's status: with a box it stops on the projected gradient
+  (CONVERGED_IN_BOX), as solve does, where the gradient at the bound never vanishes."""
+  opt = hdm_optax.trial_lbfgs(lower=0.0)
+  fn = lambda x, a: jnp.sum(a * (x + 1.0) ** 2)  # minimiser -1, box x >= 0: x* = 0
+  a = jnp.asarray([1.0, 10.0, 100.0])
+  res = hdm_optax.solve(opt, fn, jnp.ones(3), fun_args=(a,), tol=1e-6)
+  sol = optx.minimise(fn, HDMMinimiser(opt, atol=1e-6), jnp.ones(3), a, max_steps=1000)
+  assert int(res.status) == hdm_optax.Status.CONVERGED_IN_BOX
+  assert int(sol.state.loop.status) == hdm_optax.Status.CONVERGED_IN_BOX
+  assert sol.result == optx.RESULTS.successful
+  assert int(sol.stats["num_steps"]) == int(res.num_steps)
+  np.testing.assert_array_equal(sol.value, res.params)
+
+
 def test_two_norm_and_float32():
   opt = hdm_optax.hdm_best(lipschitz=LIP, precond_lr=10.0 / LIP)
   x0 = X0.astype(jnp.float32)

@@ -25,8 +25,8 @@ from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import solving
-from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
-from hdm_optax.driver.limits import check_limits
+from hdm_optax.driver.limits import Limits
+from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import SweepResult
 from hdm_optax.driver.results import best_index
@@ -84,7 +84,7 @@ def _batch_entry(
       mixed = [next(given) if m else x for x, m in zip(flat, theta_mapped)]
       fun = lambda p: closed(p, *jax.tree.unflatten(plan.theta_def, mixed))
       optimizer = maker.build(arrays, settings)
-      return engine.make_loop(optimizer, fun, limits, program.has_aux, program.ftol), fun
+      return engine.make_loop(optimizer, fun, limits, program.has_aux), fun
 
     members = (columns, member_rows)
     if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
@@ -251,7 +251,7 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
     }
     plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
     hook = hooks.check_hook(kw["callback"], kw["progress"], len(indices))  # its own table
-    program = runs.Program(trace, hook, kw["has_aux"], solving.ftol_on(limits.ftol))
+    program = runs.Program(trace, hook, kw["has_aux"])
     part = _run_part(
       maker,
       arrays,
@@ -292,7 +292,7 @@ def _run_part(
     and np.array_equal(pid, np.arange(problems.count)),
     stop_at_first_converged=kw["stop_at_first_converged"],
     devices=devices,
-    unrolled_steps=int(kw["max_steps"]),
+    unrolled_steps=int(limits.max_steps),
   )
   statics = (maker, closed, program, plan, kw["adjoint"])
   data = (problems.tree[0], theta)
@@ -301,7 +301,7 @@ def _run_part(
     _batch_entry, statics, dynamic, callback=kw["callback"], progress=kw["progress"], traced=traced
   )
   result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-  return solving.cut_trace(result, min(kw["trace"] or 0, int(kw["max_steps"]) + 1))
+  return solving.cut_trace(result, min(kw["trace"] or 0, int(limits.max_steps) + 1))
 
 
 def _checked_run(*, problems, limits, **kw):
@@ -320,21 +320,16 @@ def _checked_run(*, problems, limits, **kw):
   return _run(problems=problems, limits=limits, **kw)
 
 
+@takes_limits
 def sweep(
   make_optimizer: Callable[..., optax.GradientTransformation],
   grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
   fun: Callable[..., Any],
   init_params: Any,
   *,
-  max_steps: int = DEFAULT_MAX_STEPS,
-  tol: Any = 1e-4,
-  rtol: Any = 0.0,
-  ftol: Any = 0.0,
+  limits: Limits,
   fun_args: Sequence[Any] = (),
   in_axes: Any = (None, None),
-  max_grad_evals: Optional[int] = None,
-  max_null_steps: Optional[int] = None,
-  min_value: Optional[float] = -1e20,
   has_aux: bool = False,
   stop_at_first_converged: bool = False,
   compact: bool = False,
@@ -363,8 +358,8 @@ def sweep(
       points (dicts with the same keys).
     fun: the objective, as in :func:`hdm_optax.solve`.
     init_params: the starting point (of every problem, unless ``in_axes`` maps it).
-    max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, has_aux: as in
-      :func:`hdm_optax.solve`, for every point.
+    limits: as in :func:`hdm_optax.solve`, for every point.
+    has_aux: as in :func:`hdm_optax.solve`.
     fun_args: as in :func:`hdm_optax.solve`.
     in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s: mapped axes (of one size B)
       make B problems, and every point runs on every problem (``len(points) == len(grid) *
@@ -401,15 +396,6 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  limits = check_limits(
-    tol=tol,
-    rtol=rtol,
-    ftol=ftol,
-    max_steps=max_steps,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
   points, results = _checked_run(
     make_optimizer=make_optimizer,
     optimizer=None,
@@ -422,21 +408,16 @@ def sweep(
   return SweepResult(points=points, results=results, best=best_index(results))
 
 
+@takes_limits
 def solve_batch(
   optimizer: optax.GradientTransformation,
   fun: Callable[..., Any],
   init_params: Any,
   *,
+  limits: Limits,
   fun_args: Sequence[Any] = (),
   in_axes: Any = (0, 0),
   compact: bool = True,
-  max_steps: int = DEFAULT_MAX_STEPS,
-  tol: Any = 1e-4,
-  rtol: Any = 0.0,
-  ftol: Any = 0.0,
-  max_grad_evals: Optional[int] = None,
-  max_null_steps: Optional[int] = None,
-  min_value: Optional[float] = -1e20,
   has_aux: bool = False,
   callback: Optional[Callable[[hooks.Snapshot], Any]] = None,
   progress: bool = False,
@@ -462,8 +443,8 @@ def solve_batch(
     in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s; the mapped axes (of one
       size B) are the batch. Default: both on axis 0.
     compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``).
-    max_steps, tol, rtol, ftol, max_grad_evals, max_null_steps, min_value, has_aux: as in
-      :func:`hdm_optax.solve`, for every member.
+    limits: as in :func:`hdm_optax.solve`, for every member.
+    has_aux: as in :func:`hdm_optax.solve`.
     callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step.
     progress: one line for the batch on stderr.
     init_state: the members' optimizer states to resume (leading axis B).
@@ -494,15 +475,6 @@ def solve_batch(
       f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
       "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
     )
-  limits = check_limits(
-    tol=tol,
-    rtol=rtol,
-    ftol=ftol,
-    max_steps=max_steps,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
   options = _options(locals())
   options.update(stop_at_first_converged=False)
   return _checked_run(
@@ -516,7 +488,7 @@ def solve_batch(
   )[1]
 
 
-_OPTIONS = ("max_steps", "has_aux", "compact", "stop_at_first_converged", "callback")
+_OPTIONS = ("has_aux", "compact", "stop_at_first_converged", "callback")
 _OPTIONS += ("progress", "init_state", "adjoint", "trace", "devices")
 
 

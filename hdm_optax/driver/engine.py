@@ -36,7 +36,7 @@ import optax
 from hdm_optax import _common
 from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver.limits import Limits
-from hdm_optax.driver.limits import check_limits
+from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import Status
 from hdm_optax.pieces import box as box_lib
 
@@ -70,6 +70,7 @@ class LoopState(NamedTuple):
       ``info.accepted``: the trial became the iterate); True for optimizers without a step
       rule, and at the start.
     null_run: consecutive null steps (rejected updates), up to the last.
+    num_null_steps: null steps so far.
     status: the :class:`Status` the run ends with here, :data:`RUNNING` while it goes on.
     tol: the gradient threshold, ``max(tol, rtol ||grad f(x0)||_inf)``.
   """
@@ -84,6 +85,7 @@ class LoopState(NamedTuple):
   num_grad_evals: jax.Array
   accepted: jax.Array
   null_run: jax.Array
+  num_null_steps: jax.Array
   status: jax.Array
   tol: jax.Array
 
@@ -99,15 +101,22 @@ class Loop(NamedTuple):
     step: ``step(s) -> LoopState``: ``update``, then f and grad f at the new params (from
       the optimizer's cache where it is at the params, else one counted call), judged.
     done: ``done(s) -> bool``: the run has ended.
+    stop: ``stop(s, halt) -> LoopState``: ``s`` judged again with ``halt``, a stop asked
+      from outside the rule (a callback's, a batch's first converged member): a run still
+      going on ends ``STOPPED`` where ``halt`` holds.
     status: ``status(s) -> int32``: the :class:`Status` a run that ends at ``s`` reports
-      (``STOPPED`` while it goes on).
+      (``STOPPED`` while it goes on: ``stop(s, True)``'s).
+    room: ``room(s, steps) -> bool``: ``max_steps`` leaves ``steps`` more updates after
+      ``s`` (a primitive that makes several steps per test asks it).
   """
 
   start: Callable[..., LoopState]
   update: Callable[[LoopState], tuple]
   step: Callable[[LoopState], LoopState]
   done: Callable[[LoopState], jax.Array]
+  stop: Callable[[LoopState, Any], LoopState]
   status: Callable[[LoopState], jax.Array]
+  room: Callable[[LoopState, int], jax.Array]
 
 
 def _inf_norm(tree):
@@ -119,8 +128,13 @@ def box_of(opt_state) -> Optional[box_lib.Box]:
   return box_lib.held_box(opt_state, cache_lib.cache_at_params(opt_state))
 
 
-def _stationarity(params, grad, opt_state):
+def _stationarity(params, grad, opt_state, norm=None):
+  """``||grad||_inf``, or the box's projected gradient's; with ``norm``, that norm of them."""
   box = box_of(opt_state)
+  if norm is not None:
+    if box is not None:
+      grad = optax.tree.sub(box_lib.project(box, optax.tree.sub(params, grad)), params)
+    return norm(grad)
   return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
 
 
@@ -209,7 +223,7 @@ def _warn_tf32(fun, params) -> None:
     )
 
 
-def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Array:
+def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False) -> jax.Array:
   r"""The one stop rule: the status of a run at ``new``, reached from ``old`` (int32).
 
   In order of precedence: ``NON_FINITE`` (f or the gradient norm is not finite),
@@ -218,8 +232,9 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Arr
   rejected updates in a row), ``CONVERGED_FTOL`` (SciPy L-BFGS-B's relative decrease
   ``(f_k - f_{k+1}) <= ftol max(|f_k|, |f_{k+1}|, 1)``, tested after an accepted update
   that decreased f: a null step keeps x, and L-BFGS-B's line search only ends on a
-  decrease), ``MAX_STEPS`` (``max_steps`` updates or ``max_grad_evals`` calls), else
-  :data:`RUNNING`.
+  decrease), ``MAX_STEPS`` (``max_steps`` updates or ``max_grad_evals`` calls),
+  ``STOPPED`` (``halt``: a stop asked from outside the rule, by a callback or a batch's
+  first converged member), else :data:`RUNNING`.
 
   Departure from L-BFGS-B: where ``slope`` (:math:`\langle \nabla f(x_k), x_{k+1} -
   x_k\rangle`) is given, ``ftol`` also needs the decrease the slope predicts to be small,
@@ -241,17 +256,18 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None) -> jax.Arr
   spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
   converged_code = Status.CONVERGED if box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
   codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
-  codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS]
-  conditions = [~finite, unbounded, converged, stalled, flat, spent]
+  codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS, Status.STOPPED]
+  conditions = [~finite, unbounded, converged, stalled, flat, spent, jnp.asarray(halt)]
   return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
 
 
 def make_loop(
-  optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False, ftol: bool = False
+  optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False, norm=None
 ) -> Loop:
-  """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``);
-  with ``ftol`` (static: ``limits.ftol`` may be nonzero) each step forms the slope that
-  :func:`judge` tests it with."""
+  """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``)
+  within ``limits`` (checked); where ``limits.ftol_on`` each step forms the slope that
+  :func:`judge` tests ``ftol`` with. ``norm``: the stationarity measure's norm (default
+  ``||.||_inf``)."""
   value_fn = (lambda p: fun(p)[0]) if has_aux else fun
 
   def evaluate(params):
@@ -270,21 +286,22 @@ def make_loop(
     value, grad = evaluate(params)
     if cache_lib.cache_at_params(opt_state) is not None:
       opt_state = optax.tree.set(opt_state, value=value, grad=grad)
-    norm = _stationarity(params, grad, opt_state)
-    dtype = norm.dtype
-    tol = jnp.maximum(jnp.asarray(limits.tol, dtype), jnp.asarray(limits.rtol, dtype) * norm)
+    measure = _stationarity(params, grad, opt_state, norm)
+    dtype = measure.dtype
+    tol = jnp.maximum(jnp.asarray(limits.tol, dtype), jnp.asarray(limits.rtol, dtype) * measure)
     one, zero = jnp.ones([], jnp.int32), jnp.zeros([], jnp.int32)
     s = LoopState(
       params=params,
       opt_state=opt_state,
       value=value,
       grad=grad,
-      grad_norm=norm,
+      grad_norm=measure,
       num_steps=zero,
       num_value_evals=one,
       num_grad_evals=one,
       accepted=jnp.asarray(True),
       null_run=zero,
+      num_null_steps=zero,
       status=jnp.int32(RUNNING),
       tol=tol,
     )
@@ -322,38 +339,45 @@ def make_loop(
       opt_state=opt_state,
       value=jnp.asarray(value, s.value.dtype),
       grad=grad,
-      grad_norm=_stationarity(params, grad, opt_state),
+      grad_norm=_stationarity(params, grad, opt_state, norm),
       num_steps=s.num_steps + 1,
       num_value_evals=s.num_value_evals + values,
       num_grad_evals=s.num_grad_evals + grads,
       accepted=accepted,
       null_run=jnp.where(accepted, 0, s.null_run + 1),
+      num_null_steps=s.num_null_steps + (~accepted).astype(jnp.int32),
     )
-    slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params)) if ftol else None
+    slope = None
+    if limits.uses_ftol:
+      slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params))
     return new._replace(status=judge(s, new, limits, slope))
 
   def done(s: LoopState) -> jax.Array:
     return s.status != RUNNING
 
+  def stop(s: LoopState, halt) -> LoopState:
+    # At s itself no update was made, so the rule's other conditions read as they did.
+    going = s.status == RUNNING
+    return s._replace(status=jnp.where(going, judge(s, s, limits, halt=halt), s.status))
+
   def status(s: LoopState) -> jax.Array:
-    return jnp.where(s.status == RUNNING, jnp.int32(Status.STOPPED), s.status)
+    return stop(s, True).status
 
-  return Loop(start=start, update=update, step=step, done=done, status=status)
+  def room(s: LoopState, steps: int) -> jax.Array:
+    return s.num_steps <= limits.max_steps - steps
+
+  return Loop(start, update, step, done, stop, status, room)
 
 
+@takes_limits
 def loop(
   optimizer: optax.GradientTransformation,
   fun: Callable[..., Any],
   *,
+  limits: Limits,
   fun_args: Sequence[Any] = (),
-  tol: Any = 1e-4,
-  rtol: Any = 0.0,
-  ftol: Any = 0.0,
-  max_steps: Optional[int] = None,
-  max_grad_evals: Optional[int] = None,
-  max_null_steps: Optional[int] = None,
-  min_value: Optional[float] = None,
   has_aux: bool = False,
+  norm: Optional[Callable[[Any], jax.Array]] = None,
 ) -> Loop:
   r"""The loop that minimizes ``fun(params, *fun_args)`` with ``optimizer``, for your own loop.
 
@@ -370,15 +394,13 @@ def loop(
     optimizer: an optax transformation.
     fun: ``fun(params, *fun_args) -> scalar`` of the params' dtype (``-> (scalar, aux)``
       with ``has_aux``).
+    limits: the stopping rule's numbers: a :class:`~hdm_optax.driver.limits.Limits`, or
+      its fields as keywords (``tol``, ``rtol``, ``ftol``, ``max_steps``,
+      ``max_grad_evals``, ``max_null_steps``, ``min_value``), as every front door takes them.
     fun_args: extra arguments of ``fun``.
-    tol: stop once ``||grad f||_inf <= tol`` (>= 0).
-    rtol: also stop once ``||grad f||_inf <= rtol ||grad f(x0)||_inf`` (>= 0).
-    ftol: stop on SciPy L-BFGS-B's relative decrease of f (>= 0; 0: never).
-    max_steps: stop after this many updates (``None``: no limit).
-    max_grad_evals: stop before an update once this many gradient calls were made.
-    max_null_steps: stop after this many rejected updates in a row (``None``: never).
-    min_value: stop once f < min_value (``None``: never).
     has_aux: ``fun`` returns ``(value, aux)``; the aux output is dropped.
+    norm: the norm of the gradient (or of the box's projected gradient) that ``tol`` bounds,
+      ``pytree -> scalar`` (default: the max norm, ``||.||_inf``).
 
   Returns:
     A :class:`Loop`.
@@ -398,15 +420,7 @@ def loop(
     >>> int(compiled(jnp.ones(2)).num_steps) == int(s.num_steps)
     True
   """
-  limits = check_limits(
-    tol=tol,
-    rtol=rtol,
-    ftol=ftol,
-    max_steps=max_steps,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
+  if norm is not None and not callable(norm):
+    raise TypeError(f"norm must be callable (pytree -> scalar) or None, got {norm!r}.")
   fun_args = tuple(fun_args)
-  on = not isinstance(ftol, (int, float)) or ftol != 0
-  return make_loop(optimizer, lambda p: fun(p, *fun_args), limits, bool(has_aux), on)
+  return make_loop(optimizer, lambda p: fun(p, *fun_args), limits, bool(has_aux), norm)

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hdm_optax.driver.results import Status
+from hdm_optax.driver.results import converged
 
 __all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
 
@@ -35,8 +36,6 @@ __all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
 # at most this often elsewhere (a log file).
 REFRESH_SECONDS = 0.2
 LOG_SECONDS = 10.0
-
-_CONVERGED = (Status.CONVERGED, Status.CONVERGED_IN_BOX, Status.CONVERGED_FTOL)
 
 
 class Snapshot(NamedTuple):
@@ -81,11 +80,10 @@ class Hook(NamedTuple):
 
 
 class HookState(NamedTuple):
-  """What a run carries for its hook: the session's handle, the member, null steps so far."""
+  """What a run carries for its hook: the session's handle and the member."""
 
   handle: jax.Array
   member: jax.Array
-  nulls: jax.Array
 
 
 def check_hook(callback, progress, members: int = 0) -> Optional[Hook]:
@@ -157,10 +155,9 @@ def _line(fields) -> str:
       f"f {float(value.ravel()[0]):.6e} | ||grad f|| {float(gnorm.ravel()[0]):.2e} | "
       f"null steps {int(nulls.ravel()[0])}"
     )
-  converged = np.isin(status, np.asarray(_CONVERGED))
   done = status != Status.STOPPED
   return (
-    f"batch {steps.size}: {int(converged.sum())} converged, {int(done.sum())} done | "
+    f"batch {steps.size}: {int(converged(status).sum())} converged, {int(done.sum())} done | "
     f"steps {int(steps.max())} (max) | calls {int(calls.max())} (max) | "
     f"f {float(np.nanmedian(value)):.6e} (median) | ||grad f|| {float(np.nanmax(gnorm)):.2e} "
     f"(max) | null steps {int(nulls.max())} (max)"
@@ -233,7 +230,8 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
 
 def _call(hook: Hook, final: bool, hs: HookState, s, status) -> jax.Array:
   params = s.params if hook.callback and not final else ()
-  fields = (s.value, s.grad_norm, s.num_steps, s.num_value_evals, s.num_grad_evals, hs.nulls)
+  fields = (s.value, s.grad_norm, s.num_steps, s.num_value_evals, s.num_grad_evals)
+  fields += (s.num_null_steps,)
   return jax.pure_callback(
     lambda *a: _host_step(final, hook.members, *a),
     jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),
@@ -254,19 +252,20 @@ def begin(hook: Optional[Hook], handle, member) -> Optional[HookState]:
   if hook is None:
     return None
   member = jnp.asarray(-1 if member is None else member, jnp.int32)
-  return HookState(handle=handle, member=member, nulls=jnp.zeros([], jnp.int32))
+  return HookState(handle=handle, member=member)
 
 
-def after_step(hook: Optional[Hook], hs: Optional[HookState], s, status):
-  """``(hook_state, halt)`` after a step: the host call (``halt`` True: stop the run)."""
+def after_step(hook: Optional[Hook], hs: Optional[HookState], s, status) -> Optional[jax.Array]:
+  """The host call after a step: ``halt`` (True: the callback stops the run), or ``None``
+  without a hook."""
   if hook is None:
-    return hs, None
-  hs = hs._replace(nulls=hs.nulls + (~s.accepted).astype(jnp.int32))
-  return hs, _call(hook, False, hs, s, status)
+    return None
+  return _call(hook, False, hs, s, status)
 
 
-def at_end(hook: Optional[Hook], hs: Optional[HookState], s, status) -> jax.Array:
-  """``status``, after the progress line's summary (its call's result keeps it in the program)."""
+def at_end(hook: Optional[Hook], hs: Optional[HookState], s, status) -> Optional[jax.Array]:
+  """The progress line's summary: a ``halt`` that is False once the line is drawn (the run
+  uses it, so the call stays in the program), or ``None`` without a line."""
   if hook is None or not hook.progress:
-    return status
-  return jnp.where(_call(hook, True, hs, s, status), status, jnp.int32(Status.STOPPED))
+    return None
+  return ~_call(hook, True, hs, s, status)

@@ -1,15 +1,28 @@
-"""The numbers that stop a run, checked once at the front door: :class:`Limits`."""
+"""The numbers that stop a run: :class:`Limits`, with its one set of defaults, checked once.
+
+Every front door takes the limits as keywords (``tol=``, ``max_steps=``, ...: the fields of
+:class:`Limits`) or as one ``limits=Limits(...)``; :func:`takes_limits` gives a front door
+those keywords and checks them once, so no front door lists them.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
 
-__all__ = ("DEFAULT_MAX_STEPS", "Limits", "check_count", "check_limits", "check_tolerance")
+__all__ = (
+  "DEFAULT_MAX_STEPS",
+  "Limits",
+  "check_count",
+  "check_tolerance",
+  "takes_limits",
+)
 
 # The paper's budget (Table 1: 1000 gradient calls) and the benchmark's.
 DEFAULT_MAX_STEPS = 1000
@@ -18,27 +31,87 @@ _NEVER = np.iinfo(np.int32).max
 
 
 class Limits(NamedTuple):
-  """The stopping rule's numbers (every one may be a traced value).
+  """The stopping rule's numbers (:func:`hdm_optax.driver.engine.judge`); each may be traced.
+
+  The defaults are every front door's. :meth:`checked` checks them (once, at the front door)
+  and puts them in the form a program takes: counts as int32 (``None``: no limit), and
+  ``min_value`` as a float (``None``: never).
 
   Attributes:
-    tol: stop once ``||grad f||_inf <= max(tol, rtol ||grad f(x0)||_inf)`` (the projected
-      gradient's where the optimizer holds a box).
-    rtol: the relative part of that threshold.
-    ftol: stop once an accepted update decreased f by
+    tol: stop (``CONVERGED``, ``CONVERGED_IN_BOX``) once ``||grad f||_inf <= max(tol, rtol
+      ||grad f(x0)||_inf)`` (the projected gradient's where the optimizer holds a box;
+      >= 0, 0 runs to the other limits).
+    rtol: the relative part of that threshold (>= 0).
+    ftol: stop (``CONVERGED_FTOL``) once an accepted update decreased f by
       ``0 < f_k - f_{k+1} <= ftol max(|f_k|, |f_{k+1}|, 1)`` (SciPy L-BFGS-B's test; 0: never).
-    max_steps: stop after this many updates.
-    max_grad_evals: stop before an update once this many gradient calls were made.
-    max_null_steps: stop after this many consecutive rejected updates.
-    min_value: stop once ``f < min_value``.
+    max_steps: stop (``MAX_STEPS``) after this many updates (default 1000, the paper's
+      budget; ``None``: no limit).
+    max_grad_evals: stop (``MAX_STEPS``) before an update once this many gradient calls
+      were made (``None``: no limit).
+    max_null_steps: stop (``STALLED``) after this many rejected updates in a row (``None``:
+      never; HDM's null steps still adapt the method).
+    min_value: stop (``UNBOUNDED``) once ``f < min_value`` (the objective looks unbounded
+      below; ``None``: never).
+    ftol_on: whether the run may stop on ``ftol``, a static switch (derived from ``ftol``
+      where ``None``: on unless ``ftol`` is a Python 0); it is part of a program's key, not
+      one of its values, and each step forms the slope the ``ftol`` test needs only where
+      it is on.
   """
 
   tol: Any = 1e-4
   rtol: Any = 0.0
   ftol: Any = 0.0
-  max_steps: Any = _NEVER
-  max_grad_evals: Any = _NEVER
-  max_null_steps: Any = _NEVER
-  min_value: Any = -math.inf
+  max_steps: Any = DEFAULT_MAX_STEPS
+  max_grad_evals: Any = None
+  max_null_steps: Any = None
+  min_value: Any = -1e20
+  ftol_on: Optional[bool] = None
+
+  @property
+  def uses_ftol(self) -> bool:
+    """The static switch: ``ftol_on``, or on unless ``ftol`` is a Python 0."""
+    if self.ftol_on is not None:
+      return self.ftol_on
+    return not isinstance(self.ftol, (int, float)) or self.ftol != 0
+
+  def checked(self) -> "Limits":
+    """These limits, each checked (traced values pass), in a program's form.
+
+    Raises:
+      TypeError: a tolerance that is not a number.
+      ValueError: a number out of its range; the message names it and the fix.
+    """
+    for name, meaning, fix in _TOLERANCES:
+      check_tolerance(name, getattr(self, name), meaning, fix)
+    return Limits(
+      tol=self.tol,
+      rtol=self.rtol,
+      ftol=self.ftol,
+      max_steps=check_count("max_steps", self.max_steps, 0, "no limit"),
+      max_grad_evals=check_count("max_grad_evals", self.max_grad_evals, 1, "no limit"),
+      max_null_steps=check_count("max_null_steps", self.max_null_steps, 1, "never stall"),
+      min_value=_min_value(self.min_value),
+      ftol_on=self.uses_ftol,
+    )
+
+
+# The numbers are the program's values; the switch is static (in the tree's structure).
+jax.tree_util.register_pytree_node(
+  Limits,
+  lambda limits: (tuple(limits[:-1]), limits.uses_ftol),
+  lambda ftol_on, values: Limits(*values, ftol_on=ftol_on),
+)
+
+_FIELDS = Limits._fields[:-1]
+_TOLERANCES = (
+  ("tol", "the run stops once ||grad f||_inf <= tol", "pass e.g. tol=1e-6, or tol=0.0"),
+  (
+    "rtol",
+    "the run stops once ||grad f||_inf <= rtol ||grad f(x0)||_inf",
+    "pass e.g. rtol=1e-6, or rtol=0.0 for tol alone",
+  ),
+  ("ftol", "SciPy's relative decrease of f", "pass e.g. ftol=1e-9, or ftol=0.0 (off)"),
+)
 
 
 def _concrete(value) -> bool:
@@ -86,40 +159,34 @@ def _min_value(value) -> Any:
   return float(value)
 
 
-def check_limits(
-  *,
-  tol: Any = 1e-4,
-  rtol: Any = 0.0,
-  ftol: Any = 0.0,
-  max_steps: Optional[int] = None,
-  max_grad_evals: Optional[int] = None,
-  max_null_steps: Optional[int] = None,
-  min_value: Optional[float] = None,
-) -> Limits:
-  """:class:`Limits` from a front door's arguments, each checked (traced values pass).
+def takes_limits(door: Callable[..., Any]) -> Callable[..., Any]:
+  """``door(..., limits, ...)`` taking the limits as keywords too, checked once.
 
-  Raises:
-    TypeError: a tolerance that is not a number.
-    ValueError: a number out of its range; the message names it and the fix.
+  The returned front door takes ``limits=`` (a :class:`Limits`, default ``Limits()``) and
+  each field of :class:`Limits` as a keyword (``tol=1e-6``), which replaces that field;
+  ``door`` receives ``limits`` checked (:meth:`Limits.checked`). Its signature lists the
+  keywords with their defaults.
   """
-  check_tolerance(
-    "tol", tol, "the run stops once ||grad f||_inf <= tol", "pass e.g. tol=1e-6, or tol=0.0"
-  )
-  check_tolerance(
-    "rtol",
-    rtol,
-    "the run stops once ||grad f||_inf <= rtol ||grad f(x0)||_inf",
-    "pass e.g. rtol=1e-6, or rtol=0.0 for tol alone",
-  )
-  check_tolerance(
-    "ftol", ftol, "SciPy's relative decrease of f", "pass e.g. ftol=1e-9, or ftol=0.0 (off)"
-  )
-  return Limits(
-    tol=tol,
-    rtol=rtol,
-    ftol=ftol,
-    max_steps=check_count("max_steps", max_steps, 0, "no limit"),
-    max_grad_evals=check_count("max_grad_evals", max_grad_evals, 1, "no limit"),
-    max_null_steps=check_count("max_null_steps", max_null_steps, 1, "never stall"),
-    min_value=_min_value(min_value),
-  )
+  signature = inspect.signature(door)
+  keyword = inspect.Parameter.KEYWORD_ONLY
+  fields = [
+    inspect.Parameter(name, keyword, default=Limits._field_defaults[name], annotation=Any)
+    for name in _FIELDS
+  ]
+  parameters = []
+  for parameter in signature.parameters.values():
+    if parameter.name == "limits":
+      parameters += [parameter.replace(default=None, annotation=Optional[Limits]), *fields]
+    else:
+      parameters.append(parameter)
+
+  @functools.wraps(door)
+  def front_door(*args, limits: Optional[Limits] = None, **kwargs):
+    given = {name: kwargs.pop(name) for name in _FIELDS if name in kwargs}
+    if "ftol" in given:  # the switch follows the ftol given
+      given["ftol_on"] = None
+    limits = (Limits() if limits is None else limits)._replace(**given)
+    return door(*args, limits=limits.checked(), **kwargs)
+
+  front_door.__signature__ = signature.replace(parameters=parameters)
+  return front_door

@@ -24,7 +24,7 @@ except ImportError as err:
   ) from err
 
 from hdm_optax.driver import engine
-from hdm_optax.driver import limits as limits_lib
+from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.results import Status
 
 __all__ = ("HDMMinimiser", "HDMMinimiserState")
@@ -34,14 +34,21 @@ class HDMMinimiserState(eqx.Module):
   """State of :class:`HDMMinimiser` (``solution.state`` after a solve).
 
   Attributes:
-    loop: the :class:`hdm_optax.LoopState` of the run (``loop.params`` is y).
-    grad_norm: ``norm(grad)``, with the minimiser's ``norm``.
-    tol: the stopping threshold, ``atol + rtol * norm(grad f(y0))``.
+    loop: the :class:`hdm_optax.LoopState` of the run (``loop.params`` is y; its
+      ``status`` is the stop rule's, :func:`hdm_optax.driver.engine.judge`).
   """
 
   loop: engine.LoopState
-  grad_norm: jax.Array
-  tol: jax.Array
+
+  @property
+  def grad_norm(self):
+    """``norm(grad)``, with the minimiser's ``norm`` (of the projected gradient with a box)."""
+    return self.loop.grad_norm
+
+  @property
+  def tol(self):
+    """The stopping threshold, ``atol + rtol * norm(grad f(y0))``."""
+    return self.loop.tol
 
   @property
   def opt_state(self):
@@ -153,7 +160,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
     for name, val in (("rtol", rtol), ("atol", atol)):
       if isinstance(val, (int, float)) and not 0 <= val < np.inf:
         raise ValueError(f"HDMMinimiser: {name} must be finite and >= 0, got {val}.")
-    limits_lib.check_limits(max_grad_evals=max_grad_evals)
+    Limits(max_grad_evals=max_grad_evals).checked()
     if not callable(norm):
       raise TypeError(f"HDMMinimiser: norm must be callable, got {type(norm).__name__}.")
     # Optax transformations are closures; as pytrees, arrays they close over
@@ -165,23 +172,25 @@ class HDMMinimiser(optx.AbstractMinimiser):
     self.max_grad_evals = None if max_grad_evals is None else int(max_grad_evals)
 
   def _loop(self, fn, args):
-    """:func:`hdm_optax.loop` for ``fn(y, args) -> (f, aux)`` (aux dropped).
-
-    Its rule stops on a non-finite f or grad f and at the gradient-call
-    budget; the tolerance (any norm, relative to y0's) is the minimiser's.
-    """
+    """:func:`hdm_optax.loop` for ``fn(y, args) -> (f, aux)`` (aux dropped), with the
+    minimiser's norm; optimistix's ``max_steps`` is the only step limit."""
     return engine.loop(
-      self.optim, lambda y: fn(y, args)[0], tol=0.0, max_grad_evals=self.max_grad_evals
+      self.optim,
+      lambda y: fn(y, args)[0],
+      tol=self.atol,
+      max_steps=None,
+      max_grad_evals=self.max_grad_evals,
+      min_value=None,
+      norm=self.norm,
     )
-
-  def _state(self, s, tol):
-    return HDMMinimiserState(loop=s, grad_norm=self.norm(s.grad), tol=tol)
 
   def init(self, fn, y, args, options, f_struct, aux_struct, tags):
     del options, f_struct, aux_struct, tags
-    s = self._loop(fn, args).start(y)
-    tol = jnp.asarray(self.atol + self.rtol * self.norm(s.grad), s.value.dtype)
-    return self._state(s, tol)
+    run = self._loop(fn, args)
+    s = run.start(y)
+    # optimistix's threshold, atol + rtol norm(grad f(y0)), judged again at y0.
+    tol = jnp.asarray(self.atol + self.rtol * s.grad_norm, s.value.dtype)
+    return HDMMinimiserState(loop=run.stop(s._replace(tol=tol), False))
 
   def step(self, fn, y, args, options, state, tags):
     del options, tags
@@ -191,18 +200,18 @@ class HDMMinimiser(optx.AbstractMinimiser):
     # non-array leaves (functions): eval_shape closes over them.
     aux_struct = jax.eval_shape(lambda y: fn(y, args), y)[1]
     aux = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), aux_struct)
-    return s.params, self._state(s, state.tol), aux
+    return s.params, HDMMinimiserState(loop=s), aux
 
   def terminate(self, fn, y, args, options, state, tags):
     del y, options, tags
-    status = self._loop(fn, args).status(state.loop)
-    converged = (state.grad_norm <= state.tol) & (status != Status.NON_FINITE)
+    run = self._loop(fn, args)
+    status = run.status(state.loop)
     result = optx.RESULTS.where(
       status == Status.NON_FINITE, optx.RESULTS.nonfinite, optx.RESULTS.successful
     )
-    spent = (status == Status.MAX_STEPS) & ~converged
+    spent = status == Status.MAX_STEPS
     result = optx.RESULTS.where(spent, optx.RESULTS.nonlinear_max_steps_reached, result)
-    return converged | spent | (status == Status.NON_FINITE), result
+    return run.done(state.loop), result
 
   def postprocess(self, fn, y, aux, args, options, state, tags, result):
     del options, tags, result

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import functools
+import operator
 from typing import Any, NamedTuple, Union
 
 import jax
@@ -19,6 +21,7 @@ __all__ = (
   "SweepResult",
   "Trace",
   "best_index",
+  "converged",
   "status_message",
 )
 
@@ -56,6 +59,21 @@ class Status(enum.IntEnum):
   def message(self) -> str:
     """What the status means, in one line."""
     return _MESSAGES[self]
+
+  @property
+  def converged(self) -> bool:
+    """Whether a run that ends with this status converged (:func:`converged`)."""
+    return bool(converged(self))
+
+
+# The statuses of a run that converged.
+_CONVERGED = (Status.CONVERGED, Status.CONVERGED_IN_BOX, Status.CONVERGED_FTOL)
+
+
+def converged(status):
+  """Whether ``status`` (a code, or a NumPy or JAX array of codes) says the run converged:
+  ``CONVERGED``, ``CONVERGED_IN_BOX`` or ``CONVERGED_FTOL`` (:attr:`SolveResult.converged`)."""
+  return functools.reduce(operator.or_, [status == code for code in _CONVERGED])
 
 
 _MESSAGES = {
@@ -168,8 +186,9 @@ class SolveResult(NamedTuple):
     num_steps: number of ``update`` calls made.
     num_value_evals: objective evaluations, the initial one included.
     num_grad_evals: gradient evaluations, the initial one included.
-    converged: whether ||grad f(params)||_inf <= max(tol, rtol ||grad f(x0)||_inf)
-      (the projected gradient's with a box; and f(params) finite and >= ``min_value``).
+    converged: whether the status is one of convergence (:func:`converged`):
+      ||grad f(params)||_inf <= max(tol, rtol ||grad f(x0)||_inf) (the projected
+      gradient's with a box; and f(params) finite and >= ``min_value``), or ``ftol``.
     status: a :class:`Status` code; :attr:`message` says what it means.
     trace: :class:`Trace`, arrays of length ``max_steps + 1``.
     null_run: the number of null steps at the end of the run (consecutive

@@ -16,7 +16,6 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from hdm_optax import _gating
 from hdm_optax.driver import cache as cache_lib
@@ -25,11 +24,12 @@ from hdm_optax.driver.engine import RUNNING
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
 from hdm_optax.driver.results import SolveResult
-from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import Trace
+from hdm_optax.driver.results import converged
 
 __all__ = (
   "Program",
+  "Steps",
   "blocks_primitive",
   "run",
   "run_batch",
@@ -86,13 +86,11 @@ class Program(NamedTuple):
     trace_size: the number of trace entries kept (the last ones).
     hook: the :class:`~hdm_optax.driver.hooks.Hook` (callback, progress), or ``None``.
     has_aux: ``fun`` returns ``(value, aux)``; aux is evaluated once at the end.
-    ftol: the run may stop on ``ftol`` (see :func:`make_loop`).
   """
 
   trace_size: int = 0
   hook: Optional[hooks_lib.Hook] = None
   has_aux: bool = False
-  ftol: bool = False
 
 
 def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> _Carry:
@@ -110,13 +108,10 @@ def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carr
     with _gating.gate(active, old) as gate:
       s = loop_.step(old)
     s = gate.where(s, old)
-  hook, halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
-  if halt is not None:
-    stoppable = (s.status == RUNNING) | (s.status == Status.MAX_STEPS)
-    if active is not None:  # a finished member's hook state stays as it was
-      stoppable, hook = stoppable & active, optax.tree.where(active, hook, carry.hook)
-    s = s._replace(status=jnp.where(halt & stoppable, jnp.int32(Status.STOPPED), s.status))
-  return _Carry(_without_cached_grad(s), _record(carry.trace, s), hook)
+  halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
+  if halt is not None:  # a finished member is not running: the halt leaves it as it is
+    s = loop_.stop(s, halt)
+  return _Carry(_without_cached_grad(s), _record(carry.trace, s), carry.hook)
 
 
 def _running(carry: _Carry) -> jax.Array:
@@ -125,12 +120,12 @@ def _running(carry: _Carry) -> jax.Array:
 
 def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
   s = _with_cached_grad(carry.state)
-  status = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
+  halt = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
+  status = loop_.status(s if halt is None else loop_.stop(s, halt))
   num_value_evals, aux = s.num_value_evals, None
   if program.has_aux:  # one more evaluation of f (no gradient) gives aux at params
     aux = fun(s.params)[1]
     num_value_evals = num_value_evals + 1
-  converged = [Status.CONVERGED, Status.CONVERGED_IN_BOX, Status.CONVERGED_FTOL]
   return SolveResult(
     params=s.params,
     state=s.opt_state,
@@ -139,7 +134,7 @@ def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
     num_steps=s.num_steps,
     num_value_evals=num_value_evals,
     num_grad_evals=s.num_grad_evals,
-    converged=functools.reduce(jnp.logical_or, [status == c for c in converged]),
+    converged=converged(status),
     status=status,
     trace=_ordered(carry.trace, s),
     null_run=s.null_run,
@@ -148,21 +143,40 @@ def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
   )
 
 
-def while_primitive(running, body, carry):
+class Steps(NamedTuple):
+  """What a primitive drives (:func:`run`): a run's tests and its step, pure functions of
+  its carry.
+
+  Attributes:
+    running: ``running(carry) -> bool``: the stop rule has not held.
+    body: ``body(carry) -> carry``: one step, recorded and watched.
+    room: ``room(carry, steps) -> bool``: the budget leaves ``steps`` more updates (the
+      stop rule's ``max_steps``).
+  """
+
+  running: Callable[[_Carry], jax.Array]
+  body: Callable[[_Carry], _Carry]
+  room: Callable[[_Carry, int], jax.Array]
+
+
+def while_primitive(steps: Steps, carry):
   """The plain loop: ``lax.while_loop`` until the stop rule holds."""
-  return jax.lax.while_loop(running, body, carry)
+  return jax.lax.while_loop(steps.running, steps.body, carry)
 
 
-def blocks_primitive(check_every: int, max_steps):
+def blocks_primitive(check_every: int):
   """Blocks of ``check_every`` steps per test of the ``while_loop`` condition.
 
   The steps of a block run unmasked and the rule is evaluated after each; once it held
   inside a block, the run goes on step by step from that block's start, so the result,
   counts and trace are those of a test at every step (the block's steps after the stop
-  are computed and discarded). No block runs past ``max_steps``.
+  are computed and discarded). No block runs past ``max_steps``: where the budget leaves
+  less than a block, the last steps are tested one by one.
   """
 
-  def primitive(running, body, carry):
+  def primitive(steps: Steps, carry):
+    running, body = steps.running, steps.body
+
     def block(c):
       current, _, _ = c
 
@@ -176,7 +190,7 @@ def blocks_primitive(check_every: int, max_steps):
 
     def more(c):
       current, _, held = c
-      return ~held & (current.state.num_steps <= max_steps - check_every)
+      return ~held & steps.room(current, check_every)
 
     end, start, held = jax.lax.while_loop(more, block, (carry, carry, ~running(carry)))
     carry = jax.lax.cond(held, lambda: start, lambda: end)
@@ -189,9 +203,9 @@ def scan_primitive(length: int, checkpoint: bool = True):
   """``length`` iterations of a ``lax.scan`` (reverse mode enters it); an iteration after
   the stop rule held leaves the carry as it is (a ``lax.cond``)."""
 
-  def primitive(running, body, carry):
+  def primitive(steps: Steps, carry):
     def one(carry, _):
-      return jax.lax.cond(running(carry), body, lambda c: c, carry), None
+      return jax.lax.cond(steps.running(carry), steps.body, lambda c: c, carry), None
 
     one = jax.checkpoint(one) if checkpoint else one
     return jax.lax.scan(one, carry, length=length)[0]
@@ -202,11 +216,20 @@ def scan_primitive(length: int, checkpoint: bool = True):
 def run(
   loop_: Loop, program: Program, fun, params, opt_state=None, *, primitive=None, handle=None
 ) -> SolveResult:
-  """Runs ``loop_`` from ``params`` to its end with ``primitive`` (default: the while loop)."""
+  """Runs ``loop_`` from ``params`` to its end with ``primitive`` (default: the while loop).
+
+  A primitive is ``primitive(steps, carry) -> carry``: it runs the :class:`Steps` from the
+  carry of the first point until ``steps.running`` is False (or, a scan, for its length).
+  """
   primitive = primitive or while_primitive
   carry = _begin(loop_, program, params, opt_state, handle, None)
-  carry = primitive(_running, functools.partial(_advance, loop_, program), carry)
+  steps = Steps(_running, functools.partial(_advance, loop_, program), _room(loop_))
+  carry = primitive(steps, carry)
   return _end(loop_, program, fun, carry)
+
+
+def _room(loop_: Loop):
+  return lambda carry, steps: loop_.room(carry.state, steps)
 
 
 # --- a batch of problems that retires its finished members --------------------------------
@@ -248,7 +271,8 @@ def run_batch(
     opt_state: the members' optimizer states to resume (one row per member), or ``None``.
     sizes: the stage sizes (:func:`stage_sizes`); ``sizes[0]`` is the number of members.
     handle: the hook's handle (:mod:`hdm_optax.driver.hooks`).
-    stop_at_first_converged: end every member once one has converged (status ``STOPPED``).
+    stop_at_first_converged: end every member once one has converged (the others end
+      ``STOPPED``: :func:`~hdm_optax.driver.engine.judge`'s halt).
     first_member: the index of the first member in the whole batch (for the hook).
 
   Returns:
@@ -266,7 +290,7 @@ def run_batch(
   def stop(part):
     if not stop_at_first_converged:
       return jnp.asarray(False)
-    return jnp.any(jax.vmap(lambda c: _converged(c.state.status))(part))
+    return jnp.any(converged(part.state.status))
 
   def stage(rows, part, later, stopped):
     def go(part):
@@ -286,16 +310,14 @@ def run_batch(
     part = stage(take(members), take(batch), later, stopped)
     batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
   if stop_at_first_converged:  # the members still running end STOPPED
-    still = jax.vmap(_running)(batch)
-    status = jnp.where(still, jnp.int32(Status.STOPPED), batch.state.status)
-    batch = batch._replace(state=batch.state._replace(status=status))
+
+    def halt(member, carry, first):
+      return carry._replace(state=make(member)[0].stop(carry.state, first))
+
+    batch = jax.vmap(halt, in_axes=(0, 0, None))(members, batch, stop(batch))
 
   def end(member, carry):
     loop_, fun = make(member)
     return _end(loop_, program, fun, carry)
 
   return jax.vmap(end)(members, batch)
-
-
-def _converged(status) -> jax.Array:
-  return (status == Status.CONVERGED) | (status == Status.CONVERGED_IN_BOX)

@@ -15,9 +15,9 @@ from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import programs
-from hdm_optax.driver.limits import DEFAULT_MAX_STEPS
+from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import check_count
-from hdm_optax.driver.limits import check_limits
+from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
 
 __all__ = (
@@ -82,11 +82,6 @@ def _cut(trace, size):
 
 
 _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arrays
-
-
-def ftol_on(ftol) -> bool:
-  """Whether a run may stop on ``ftol`` (a static choice: a traced ``ftol`` may be nonzero)."""
-  return not isinstance(ftol, (int, float)) or ftol != 0
 
 
 def check_params(params, name: str = "init_params"):
@@ -208,8 +203,8 @@ def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, a
   def run(theta, rest):  # every traced value enters as an argument (none is closed over)
     arrays, x0, state, limits, handle = rest
     fun = lambda p: closed(p, *theta)
-    loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux, program.ftol)
-    primitive_ = make_primitive(primitive, limits)
+    loop_ = engine.make_loop(key.build(arrays), fun, limits, program.has_aux)
+    primitive_ = make_primitive(primitive)
     return runs.run(loop_, program, fun, x0, state, primitive=primitive_, handle=handle)
 
   rest = (arrays, x0, state, limits, handle)
@@ -236,35 +231,32 @@ def primitive_of(adjoint, check_every: int, max_steps) -> tuple:
         f"UnrolledAdjoint runs a scan of max_steps iterations; check_every={check_every} "
         "blocks a while loop: pass check_every=1 with UnrolledAdjoint."
       )
-    if isinstance(max_steps, jax.core.Tracer):
-      raise ValueError("UnrolledAdjoint needs max_steps as a Python int (the scan's length).")
+    if isinstance(max_steps, jax.core.Tracer) or max_steps >= np.iinfo(np.int32).max:
+      raise ValueError(
+        f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
+      )
     return ("scan", int(max_steps), adjoint.checkpoint)
   return ("blocks", check_every) if check_every > 1 else ("while",)
 
 
-def make_primitive(key: tuple, limits):
+def make_primitive(key: tuple):
   """The primitive :func:`primitive_of` named."""
   if key[0] == "scan":
     return runs.scan_primitive(key[1], key[2])
   if key[0] == "blocks":
-    return runs.blocks_primitive(key[1], limits.max_steps)
+    return runs.blocks_primitive(key[1])
   return runs.while_primitive
 
 
+@takes_limits
 def solve(
   optimizer: optax.GradientTransformation,
   fun: Callable[..., Any],
   init_params: Any,
   *,
-  max_steps: int = DEFAULT_MAX_STEPS,
-  tol: Any = 1e-4,
-  rtol: Any = 0.0,
-  ftol: Any = 0.0,
+  limits: Limits,
   init_state: Optional[Any] = None,
   fun_args: Sequence[Any] = (),
-  max_grad_evals: Optional[int] = None,
-  max_null_steps: Optional[int] = None,
-  min_value: Optional[float] = -1e20,
   has_aux: bool = False,
   check_every: int = 1,
   callback: Optional[Callable[[hooks.Snapshot], Any]] = None,
@@ -303,26 +295,21 @@ def solve(
       (``-> (scalar, aux)`` with ``has_aux``).
     init_params: x0, any pytree of float arrays of one dtype (a Python number or list of
       numbers becomes an array).
-    max_steps: the number of updates allowed (default 1000, the paper's budget).
-    tol: stop when ``||grad f||_inf <= tol`` (>= 0; 0 runs to the other limits).
-    rtol: also stop when ``||grad f||_inf <= rtol ||grad f(x0)||_inf`` (>= 0);
-      :attr:`SolveResult.tol` is the threshold used.
-    ftol: also stop (``CONVERGED_FTOL``) once an accepted update decreased f by at most
-      ``ftol max(|f_k|, |f_{k+1}|, 1)``, SciPy L-BFGS-B's test (0, the default: never).
+    limits: when the run stops: a :class:`~hdm_optax.driver.limits.Limits`, or its fields
+      as keywords (``tol=1e-6, max_steps=500``), each replacing its default (1000 steps,
+      the paper's budget; ``tol`` 1e-4; no ``ftol``): :class:`~hdm_optax.driver.limits.Limits`
+      says what each means. :attr:`SolveResult.tol` is the threshold used.
     init_state: resume from this state of the same optimizer (``result.state``); its box
       is replaced by the optimizer's.
     fun_args: extra arguments of ``fun`` (e.g. the data).
-    max_grad_evals: stop before an update once this many gradient calls were made.
-    max_null_steps: stop (``STALLED``) after this many rejected updates in a row
-      (``None``: never; HDM's null steps still adapt the method).
-    min_value: stop (``UNBOUNDED``) once f < min_value (``None``: never).
     has_aux: ``fun`` returns ``(value, aux)``; ``aux`` at the final params is in
       :attr:`SolveResult.aux` (one more evaluation of ``fun``, counted).
     check_every: test the stop rule in the ``while_loop`` once per this many steps (the
       result is the same; on a GPU each test is a round trip to the host).
     callback: ``callback(snapshot)`` on the host after every step
       (:class:`hdm_optax.driver.hooks.Snapshot`); returning True or raising
-      ``StopIteration`` stops the run (``STOPPED``); another exception is raised again
+      ``StopIteration`` stops the run (``STOPPED``, unless the stop rule held at that step);
+      another exception is raised again
       from ``solve`` with the partial result as its ``.result``. A new callback object does
       not compile a new program.
     progress: a live line on stderr (steps, calls, f, ||grad f||, null steps, seconds).
@@ -350,15 +337,6 @@ def solve(
     >>> bool(res.converged), res.message
     (True, 'converged: ||grad f||_inf <= tol')
   """
-  limits = check_limits(
-    tol=tol,
-    rtol=rtol,
-    ftol=ftol,
-    max_steps=max_steps,
-    max_grad_evals=max_grad_evals,
-    max_null_steps=max_null_steps,
-    min_value=min_value,
-  )
   init_params = check_params(init_params)
   check_every = _check_every(check_every)
   hook = hooks.check_hook(callback, progress)
@@ -367,11 +345,11 @@ def solve(
       f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
     )
   adjoint = adjoint_lib.check_adjoint(adjoint)
-  primitive = primitive_of(adjoint, check_every, max_steps)
-  inputs = (init_params, tuple(fun_args), init_state, tol, rtol)
+  primitive = primitive_of(adjoint, check_every, limits.max_steps)
+  inputs = (init_params, tuple(fun_args), init_state, limits.tol, limits.rtol)
   traced = bool(tracers(inputs))
-  kept, shown = trace_size(trace, max_steps, inputs)
-  program = runs.Program(kept, hook, bool(has_aux), ftol_on(ftol))
+  kept, shown = trace_size(trace, limits.max_steps, inputs)
+  program = runs.Program(kept, hook, bool(has_aux))
   try:
     key, arrays, closed, args = statics_of(optimizer, fun, init_params, fun_args)
   except programs.Uncacheable:

@@ -1,0 +1,1 @@
+"""Small scripts that measure the code: its size, and what a change did to its results."""
