@@ -13,8 +13,8 @@ their result types. The parts the methods are configured from are in
 """
 
 from hdm_optax import pieces
-from hdm_optax._common import HDMInfo
-from hdm_optax._common import values_at_params
+from hdm_optax._info import HDMInfo
+from hdm_optax._stale import values_at_params
 from hdm_optax.compilation_cache import enable_compilation_cache
 from hdm_optax.driver.adjoint import ImplicitAdjoint
 from hdm_optax.driver.adjoint import ImplicitGradientWarning
@@ -23,10 +23,10 @@ from hdm_optax.driver.cache import value_and_grad_from_state
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
 from hdm_optax.driver.engine import loop
-from hdm_optax.driver.minibatch import MinibatchStats
-from hdm_optax.driver.minibatch import minibatch_step
-from hdm_optax.driver.scipy_api import minimize
-from hdm_optax.driver.results import MinimizeResult
+from hdm_optax.adapters.minibatch import MinibatchStats
+from hdm_optax.adapters.minibatch import minibatch_step
+from hdm_optax.adapters.scipy_api import MinimizeResult
+from hdm_optax.adapters.scipy_api import minimize
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import SweepResult

@@ -1,6 +1,6 @@
 """A batched loop's step, written only where its member runs.
 
-A batched loop (:func:`hdm_optax.driver.runs.run_batch`) steps every member and keeps a
+A batched loop (:class:`hdm_optax.driver.runs.Staged`) steps every member and keeps a
 stopped member's state as it was, ``where(running, new, old)`` leaf by leaf: a pass over the
 whole state at every step. A secant memory's step changes one row of its pairs; where that
 row is written only for the members that run (:func:`hdm_optax.pieces.lbfgs.memory`), the

@@ -1,9 +1,9 @@
-"""``hdm_optax.optimistix_adapter``: :class:`HDMMinimiser`, from :mod:`hdm_optax.driver.optimistix`.
+"""``hdm_optax.optimistix_adapter``: :class:`HDMMinimiser`, from :mod:`hdm_optax.adapters.optimistix`.
 
 Needs ``optimistix``; ``import hdm_optax`` does not import it.
 """
 
-from hdm_optax.driver.optimistix import HDMMinimiser
-from hdm_optax.driver.optimistix import HDMMinimiserState
+from hdm_optax.adapters.optimistix import HDMMinimiser
+from hdm_optax.adapters.optimistix import HDMMinimiserState
 
 __all__ = ("HDMMinimiser", "HDMMinimiserState")

@@ -15,7 +15,8 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import bounded
 
@@ -154,17 +155,31 @@ def test_one_free_set_per_update(monkeypatch):
   assert len(calls) == 1
 
 
-def test_the_driver_finds_a_box_by_its_type():
-  """held_box finds a Box wherever a state holds it, under any field name."""
+def test_the_driver_finds_a_box_by_the_protocol():
+  """A state declares its box by driver_box() (hdm_optax.driver.protocol), at any depth; a
+  state that holds a Box without saying so has none for the driver (no isinstance)."""
 
   class Holder(NamedTuple):
     bounds: Any
 
+  class Speaker(NamedTuple):
+    bounds: Any
+    value: Any = 0.0
+    grad: Any = 0.0
+
+    def driver_verdict(self):
+      return jnp.asarray(True)
+
+    def driver_box(self):
+      return self.bounds
+
   box = box_lib.make_box(jnp.zeros(2), 0.0, 1.0)
-  assert box_lib.held_box(Holder(box), Holder(box)) is box
-  assert box_lib.held_box(Holder(None), Holder(None)) is None
-  with pytest.raises(ValueError, match="last one of the chain"):
-    box_lib.held_box((Holder(box), Holder(None)), Holder(None))
+  assert protocol.box_of(Speaker(box)) is box
+  assert protocol.box_of((Holder(None), Speaker(box))) is box  # the last of a chain
+  assert protocol.box_of(Holder(box)) is None and protocol.box_of(Speaker(None)) is None
+  for elsewhere in ((Speaker(box), Speaker(None)), {"inner": Speaker(box)}):
+    with pytest.raises(ValueError, match="last one of the chain"):
+      protocol.box_of(elsewhere)
 
 
 def test_infeasible_start_is_projected_and_pytrees_with_scalars():
@@ -258,9 +273,9 @@ def test_minimize_errors():
 def test_minimize_compiles_once():
   """Another start, box, data and tol reuse the compiled program."""
   fun = lambda x, t: jnp.sum((x - t) ** 2)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   hdm_optax.minimize(fun, jnp.zeros(3), args=(jnp.ones(3),), bounds=(jnp.zeros(3), jnp.ones(3)))
-  first = solving.compiled_count()
+  first = programs.compiled_count()
   res = hdm_optax.minimize(
     fun,
     jnp.full(3, 2.0),
@@ -268,7 +283,7 @@ def test_minimize_compiles_once():
     bounds=(jnp.full(3, -1.0), jnp.full(3, 0.5)),
     tol=1e-8,
   )
-  assert first == before + 1 and solving.compiled_count() == first
+  assert first == before + 1 and programs.compiled_count() == first
   np.testing.assert_allclose(np.asarray(res.params), 0.5)
 
 

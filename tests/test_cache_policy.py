@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
 
 X0 = jnp.zeros(3)
 
@@ -28,9 +28,9 @@ def test_a_new_lambda_of_the_same_code_reuses_the_program():
   """fun is compared by its trace, not its identity (a lambda built at every call)."""
   target = jnp.array([1.0, 2.0, 3.0])
   _solve(lambda x: jnp.sum((x - target) ** 2))
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   res = _solve(lambda x: jnp.sum((x - target) ** 2))
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
   np.testing.assert_allclose(res.params, target, atol=1e-6)
 
 
@@ -43,9 +43,9 @@ def test_a_changed_python_number_compiles_a_new_program():
 def test_a_python_float_in_fun_args_is_a_value_of_the_program():
   fun = lambda x, c: jnp.sum((x - c) ** 2)
   _solve(fun, fun_args=(1.0,))
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   res = _solve(fun, fun_args=(2.5,))
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
   np.testing.assert_allclose(res.params, 2.5, atol=1e-6)
 
 
@@ -63,9 +63,9 @@ def test_arrays_a_jitted_inner_function_reads_are_compared_by_content():
   the same."""
   fun = lambda x: _inner(x)
   first = _solve(fun)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   again = _solve(fun)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
   np.testing.assert_allclose(again.params, first.params)
   fresh = jax.jit(lambda x: jax.grad(_inner)(x))  # what JAX itself answers now
   np.testing.assert_allclose(jax.grad(_inner)(again.params), fresh(again.params), atol=1e-9)
@@ -76,11 +76,11 @@ def test_an_equal_optax_chain_built_again_reuses_the_program():
   fun = lambda x: jnp.sum((x - 1.0) ** 2)
   make = lambda: optax.chain(optax.clip(10.0), hdm_optax.trial_lbfgs())
   hdm_optax.solve(make(), fun, X0)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   hdm_optax.solve(make(), fun, X0)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
   hdm_optax.solve(optax.chain(optax.clip(5.0), hdm_optax.trial_lbfgs()), fun, X0)
-  assert solving.compiled_count() == before + 1  # another clip: another program
+  assert programs.compiled_count() == before + 1  # another clip: another program
 
 
 def test_a_numpy_array_an_optax_transformation_holds_is_compared_by_content():
@@ -100,12 +100,12 @@ def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
     pytest.skip("the elemental emitters are an XLA:CPU option; other backends keep defaults")
   elemental = {"xla_cpu_use_fusion_emitters": False}
   small = (jnp.zeros(10), (jnp.ones((100, 10)),))
-  large = (jnp.zeros(10), (jnp.ones((solving.SMALL_PROGRAM, 2)),))
-  assert solving.compiler_options(small) == elemental
-  assert solving.compiler_options(large) == {}
+  large = (jnp.zeros(10), (jnp.ones((programs.SMALL_PROGRAM, 2)),))
+  assert programs.compiler_options(small) == elemental
+  assert programs.compiler_options(large) == {}
   # The front door compiles a small problem's program with them.
   _solve(lambda x: jnp.sum((x - 4.0) ** 2))
-  assert any(options == tuple(elemental.items()) for _, options in solving._PROGRAMS)
+  assert any(options == tuple(elemental.items()) for _, options in programs._PROGRAMS)
 
 
 def test_a_solve_staged_in_a_callers_jit_takes_the_callers_options():

@@ -18,7 +18,7 @@ import pytest
 
 import hdm_optax
 from helpers import Compilations
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
 
 X0 = jnp.zeros(3)
 FIRST, SECOND = jnp.array([1.0, -2.0, 3.0]), jnp.array([-4.0, 5.0, 0.5])
@@ -149,10 +149,10 @@ def test_rebound_data_is_solved_without_a_new_compile(case, driver):
   run, _ = DRIVERS[driver]
   fun, rebind = case()
   np.testing.assert_allclose(run(fun), FIRST, atol=1e-5)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   rebind(SECOND)
   np.testing.assert_allclose(run(fun), SECOND, atol=1e-5)  # main: FIRST again
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
 
 
 @jax.custom_vjp
@@ -170,25 +170,25 @@ def test_an_objective_with_a_custom_derivative_compiles_once():
   fun = lambda x, c: 0.5 * jnp.sum(_shifted(x, c) ** 2)
   run = lambda c: hdm_optax.solve(SGD, fun, X0, fun_args=(c,), max_steps=5).params
   np.testing.assert_allclose(run(FIRST), FIRST)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   np.testing.assert_allclose(run(SECOND), SECOND)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
   grid = lambda c: hdm_optax.sweep(_sgd, {"learning_rate": [1.0]}, fun, X0, fun_args=(c,))
   np.testing.assert_allclose(grid(FIRST).results.params[0], FIRST)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   np.testing.assert_allclose(grid(SECOND).results.params[0], SECOND)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
 
 
 def test_an_equinox_module_is_the_objective():
   """A Module as ``fun`` (main could not hash it); a new Module of one structure reuses the
   program."""
   first = hdm_optax.solve(SGD, Model(FIRST), X0, max_steps=5)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   second = hdm_optax.solve(SGD, Model(SECOND), X0, max_steps=5)
   np.testing.assert_allclose(first.params, FIRST)
   np.testing.assert_allclose(second.params, SECOND)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before
 
 
 SCALE = 1.0
@@ -203,13 +203,13 @@ def test_a_changed_python_number_compiles_anew_rather_than_answering_stale():
   sgd = optax.sgd(0.5)
   run = lambda: hdm_optax.solve(sgd, _scaled, X0, max_steps=1, tol=0.0).params
   np.testing.assert_allclose(run(), 0.5 * FIRST)  # x1 = x0 - 0.5 * SCALE * (x0 - c)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   SCALE = 2.0
   try:
     np.testing.assert_allclose(run(), FIRST)
   finally:
     SCALE = 1.0
-  assert solving.compiled_count() == before + 1
+  assert programs.compiled_count() == before + 1
 
 
 def test_functions_in_fun_args_with_aux_and_pytree_params():
@@ -264,7 +264,7 @@ def test_a_bound_method_accessed_at_each_call_reuses_the_program():
   ``jax.jit``'s static arguments do."""
   holder = Holder(FIRST)
   hdm_optax.solve(SGD, holder.loss, X0, max_steps=5)
-  before = solving.compiled_count()
+  before = programs.compiled_count()
   holder.c = SECOND
   np.testing.assert_allclose(hdm_optax.solve(SGD, holder.loss, X0, max_steps=5).params, SECOND)
-  assert solving.compiled_count() == before
+  assert programs.compiled_count() == before

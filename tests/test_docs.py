@@ -28,7 +28,8 @@ from hdm_optax.methods import (
 from hdm_optax.pieces import acceptance, backtracking, box, candidates, curvature, decay, directions
 from hdm_optax.pieces import hypergradient, learners, momentum, shell, step_control
 from hdm_optax.pieces.lbfgs import bounded, direction, memory, step_rule
-from hdm_optax.driver import adjoint, cache, engine, programs, scipy_api, solving
+from hdm_optax.adapters import scipy_api
+from hdm_optax.driver import adjoint, cache, engine, programs, runs, solving
 
 PIECES = [
   acceptance,
@@ -159,7 +160,7 @@ def test_guide_default_max_steps_and_its_trace():
   assert {leaf.shape for leaf in jax.tree.leaves(jax.eval_shape(asked, jnp.ones((4, 2))))} == {
     (4, 8)
   }
-  assert solving.trace_size(None, 10**8, ()) == (1024, 1024)
+  assert runs.trace_size(None, 10**8, batch=False) == (1024, 1024)
 
 
 def _rosenbrock(x):

@@ -11,11 +11,11 @@ import optax
 import pytest
 
 import hdm_optax
-from hdm_optax import _common
+
 from helpers import Compilations, logistic, logistic_problem, python_blocks
 from hdm_optax.driver import engine
 from hdm_optax.driver import limits as limits_lib
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends
@@ -39,7 +39,7 @@ IDS = [f.__name__ for f, _, _ in FACTORIES]
 
 
 def _cache_size():
-  return solving.compiled_count()  # pylint: disable=protected-access
+  return programs.compiled_count()  # pylint: disable=protected-access
 
 
 # ---------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def test_value_at_params_leaves_the_check_out():
     _, promised = opt.update(
       grad, state, x, value=value, grad=grad, value_fn=fun, value_at_params=True
     )
-    with _common.values_at_params():
+    with hdm_optax.values_at_params():
       _, context = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
   assert _stale(promised) == _stale(context) == 0
   assert _grad_evals(promised) == _grad_evals(context) == calls + 1

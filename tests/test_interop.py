@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import hdm_optax  # noqa: E402
 from helpers import EVERY_STEP, counting, logistic  # noqa: E402
 from fast_jit import FAST_COMPILE, run_jit  # noqa: E402
-from hdm_optax.driver import solving  # noqa: E402
+from hdm_optax.driver import programs  # noqa: E402
 
 
 # A small ridge-regularized logistic regression, data passed as arguments.
@@ -398,7 +398,7 @@ def test_jitted_update_compiles_once():
 
 def test_solve_does_not_recompile_for_new_values():
   opt = hdm_optax.hdm(precond_lr=0.5125)  # a configuration no other test compiles
-  cache = solving.compiled_count
+  cache = programs.compiled_count
   before = cache()
   r1 = hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y))
   after_first = cache()

@@ -143,7 +143,7 @@ def test_loss_fn_must_be_callable():
 
 
 def test_docs_and_docstring_examples_run():
-  from hdm_optax.driver import minibatch
+  from hdm_optax.adapters import minibatch
 
   check_doctests(minibatch)
   run_page("docs/minibatch.md")

@@ -218,7 +218,7 @@ def test_hdm_optax_imports_without_optimistix():
 
 
 def test_docs_and_docstring_examples_run():
-  from hdm_optax.driver import optimistix
+  from hdm_optax.adapters import optimistix
 
   check_doctests(optimistix)
   run_page("docs/optimistix.md")

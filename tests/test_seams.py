@@ -472,7 +472,7 @@ def test_a_weight_decay_before_an_hdm_method_is_detected_in_the_users_loop(metho
   opt = optax.chain(optax.add_decayed_weights(1e-3), method())
   _, state = _own_loop(opt, fun, jnp.ones(10), 300)
   assert _uphill_trials(state) > 100
-  advice = hdm_optax._common.uphill_advice(state)  # pylint: disable=protected-access
+  advice = hdm_optax._info.uphill_advice(state)  # pylint: disable=protected-access
   assert "put the term in f" in advice and "add_decayed_weights" in advice
   _, clipped = _own_loop(
     optax.chain(optax.clip_by_global_norm(0.1), method()), fun, jnp.ones(10), 50

@@ -15,7 +15,7 @@ import pytest
 
 import hdm_optax
 from hdm_optax import _gating
-from hdm_optax.driver import solving
+from hdm_optax.driver import programs
 from hdm_optax.driver import runs
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
@@ -102,10 +102,10 @@ def test_new_data_and_an_equal_optimizer_do_not_compile_again():
   d, c = spread_batch(8, 3, jnp.float64)
   x0 = jnp.zeros_like(c)
   hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d, c))
-  before = solving.compiled_count()  # pylint: disable=protected-access
+  before = programs.compiled_count()  # pylint: disable=protected-access
   d2, c2 = spread_batch(8, 3, jnp.float64, seed=5)
   out = hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d2, c2))
-  assert solving.compiled_count() == before  # pylint: disable=protected-access
+  assert programs.compiled_count() == before  # pylint: disable=protected-access
   ref = lockstep(hdm_optax.trial_lbfgs(), x0, d2, c2, max_steps=1000, tol=1e-4)
   np.testing.assert_allclose(out.params, ref.params, rtol=1e-9, atol=1e-12)
 

@@ -196,10 +196,10 @@ def test_cache_at_params_reads_the_structure():
   cached = [best, optax.chain(optax.scale(2.0), best), optax.lbfgs()]
   cached += [optax.apply_if_finite(best, 3), optax.inject_hyperparams(optax.sgd)(0.1)]
   for opt in cached[:4]:
-    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is not None
+    assert hdm_optax.driver.protocol.cache_at_params(opt.init(x)) is not None
   for opt in (optax.chain(best, optax.scale(0.5)), optax.adam(0.1), optax.named_chain(("b", best))):
-    assert hdm_optax.driver.cache.cache_at_params(opt.init(x)) is None
-  assert hdm_optax.driver.cache.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
+    assert hdm_optax.driver.protocol.cache_at_params(opt.init(x)) is None
+  assert hdm_optax.driver.protocol.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
 
 
 def test_value_and_grad_from_state_never_returns_a_stale_cache():
@@ -422,16 +422,16 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
-  before = solving.compiled_count()  # pylint: disable=protected-access
+  before = programs.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
-  first = solving.compiled_count()  # pylint: disable=protected-access
+  first = programs.compiled_count()  # pylint: disable=protected-access
   hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
-  assert first == before + 1 and solving.compiled_count() == first  # pylint: disable=protected-access
+  assert first == before + 1 and programs.compiled_count() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
-  before = solving.compiled_count()  # pylint: disable=protected-access
+  before = programs.compiled_count()  # pylint: disable=protected-access
   for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
-  assert solving.compiled_count() == before + 1  # pylint: disable=protected-access
+  assert programs.compiled_count() == before + 1  # pylint: disable=protected-access
 
 
 def test_solve_inside_jit_vmap_and_grad_without_private_jax():

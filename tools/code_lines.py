@@ -21,6 +21,7 @@ ENGINE = (
   "engine",
   "runs",
   "programs",
+  "protocol",
   "hooks",
   "results",
   "limits",
@@ -30,6 +31,7 @@ ENGINE = (
   "cache",
   "adjoint",
 )
+ADAPTERS = ROOT / "hdm_optax" / "adapters"
 LONG = 60
 
 
@@ -88,12 +90,12 @@ def main(argv=None) -> None:
   engine = [DRIVER / f"{name}.py" for name in ENGINE if (DRIVER / f"{name}.py").exists()]
   driver = sorted(DRIVER.rglob("*.py"))
   library = sorted((ROOT / "hdm_optax").rglob("*.py"))
-  rest = [p for p in driver if p not in engine]
-  for label, paths in (("engine and front doors", engine), ("rest of the driver", rest)):
+  rest = [p for p in driver if p not in engine] + sorted(ADAPTERS.rglob("*.py"))
+  for label, paths in (("engine and front doors", engine), ("adapters and the rest", rest)):
     print(f"{label}: {sum(map(count, paths))}")
     for path in paths:
       print(f"  {count(path):5d}  {path.relative_to(ROOT)}")
-  print(f"driver: {sum(map(count, driver))}")
+  print(f"driver and adapters: {sum(map(count, driver + sorted(ADAPTERS.rglob('*.py'))))}")
   print(f"library: {sum(map(count, library))}")
   if args.long:
     found = [f for path in library for f in long_functions(path)]

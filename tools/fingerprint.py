@@ -271,9 +271,36 @@ def scenarios() -> dict:
       ).params
     )
     out.append(jax.grad(batch)(D))
+    unrolled = lambda D: jnp.sum(
+      hdm_optax.solve_batch(
+        hdm_optax.trial_lbfgs(),
+        quad,
+        jnp.zeros(3),
+        fun_args=(D,),
+        in_axes=(None, 0),
+        tol=1e-10,
+        compact=False,
+        max_steps=40,
+        adjoint=hdm_optax.UnrolledAdjoint(),
+      ).params
+    )
+    out.append(jax.grad(unrolled)(D))
     return out
 
   s["adjoint/grads"] = grads
+  s["batch/unrolled"] = lambda: hdm_optax.solve_batch(
+    hdm_optax.hdm_best(),
+    quad,
+    jnp.zeros(3),
+    fun_args=(D,),
+    in_axes=(None, 0),
+    compact=False,
+    tol=1e-9,
+    max_steps=60,
+    adjoint=hdm_optax.UnrolledAdjoint(),
+    trace=70,
+  )
+  s["solve/unrolled"] = lambda: _solve("hdm_best", adjoint=hdm_optax.UnrolledAdjoint(), trace=40)
 
   def own_loop():
     run = hdm_optax.loop(

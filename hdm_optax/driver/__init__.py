@@ -2,28 +2,30 @@
 
 The algorithm side (the methods and their pieces) and this side meet only in the optax
 transformation protocol: ``init``, ``update`` with ``value``, ``grad`` and ``value_fn``,
-and the cache contract of the state (:mod:`~hdm_optax.driver.cache`).
+what the driver reads of a state (its cache, verdict, box and preconditioner:
+:mod:`~hdm_optax.driver.protocol`, with defaults for any optax transformation), and a
+factory's configuration (:func:`~hdm_optax.driver.programs.configured`), on which the cache
+policy keys a transformation.
 
 - :mod:`~hdm_optax.driver.engine`: the one loop (``start``, ``step``, the stop rule
   :func:`~hdm_optax.driver.engine.judge`).
 - :mod:`~hdm_optax.driver.runs`: that loop run to its end, with the trace and the hook,
-  under a primitive (a ``while_loop``, blocks of steps, a ``scan`` for reverse mode), and
-  the staged batch that retires members.
+  under a primitive (a ``while_loop``, blocks of steps, a ``scan`` for reverse mode, the
+  staged batch that retires members).
 - :mod:`~hdm_optax.driver.limits`: the numbers that stop a run.
 - :mod:`~hdm_optax.driver.hooks`: the callback and the progress line, one host dispatcher.
-- :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, and
-  what enters it as arguments).
-- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run.
+- :mod:`~hdm_optax.driver.programs`: the one cache policy (what a program is keyed on, what
+  enters it as arguments, the compiled programs).
+- :mod:`~hdm_optax.driver.adjoint`: how ``jax.grad`` goes through a run; the adjoint picks
+  the run's primitive.
 - The front doors: :mod:`~hdm_optax.driver.solving` (:func:`solve`),
   :mod:`~hdm_optax.driver.batching` (:func:`solve_batch`, :func:`sweep`, with
-  :mod:`~hdm_optax.driver.members` for the problems and the grid of a batch),
-  :mod:`~hdm_optax.driver.scipy_api` (:func:`minimize`, with
-  :mod:`~hdm_optax.driver.objective` for SciPy's ``fun`` and ``jac``),
-  :mod:`~hdm_optax.driver.minibatch` (:func:`minibatch_step`), and
+  :mod:`~hdm_optax.driver.members` for the problems and the grid of a batch), and
   :func:`~hdm_optax.driver.engine.loop` for a loop of one's own.
 - :mod:`~hdm_optax.driver.results`: :class:`Status`, :class:`Trace`, :class:`SolveResult`.
-- :mod:`~hdm_optax.driver.optimistix`: the loop as an optimistix minimiser (optional, needs
-  optimistix; not imported here).
+
+The adapters (``minimize``, ``minibatch_step``, the optimistix minimiser) are clients of
+these front doors and live beside the driver: :mod:`hdm_optax.adapters`.
 """
 
 from hdm_optax.driver import adjoint
@@ -33,12 +35,10 @@ from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
 from hdm_optax.driver import limits
 from hdm_optax.driver import members
-from hdm_optax.driver import minibatch
-from hdm_optax.driver import objective
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import results
 from hdm_optax.driver import runs
-from hdm_optax.driver import scipy_api
 from hdm_optax.driver import solving
 
 __all__ = (
@@ -49,11 +49,9 @@ __all__ = (
   "hooks",
   "limits",
   "members",
-  "minibatch",
-  "objective",
   "programs",
+  "protocol",
   "results",
   "runs",
-  "scipy_api",
   "solving",
 )

@@ -2,7 +2,10 @@ r"""Differentiating through a run: :class:`ImplicitAdjoint` and :class:`Unrolled
 
 Every front door takes ``adjoint=``, which says how ``jax.grad``, ``jax.vjp`` and ``jax.jvp``
 see the returned ``params`` (and ``value``) as functions of ``fun_args`` and of the arrays
-``fun`` closes over:
+``fun`` closes over. The adjoint picks the loop (as optimistix's ``adjoint.apply`` does):
+its ``primitive`` and ``batch_primitive`` are the runs' loops
+(:mod:`hdm_optax.driver.runs`), and its ``apply`` wraps the run (the implicit rule, or
+nothing):
 
 - :class:`ImplicitAdjoint` (the default): the run itself is not differentiated. At the
   returned point :math:`x^*(\theta)`, where :math:`\nabla_x f(x^*, \theta) = 0`, the
@@ -12,11 +15,12 @@ see the returned ``params`` (and ``value``) as functions of ``fun_args`` and of 
   the optimizer kept some), in a ``jax.lax.custom_linear_solve``. The rule is a
   ``jax.custom_jvp`` whose tangent rule reaches the solution through the rule itself, so it
   can be differentiated again (``jax.hessian``, ``grad`` of ``grad``). With a box, the
-  variables that L-BFGS-B's projected gradient puts on a bound (:math:`x_i - g_i \le l_i`
+  variables that L-BFGS-B's projected gradient puts on a bound
+  (:func:`hdm_optax.pieces.box.free_at_solution` says why this set) (:math:`x_i - g_i \le l_i`
   with :math:`g_i > 0`, or the same at :math:`u_i`) have derivative 0 and the system is
   :math:`H_{FF}` on the others. ``x0`` and ``init_state`` get zero derivatives.
 - :class:`UnrolledAdjoint`: the run of ``max_steps`` iterations is a ``lax.scan``
-  (:func:`hdm_optax.driver.runs.scan_primitive`) and reverse mode goes through every
+  (:class:`hdm_optax.driver.runs.Scan`) and reverse mode goes through every
   iteration, each under ``jax.checkpoint``: the derivative of the truncated run as it ran.
 
 Where the implicit rule's assumptions fail it says so, once per differentiated call, with
@@ -42,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax.driver import engine
-from hdm_optax.pieces.lbfgs import memory as memory_lib
+from hdm_optax.driver import protocol
+from hdm_optax.driver import runs
 
 __all__ = (
   "ImplicitAdjoint",
@@ -89,6 +93,21 @@ class ImplicitAdjoint(NamedTuple):
   rtol: Optional[float] = None
   precondition: bool = True
 
+  def primitive(self, check_every: int, max_steps) -> Any:
+    """The loop of one run: the plain ``while_loop``, or blocks of ``check_every`` steps."""
+    del max_steps  # a value of the program
+    return runs.Blocks(check_every) if check_every > 1 else runs.While()
+
+  def batch_primitive(self, size: int, compact: bool, stop_at_first_converged: bool, max_steps):
+    """The loop of a batch of ``size`` members: stages that retire the finished ones
+    (:func:`~hdm_optax.driver.runs.stage_sizes`; one stage without ``compact``)."""
+    del max_steps
+    return runs.Staged(runs.stage_sizes(size, compact), bool(stop_at_first_converged))
+
+  def apply(self, run, objective, theta, start, batched=None):
+    """``run(theta, start)``, differentiable in ``theta`` (:func:`implicit_solution`)."""
+    return implicit_solution(self, run, objective, theta, start, batched)
+
 
 class UnrolledAdjoint(NamedTuple):
   """Derivatives through the iterations of a fixed-budget run (``lax.scan``).
@@ -113,6 +132,49 @@ class UnrolledAdjoint(NamedTuple):
   """
 
   checkpoint: bool = True
+
+  def primitive(self, check_every: int, max_steps) -> Any:
+    """The loop of one run: a ``lax.scan`` of ``max_steps`` iterations.
+
+    Raises:
+      ValueError: ``check_every`` other than 1, or ``max_steps`` not a Python int.
+    """
+    if check_every != 1:
+      raise ValueError(
+        f"UnrolledAdjoint runs a scan of max_steps iterations; check_every={check_every} "
+        "blocks a while loop: pass check_every=1 with UnrolledAdjoint."
+      )
+    if isinstance(max_steps, jax.core.Tracer) or max_steps >= np.iinfo(np.int32).max:
+      raise ValueError(
+        f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
+      )
+    return runs.Scan(int(max_steps), self.checkpoint)
+
+  def batch_primitive(self, size: int, compact: bool, stop_at_first_converged: bool, max_steps):
+    """The loop of a batch: every member's scan, in lockstep.
+
+    Raises:
+      ValueError: ``compact`` or ``stop_at_first_converged``, which a scan of every member
+        cannot honour.
+    """
+    del size
+    if compact:
+      raise ValueError(
+        "UnrolledAdjoint with compact=True is not offered: retiring members needs while "
+        "loops, which reverse mode cannot enter. Pass compact=False (a lockstep scan) or the "
+        "default ImplicitAdjoint."
+      )
+    if stop_at_first_converged:
+      raise ValueError(
+        "UnrolledAdjoint with stop_at_first_converged=True is not offered: every member "
+        "runs its scan of max_steps iterations. Drop one of them."
+      )
+    return runs.Lockstep(self.primitive(1, max_steps))
+
+  def apply(self, run, objective, theta, start, batched=None):
+    """``run(theta, start)``: reverse mode goes through the scan's iterations."""
+    del objective, batched
+    return run(theta, start)
 
 
 def check_adjoint(adjoint) -> Any:
@@ -249,29 +311,6 @@ def _where_free(free, v, other):
   return jax.tree.map(lambda f, a, o: jnp.where(f, a, o), free, v, other)
 
 
-def _active_set(box, x, grad, tol):
-  """``(free, degenerate)``: L-BFGS-B's projected gradient decides which variables are bound.
-
-  A variable is bound where the projected gradient step ends on a bound, ``x - g <= l``
-  with ``g > 0`` (or ``x - g >= u`` with ``g < 0``); it is degenerate where it lies within
-  ``tol`` of a bound with ``|g| <= tol`` (the side is then a matter of rounding).
-  """
-  if box is None:
-    return None, jnp.int32(0)
-
-  def leaf(lo, hi, xi, gi):
-    bound = ((xi - gi <= lo) & (gi > 0)) | ((xi - gi >= hi) & (gi < 0))
-    near = (jnp.abs(xi - lo) <= tol) | (jnp.abs(hi - xi) <= tol)
-    return ~bound, near & (jnp.abs(gi) <= tol)
-
-  pairs = jax.tree.map(leaf, box.lower, box.upper, x, grad)
-  free = jax.tree.map(lambda p: p[0], pairs, is_leaf=lambda p: isinstance(p, tuple))
-  odd = jax.tree.leaves(
-    jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple))
-  )
-  return free, sum(odd, jnp.int32(0))
-
-
 def _zero_tangent(tree):
   def zero(a):
     if jnp.issubdtype(jnp.result_type(a), jnp.inexact):
@@ -286,8 +325,10 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
   x = result.params
   gradient = jax.grad(objective)
   grad_x = gradient(x, theta)
-  box = engine.box_of(result.state)
-  free, degenerate = _active_set(box, x, grad_x, result.tol)
+  box = protocol.box_of(result.state)
+  free, degenerate = (
+    (None, jnp.int32(0)) if box is None else box.free_at_solution(x, grad_x, result.tol)
+  )
   zero = optax.tree.zeros_like(x)
   # The right-hand side -(d/dtheta grad_x f) theta_dot, on the free variables.
   _, cross = jax.jvp(lambda th: gradient(x, th), (theta,), (theta_dot,))
@@ -299,7 +340,7 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
 
   precond = None
   if adjoint.precondition:  # H_m of the run's pairs on the free variables (or None)
-    precond = memory_lib.preconditioner(jax.lax.stop_gradient(result.state), free)
+    precond = protocol.preconditioner(jax.lax.stop_gradient(result.state), free)
   dtype = jax.tree.leaves(x)[0].dtype
   rtol = adjoint.rtol if adjoint.rtol is not None else float(jnp.finfo(dtype).eps) ** 0.6
 

@@ -1,6 +1,6 @@
 """``solve_batch`` and ``sweep``: many problems, or a grid of settings, as one program.
 
-Both run the engine's batched loop (:func:`hdm_optax.driver.runs.run_batch`): every
+Both run the engine's batched loop (:class:`hdm_optax.driver.runs.Staged`): every
 member runs the loop of :func:`hdm_optax.solve`, and once three quarters of a stage have
 stopped, the members still running go on as a batch a quarter the size. With ``devices=``
 the members are spread over the devices (``jax.shard_map``), each device retiring its own
@@ -17,14 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.driver import adjoint as adjoint_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
-from hdm_optax.driver import solving
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
@@ -40,23 +39,19 @@ class _Plan(NamedTuple):
   """The static shape of a batch program.
 
   Attributes:
-    sizes: the stage sizes (of the members on one device).
+    primitive: the batch's loop, as the adjoint picked it (:mod:`hdm_optax.driver.runs`).
     mapped: per leaf of ``(init_params, theta)``: on the batch axis (``theta``: the dynamic
       arguments of the objective, its closed-over arrays last).
     theta_def: the structure of ``theta``.
     in_order: the members are the problems in order (no gather).
-    stop_at_first_converged: end every member once one converged.
     devices: the devices the members are spread over, or ``None``.
-    unrolled_steps: the scan's length under :class:`UnrolledAdjoint`.
   """
 
-  sizes: tuple
+  primitive: Any
   mapped: tuple
   theta_def: Any
   in_order: bool
-  stop_at_first_converged: bool
   devices: Optional[tuple]
-  unrolled_steps: int
 
 
 def _batch_entry(
@@ -87,47 +82,25 @@ def _batch_entry(
       return engine.make_loop(optimizer, fun, limits, program.has_aux), fun
 
     members = (columns, member_rows)
-    if not isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-      return _run_members(make, program, plan, members, x0, state, handle)
-    primitive = runs.scan_primitive(plan.unrolled_steps, adjoint.checkpoint)
-
-    def one(member, x, s):
-      loop_, fun = make(member)
-      return runs.run(loop_, program, fun, x, s, primitive=primitive, handle=handle)
-
-    return jax.vmap(one, in_axes=(0, 0, None if state is None else 0))(members, x0, state)
+    return _run_members(make, program, plan, members, x0, state, handle)
 
   rest = (x0, state, arrays, columns, limits, handle)
-  if isinstance(adjoint, adjoint_lib.UnrolledAdjoint):
-    return run(theta, rest)
-  objective = lambda x, th: _value(closed(x, *th), program.has_aux)
   axes = jax.tree.unflatten(plan.theta_def, [0 if m else None for m in theta_mapped])
-  return adjoint_lib.implicit_solution(adjoint, run, objective, theta, rest, axes)
+  return adjoint.apply(run, closed.objective(program.has_aux), theta, rest, axes)
 
 
 _batch_entry.num_statics = 5
 
 
-def _value(out, has_aux):
-  return out[0] if has_aux else out
-
-
 def _run_members(make, program, plan, members, params, opt_state, handle):
-  """The staged batch, on one device or spread over ``plan.devices``."""
-  run = functools.partial(
-    runs.run_batch,
-    make,
-    program,
-    handle=handle,
-    sizes=plan.sizes,
-    stop_at_first_converged=plan.stop_at_first_converged,
-  )
+  """The batch's run, on one device or spread over ``plan.devices``."""
+  run = functools.partial(runs.run, make, program, primitive=plan.primitive, handle=handle)
   if plan.devices is None:
     return run(members, params, opt_state)
   spec = jax.sharding.PartitionSpec(_AXIS)
 
   def local(members, params, opt_state):
-    offset = jax.lax.axis_index(_AXIS) * plan.sizes[0]
+    offset = jax.lax.axis_index(_AXIS) * len(jax.tree.leaves(params)[0])
     return run(members, params, opt_state, first_member=offset)
 
   return jax.shard_map(
@@ -139,8 +112,9 @@ def _run_members(make, program, plan, members, params, opt_state, handle):
   )(members, params, opt_state)
 
 
-def _check(batched_call, adjoint, compact, devices, stop_at_first, callback, progress):
-  """A combination a batch does not offer: a ValueError that names it."""
+def _check(batched_call, batch):
+  """A combination a batch does not offer: a ValueError that names it (the adjoint refuses
+  what its loop cannot run)."""
   refusals = [
     (
       batched_call,
@@ -148,18 +122,12 @@ def _check(batched_call, adjoint, compact, devices, stop_at_first, callback, pro
       "already): put the vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap.",
     ),
     (
-      isinstance(adjoint, adjoint_lib.UnrolledAdjoint) and compact,
-      "UnrolledAdjoint with "
-      "compact=True is not offered: retiring members needs while loops, which reverse mode "
-      "cannot enter. Pass compact=False (a lockstep scan) or the default ImplicitAdjoint.",
-    ),
-    (
-      devices is not None and stop_at_first,
+      batch.devices is not None and batch.stop_at_first_converged,
       "stop_at_first_converged with devices= is not "
       "offered: each device runs its members on its own. Drop one of them.",
     ),
     (
-      devices is not None and (callback is not None or progress),
+      batch.devices is not None and (batch.callback is not None or batch.progress),
       "callback= and progress= "
       "with devices= are not offered: each device would call the host on its own, step by "
       "step. Drop devices= to watch the run, or the watch.",
@@ -206,23 +174,42 @@ def _combine(parts: list) -> SolveResult:
   return SolveResult(**fields)
 
 
-def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems, limits, **kw):
-  """The members, every point of ``grid`` on every problem, run one program per setting held
-  static (``optimizer``: the one given to ``solve_batch``)."""
-  names, points = members_lib.grid_points(grid)
+class _Batch(NamedTuple):
+  """A batch call: its members and options, checked (:func:`_batch`)."""
+
+  problems: members_lib.Problems
+  limits: Limits
+  has_aux: bool
+  compact: bool
+  stop_at_first_converged: bool
+  callback: Any
+  progress: bool
+  init_state: Any
+  adjoint: Any
+  trace: Optional[int]
+  devices: Optional[tuple]
+
+
+def _batch(arguments: dict, **given) -> _Batch:
+  """A front door's arguments as a :class:`_Batch`: the options checked, the refusals."""
+  options = {name: arguments.get(name) for name in _Batch._fields} | given
+  adjoint = adjoint_lib.check_adjoint(options["adjoint"])
+  batch = _Batch(**{**options, "adjoint": adjoint, "devices": _devices(options["devices"])})
+  traced = programs.tracers((batch.problems.tree, batch.limits))
+  _check(any(map(programs.is_batched, traced)), batch)
+  adjoint.batch_primitive(1, batch.compact, batch.stop_at_first_converged, 1)  # its refusals
+  return batch
+
+
+def _layout(batch: _Batch, fun):
+  """``(closed, theta, mapped)``: ``fun`` hoisted at the first problem, the dynamic arguments
+  of the objective (its closed-over arrays last) and, per leaf of ``(init_params, theta)``,
+  whether it is on the batch axis."""
+  problems = batch.problems
   leaves, treedef = jax.tree.flatten(problems.tree)
   params_one, args_one = jax.tree.unflatten(
     treedef, [a[0] if m else a for a, m in zip(leaves, problems.mapped)]
   )
-  dtype = _common.params_dtype(params_one)
-  static = (
-    () if optimizer else members_lib.static_names(make_optimizer, names, points, params_one, dtype)
-  )
-  if problems.count > 1:
-    if "problem" in names:
-      raise ValueError('with in_axes every point gets the key "problem": rename that setting')
-    points = [dict(p, problem=b) for p in points for b in range(problems.count)]
-  pid = np.tile(np.arange(problems.count, dtype=np.int32), len(points) // problems.count)
   closed, theta = programs.hoist(fun, params_one, args_one)
   args_mapped = problems.mapped[len(jax.tree.leaves(problems.tree[0])) :]
   args = jax.tree.leaves(problems.tree[1])
@@ -231,9 +218,24 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
   theta_mapped = [m for x, m in zip(args, args_mapped) if programs.is_dynamic(x)]
   theta = (*[x for x in args if programs.is_dynamic(x)], theta[-1])
   mapped = tuple(problems.mapped[: len(jax.tree.leaves(problems.tree[0]))]) + tuple(theta_mapped)
-  mapped += (False,) * len(theta[-1])
-  trace = 0 if kw["trace"] is None else kw["trace"]
-  traced = bool(solving.tracers((problems.tree, limits)))
+  return closed, theta, mapped + (False,) * len(theta[-1]), params_one
+
+
+def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
+  """The members, every point of ``grid`` on every problem, run one program per setting held
+  static (``optimizer``: the one given to ``solve_batch``)."""
+  names, points = members_lib.grid_points(grid)
+  closed, theta, mapped, params_one = _layout(batch, fun)
+  count = batch.problems.count
+  dtype = _numerics.params_dtype(params_one)
+  static = (
+    () if optimizer else members_lib.static_names(make_optimizer, names, points, params_one, dtype)
+  )
+  if count > 1:
+    if "problem" in names:
+      raise ValueError('with in_axes every point gets the key "problem": rename that setting')
+    points = [dict(p, problem=b) for p in points for b in range(count)]
+  pid = np.tile(np.arange(count, dtype=np.int32), len(points) // count)
   groups: dict = {(): np.arange(len(points))}  # no setting held static: one program
   if static:
     groups = {}
@@ -249,75 +251,48 @@ def _run(*, make_optimizer, optimizer, grid, fun, problems: members_lib.Problems
       for n in names
       if n not in static
     }
-    plan = dict(mapped=mapped, theta_def=jax.tree.structure(theta), **kw)
-    hook = hooks.check_hook(kw["callback"], kw["progress"], len(indices))  # its own table
-    program = runs.Program(trace, hook, kw["has_aux"])
-    part = _run_part(
-      maker,
-      arrays,
-      columns,
-      indices,
-      pid[indices],
-      closed,
-      program,
-      problems,
-      theta,
-      limits,
-      plan,
-      traced,
-    )
+    part = _run_part(batch, maker, arrays, columns, indices, pid[indices], closed, theta, mapped)
     parts.append((indices, part))
   return points, _combine(parts)
 
 
-def _run_part(
-  maker, arrays, columns, indices, pid, closed, program, problems, theta, limits, kw, traced
-):
+def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta, mapped):
   """One program: the members ``indices`` (problems ``pid``), padded to the devices."""
-  count, devices = len(pid), kw["devices"]
+  count, devices, problems = len(pid), batch.devices, batch.problems
   padded = count if devices is None else -(-count // len(devices)) * len(devices)
 
   def pad(a):
     a = jnp.asarray(a)
     return jnp.concatenate([a, jnp.repeat(a[-1:], padded - count, axis=0)]) if padded > count else a
 
-  state = kw["init_state"]
+  state = batch.init_state
   state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
+  size = padded // (1 if devices is None else len(devices))
+  limits = batch.limits
   plan = _Plan(
-    sizes=runs.stage_sizes(padded // (1 if devices is None else len(devices)), kw["compact"]),
-    mapped=kw["mapped"],
-    theta_def=kw["theta_def"],
+    primitive=batch.adjoint.batch_primitive(
+      size, batch.compact, batch.stop_at_first_converged, limits.max_steps
+    ),
+    mapped=mapped,
+    theta_def=jax.tree.structure(theta),
     in_order=devices is None
     and problems.count > 1
     and np.array_equal(pid, np.arange(problems.count)),
-    stop_at_first_converged=kw["stop_at_first_converged"],
     devices=devices,
-    unrolled_steps=int(limits.max_steps),
   )
-  statics = (maker, closed, program, plan, kw["adjoint"])
-  data = (problems.tree[0], theta)
-  dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), data, state, limits)
-  result = solving.call(
-    _batch_entry, statics, dynamic, callback=kw["callback"], progress=kw["progress"], traced=traced
-  )
+  kept, shown = runs.trace_size(batch.trace, limits.max_steps, batch=True)
+  hook = hooks.check_hook(batch.callback, batch.progress, count)  # its own table
+  program = runs.Program(kept, hook, batch.has_aux)
+  statics = (maker, closed, program, plan, batch.adjoint)
+  dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), (problems.tree[0], theta), state, limits)
+  traced = bool(programs.tracers((problems.tree, limits)))
+
+  def run(handle):
+    return programs.call(_batch_entry, statics, dynamic, handle=handle, traced=traced)
+
+  result = hooks.watched(run, batch.callback, batch.progress, traced=traced)
   result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-  return solving.cut_trace(result, min(kw["trace"] or 0, int(limits.max_steps) + 1))
-
-
-def _checked_run(*, problems, limits, **kw):
-  """What sweep and solve_batch share: the options checked, the refusals, the run."""
-  kw.update(adjoint=adjoint_lib.check_adjoint(kw["adjoint"]), devices=_devices(kw["devices"]))
-  batched = any(map(solving.is_batched, solving.tracers((problems.tree, limits))))
-  _check(
-    batched,
-    kw["adjoint"],
-    kw["compact"],
-    kw["devices"],
-    kw["stop_at_first_converged"],
-    kw["callback"],
-    kw["progress"],
-  )
-  return _run(problems=problems, limits=limits, **kw)
+  return runs.cut_trace(result, shown)
 
 
 @takes_limits
@@ -396,15 +371,7 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  points, results = _checked_run(
-    make_optimizer=make_optimizer,
-    optimizer=None,
-    grid=grid,
-    fun=fun,
-    problems=problems,
-    limits=limits,
-    **_options(locals()),
-  )
+  points, results = _run(_batch(locals()), fun, grid, make_optimizer=make_optimizer)
   return SweepResult(points=points, results=results, best=best_index(results))
 
 
@@ -475,23 +442,5 @@ def solve_batch(
       f"in_axes={in_axes!r} maps no axis of init_params or fun_args, so there is no batch; "
       "name the batch axes (e.g. in_axes=(0, 0)), or call hdm_optax.solve for one problem."
     )
-  options = _options(locals())
-  options.update(stop_at_first_converged=False)
-  return _checked_run(
-    make_optimizer=None,
-    optimizer=optimizer,
-    grid=[{}],
-    fun=fun,
-    problems=problems,
-    limits=limits,
-    **options,
-  )[1]
-
-
-_OPTIONS = ("has_aux", "compact", "stop_at_first_converged", "callback")
-_OPTIONS += ("progress", "init_state", "adjoint", "trace", "devices")
-
-
-def _options(arguments: dict) -> dict:
-  """The options of a front door's arguments that the run takes as they are."""
-  return {name: arguments.get(name) for name in _OPTIONS}
+  batch = _batch(locals(), stop_at_first_converged=False)
+  return _run(batch, fun, [{}], optimizer=optimizer)[1]

@@ -10,7 +10,7 @@ state at both. Every driver runs this loop:
   ``while_loop``, blocks of steps, a checkpointed ``scan`` for reverse-mode
   differentiation), recording the :class:`~hdm_optax.driver.results.Trace` and calling the
   watch hook (:mod:`hdm_optax.driver.hooks`) after every step;
-- :func:`hdm_optax.driver.runs.run_batch` runs a batch of problems in stages that retire
+- :class:`hdm_optax.driver.runs.Staged` runs a batch of problems in stages that retire
   finished members;
 - a user runs :func:`hdm_optax.loop`'s functions in a loop of their own.
 
@@ -33,21 +33,15 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import optax
 
-from hdm_optax import _common
-from hdm_optax.driver import cache as cache_lib
+from hdm_optax import _numerics
+from hdm_optax import _oracle
+from hdm_optax import _stale
+from hdm_optax.driver import protocol
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import Status
-from hdm_optax.pieces import box as box_lib
 
-__all__ = (
-  "RUNNING",
-  "Loop",
-  "LoopState",
-  "judge",
-  "loop",
-  "make_loop",
-)
+__all__ = ("RUNNING", "Loop", "LoopState", "judge", "loop", "make_loop")
 
 # The status a state carries while its run goes on (never reported: see Loop.status).
 RUNNING = -1
@@ -123,55 +117,16 @@ def _inf_norm(tree):
   return optax.tree.norm(tree, ord=jnp.inf)
 
 
-def box_of(opt_state) -> Optional[box_lib.Box]:
-  """The box the optimizer holds in its state, or ``None``."""
-  return box_lib.held_box(opt_state, cache_lib.cache_at_params(opt_state))
-
-
 def _stationarity(params, grad, opt_state, norm=None):
   """``||grad||_inf``, or the box's projected gradient's; with ``norm``, that norm of them."""
-  box = box_of(opt_state)
+  box = protocol.box_of(opt_state)
   if norm is not None:
-    if box is not None:
-      grad = optax.tree.sub(box_lib.project(box, optax.tree.sub(params, grad)), params)
-    return norm(grad)
-  return _inf_norm(grad) if box is None else box_lib.projected_gradient_norm(box, params, grad)
-
-
-def _accepted(opt_state) -> jax.Array:
-  """The step rules' verdict: every hdm_optax method in the state accepted its trial (its
-  ``info.accepted``); True for optimizers without a step rule."""
-  infos = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, _common.HDMInfo))
-  verdicts = [i.accepted for i in infos if isinstance(i, _common.HDMInfo)]
-  return functools.reduce(jnp.logical_and, verdicts, jnp.asarray(True))
-
-
-def _boxes_as_leaves(state):
-  return jax.tree.flatten(state, is_leaf=lambda x: x is None or isinstance(x, box_lib.Box))
-
-
-def with_box_of(fresh, given):
-  """``given`` (a state handed back in) with the box of ``fresh`` (the optimizer's own).
-
-  Raises:
-    ValueError: ``given`` is not a state of this optimizer.
-  """
-  fresh_leaves, fresh_def = _boxes_as_leaves(fresh)
-  given_leaves, given_def = _boxes_as_leaves(given)
-  if fresh_def != given_def:
-    raise ValueError(
-      "init_state is not a state of this optimizer (another structure):\n"
-      f"  optimizer.init(params): {jax.tree.structure(fresh)}\n"
-      f"  init_state:             {jax.tree.structure(given)}\n"
-      "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
-    )
-  is_box = lambda x: x is None or isinstance(x, box_lib.Box)
-  leaves = [f if is_box(f) else g for f, g in zip(fresh_leaves, given_leaves)]
-  return jax.tree.unflatten(fresh_def, leaves)
+    return norm(grad if box is None else box.projected_gradient(params, grad))
+  return _inf_norm(grad) if box is None else box.projected_gradient_norm(params, grad)
 
 
 def _check_value_dtype(value, params):
-  dtype = _common.params_dtype(params)
+  dtype = _numerics.params_dtype(params)
   if jnp.result_type(value) != dtype:
     raise TypeError(
       f"fun returns a {jnp.result_type(value)} value for {dtype} params, so the run would "
@@ -206,7 +161,7 @@ def _backend() -> str:
 
 def _warn_tf32(fun, params) -> None:
   """On a GPU, warns of float32 products that JAX's default precision lets run in TF32."""
-  if _backend() != "gpu" or _common.params_dtype(params) != jnp.float32:
+  if _backend() != "gpu" or _numerics.params_dtype(params) != jnp.float32:
     return
   try:
     products = _default_precision_products(fun, params)
@@ -254,11 +209,136 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   if slope is not None:
     flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
   spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
-  converged_code = Status.CONVERGED if box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
+  converged_code = (
+    Status.CONVERGED if protocol.box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
+  )
   codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
   codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS, Status.STOPPED]
   conditions = [~finite, unbounded, converged, stalled, flat, spent, jnp.asarray(halt)]
   return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
+
+
+class _Problem(NamedTuple):
+  """What a :class:`Loop` minimizes, and how (:func:`make_loop`'s arguments)."""
+
+  optimizer: Any
+  fun: Callable[[Any], Any]
+  limits: Limits
+  has_aux: bool
+  norm: Optional[Callable[[Any], jax.Array]]
+
+  def value_fn(self, params):
+    return self.fun(params)[0] if self.has_aux else self.fun(params)
+
+  def evaluate(self, params):
+    out, grad = _oracle.value_and_grad(self.fun, params, has_aux=self.has_aux, name="fun")
+    value = out[0] if self.has_aux else out
+    _check_value_dtype(value, params)
+    return value, grad
+
+
+def _start(p: _Problem, params, opt_state=None) -> LoopState:
+  _warn_tf32(p.value_fn, params)
+  fresh = p.optimizer.init(params)
+  opt_state = fresh if opt_state is None else protocol.with_box_of(fresh, opt_state)
+  box = protocol.box_of(opt_state)
+  if box is not None:  # an infeasible start is projected onto the box
+    params = box.project(params)
+  value, grad = p.evaluate(params)
+  if protocol.cache_at_params(opt_state) is not None:
+    opt_state = optax.tree.set(opt_state, value=value, grad=grad)
+  measure = _stationarity(params, grad, opt_state, p.norm)
+  dtype = measure.dtype
+  tol = jnp.maximum(jnp.asarray(p.limits.tol, dtype), jnp.asarray(p.limits.rtol, dtype) * measure)
+  one, zero = jnp.ones([], jnp.int32), jnp.zeros([], jnp.int32)
+  s = LoopState(
+    params=params,
+    opt_state=opt_state,
+    value=value,
+    grad=grad,
+    grad_norm=measure,
+    num_steps=zero,
+    num_value_evals=one,
+    num_grad_evals=one,
+    accepted=jnp.asarray(True),
+    null_run=zero,
+    num_null_steps=zero,
+    status=jnp.int32(RUNNING),
+    tol=tol,
+  )
+  return s._replace(status=judge(s, s, p.limits))
+
+
+def _update(p: _Problem, s: LoopState):
+  # value and grad are f and grad f at the params: no stale-cache check in the program.
+  with _stale.values_at_params():
+    updates, opt_state = p.optimizer.update(
+      s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=p.value_fn
+    )
+  params = optax.apply_updates(s.params, updates)
+  values, grads = protocol.calls_in_update(s.opt_state, opt_state)
+  return params, opt_state, values, grads
+
+
+def _at_new_params(p: _Problem, params, opt_state):
+  """``(value, grad, calls)``: f and grad f at the new params, from the optimizer's cache
+  where it is at them, else from one more oracle call."""
+  holder = protocol.cache_at_params(opt_state)
+  if holder is not None:
+    return holder.value, holder.grad, 0
+  if protocol.caches_anywhere(opt_state):
+    warnings.warn(
+      "the optimizer caches f and grad f, but a later transformation may change its "
+      "update, so the cache is not known to be at the new params: f is evaluated again "
+      "at every step (one more oracle call). Put the caching transformation (hdm_*, "
+      "optax.lbfgs) last in the chain.",
+      stacklevel=4,
+    )
+  return (*p.evaluate(params), 1)
+
+
+def _step(p: _Problem, s: LoopState) -> LoopState:
+  params, opt_state, values, grads = _update(p, s)
+  value, grad, calls = _at_new_params(p, params, opt_state)
+  if calls:
+    values, grads = values + 1, grads + 1
+  accepted = protocol.accepted(opt_state)
+  new = s._replace(
+    params=params,
+    opt_state=opt_state,
+    value=jnp.asarray(value, s.value.dtype),
+    grad=grad,
+    grad_norm=_stationarity(params, grad, opt_state, p.norm),
+    num_steps=s.num_steps + 1,
+    num_value_evals=s.num_value_evals + values,
+    num_grad_evals=s.num_grad_evals + grads,
+    accepted=accepted,
+    null_run=jnp.where(accepted, 0, s.null_run + 1),
+    num_null_steps=s.num_null_steps + (~accepted).astype(jnp.int32),
+  )
+  slope = None
+  if p.limits.uses_ftol:
+    slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params))
+  return new._replace(status=judge(s, new, p.limits, slope))
+
+
+def _done(p: _Problem, s: LoopState) -> jax.Array:
+  del p
+  return s.status != RUNNING
+
+
+def _stop(p: _Problem, s: LoopState, halt) -> LoopState:
+  # At s itself no update was made, so the rule's other conditions read as they did.
+  going = s.status == RUNNING
+  return s._replace(status=jnp.where(going, judge(s, s, p.limits, halt=halt), s.status))
+
+
+def _status(p: _Problem, s: LoopState) -> jax.Array:
+  return _stop(p, s, True).status
+
+
+def _room(p: _Problem, s: LoopState, steps: int) -> jax.Array:
+  return s.num_steps <= p.limits.max_steps - steps
 
 
 def make_loop(
@@ -268,105 +348,9 @@ def make_loop(
   within ``limits`` (checked); where ``limits.ftol_on`` each step forms the slope that
   :func:`judge` tests ``ftol`` with. ``norm``: the stationarity measure's norm (default
   ``||.||_inf``)."""
-  value_fn = (lambda p: fun(p)[0]) if has_aux else fun
-
-  def evaluate(params):
-    out, grad = _common.value_and_grad(fun, params, has_aux=has_aux, name="fun")
-    value = out[0] if has_aux else out
-    _check_value_dtype(value, params)
-    return value, grad
-
-  def start(params, opt_state=None) -> LoopState:
-    _warn_tf32(value_fn, params)
-    fresh = optimizer.init(params)
-    opt_state = fresh if opt_state is None else with_box_of(fresh, opt_state)
-    box = box_of(opt_state)
-    if box is not None:  # an infeasible start is projected onto the box
-      params = box_lib.project(box, params)
-    value, grad = evaluate(params)
-    if cache_lib.cache_at_params(opt_state) is not None:
-      opt_state = optax.tree.set(opt_state, value=value, grad=grad)
-    measure = _stationarity(params, grad, opt_state, norm)
-    dtype = measure.dtype
-    tol = jnp.maximum(jnp.asarray(limits.tol, dtype), jnp.asarray(limits.rtol, dtype) * measure)
-    one, zero = jnp.ones([], jnp.int32), jnp.zeros([], jnp.int32)
-    s = LoopState(
-      params=params,
-      opt_state=opt_state,
-      value=value,
-      grad=grad,
-      grad_norm=measure,
-      num_steps=zero,
-      num_value_evals=one,
-      num_grad_evals=one,
-      accepted=jnp.asarray(True),
-      null_run=zero,
-      num_null_steps=zero,
-      status=jnp.int32(RUNNING),
-      tol=tol,
-    )
-    return s._replace(status=judge(s, s, limits))
-
-  def update(s: LoopState):
-    # value and grad are f and grad f at the params: no stale-cache check in the program.
-    with _common.values_at_params():
-      updates, opt_state = optimizer.update(
-        s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=value_fn
-      )
-    params = optax.apply_updates(s.params, updates)
-    values, grads = cache_lib.calls_in_update(s.opt_state, opt_state)
-    return params, opt_state, values, grads
-
-  def step(s: LoopState) -> LoopState:
-    params, opt_state, values, grads = update(s)
-    holder = cache_lib.cache_at_params(opt_state)
-    if holder is not None:
-      value, grad = holder.value, holder.grad
-    else:
-      if cache_lib.caches_anywhere(opt_state):
-        warnings.warn(
-          "the optimizer caches f and grad f, but a later transformation may change its "
-          "update, so the cache is not known to be at the new params: f is evaluated again "
-          "at every step (one more oracle call). Put the caching transformation (hdm_*, "
-          "optax.lbfgs) last in the chain.",
-          stacklevel=3,
-        )
-      value, grad = evaluate(params)
-      values, grads = values + 1, grads + 1
-    accepted = _accepted(opt_state)
-    new = s._replace(
-      params=params,
-      opt_state=opt_state,
-      value=jnp.asarray(value, s.value.dtype),
-      grad=grad,
-      grad_norm=_stationarity(params, grad, opt_state, norm),
-      num_steps=s.num_steps + 1,
-      num_value_evals=s.num_value_evals + values,
-      num_grad_evals=s.num_grad_evals + grads,
-      accepted=accepted,
-      null_run=jnp.where(accepted, 0, s.null_run + 1),
-      num_null_steps=s.num_null_steps + (~accepted).astype(jnp.int32),
-    )
-    slope = None
-    if limits.uses_ftol:
-      slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params))
-    return new._replace(status=judge(s, new, limits, slope))
-
-  def done(s: LoopState) -> jax.Array:
-    return s.status != RUNNING
-
-  def stop(s: LoopState, halt) -> LoopState:
-    # At s itself no update was made, so the rule's other conditions read as they did.
-    going = s.status == RUNNING
-    return s._replace(status=jnp.where(going, judge(s, s, limits, halt=halt), s.status))
-
-  def status(s: LoopState) -> jax.Array:
-    return stop(s, True).status
-
-  def room(s: LoopState, steps: int) -> jax.Array:
-    return s.num_steps <= limits.max_steps - steps
-
-  return Loop(start, update, step, done, stop, status, room)
+  problem = _Problem(optimizer, fun, limits, bool(has_aux), norm)
+  parts = (_start, _update, _step, _done, _stop, _status, _room)
+  return Loop(*(functools.partial(f, problem) for f in parts))
 
 
 @takes_limits

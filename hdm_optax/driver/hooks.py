@@ -30,7 +30,7 @@ import numpy as np
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import converged
 
-__all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session")
+__all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session", "watched")
 
 # The progress line is redrawn at most this often on a terminal, and written as a new line
 # at most this often elsewhere (a log file).
@@ -200,6 +200,25 @@ def error(handle) -> Optional[BaseException]:
   """The exception the callback of an open session raised, if any."""
   found = _SESSIONS.get(int(handle)) if handle is not None else None
   return None if found is None else found.error
+
+
+def watched(run: Callable[[Any], Any], callback, progress, *, traced: bool):
+  """``run(handle)`` in a session (:func:`session`) of ``callback`` and ``progress``.
+
+  An exception the callback raised is raised again with the partial result as its
+  ``.result``.
+  """
+  with session(callback, progress, traced=traced) as handle:
+    result = run(handle)
+    raised = error(handle)
+    if raised is not None:
+      raised.result = jax.block_until_ready(result)
+      raised.add_note(
+        "hdm_optax: the callback raised this; the run stopped, and the result so far "
+        "is in this exception's .result."
+      )
+      raise raised
+  return result
 
 
 def _host_step(final: bool, members: int, handle, member, params, *fields):

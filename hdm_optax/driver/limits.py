@@ -83,10 +83,7 @@ class Limits(NamedTuple):
     """
     for name, meaning, fix in _TOLERANCES:
       check_tolerance(name, getattr(self, name), meaning, fix)
-    return Limits(
-      tol=self.tol,
-      rtol=self.rtol,
-      ftol=self.ftol,
+    return self._replace(
       max_steps=check_count("max_steps", self.max_steps, 0, "no limit"),
       max_grad_evals=check_count("max_grad_evals", self.max_grad_evals, 1, "no limit"),
       max_null_steps=check_count("max_null_steps", self.max_null_steps, 1, "never stall"),

@@ -1,4 +1,5 @@
-"""The one cache policy: what a compiled program is keyed on, and what enters it as arguments.
+"""The one cache policy: what a compiled program is keyed on, what enters it as arguments,
+and the programs compiled (:func:`call`).
 
 The rule: **a compiled program is reused only where a fresh one would give the same answer.**
 Every front door prepares its call here before it runs a program:
@@ -21,12 +22,17 @@ Every front door prepares its call here before it runs a program:
   they close over (NumPy arrays by content).
 - What a front door cannot key (an optimizer holding traced values) runs without a cache,
   traced inline (:class:`Uncacheable`).
+
+A front door prepares its call (:func:`prepare`) and runs it with :func:`call`: one
+``jax.jit`` per entry function and XLA options (:func:`compiler_options`), whose cache holds
+a program per key and shapes (:func:`compiled_count`).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import types
 from typing import Any, Callable
 
@@ -36,14 +42,129 @@ import jax.extend.core as jex
 from jax.extend import linear_util as lu
 import jax.numpy as jnp
 import numpy as np
+import optax
 
-from hdm_optax import _common
 
-__all__ = ("Closed", "OptimizerKey", "Uncacheable", "fingerprint", "hoist", "split_optimizer")
+__all__ = (
+  "Closed",
+  "ConfiguredTransformation",
+  "OptimizerKey",
+  "SMALL_PROGRAM",
+  "Uncacheable",
+  "call",
+  "compiled_count",
+  "compiler_options",
+  "configuration_key",
+  "configured",
+  "fingerprint",
+  "hoist",
+  "prepare",
+  "split_optimizer",
+)
 
 # Leaves of fun_args that enter the program as traced values.
 _DYNAMIC = (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic, float, complex)
 _CUSTOM_RULES = ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
+
+
+# --- what a transformation is: its factory call ------------------------------------------
+
+
+def configuration_key(value):
+  """``value`` as part of a hashable key: numbers with their type, containers item by item."""
+  if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
+    return (type(value), value)  # 1, 1.0 and True build different programs
+  if type(value) in (tuple, list):  # pylint: disable=unidiomatic-typecheck
+    return (type(value), tuple(configuration_key(v) for v in value))
+  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+    return (dict, tuple((k, configuration_key(v)) for k, v in value.items()))
+  return _Held(value)  # by value where hashable, else (an array) only equal to itself
+
+
+class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
+  """An optax transformation that knows the factory call that built it.
+
+  Two are equal, and hash alike, when the same factory was called with equal
+  arguments (defaults filled in; numbers compared with their type; an argument
+  that cannot be hashed, such as an array, only with itself), so a cache keyed on
+  the transformation, as :func:`hdm_optax.solve`'s compiled programs are, serves
+  every equal one: ``solve(trial_lbfgs(), ...)`` in a loop compiles once.
+  Otherwise it is the ``optax.GradientTransformationExtraArgs`` of the factory.
+  """
+
+  def __new__(cls, init, update, configuration=None):
+    self = super().__new__(cls, init, update)
+    self.configuration = configuration
+    return self
+
+  def _configuration(self):
+    # None after optax's ``_replace``/``_make``, which build the tuple alone.
+    return getattr(self, "configuration", None)
+
+  def __eq__(self, other):
+    mine = self._configuration()
+    theirs = getattr(other, "configuration", None)
+    if mine is None or theirs is None:
+      return tuple.__eq__(self, other)
+    return mine == theirs
+
+  def __ne__(self, other):
+    return not self == other
+
+  def __hash__(self):
+    mine = self._configuration()
+    return tuple.__hash__(self) if mine is None else hash(mine)
+
+  def __repr__(self):
+    mine = self._configuration()
+    return super().__repr__() if mine is None else repr(mine)
+
+
+class _Call:
+  """A factory and its bound arguments; equal calls are equal keys."""
+
+  __slots__ = ("factory", "arguments", "_key")
+
+  def __init__(self, factory, arguments: dict):
+    self.factory = factory
+    self.arguments = arguments
+    self._key = (factory, tuple((k, configuration_key(v)) for k, v in arguments.items()))
+
+  def __eq__(self, other):
+    return isinstance(other, _Call) and self._key == other._key
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __repr__(self):
+    shown = ", ".join(f"{name}={value!r}" for name, value in self.arguments.items())
+    return f"{self.factory.__name__}({shown})"
+
+
+def configured(factory: Callable[..., optax.GradientTransformation]):
+  """Decorates a factory: its transformations carry their configuration.
+
+  The factory returns a :class:`ConfiguredTransformation` that compares equal to
+  every other one built by an equal call (``trial_lbfgs() == trial_lbfgs()``,
+  ``!= trial_lbfgs(memory_size=5)``).
+
+  Args:
+    factory: a function returning an ``optax.GradientTransformationExtraArgs``.
+
+  Returns:
+    The factory, with its name, docstring and signature.
+  """
+  signature = inspect.signature(factory)
+
+  @functools.wraps(factory)
+  def build(*args, **kwargs):
+    transformation = factory(*args, **kwargs)
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    configuration = _Call(build, dict(bound.arguments))
+    return ConfiguredTransformation(transformation.init, transformation.update, configuration)
+
+  return build
 
 
 class Uncacheable(Exception):
@@ -107,7 +228,7 @@ def fingerprint(obj, _seen=None) -> Any:
   seen = seen | {id(obj)}
   walk = lambda x: fingerprint(x, seen)
   configuration = getattr(obj, "configuration", None)
-  if isinstance(obj, _common.ConfiguredTransformation) and configuration is not None:
+  if isinstance(obj, ConfiguredTransformation) and configuration is not None:
     return ("configured", configuration.factory, walk(configuration.arguments))
   if isinstance(obj, functools.partial):
     return ("partial", walk(obj.func), walk(obj.args), walk(obj.keywords))
@@ -206,6 +327,11 @@ class Closed:
     out = jax.core.eval_jaxpr(self._jaxpr, consts, *leaves)
     return jax.tree.unflatten(self._out_tree, out)
 
+  def objective(self, has_aux: bool) -> Callable[[Any, Any], Any]:
+    """``objective(params, args) -> f``: the value alone (the aux dropped with ``has_aux``),
+    as a function of the params and the tuple of ``args``."""
+    return lambda params, args: self(params, *args)[0] if has_aux else self(params, *args)
+
   def full_args(self, args):
     """``fun_args`` with the static leaves put back (for a host call of ``fun``)."""
     treedef, statics = self._arrangement
@@ -297,7 +423,7 @@ class OptimizerKey:
 
   def __init__(self, optimizer):
     configuration = getattr(optimizer, "configuration", None)
-    if isinstance(optimizer, _common.ConfiguredTransformation) and configuration is not None:
+    if isinstance(optimizer, ConfiguredTransformation) and configuration is not None:
       leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
       self._arrays = [_is_array(x) for x in leaves]
       self._factory = configuration.factory
@@ -334,3 +460,115 @@ def split_optimizer(optimizer) -> tuple[OptimizerKey, list]:
   """``(key, arrays)``: the optimizer's key and the arrays that enter the program."""
   key = OptimizerKey(optimizer)
   return key, key.arrays
+
+
+# --- the compiled programs --------------------------------------------------------------
+
+
+def tracers(tree) -> list:
+  """The traced leaves of ``tree``."""
+  return [x for x in jax.tree.leaves(tree) if isinstance(x, jax.core.Tracer)]
+
+
+def is_batched(tracer) -> bool:
+  """Whether ``tracer`` is (or wraps) one of ``jax.vmap``'s."""
+  for _ in range(8):
+    if type(tracer).__name__ == "BatchTracer":
+      return True
+    inner = getattr(tracer, "primal", None)
+    tracer = getattr(tracer, "val", None) if inner is None else inner
+    if not isinstance(tracer, jax.core.Tracer):
+      return False
+  return False
+
+
+def staged() -> bool:
+  """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
+  return isinstance(jnp.zeros(()), jax.core.Tracer)
+
+
+class _Unkeyed:
+  """An optimizer that holds traced values, as a static that makes :func:`call` trace
+  inline (it is not hashable)."""
+
+  __hash__ = None
+
+  def __init__(self, value):
+    self.value = value
+
+  def build(self, arrays):
+    del arrays
+    return self.value
+
+
+def prepare(optimizer, fun, params, fun_args) -> tuple:
+  """``(optimizer_key, optimizer_arrays, closed, args)``: a front door's call as a program's
+  statics and arguments (:func:`split_optimizer`, :func:`hoist`).
+
+  The optimizer's ``init`` is traced first with its own values, so that its checks of its
+  arguments against the params (a box's shape, NaN) run before they become traced. An
+  optimizer that holds traced values gets a key that makes :func:`call` trace inline.
+  """
+  try:
+    jax.eval_shape(optimizer.init, params)
+    key, arrays = split_optimizer(optimizer)
+  except Uncacheable:
+    key, arrays = _Unkeyed(optimizer), []
+  closed, args = hoist(fun, params, tuple(fun_args))
+  return key, arrays, closed, args
+
+
+_PROGRAMS: dict = {}
+
+
+def _compiled(entry, options: dict):
+  key = (entry, tuple(sorted(options.items())))
+  if key not in _PROGRAMS:
+    _PROGRAMS[key] = jax.jit(
+      entry, static_argnums=tuple(range(entry.num_statics)), compiler_options=options or None
+    )
+  return _PROGRAMS[key]
+
+
+# Inputs of at most this many entries in all compile for a short first call.
+SMALL_PROGRAM = 65_536
+
+
+def compiler_options(inputs) -> dict:
+  """XLA's options for a front door's program, by the size of its ``inputs`` (a pytree).
+
+  On the CPU, a problem whose inputs (params, data, state) hold at most
+  :data:`SMALL_PROGRAM` entries in all is compiled with XLA's elemental kernel emitters
+  (``xla_cpu_use_fusion_emitters=False``), which compile faster; larger problems keep XLA's
+  fusion emitters, whose kernels run faster (docs/speed.md). Other backends get ``{}``.
+  :func:`call` passes no options where the program is staged inside a caller's trace (JAX
+  takes them only at the top level).
+
+  Returns:
+    The ``compiler_options`` of ``jax.jit``, ``{}`` for XLA's defaults.
+  """
+  if jax.default_backend() != "cpu":
+    return {}
+  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(inputs))
+  return {"xla_cpu_use_fusion_emitters": False} if entries <= SMALL_PROGRAM else {}
+
+
+def compiled_count() -> int:
+  """How many programs the front doors have compiled in this process (each jit cache entry)."""
+  return sum(program._cache_size() for program in _PROGRAMS.values())
+
+
+def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: bool):
+  """``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes.
+
+  ``entry.num_statics`` leading arguments are static: hashable (the cache policy's keys);
+  where one cannot be keyed (an optimizer that holds traced values) the entry is traced
+  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument.
+  """
+  options = {} if traced or staged() else compiler_options(dynamic)
+  program = _compiled(entry, options)
+  try:
+    hash(statics)
+  except TypeError:
+    program = entry
+  return program(*statics, handle, *dynamic)

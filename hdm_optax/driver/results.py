@@ -12,10 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _info
 
 __all__ = (
-  "MinimizeResult",
   "SolveResult",
   "Status",
   "SweepResult",
@@ -254,59 +253,10 @@ class SolveResult(NamedTuple):
       if status in (Status.MAX_STEPS, Status.STALLED):
         notes += _huge_gradient_note(gnorm[i], value.dtype)
         state_i = jax.tree.map(lambda a: np.asarray(a).reshape(count, -1)[i], self.state)
-        advice = _common.uphill_advice(state_i)
+        advice = _info.uphill_advice(state_i)
         notes += [advice] if advice else []
       messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages
-
-
-# SolveResult's fields, then SciPy's (one list: MinimizeResult extends SolveResult's).
-_MinimizeFields = NamedTuple(
-  "_MinimizeFields",
-  [
-    *((name, Any) for name in SolveResult._fields),
-    *((name, Any) for name in ("x", "fun", "jac", "success", "nit", "nfev", "njev")),
-  ],
-)
-
-
-class MinimizeResult(_MinimizeFields):
-  """Result of :func:`hdm_optax.minimize`: :class:`SolveResult`'s fields, then SciPy's.
-
-  The first fields are :class:`SolveResult`'s (``params``, ``state``, ``value``, ...,
-  ``status`` a :class:`Status` code: 0 converged, 1 an iteration or call limit, as SciPy's
-  L-BFGS-B's 0 and 1; :attr:`message` says what a code means). Then those of
-  ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
-  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. ``res["x"]``
-  reads a field by name, as SciPy's result does. SciPy's ``hess_inv`` is absent: the
-  inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
-
-  Attributes:
-    x: the solution (``params``).
-    fun: f(x) (``value``).
-    jac: grad f(x).
-    success: whether the run converged (``converged``).
-    nit: iterations (``num_steps``; each one oracle call, a null step included).
-    nfev: evaluations of ``fun`` (``num_value_evals``; with forward differences
-      ``n + 1`` per gradient, as SciPy counts them).
-    njev: evaluations of the gradient (``num_grad_evals``).
-  """
-
-  __slots__ = ()
-
-  message = SolveResult.message
-
-  def __getitem__(self, key):
-    if isinstance(key, str):
-      try:
-        return getattr(self, key)
-      except AttributeError:
-        raise KeyError(key) from None
-    return tuple.__getitem__(self, key)
-
-  def keys(self) -> tuple:
-    """The field names, as ``OptimizeResult.keys()`` (a dict's) lists them."""
-    return self._fields
 
 
 class SweepResult(NamedTuple):

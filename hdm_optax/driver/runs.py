@@ -1,41 +1,50 @@
-"""Running the engine's loop to its end: the primitives, the trace ring, the staged batch.
+"""Running the engine's loop to its end: the primitives, the trace ring, the hook.
 
 :func:`run` runs a :class:`~hdm_optax.driver.engine.Loop` from its first point to the
-stop rule's verdict with a *primitive*: :func:`while_primitive` (the plain ``while_loop``),
-:func:`blocks_primitive` (several steps per test of the loop's condition) or
-:func:`scan_primitive` (a checkpointed ``scan`` that reverse mode enters, for
-``UnrolledAdjoint``). Each step is recorded in the trace ring and watched by the hook
-(:mod:`hdm_optax.driver.hooks`). :func:`run_batch` runs a batch of problems, each member its
-own loop, in stages that retire the finished members.
+stop rule's verdict with a *primitive*, the loop that drives its :class:`Steps`:
+:class:`While` (the plain ``while_loop``), :class:`Blocks` (several steps per test of the
+loop's condition), :class:`Scan` (a checkpointed ``scan`` that reverse mode enters, for
+``UnrolledAdjoint``), and for a batch of problems, each member its own loop,
+:class:`Staged` (stages that retire the finished members) or :class:`Lockstep` (every
+member runs a primitive under ``jax.vmap``). The adjoint picks the primitive
+(:mod:`hdm_optax.driver.adjoint`). Each step is recorded in the trace ring and watched by
+the hook (:mod:`hdm_optax.driver.hooks`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hdm_optax import _gating
-from hdm_optax.driver import cache as cache_lib
 from hdm_optax.driver import hooks as hooks_lib
+from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver.engine import RUNNING
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
+from hdm_optax.driver.limits import check_count
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Trace
 from hdm_optax.driver.results import converged
 
 __all__ = (
+  "Blocks",
+  "Lockstep",
   "Program",
+  "Scan",
+  "Staged",
   "Steps",
-  "blocks_primitive",
+  "While",
+  "cut_trace",
   "run",
-  "run_batch",
-  "scan_primitive",
   "stage_sizes",
-  "while_primitive",
+  "trace_size",
 )
 
 
@@ -50,11 +59,11 @@ class _Carry(NamedTuple):
 
 def _without_cached_grad(s: LoopState) -> LoopState:
   # The cache's gradient and s.grad are one array; carried twice, XLA copies it every step.
-  return s if cache_lib.cache_at_params(s.opt_state) is None else s._replace(grad=None)
+  return s if protocol.cache_at_params(s.opt_state) is None else s._replace(grad=None)
 
 
 def _with_cached_grad(s: LoopState) -> LoopState:
-  return s if s.grad is not None else s._replace(grad=cache_lib.cache_at_params(s.opt_state).grad)
+  return s if s.grad is not None else s._replace(grad=protocol.cache_at_params(s.opt_state).grad)
 
 
 def _trace_entry(s: LoopState) -> Trace:
@@ -93,14 +102,52 @@ class Program(NamedTuple):
   has_aux: bool = False
 
 
-def _begin(loop_: Loop, program: Program, params, opt_state, handle, member) -> _Carry:
-  s = loop_.start(params, opt_state)
+# The trace a run keeps by default (one run, outside jax.vmap): its last 1024 entries at most.
+DEFAULT_TRACE = 1024
+
+
+def trace_size(trace: Optional[int], max_steps, *, batch: bool) -> tuple[int, int]:
+  """``(program, result)``: the trace entries a program keeps and those a result shows.
+
+  ``trace``, or by default the whole run up to :data:`DEFAULT_TRACE` entries, and none for
+  a ``batch`` (``solve_batch``, ``sweep``, ``solve`` under ``jax.vmap``). The program keeps
+  a power of two, so that budgets that round up alike share one program; the result is cut
+  to ``max_steps + 1``.
+  """
+  if trace is not None:
+    size = int(check_count("trace", trace, 0, "the number of last entries to keep"))
+  else:
+    size = 0 if batch else DEFAULT_TRACE
+  if isinstance(max_steps, jax.core.Tracer) or size == 0:
+    return size, size
+  shown = min(size, int(np.minimum(max_steps, size)) + 1)
+  return min(size, 1 << (shown - 1).bit_length()), shown
+
+
+def cut_trace(result, size: int):
+  """``result`` with its trace cut to ``size`` entries (the last axis)."""
+  if result.trace.value.shape[-1] == size:
+    return result
+  cut = _cut if programs.tracers(result.trace) else _cut_compiled
+  return result._replace(trace=cut(result.trace, size))
+
+
+def _cut(trace, size):
+  return jax.tree.map(lambda a: a[..., :size], trace)
+
+
+_cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arrays
+
+
+def _begin(make, program: Program, handle, member, params, opt_state, index) -> _Carry:
+  s = make(member)[0].start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle, member))
+  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle, index))
 
 
-def _advance(loop_: Loop, program: Program, carry: _Carry, active=None) -> _Carry:
+def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Carry:
   """One step, recorded and watched; ``active`` False leaves the member as it was."""
+  loop_ = make(member)[0]
   old = _with_cached_grad(carry.state)
   if active is None:
     s = loop_.step(old)
@@ -118,7 +165,8 @@ def _running(carry: _Carry) -> jax.Array:
   return carry.state.status == RUNNING
 
 
-def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
+def _end(make, program: Program, member, carry: _Carry) -> SolveResult:
+  loop_, fun = make(member)
   s = _with_cached_grad(carry.state)
   halt = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
   status = loop_.status(s if halt is None else loop_.stop(s, halt))
@@ -144,27 +192,37 @@ def _end(loop_: Loop, program: Program, fun, carry: _Carry) -> SolveResult:
 
 
 class Steps(NamedTuple):
-  """What a primitive drives (:func:`run`): a run's tests and its step, pure functions of
-  its carry.
+  """What a primitive drives (:func:`run`): the tests and the step of a member's run, pure
+  functions of its carry (``member``: what the run is of, a row of a batch's data).
 
   Attributes:
     running: ``running(carry) -> bool``: the stop rule has not held.
-    body: ``body(carry) -> carry``: one step, recorded and watched.
-    room: ``room(carry, steps) -> bool``: the budget leaves ``steps`` more updates (the
-      stop rule's ``max_steps``).
+    body: ``body(member, carry, active=None) -> carry``: one step, recorded and watched
+      (``active`` False, under ``jax.vmap``: the member stays as it was).
+    room: ``room(member, carry, steps) -> bool``: the budget leaves ``steps`` more updates
+      (the stop rule's ``max_steps``).
+    stop: ``stop(member, carry, halt) -> carry``: a run still going on ends ``STOPPED``
+      where ``halt`` holds (the stop rule's halt).
   """
 
   running: Callable[[_Carry], jax.Array]
-  body: Callable[[_Carry], _Carry]
-  room: Callable[[_Carry, int], jax.Array]
+  body: Callable[..., _Carry]
+  room: Callable[[Any, _Carry, int], jax.Array]
+  stop: Callable[[Any, _Carry, Any], _Carry]
 
 
-def while_primitive(steps: Steps, carry):
+@dataclasses.dataclass(frozen=True)
+class While:
   """The plain loop: ``lax.while_loop`` until the stop rule holds."""
-  return jax.lax.while_loop(steps.running, steps.body, carry)
+
+  batch: ClassVar[bool] = False
+
+  def __call__(self, steps: Steps, member, carry):
+    return jax.lax.while_loop(steps.running, functools.partial(steps.body, member), carry)
 
 
-def blocks_primitive(check_every: int):
+@dataclasses.dataclass(frozen=True)
+class Blocks:
   """Blocks of ``check_every`` steps per test of the ``while_loop`` condition.
 
   The steps of a block run unmasked and the rule is evaluated after each; once it held
@@ -174,8 +232,11 @@ def blocks_primitive(check_every: int):
   less than a block, the last steps are tested one by one.
   """
 
-  def primitive(steps: Steps, carry):
-    running, body = steps.running, steps.body
+  check_every: int
+  batch: ClassVar[bool] = False
+
+  def __call__(self, steps: Steps, member, carry):
+    running, body = steps.running, functools.partial(steps.body, member)
 
     def block(c):
       current, _, _ = c
@@ -185,54 +246,48 @@ def blocks_primitive(check_every: int):
         carry = body(carry)
         return carry, held | ~running(carry)
 
-      end, held = jax.lax.fori_loop(0, check_every, one, (current, jnp.asarray(False)))
+      end, held = jax.lax.fori_loop(0, self.check_every, one, (current, jnp.asarray(False)))
       return end, current, held
 
     def more(c):
       current, _, held = c
-      return ~held & steps.room(current, check_every)
+      return ~held & steps.room(member, current, self.check_every)
 
     end, start, held = jax.lax.while_loop(more, block, (carry, carry, ~running(carry)))
     carry = jax.lax.cond(held, lambda: start, lambda: end)
     return jax.lax.while_loop(running, body, carry)
 
-  return primitive
 
-
-def scan_primitive(length: int, checkpoint: bool = True):
+@dataclasses.dataclass(frozen=True)
+class Scan:
   """``length`` iterations of a ``lax.scan`` (reverse mode enters it); an iteration after
-  the stop rule held leaves the carry as it is (a ``lax.cond``)."""
+  the stop rule held leaves the carry as it is (a ``lax.cond``). ``checkpoint``: each
+  iteration under ``jax.checkpoint``."""
 
-  def primitive(steps: Steps, carry):
+  length: int
+  checkpoint: bool = True
+  batch: ClassVar[bool] = False
+
+  def __call__(self, steps: Steps, member, carry):
+    body = functools.partial(steps.body, member)
+
     def one(carry, _):
-      return jax.lax.cond(steps.running(carry), steps.body, lambda c: c, carry), None
+      return jax.lax.cond(steps.running(carry), body, lambda c: c, carry), None
 
-    one = jax.checkpoint(one) if checkpoint else one
-    return jax.lax.scan(one, carry, length=length)[0]
-
-  return primitive
+    one = jax.checkpoint(one) if self.checkpoint else one
+    return jax.lax.scan(one, carry, length=self.length)[0]
 
 
-def run(
-  loop_: Loop, program: Program, fun, params, opt_state=None, *, primitive=None, handle=None
-) -> SolveResult:
-  """Runs ``loop_`` from ``params`` to its end with ``primitive`` (default: the while loop).
+@dataclasses.dataclass(frozen=True)
+class Lockstep:
+  """A batch whose members each run ``primitive``, in lockstep (``jax.vmap``)."""
 
-  A primitive is ``primitive(steps, carry) -> carry``: it runs the :class:`Steps` from the
-  carry of the first point until ``steps.running`` is False (or, a scan, for its length).
-  """
-  primitive = primitive or while_primitive
-  carry = _begin(loop_, program, params, opt_state, handle, None)
-  steps = Steps(_running, functools.partial(_advance, loop_, program), _room(loop_))
-  carry = primitive(steps, carry)
-  return _end(loop_, program, fun, carry)
+  primitive: Any
+  batch: ClassVar[bool] = True
 
+  def __call__(self, steps: Steps, members, carry):
+    return jax.vmap(functools.partial(self.primitive, steps))(members, carry)
 
-def _room(loop_: Loop):
-  return lambda carry, steps: loop_.room(carry.state, steps)
-
-
-# --- a batch of problems that retires its finished members --------------------------------
 
 # Below this many members a stage costs about as much per step as a smaller one would, and
 # every stage is one more loop to compile.
@@ -249,75 +304,94 @@ def stage_sizes(size: int, compact: bool) -> tuple[int, ...]:
   return tuple(sizes)
 
 
-def run_batch(
-  make: Callable[[Any], tuple[Loop, Callable]],
-  program: Program,
-  members: Any,
-  params,
-  opt_state,
-  *,
-  sizes: tuple[int, ...],
-  handle=None,
-  stop_at_first_converged: bool = False,
-  first_member=0,
-) -> SolveResult:
-  """Runs a batch of problems, a stage at a time, each member its own loop.
+@dataclasses.dataclass(frozen=True)
+class Staged:
+  """A batch run a stage at a time, retiring its finished members.
 
-  Args:
-    make: ``make(member) -> (loop, fun)``: the loop of a member and its objective.
-    program: the static :class:`Program`.
-    members: a pytree whose leaves have one row per member (its data and settings).
-    params: the members' starting points (one row per member).
-    opt_state: the members' optimizer states to resume (one row per member), or ``None``.
-    sizes: the stage sizes (:func:`stage_sizes`); ``sizes[0]`` is the number of members.
-    handle: the hook's handle (:mod:`hdm_optax.driver.hooks`).
-    stop_at_first_converged: end every member once one has converged (the others end
-      ``STOPPED``: :func:`~hdm_optax.driver.engine.judge`'s halt).
-    first_member: the index of the first member in the whole batch (for the hook).
-
-  Returns:
-    The batched :class:`SolveResult`. Once at most ``sizes[i + 1]`` members are still
-    running, those go on as a batch of that size (gathered with their data), and the others
-    cost nothing more.
+  ``sizes`` are the stage sizes (:func:`stage_sizes`; ``sizes[0]`` is the number of
+  members): once at most ``sizes[i + 1]`` members are still running, those go on as a batch
+  of that size (gathered with their data), and the others cost nothing more. With
+  ``stop_at_first_converged`` every member ends once one has converged (the others end
+  ``STOPPED``: the stop rule's halt).
   """
 
-  def begin(member, x, state, index):
-    return _begin(make(member)[0], program, x, state, handle, index)
+  sizes: tuple
+  stop_at_first_converged: bool = False
+  batch: ClassVar[bool] = True
 
-  def advance(member, carry):
-    return _advance(make(member)[0], program, carry, active=_running(carry))
+  def __call__(self, steps: Steps, members, batch):
+    def advance(member, carry):
+      return steps.body(member, carry, steps.running(carry))
 
-  def stop(part):
-    if not stop_at_first_converged:
-      return jnp.asarray(False)
-    return jnp.any(converged(part.state.status))
+    def first(part):  # a member converged: judged on the whole batch, where it is
+      if not self.stop_at_first_converged:
+        return jnp.asarray(False)
+      return jnp.any(converged(part.state.status))
 
-  def stage(rows, part, later, stopped):
-    def go(part):
-      return (jnp.sum(jax.vmap(_running)(part)) > later) & ~stopped & ~stop(part)
+    def stage(rows, part, later, stopped):
+      def go(part):
+        return (jnp.sum(jax.vmap(steps.running)(part)) > later) & ~stopped & ~first(part)
 
-    return jax.lax.while_loop(go, lambda part: jax.vmap(advance)(rows, part), part)
+      return jax.lax.while_loop(go, lambda part: jax.vmap(advance)(rows, part), part)
 
-  ids = first_member + jnp.arange(sizes[0], dtype=jnp.int32)
-  axes = (0, 0, None if opt_state is None else 0, 0)
-  batch = jax.vmap(begin, in_axes=axes)(members, params, opt_state, ids)
-  later_sizes = sizes[1:] + (0,)
-  batch = stage(members, batch, later_sizes[0], jnp.asarray(False))
-  for size, later in zip(sizes[1:], later_sizes[1:]):
-    stopped = stop(batch)  # judged on the whole batch, where the member that met it is
-    chosen = jnp.argsort(~jax.vmap(_running)(batch), stable=True)[:size]
-    take = lambda tree: jax.tree.map(lambda x: x[chosen], tree)
-    part = stage(take(members), take(batch), later, stopped)
-    batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
-  if stop_at_first_converged:  # the members still running end STOPPED
+    later_sizes = self.sizes[1:] + (0,)
+    batch = stage(members, batch, later_sizes[0], jnp.asarray(False))
+    for size, later in zip(self.sizes[1:], later_sizes[1:]):
+      stopped = first(batch)
+      chosen = jnp.argsort(~jax.vmap(steps.running)(batch), stable=True)[:size]
+      take = lambda tree: jax.tree.map(lambda x: x[chosen], tree)
+      part = stage(take(members), take(batch), later, stopped)
+      batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
+    if self.stop_at_first_converged:  # the members still running end STOPPED
+      batch = jax.vmap(steps.stop, in_axes=(0, 0, None))(members, batch, first(batch))
+    return batch
 
-    def halt(member, carry, first):
-      return carry._replace(state=make(member)[0].stop(carry.state, first))
 
-    batch = jax.vmap(halt, in_axes=(0, 0, None))(members, batch, stop(batch))
+def run(
+  make: Callable[[Any], tuple[Loop, Callable]],
+  program: Program,
+  member,
+  params,
+  opt_state=None,
+  *,
+  primitive=None,
+  handle=None,
+  first_member=0,
+) -> SolveResult:
+  """Runs a member's loop from ``params`` to its end with ``primitive`` (default: :class:`While`).
 
-  def end(member, carry):
-    loop_, fun = make(member)
-    return _end(loop_, program, fun, carry)
+  A primitive is ``primitive(steps, member, carry) -> carry``: it runs the :class:`Steps`
+  from the carry of the first point until ``steps.running`` is False (or, a scan, for its
+  length). A batch primitive (``primitive.batch``: :class:`Staged`, :class:`Lockstep`)
+  runs a batch of members: ``member``, ``params`` and ``opt_state`` have one row per member.
 
-  return jax.vmap(end)(members, batch)
+  Args:
+    make: ``make(member) -> (loop, fun)``: the :class:`~hdm_optax.driver.engine.Loop` of a
+      member and its objective.
+    program: the static :class:`Program`.
+    member: what the run is of (a pytree; rows of a batch's data and settings).
+    params: the starting point (a batch's: one row per member).
+    opt_state: the optimizer state to resume, or ``None``.
+    primitive: the loop.
+    handle: the hook's handle (:mod:`hdm_optax.driver.hooks`).
+    first_member: the index of the batch's first member in the whole batch (for the hook).
+
+  Returns:
+    The :class:`SolveResult` (a batch's: one row per member).
+  """
+  primitive = primitive or While()
+  steps = Steps(
+    _running,
+    functools.partial(_advance, make, program),
+    lambda member, carry, n: make(member)[0].room(carry.state, n),
+    lambda member, carry, halt: carry._replace(state=make(member)[0].stop(carry.state, halt)),
+  )
+  begin = functools.partial(_begin, make, program, handle)
+  end = functools.partial(_end, make, program)
+  index = None
+  if primitive.batch:
+    index = first_member + jnp.arange(len(jax.tree.leaves(params)[0]), dtype=jnp.int32)
+    begin = jax.vmap(begin, in_axes=(0, 0, None if opt_state is None else 0, 0))
+    end = jax.vmap(end)
+  carry = begin(member, params, opt_state, index)
+  return end(member, primitive(steps, member, carry))

@@ -6,7 +6,8 @@ from typing import Any, Optional, Union
 
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax.driver import programs
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import directions as directions_lib
@@ -15,7 +16,7 @@ from hdm_optax.pieces import shell
 from hdm_optax.pieces import step_control as step_control_lib
 
 
-@_common.configured
+@programs.configured
 def hdm(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
@@ -109,10 +110,10 @@ def hdm(
   """
   cand = candidates_lib.get(candidate)
   learn = learners_lib.get(learner, eps=adagrad_eps)
-  _common.check_positive("precond_lr", precond_lr)
-  _common.check_positive("adagrad_eps", adagrad_eps)
-  _common.check_finite("init_precond", init_precond)
-  _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
+  _checks.check_positive("precond_lr", precond_lr)
+  _checks.check_positive("adagrad_eps", adagrad_eps)
+  _checks.check_finite("init_precond", init_precond)
+  _checks.check_bounds("precond_min", precond_min, "precond_max", precond_max)
   if acceptance is None:
     acceptance = acceptance_lib.resolved_decrease()
 

@@ -6,7 +6,9 @@ from typing import Any
 
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
+from hdm_optax.driver import programs
 from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
@@ -19,7 +21,7 @@ from hdm_optax.pieces import learners as learners_lib
 _MIN_PRECOND = 1e-30
 
 
-@_common.configured
+@programs.configured
 def hdm_auto(
   *,
   precond_lr: Any = 0.5,
@@ -117,20 +119,20 @@ def hdm_auto(
     ("num_probes", num_probes),
     ("probe_size", probe_size),
   ):
-    _common.check_positive(name, val)
+    _checks.check_positive(name, val)
   for name, val in (("precond_decay", precond_decay), ("null_shrink", null_shrink)):
-    _common.check_bounds(name, val, "1 (which switches it off)", 1.0)
+    _checks.check_bounds(name, val, "1 (which switches it off)", 1.0)
 
   def precond_rule(lip, curvature, factor):
     """The step of log P is eta; P in [1e-30, 1e10/L]."""
     del curvature, factor
-    c = lambda x: _common.cast(x, lip.dtype)
+    c = lambda x: _numerics.cast(x, lip.dtype)
     return c(precond_lr), c(_MIN_PRECOND), c(1e10) / lip
 
   direction = momentum_lib.momentum_direction(
     learner=momentum_lib.log_space(learners_lib.decayed_adagrad(precond_decay, _MIN_PRECOND)),
     precond_rule=precond_rule,
-    momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
+    momentum_lr=lambda lip: _numerics.cast(momentum_lr, lip.dtype),
     denominator=hypergradient_lib.curvature_tau(1e-12),
     curvature_estimate=curvature_lib.running_mean(horizon, 1e-3),
     null_action=momentum_lib.shrink(null_shrink, _MIN_PRECOND),

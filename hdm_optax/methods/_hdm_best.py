@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import jax.numpy as jnp
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
+from hdm_optax.driver import programs
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
@@ -26,7 +29,7 @@ DEFAULT_MOMENTUM_LR = 1.0
 _ADAGRAD_EPS = 1e-12
 
 
-@_common.configured
+@programs.configured
 def hdm_best(
   *,
   lipschitz: Optional[Any] = None,
@@ -161,9 +164,9 @@ def hdm_best(
     ("precond_max_times_lipschitz", precond_max_times_lipschitz),
   ):
     if val is not None:
-      _common.check_positive(name, val)
-  _common.check_nonnegative("init_precond", init_precond)
-  _common.check_init_momentum(init_momentum, momentum_lo, momentum_hi)
+      _checks.check_positive(name, val)
+  _checks.check_nonnegative("init_precond", init_precond)
+  _checks.check_init_momentum(init_momentum, momentum_lo, momentum_hi)
   if lipschitz is not None and probe is not None:
     raise TypeError(
       "hdm_best: probe= measures L when lipschitz= is not given; pass one of them, not both."
@@ -171,26 +174,11 @@ def hdm_best(
   if lipschitz is None and probe is None:
     probe = curvature_lib.gradient_probe()
 
-  def precond_rule(lip, curvature, factor):
-    """eta_p0 times the decay's factor until L_hat exists, then 1/L; P in [0, p_max/L].
-
-    ``lip`` is the L the direction resolved: the caller's (or L_0), L_hat once formed.
-    """
-    has_l_hat = curvature.l_hat > 0
-    if precond_lr is None:
-      base = DEFAULT_PRECOND_LR_TIMES_L / lip
-    else:
-      base = _common.cast(precond_lr, lip.dtype)
-    eta_p = jnp.where(has_l_hat, _common.safe_div(1, lip), base * factor)
-    if precond_max_times_lipschitz is None:
-      return eta_p, 0.0, None
-    return eta_p, 0.0, _common.cast(precond_max_times_lipschitz, lip.dtype) / lip
-
   momentum_lr = DEFAULT_MOMENTUM_LR if momentum_lr is None else momentum_lr
   direction = momentum_lib.momentum_direction(
     learner=momentum_lib.additive(learners_lib.adagrad(_ADAGRAD_EPS)),
-    precond_rule=precond_rule,
-    momentum_lr=lambda lip: _common.cast(momentum_lr, lip.dtype),
+    precond_rule=functools.partial(_precond_rule, precond_lr, precond_max_times_lipschitz),
+    momentum_lr=lambda lip: _numerics.cast(momentum_lr, lip.dtype),
     denominator=hypergradient_lib.curvature_tau() if denominator is None else denominator,
     curvature_estimate=(
       curvature_lib.running_mean() if curvature_estimate is None else curvature_estimate
@@ -212,11 +200,27 @@ def hdm_best(
   )
 
 
+def _precond_rule(precond_lr, precond_max_times_lipschitz, lip, curvature, factor):
+  """eta_p0 times the decay's factor until L_hat exists, then 1/L; P in [0, p_max/L].
+
+  ``lip`` is the L the direction resolved: the caller's (or L_0), L_hat once formed.
+  """
+  has_l_hat = curvature.l_hat > 0
+  if precond_lr is None:
+    base = DEFAULT_PRECOND_LR_TIMES_L / lip
+  else:
+    base = _numerics.cast(precond_lr, lip.dtype)
+  eta_p = jnp.where(has_l_hat, _numerics.safe_div(1, lip), base * factor)
+  if precond_max_times_lipschitz is None:
+    return eta_p, 0.0, None
+  return eta_p, 0.0, _numerics.cast(precond_max_times_lipschitz, lip.dtype) / lip
+
+
 def _momentum_bounds(bounds):
   """``(lo, hi)`` of beta, checked."""
   if not (isinstance(bounds, (tuple, list)) and len(bounds) == 2):
     raise ValueError(
       f"momentum_bounds must be a pair (lo, hi), got {bounds!r}; pass e.g. (0.0, 0.9995)."
     )
-  _common.check_momentum_bounds(*bounds, names=("momentum_bounds[0]", "momentum_bounds[1]"))
+  _checks.check_momentum_bounds(*bounds, names=("momentum_bounds[0]", "momentum_bounds[1]"))
   return tuple(bounds)

@@ -6,7 +6,8 @@ from typing import Any, Optional, Union
 
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax.driver import programs
 from hdm_optax.pieces import acceptance as acceptance_lib
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
@@ -16,7 +17,7 @@ from hdm_optax.pieces import shell
 from hdm_optax.pieces import step_control as step_control_lib
 
 
-@_common.configured
+@programs.configured
 def hdm_hb(
   *,
   candidate: Union[str, candidates_lib.CandidateSet] = "diagonal",
@@ -108,13 +109,13 @@ def hdm_hb(
     ("momentum_lr", momentum_lr),
     ("adagrad_eps", adagrad_eps),
   ):
-    _common.check_positive(name, val)
-  _common.check_nonnegative("omega", omega)
-  _common.check_nonnegative("tau", tau)
-  _common.check_bounds("precond_min", precond_min, "precond_max", precond_max)
-  _common.check_momentum_bounds(momentum_min, momentum_max)
-  _common.check_init_momentum(init_momentum, momentum_min, momentum_max)
-  _common.check_finite("init_precond", init_precond)
+    _checks.check_positive(name, val)
+  _checks.check_nonnegative("omega", omega)
+  _checks.check_nonnegative("tau", tau)
+  _checks.check_bounds("precond_min", precond_min, "precond_max", precond_max)
+  _checks.check_momentum_bounds(momentum_min, momentum_max)
+  _checks.check_init_momentum(init_momentum, momentum_min, momentum_max)
+  _checks.check_finite("init_precond", init_precond)
   if acceptance is None:
     acceptance = acceptance_lib.tie_tolerant()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax.driver import programs
 from hdm_optax.pieces import shell
 from hdm_optax.pieces import momentum as momentum_lib
 from hdm_optax.pieces import step_control as step_control_lib
@@ -17,7 +18,7 @@ from hdm_optax.pieces import backtracking as backtracking_lib
 from hdm_optax.pieces import decay as decay_lib
 
 
-@_common.configured
+@programs.configured
 def osgm_best(
   *,
   seed: int = 0,
@@ -115,9 +116,9 @@ def osgm_best(
     Chu, Gao, Ye, Udell, *Gradient Methods with Online Scaling Part II.
     Practical Aspects*, arXiv:2509.11007, 2025; Part I, arXiv:2505.23081, 2025.
   """
-  _common.check_positive("horizon", horizon)
-  _common.check_positive("probe_size", probe_size)
-  _common.check_positive("num_probes", num_probes)
+  _checks.check_positive("horizon", horizon)
+  _checks.check_positive("probe_size", probe_size)
+  _checks.check_positive("num_probes", num_probes)
 
   def precond_rule(lip, curvature, factor):
     """lr_P = factor / L while L is being estimated, then 1/L_hat; P in [0, 1e5/L]."""

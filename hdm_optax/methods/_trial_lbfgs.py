@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional
 
 import optax
 
-from hdm_optax import _common
+from hdm_optax.driver import programs
 from hdm_optax.pieces import shell
 from hdm_optax.pieces.lbfgs import direction as direction_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
@@ -15,7 +15,7 @@ from hdm_optax.pieces.lbfgs import step_rule as step_rule_lib
 __all__ = ("trial_lbfgs",)
 
 
-@_common.configured
+@programs.configured
 def trial_lbfgs(
   memory_size: int = 10,
   *,
@@ -67,7 +67,7 @@ def trial_lbfgs(
   :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (not at a
   bound with u pushing outward) and :math:`\gamma u` on the binding ones
   (:func:`hdm_optax.pieces.lbfgs.bounded.two_metric_step`). The box is held in the state
-  (:func:`hdm_optax.pieces.box.held_box`), where ``solve``, ``loop`` and ``minimize`` find
+  (its ``driver_box()``, :mod:`hdm_optax.driver.protocol`), where ``solve``, ``loop`` and ``minimize`` find
   it: they project an infeasible x0 and stop on the projected gradient (status
   ``CONVERGED_IN_BOX``). The transformation must then be last in a chain. Without bounds the
   program is the unbounded one.

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _numerics
 
 __all__ = ("LookaheadResult", "armijo_lookahead", "gated_lookahead")
 
@@ -91,7 +91,7 @@ def armijo_lookahead(
     ([0.2, -0.4], 1)
   """
   dtype = jnp.result_type(value)
-  c = lambda v: _common.cast(v, dtype)
+  c = lambda v: _numerics.cast(v, dtype)
   slope = _blocks.vdot(grad, direction)
 
   def cond(carry):
@@ -116,9 +116,9 @@ def armijo_lookahead(
   _, point, f_eta, g_eta, calls, moved = jax.lax.while_loop(cond, body, start)
   # A failed search keeps the start point (its value and gradient are known).
   return LookaheadResult(
-    params=_common.keep_if(moved, point, params),
+    params=_numerics.keep_if(moved, point, params),
     value=jnp.where(moved, f_eta, value).astype(dtype),
-    grad=_common.keep_if(moved, g_eta, grad),
+    grad=_numerics.keep_if(moved, g_eta, grad),
     calls=calls,
     moved=moved,
   )

@@ -11,7 +11,12 @@ The pieces a one-call method needs to stay in a box (:func:`hdm_optax.trial_lbfg
 - :func:`projected_step` is the step actually taken, :math:`P(x + d) - x`;
 - :func:`projected_gradient_norm` is :math:`\|P(x - \nabla f(x)) - x\|_\infty`, the
   stationarity measure of L-BFGS-B's ``pgtol`` (0 exactly at a KKT point of the box);
-- :func:`held_box` is how a driver learns the box a transformation holds in its state.
+- :func:`free_at_solution` marks the variables free at a returned point (the implicit
+  adjoint's), by L-BFGS-B's projected gradient.
+
+A state declares its box to a driver by its ``driver_box()``
+(:class:`hdm_optax.driver.protocol.OptimizerState`); the driver calls the :class:`Box`'s
+methods.
 
 The L-BFGS step in a box is :mod:`hdm_optax.pieces.lbfgs.bounded`. Every function is pure and
 traceable, so per-problem boxes run under ``jax.vmap``.
@@ -37,7 +42,7 @@ import optax
 __all__ = (
   "Box",
   "free_mask",
-  "held_box",
+  "free_at_solution",
   "make_box",
   "project",
   "projected_gradient_norm",
@@ -56,6 +61,22 @@ class Box(NamedTuple):
 
   lower: Any
   upper: Any
+
+  def project(self, x):
+    """:func:`project`."""
+    return project(self, x)
+
+  def projected_gradient(self, x, grad):
+    """:math:`P(x - \nabla f(x)) - x`, the step of the projected gradient."""
+    return optax.tree.sub(project(self, optax.tree.sub(x, grad)), x)
+
+  def projected_gradient_norm(self, x, grad) -> jax.Array:
+    """:func:`projected_gradient_norm`."""
+    return projected_gradient_norm(self, x, grad)
+
+  def free_at_solution(self, x, grad, tol):
+    """:func:`free_at_solution`."""
+    return free_at_solution(self, x, grad, tol)
 
 
 def _concrete(value) -> Optional[np.ndarray]:
@@ -246,40 +267,45 @@ def projected_gradient_norm(box: Box, x, grad) -> jax.Array:
     >>> float(box.projected_gradient_norm(b, jnp.array([0.0, 0.5]), jnp.array([3.0, -0.25])))
     0.25
   """
-  moved = optax.tree.sub(project(box, optax.tree.sub(x, grad)), x)
-  return optax.tree.norm(moved, ord=jnp.inf)
+  return optax.tree.norm(box.projected_gradient(x, grad), ord=jnp.inf)
 
 
-def held_box(state, last) -> Optional[Box]:
-  """The :class:`Box` an optimizer state holds, or ``None``: how a driver learns the bounds.
+def free_at_solution(box: Box, x, grad, tol):
+  """``(free, degenerate)`` at a returned point: L-BFGS-B's projected gradient decides which
+  variables are bound.
 
-  A transformation with bounds declares them by holding its :class:`Box` in its state (any
-  field, any depth); a driver finds it by type. ``last`` is the state of the transformation
-  whose update reaches the params unchanged (:func:`hdm_optax.driver.cache.cache_at_params`).
-  The box must be held there: a later transformation could move the iterate out of the box,
-  and then a ``ValueError`` says so.
+  A variable is bound where the projected gradient step ends on a bound, ``x - g <= l``
+  with ``g > 0`` (or ``x - g >= u`` with ``g < 0``); it is degenerate where it lies within
+  ``tol`` of a bound with ``|g| <= tol`` (the side is then a matter of rounding).
+
+  Why not :func:`free_mask`: that is the binding set at distance 0, of the iterate a method
+  steps from, where a variable on its bound with the gradient pushing outward must stay. A
+  returned point is a stationary point only to ``tol``: a variable may sit within ``|g|`` of
+  its bound, not on it, and the projected gradient (the measure the run stopped on) puts it
+  there. The implicit derivative (:mod:`hdm_optax.driver.adjoint`) holds those fixed.
+
+  Returns:
+    ``free``, a boolean tree shaped like ``x``, and ``degenerate``, the number of degenerate
+    variables (int32).
 
   Examples:
-    >>> import jax.numpy as jnp, hdm_optax
+    >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces import box
-    >>> state = hdm_optax.trial_lbfgs(lower=0.0).init(jnp.ones(2))
-    >>> float(box.held_box(state, state).lower)
-    0.0
+    >>> b = box.make_box(jnp.zeros(3), 0.0, 1.0)
+    >>> free, odd = box.free_at_solution(
+    ...     b, jnp.array([1e-6, 0.5, 0.0]), jnp.array([0.1, 0.0, 0.0]), 1e-4)
+    >>> [bool(v) for v in free], int(odd)
+    ([False, True, True], 1)
   """
-  found, held = _boxes(state), _boxes(last)
-  if not found:
-    return None
-  if len(found) > 1 or len(held) != 1:
-    raise ValueError(
-      "a transformation with bounds (lower=/upper=) must be the last one of the chain, and "
-      "the only one with bounds: a later transformation changes its step and could move the "
-      "iterate out of the box. Put the bounded transformation last (a clip goes before it; "
-      "a weight decay goes into f)."
-    )
-  return held[0]
 
+  def leaf(lo, hi, xi, gi):
+    bound = ((xi - gi <= lo) & (gi > 0)) | ((xi - gi >= hi) & (gi < 0))
+    near = (jnp.abs(xi - lo) <= tol) | (jnp.abs(hi - xi) <= tol)
+    return ~bound, near & (jnp.abs(gi) <= tol)
 
-def _boxes(state) -> list:
-  """The :class:`Box` values in ``state``."""
-  is_box = lambda node: isinstance(node, Box)
-  return [node for node in jax.tree.leaves(state, is_leaf=is_box) if is_box(node)]
+  pairs = jax.tree.map(leaf, box.lower, box.upper, x, grad)
+  free = jax.tree.map(lambda p: p[0], pairs, is_leaf=lambda p: isinstance(p, tuple))
+  odd = jax.tree.leaves(
+    jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple))
+  )
+  return free, sum(odd, jnp.int32(0))

@@ -29,7 +29,7 @@ from jax.flatten_util import ravel_pytree
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _checks
 
 __all__ = ("CANDIDATE_SETS", "CandidateSet", "diagonal", "full", "get", "scalar", "trial_step")
 
@@ -208,4 +208,4 @@ def get(candidate, *, allowed=tuple(CANDIDATE_SETS)) -> CandidateSet:
   """
   if isinstance(candidate, CandidateSet):
     return candidate
-  return _common.lookup("candidate set", candidate, CANDIDATE_SETS, allowed)()
+  return _checks.lookup("candidate set", candidate, CANDIDATE_SETS, allowed)()

@@ -31,7 +31,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 
 __all__ = (
   "CurvatureEstimate",
@@ -112,8 +113,8 @@ def running_mean(
     >>> bool(fired), float(state.l_hat), bool(state.active)
     (True, 2.0, False)
   """
-  _common.check_positive("horizon", horizon)
-  _common.check_nonnegative("min_step", min_step)
+  _checks.check_positive("horizon", horizon)
+  _checks.check_nonnegative("min_step", min_step)
 
   def init(dtype):
     return CurvatureState(
@@ -126,8 +127,8 @@ def running_mean(
 
   def record(state, *, accepted, step_norm, grad_change, frozen):
     dtype = state.ratio_sum.dtype
-    keep = accepted & state.active & (step_norm > _common.cast(min_step, dtype))
-    ratio = jnp.where(keep, _common.safe_div(grad_change, step_norm), 0).astype(dtype)
+    keep = accepted & state.active & (step_norm > _numerics.cast(min_step, dtype))
+    ratio = jnp.where(keep, _numerics.safe_div(grad_change, step_norm), 0).astype(dtype)
     counter = jnp.where(accepted, state.counter + 1, jnp.maximum(state.counter - 2, 0))
     return state._replace(
       ratio_sum=state.ratio_sum + ratio,
@@ -141,7 +142,7 @@ def running_mean(
     dtype = state.ratio_sum.dtype
     threshold = jnp.maximum(jnp.minimum(jnp.asarray(horizon, dtype) / 4, 200), 20)
     fired = state.active & (state.counter.astype(dtype) > threshold) & (state.ratio_count > 0)
-    mean = _common.safe_div(state.ratio_sum, state.ratio_count.astype(dtype))
+    mean = _numerics.safe_div(state.ratio_sum, state.ratio_count.astype(dtype))
     l_hat = jnp.where(fired, mean, state.l_hat)
     return state._replace(l_hat=l_hat.astype(dtype), active=state.active & ~fired), fired
 
@@ -172,7 +173,7 @@ class Probe(NamedTuple):
 def _finisher(fallback):
   def finish(running):
     ok = jnp.isfinite(running) & (running > 0)
-    return jnp.where(ok, running, _common.cast(fallback, running.dtype)).astype(running.dtype)
+    return jnp.where(ok, running, _numerics.cast(fallback, running.dtype)).astype(running.dtype)
 
   return finish
 
@@ -194,13 +195,13 @@ def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
     1.0
   """
 
-  _common.check_positive("size", size)
+  _checks.check_positive("size", size)
 
   def offset(index, params, grad, active):
     del index, active
     grad_sq = _blocks.vdot(grad, grad)
-    delta = _common.cast(size, grad_sq.dtype) * jnp.maximum(1, _blocks.norm(params))
-    return optax.tree.scale(-_common.safe_div(delta, jnp.sqrt(grad_sq)), grad), delta
+    delta = _numerics.cast(size, grad_sq.dtype) * jnp.maximum(1, _blocks.norm(params))
+    return optax.tree.scale(-_numerics.safe_div(delta, jnp.sqrt(grad_sq)), grad), delta
 
   return Probe(num=1, offset=offset, finish=_finisher(fallback))
 
@@ -244,13 +245,13 @@ def random_probe(num: int = 3, seed: int = 0, size: Any = 1e-4, fallback: Any = 
     >>> round(float(jnp.linalg.norm(offset)), 6), float(delta)
     (0.5, 0.5)
   """
-  _common.check_positive("size", size)
-  _common.check_positive("num", num)
+  _checks.check_positive("size", size)
+  _checks.check_positive("num", num)
   key = jax.random.key(seed)
 
   def offset(index, params, grad, active):
     del grad
-    delta = _common.cast(size, _common.params_dtype(params))
+    delta = _numerics.cast(size, _numerics.params_dtype(params))
     drawn = lambda: optax.tree.scale(delta, probe_direction(key, index, params))
     zeros = lambda: optax.tree.zeros_like(params)
     off = jax.lax.platform_dependent(

@@ -18,7 +18,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 
 __all__ = ("DecayState", "Schedule", "constant", "step_decay")
 
@@ -89,15 +90,15 @@ def step_decay(every: int = 50, rate: Any = 0.8, floor: Any = 1e-3) -> Schedule:
     0.25
   """
 
-  _common.check_positive("every", every)
-  _common.check_interval("rate", rate, 0, 1, lo_open=True)
-  _common.check_nonnegative("floor", floor)
+  _checks.check_positive("every", every)
+  _checks.check_interval("rate", rate, 0, 1, lo_open=True)
+  _checks.check_nonnegative("floor", floor)
 
   def update(state, count, active):
     factor = state.factor
     dtype = factor.dtype
     decay = active & (count % every == 0)
-    new = jnp.maximum(_common.cast(rate, dtype) * factor, _common.cast(floor, dtype))
+    new = jnp.maximum(_numerics.cast(rate, dtype) * factor, _numerics.cast(floor, dtype))
     return DecayState(factor=jnp.where(decay, new, factor).astype(dtype))
 
   return Schedule(init=constant().init, update=update)

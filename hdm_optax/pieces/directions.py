@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
 from hdm_optax.pieces import shell
@@ -74,7 +74,7 @@ class Learnable(NamedTuple):
       optax.tree.scale(kept, value),
       hypergrad,
       learner_state,
-      _common.cast(self.lr, dtype),
+      _numerics.cast(self.lr, dtype),
       self.lower,
       self.upper,
     )
@@ -136,7 +136,7 @@ def preconditioned(precond: Learnable) -> shell.Direction:
     hypergrad = hypergradient_lib.hypergradient(precond.candidate, trial.grad, ctx.updates, den=den)
     kept = step_control_lib.kept_scale(ctx.step_size, trial.finite)
     new = precond.learn(state.precond, hypergrad, state.learner_state, kept, ctx.value.dtype)
-    learned = _common.keep_if(trial.finite, new, (state.precond, state.learner_state))
+    learned = _numerics.keep_if(trial.finite, new, (state.precond, state.learner_state))
     return shell.Learned(PrecondState(*learned), jnp.asarray(False), _blocks.norm(hypergrad))
 
   return shell.Direction(init=init, propose=propose, learn=learn)
@@ -204,7 +204,7 @@ def heavy_ball(
   def init(params):
     p, p_state = precond.start(params)
     b, b_state = momentum.start(params)
-    return HeavyBallState(p, b, p_state, b_state, _common.copy_tree(params))
+    return HeavyBallState(p, b, p_state, b_state, _numerics.copy_tree(params))
 
   def propose(state, ctx):
     diff = optax.tree.sub(ctx.params, state.prev_params)  # x^k - x^{k-1}
@@ -220,7 +220,7 @@ def heavy_ball(
 
   def merit(state, trial, ctx):
     # Line 6: the null step on the potential psi, which is not f (no step for the rule).
-    om = _common.cast(omega, ctx.value.dtype)
+    om = _numerics.cast(omega, ctx.value.dtype)
     diff = optax.tree.sub(ctx.params, state.prev_params)
     psi_new = trial.value + 0.5 * om * _blocks.vdot(trial.step, trial.step)
     return psi_new, ctx.value + 0.5 * om * _blocks.vdot(diff, diff), None
@@ -230,7 +230,7 @@ def heavy_ball(
     diff = optax.tree.sub(ctx.params, state.prev_params)
     # Lines 4-5, with the gradients of Appendix D.1, at the damped (sP, sB).
     den = denominator(_blocks.vdot(ctx.grad, ctx.grad), _blocks.vdot(diff, diff), None)
-    resid = optax.tree.add_scale(trial.grad, _common.cast(omega, dtype), trial.step)
+    resid = optax.tree.add_scale(trial.grad, _numerics.cast(omega, dtype), trial.step)
     grad_p = hypergradient_lib.hypergradient(precond.candidate, resid, ctx.updates, den=den)
     grad_b = hypergradient_lib.hypergradient(momentum.candidate, resid, diff, den=den, negate=False)
     kept = step_control_lib.kept_scale(ctx.step_size, trial.finite)
@@ -238,12 +238,12 @@ def heavy_ball(
     new_b, new_lb = momentum.learn(
       state.momentum, grad_b, state.momentum_learner_state, kept, dtype
     )
-    learned = _common.keep_if(
+    learned = _numerics.keep_if(
       trial.finite,
       (new_p, new_b, new_lp, new_lb),
       (state.precond, state.momentum, state.precond_learner_state, state.momentum_learner_state),
     )
-    prev_params = _common.keep_if(verdict.accepted, ctx.params, state.prev_params)
+    prev_params = _numerics.keep_if(verdict.accepted, ctx.params, state.prev_params)
     hypergrad_norm = jnp.sqrt(_blocks.vdot(grad_p, grad_p) + _blocks.vdot(grad_b, grad_b))
     return shell.Learned(HeavyBallState(*learned, prev_params), jnp.asarray(False), hypergrad_norm)
 

@@ -29,7 +29,8 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 from hdm_optax.pieces import candidates as candidates_lib
 
 __all__ = (
@@ -88,7 +89,7 @@ def hypergradient(
   if inv_den is not None:
     weight = -inv_den if negate else inv_den
     return jax.tree.map(lambda t: t * weight, outer)
-  return jax.tree.map(lambda t: _common.safe_div(-t if negate else t, den), outer)
+  return jax.tree.map(lambda t: _numerics.safe_div(-t if negate else t, den), outer)
 
 
 def momentum_hypergradients(
@@ -166,11 +167,11 @@ def fixed_tau(tau: Any) -> Denominator:
     4.0
   """
 
-  _common.check_nonnegative("tau", tau)
+  _checks.check_nonnegative("tau", tau)
 
   def den(grad_sq, diff_sq, curvature):
     del curvature
-    return grad_sq + 0.5 * _common.cast(tau, grad_sq.dtype) * diff_sq
+    return grad_sq + 0.5 * _numerics.cast(tau, grad_sq.dtype) * diff_sq
 
   return den
 
@@ -200,13 +201,13 @@ def curvature_tau(eps: Any = 1e-12) -> Denominator:
     4.0
   """
 
-  _common.check_nonnegative("eps", eps)
+  _checks.check_nonnegative("eps", eps)
 
   def den(grad_sq, diff_sq, curvature):
     return jnp.where(
       curvature > 0,
       grad_sq + 0.25 * curvature**2 * diff_sq,
-      grad_sq + _common.cast(eps, grad_sq.dtype),
+      grad_sq + _numerics.cast(eps, grad_sq.dtype),
     )
 
   return den

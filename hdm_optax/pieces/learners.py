@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 
 __all__ = (
   "LEARNERS",
@@ -184,7 +185,7 @@ def decayed_adagrad(decay: Any = 0.9, eps: float = 1e-12) -> OnlineLearner:
     >>> round(float(delta[0]), 6), float(state.sum_sq[0])
     (-0.816497, 6.0)
   """
-  _common.check_positive("decay", decay)
+  _checks.check_positive("decay", decay)
 
   def step(g, state, lr):
     sum_sq = jax.tree.map(
@@ -225,7 +226,7 @@ def get(learner, *, eps: float = 1e-12) -> OnlineLearner:
   """
   if isinstance(learner, OnlineLearner):
     return learner
-  return _common.lookup("learner", learner, LEARNERS)(eps)
+  return _checks.lookup("learner", learner, LEARNERS)(eps)
 
 
 def learn(
@@ -265,8 +266,8 @@ def learn(
   new_p = candidate.project(optax.tree.add(p, delta), lower, upper)
   if not check_finite:
     return new_p, new_state
-  ok = _common.all_finite(new_p, new_state)
-  return _common.keep_if(ok, (new_p, new_state), (p, state))
+  ok = _numerics.all_finite(new_p, new_state)
+  return _numerics.keep_if(ok, (new_p, new_state), (p, state))
 
 
 def learn_log(candidate, learner: OnlineLearner, p, g, state, lr, lower, upper):

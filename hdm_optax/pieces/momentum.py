@@ -38,6 +38,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import curvature as curvature_lib
 from hdm_optax.pieces import decay as decay_lib
@@ -172,9 +173,9 @@ def shrink(factor: Any, floor: Any) -> Callable[[Any, jax.Array], Any]:
 
   def action(precond, accepted):
     dtype = jax.tree.leaves(precond)[0].dtype
-    shrunk = optax.tree.scale(_common.cast(factor, dtype), precond)
+    shrunk = optax.tree.scale(_numerics.cast(factor, dtype), precond)
     return _DIAG.project(
-      _common.keep_if(accepted, precond, shrunk), _common.cast(floor, dtype), None
+      _numerics.keep_if(accepted, precond, shrunk), _numerics.cast(floor, dtype), None
     )
 
   return action
@@ -187,6 +188,27 @@ class _Observed(NamedTuple):
   lipschitz: jax.Array  # L of this update
   grad_change: jax.Array  # ||grad f(x+) - grad f(x)|| of the (looked-ahead) trial
   hypergrad_norm: jax.Array
+
+
+class _Momentum(NamedTuple):
+  """:func:`momentum_direction`'s arguments, as its parts read them."""
+
+  learner: PrecondLearner
+  precond_rule: Callable[..., tuple[Any, Any, Any]]
+  momentum_lr: Callable[[jax.Array], jax.Array]
+  denominator: hypergradient_lib.Denominator
+  curvature_estimate: curvature_lib.CurvatureEstimate
+  schedule: decay_lib.Schedule
+  null_action: Callable[[Any, jax.Array], Any]
+  probe: Optional[curvature_lib.Probe]
+  precond_from_probe: bool
+  lookahead: Optional[Callable[..., Any]]
+  lipschitz: Optional[Any]
+  init_precond: Any
+  init_momentum: Any
+  momentum_learner: Any
+  beta_lo: Any
+  beta_hi: Any
 
 
 def momentum_direction(
@@ -271,173 +293,196 @@ def momentum_direction(
   """
   if (probe is None) == (lipschitz is None):
     raise TypeError("momentum_direction: pass exactly one of lipschitz= and probe=.")
-  schedule = decay_lib.constant() if schedule is None else schedule
-  null_action = keep() if null_action is None else null_action
-  momentum_learner = learners_lib.adagrad(adagrad_eps)
-  beta_lo, beta_hi = momentum_bounds
+  c = _Momentum(
+    learner=learner,
+    precond_rule=precond_rule,
+    momentum_lr=momentum_lr,
+    denominator=denominator,
+    curvature_estimate=curvature_estimate,
+    schedule=decay_lib.constant() if schedule is None else schedule,
+    null_action=keep() if null_action is None else null_action,
+    probe=probe,
+    precond_from_probe=precond_from_probe,
+    lookahead=lookahead,
+    lipschitz=lipschitz,
+    init_precond=init_precond,
+    init_momentum=init_momentum,
+    momentum_learner=learners_lib.adagrad(adagrad_eps),
+    beta_lo=momentum_bounds[0],
+    beta_hi=momentum_bounds[1],
+  )
+  part = lambda f: functools.partial(f, c)
+  return shell.Direction(
+    init=part(_init), propose=part(_propose), learn=part(_learn), observe=part(_observe)
+  )
 
-  def init(params):
-    dtype = _common.params_dtype(params)
-    lip = jnp.zeros([], dtype) if lipschitz is None else _common.cast(lipschitz, dtype)
-    precond = _DIAG.init(params, init_precond)
-    momentum = _SCALAR.project(_SCALAR.init(params, init_momentum), beta_lo, beta_hi)
-    curvature = curvature_estimate.init(dtype)
-    sched = schedule.init(dtype)
-    eta_p, _, _ = precond_rule(jnp.where(lip > 0, lip, 1), curvature, sched.factor)
-    return MomentumState(
-      precond=precond,
-      momentum=momentum,
-      precond_learner_state=learner.init(precond),
-      momentum_learner_state=momentum_learner.init(momentum),
-      curvature=curvature,
-      schedule=sched,
-      prev_params=_common.copy_tree(params),
-      lipschitz=lip,
-      precond_lr=jnp.asarray(eta_p, dtype),
-      num_probes=jnp.zeros([], jnp.int32),
-    )
 
-  def probing(state):
-    return jnp.asarray(False) if probe is None else state.num_probes < probe.num
+def _init(c: _Momentum, params):
+  dtype = _numerics.params_dtype(params)
+  lip = jnp.zeros([], dtype) if c.lipschitz is None else _numerics.cast(c.lipschitz, dtype)
+  precond = _DIAG.init(params, c.init_precond)
+  momentum = _SCALAR.project(_SCALAR.init(params, c.init_momentum), c.beta_lo, c.beta_hi)
+  curvature = c.curvature_estimate.init(dtype)
+  sched = c.schedule.init(dtype)
+  eta_p, _, _ = c.precond_rule(jnp.where(lip > 0, lip, 1), curvature, sched.factor)
+  return MomentumState(
+    precond=precond,
+    momentum=momentum,
+    precond_learner_state=c.learner.init(precond),
+    momentum_learner_state=c.momentum_learner.init(momentum),
+    curvature=curvature,
+    schedule=sched,
+    prev_params=_numerics.copy_tree(params),
+    lipschitz=lip,
+    precond_lr=jnp.asarray(eta_p, dtype),
+    num_probes=jnp.zeros([], jnp.int32),
+  )
 
-  def propose(state, ctx):
-    diff = optax.tree.sub(ctx.params, state.prev_params)  # x - x^-
-    # Algorithm 4, line 2: x^+ = x - P u + beta (x - x^-), damped by s.
-    direction, s_diff = (
-      optax.tree.scale(ctx.step_size, ctx.updates),
-      optax.tree.scale(ctx.step_size, diff),
-    )
-    step = candidates_lib.trial_step(
-      _DIAG, state.precond, direction, _SCALAR, state.momentum, s_diff
-    )
-    if probe is None:
-      return step, None
-    offset, delta = probe.offset(state.num_probes, ctx.params, ctx.grad, probing(state))
-    return optax.tree.where(probing(state), offset, step), delta
 
-  def lipschitz_now(state, grad_change, delta):
-    """L of this update (a probe's ratio enters it) and whether the probe was the last."""
-    dtype = state.lipschitz.dtype
-    if lipschitz is None:
-      lip = state.lipschitz
-    else:
-      l_hat = state.curvature.l_hat
-      lip = jnp.where(l_hat > 0, l_hat, _common.cast(lipschitz, dtype)).astype(dtype)
-    if probe is None:
-      return lip, jnp.asarray(False)
-    running = jnp.where(probing(state), jnp.maximum(lip, grad_change / delta), lip).astype(dtype)
-    last_probe = probing(state) & (state.num_probes == probe.num - 1)
-    return jnp.where(last_probe, probe.finish(running), running).astype(dtype), last_probe
+def _probing(c: _Momentum, state):
+  return jnp.asarray(False) if c.probe is None else state.num_probes < c.probe.num
 
-  def learn_online(state, trial, ctx, lip, live):
-    """Lines 3-8: the hypergradients at the damped sP, s beta and the learners' round.
 
-    On a probe or a non-finite trial 1/den is 0, so G = 0, and the learners keep
-    their state. Returns the state with P, beta, the learners, the schedule and
-    eta_p updated, and the hypergradient's norm.
-    """
-    diff = optax.tree.sub(ctx.params, state.prev_params)
-    grad_sq = _blocks.vdot(ctx.grad, ctx.grad)
-    den = denominator(grad_sq, _blocks.vdot(diff, diff), state.curvature.l_hat)
-    inv_den = hypergradient_lib.reciprocal(den, live)
-    grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
-      _DIAG, _SCALAR, trial.grad, ctx.updates, diff, inv_den, live
-    )
-    count = ctx.count + (~probing(state)).astype(jnp.int32)
-    lr_schedule = schedule.update(state.schedule, count, state.curvature.active & ~probing(state))
-    kept = step_control_lib.kept_scale(ctx.step_size, live)
-    lr_schedule = lr_schedule._replace(factor=lr_schedule.factor * kept)
-    eta_p, lower, upper = precond_rule(lip, state.curvature, lr_schedule.factor)
-    precond, precond_learner_state = learner.learn(
-      optax.tree.scale(kept, state.precond),
-      grad_p,
-      state.precond_learner_state,
-      eta_p,
-      lower,
-      upper,
-    )
-    momentum, momentum_learner_state = learners_lib.learn(
-      _SCALAR,
-      momentum_learner,
-      kept * state.momentum,
-      grad_b,
-      state.momentum_learner_state,
-      momentum_lr(lip),
-      beta_lo,
-      beta_hi,
-      check_finite=False,
-    )
-    momentum, precond_learner_state, momentum_learner_state = _common.keep_if(
-      live,
-      (momentum, precond_learner_state, momentum_learner_state),
-      (state.momentum, state.precond_learner_state, state.momentum_learner_state),
-    )
-    learned = state._replace(
-      precond=precond,
-      momentum=momentum,
-      precond_learner_state=precond_learner_state,
-      momentum_learner_state=momentum_learner_state,
-      schedule=lr_schedule,
-      precond_lr=jnp.asarray(eta_p, ctx.value.dtype),
-    )
-    return learned, jnp.sqrt(_blocks.vdot(grad_p, grad_p) + grad_b**2)
+def _propose(c: _Momentum, state, ctx):
+  diff = optax.tree.sub(ctx.params, state.prev_params)  # x - x^-
+  # Algorithm 4, line 2: x^+ = x - P u + beta (x - x^-), damped by s.
+  direction, s_diff = (
+    optax.tree.scale(ctx.step_size, ctx.updates),
+    optax.tree.scale(ctx.step_size, diff),
+  )
+  step = candidates_lib.trial_step(_DIAG, state.precond, direction, _SCALAR, state.momentum, s_diff)
+  if c.probe is None:
+    return step, None
+  offset, delta = c.probe.offset(state.num_probes, ctx.params, ctx.grad, _probing(c, state))
+  return optax.tree.where(_probing(c, state), offset, step), delta
 
-  def observe(state, trial, ctx):
-    grad_change = _blocks.norm(optax.tree.sub(trial.grad, ctx.grad))
-    lip, last_probe = lipschitz_now(state, grad_change, trial.aux)
-    finite = trial.finite & jnp.isfinite(grad_change)
-    live = finite & ~probing(state)
-    learned, hypergrad_norm = learn_online(state, trial, ctx, lip, live)
-    start = state.precond
-    if precond_from_probe:
-      start = _common.keep_if(last_probe, optax.tree.full_like(state.precond, 1 / lip), start)
-    observed = _Observed(start, lip, grad_change, hypergrad_norm)
-    trial = trial._replace(finite=finite, probe=probing(state), aux=observed)
-    if lookahead is None:
-      return learned, trial
-    look = lookahead(
-      ctx.value_and_grad,
-      optax.tree.add(ctx.params, trial.step),
-      trial.value,
-      trial.grad,
-      _DIAG.apply(learned.precond, trial.grad),
-      finite=live,
-      estimating=state.curvature.active,
-      grad_norm=jnp.sqrt(_blocks.vdot(ctx.grad, ctx.grad)),
-    )
-    observed = observed._replace(grad_change=_blocks.norm(optax.tree.sub(look.grad, ctx.grad)))
-    trial = trial._replace(
-      step=optax.tree.sub(look.params, ctx.params),
-      value=look.value,
-      grad=look.grad,
-      calls=1 + look.calls,
-      aux=observed,
-    )
+
+def _lipschitz_now(c: _Momentum, state, grad_change, delta):
+  """L of this update (a probe's ratio enters it) and whether the probe was the last."""
+  dtype = state.lipschitz.dtype
+  if c.lipschitz is None:
+    lip = state.lipschitz
+  else:
+    l_hat = state.curvature.l_hat
+    lip = jnp.where(l_hat > 0, l_hat, _numerics.cast(c.lipschitz, dtype)).astype(dtype)
+  if c.probe is None:
+    return lip, jnp.asarray(False)
+  running = jnp.where(_probing(c, state), jnp.maximum(lip, grad_change / delta), lip).astype(dtype)
+  last_probe = _probing(c, state) & (state.num_probes == c.probe.num - 1)
+  return jnp.where(last_probe, c.probe.finish(running), running).astype(dtype), last_probe
+
+
+def _learn_online(c: _Momentum, state, trial, ctx, lip, live):
+  """Lines 3-8: the hypergradients at the damped sP, s beta and the learners' round.
+
+  On a probe or a non-finite trial 1/den is 0, so G = 0, and the learners keep
+  their state. Returns the state with P, beta, the learners, the schedule and
+  eta_p updated, and the hypergradient's norm.
+  """
+  diff = optax.tree.sub(ctx.params, state.prev_params)
+  grad_sq = _blocks.vdot(ctx.grad, ctx.grad)
+  den = c.denominator(grad_sq, _blocks.vdot(diff, diff), state.curvature.l_hat)
+  inv_den = hypergradient_lib.reciprocal(den, live)
+  grad_p, grad_b = hypergradient_lib.momentum_hypergradients(
+    _DIAG, _SCALAR, trial.grad, ctx.updates, diff, inv_den, live
+  )
+  count = ctx.count + (~_probing(c, state)).astype(jnp.int32)
+  lr_schedule = c.schedule.update(
+    state.schedule, count, state.curvature.active & ~_probing(c, state)
+  )
+  kept = step_control_lib.kept_scale(ctx.step_size, live)
+  lr_schedule = lr_schedule._replace(factor=lr_schedule.factor * kept)
+  eta_p, lower, upper = c.precond_rule(lip, state.curvature, lr_schedule.factor)
+  precond, precond_learner_state = c.learner.learn(
+    optax.tree.scale(kept, state.precond),
+    grad_p,
+    state.precond_learner_state,
+    eta_p,
+    lower,
+    upper,
+  )
+  momentum, momentum_learner_state = learners_lib.learn(
+    _SCALAR,
+    c.momentum_learner,
+    kept * state.momentum,
+    grad_b,
+    state.momentum_learner_state,
+    c.momentum_lr(lip),
+    c.beta_lo,
+    c.beta_hi,
+    check_finite=False,
+  )
+  momentum, precond_learner_state, momentum_learner_state = _numerics.keep_if(
+    live,
+    (momentum, precond_learner_state, momentum_learner_state),
+    (state.momentum, state.precond_learner_state, state.momentum_learner_state),
+  )
+  learned = state._replace(
+    precond=precond,
+    momentum=momentum,
+    precond_learner_state=precond_learner_state,
+    momentum_learner_state=momentum_learner_state,
+    schedule=lr_schedule,
+    precond_lr=jnp.asarray(eta_p, ctx.value.dtype),
+  )
+  return learned, jnp.sqrt(_blocks.vdot(grad_p, grad_p) + grad_b**2)
+
+
+def _observe(c: _Momentum, state, trial, ctx):
+  grad_change = _blocks.norm(optax.tree.sub(trial.grad, ctx.grad))
+  lip, last_probe = _lipschitz_now(c, state, grad_change, trial.aux)
+  finite = trial.finite & jnp.isfinite(grad_change)
+  live = finite & ~_probing(c, state)
+  learned, hypergrad_norm = _learn_online(c, state, trial, ctx, lip, live)
+  start = state.precond
+  if c.precond_from_probe:
+    start = _numerics.keep_if(last_probe, optax.tree.full_like(state.precond, 1 / lip), start)
+  observed = _Observed(start, lip, grad_change, hypergrad_norm)
+  trial = trial._replace(finite=finite, probe=_probing(c, state), aux=observed)
+  if c.lookahead is None:
     return learned, trial
+  look = c.lookahead(
+    ctx.value_and_grad,
+    optax.tree.add(ctx.params, trial.step),
+    trial.value,
+    trial.grad,
+    _DIAG.apply(learned.precond, trial.grad),
+    finite=live,
+    estimating=state.curvature.active,
+    grad_norm=jnp.sqrt(_blocks.vdot(ctx.grad, ctx.grad)),
+  )
+  observed = observed._replace(grad_change=_blocks.norm(optax.tree.sub(look.grad, ctx.grad)))
+  trial = trial._replace(
+    step=optax.tree.sub(look.params, ctx.params),
+    value=look.value,
+    grad=look.grad,
+    calls=1 + look.calls,
+    aux=observed,
+  )
+  return learned, trial
 
-  def learn(state, trial, verdict, ctx):
-    accepted, observed = verdict.accepted, trial.aux
-    # Line 9: the null step's action on P; a probe leaves P (the last one sets P_1 = 1/L_0).
-    precond = null_action(state.precond, accepted)
-    precond = _common.keep_if(probing(state), observed.start, precond)
-    curv = curvature_estimate.record(
-      state.curvature,
-      accepted=accepted,
-      step_norm=_blocks.norm(trial.step),
-      grad_change=observed.grad_change,
-      frozen=probing(state),
-    )
-    curv, fired = curvature_estimate.fire(curv)
-    learned = state._replace(
-      precond=precond,
-      precond_learner_state=_common.keep_if(
-        fired, learner.init(precond), state.precond_learner_state
-      ),
-      curvature=curv,
-      prev_params=ctx.params,
-      lipschitz=jnp.where(fired, curv.l_hat, observed.lipschitz).astype(state.lipschitz.dtype),
-      num_probes=state.num_probes + probing(state).astype(jnp.int32),
-    )
-    return shell.Learned(learned, jnp.asarray(False), observed.hypergrad_norm)
 
-  return shell.Direction(init=init, propose=propose, learn=learn, observe=observe)
+def _learn(c: _Momentum, state, trial, verdict, ctx):
+  accepted, observed = verdict.accepted, trial.aux
+  # Line 9: the null step's action on P; a probe leaves P (the last one sets P_1 = 1/L_0).
+  precond = c.null_action(state.precond, accepted)
+  precond = _numerics.keep_if(_probing(c, state), observed.start, precond)
+  curv = c.curvature_estimate.record(
+    state.curvature,
+    accepted=accepted,
+    step_norm=_blocks.norm(trial.step),
+    grad_change=observed.grad_change,
+    frozen=_probing(c, state),
+  )
+  curv, fired = c.curvature_estimate.fire(curv)
+  learned = state._replace(
+    precond=precond,
+    precond_learner_state=_numerics.keep_if(
+      fired, c.learner.init(precond), state.precond_learner_state
+    ),
+    curvature=curv,
+    prev_params=ctx.params,
+    lipschitz=jnp.where(fired, curv.l_hat, observed.lipschitz).astype(state.lipschitz.dtype),
+    num_probes=state.num_probes + _probing(c, state).astype(jnp.int32),
+  )
+  return shell.Learned(learned, jnp.asarray(False), observed.hypergrad_norm)

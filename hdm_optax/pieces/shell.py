@@ -37,6 +37,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -44,7 +45,10 @@ import jax.numpy as jnp
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _info
+from hdm_optax import _numerics
+from hdm_optax import _oracle
+from hdm_optax import _stale
 
 __all__ = (
   "Context",
@@ -190,7 +194,7 @@ def _uphill(seen: Evidence, updates, accepted) -> jax.Array:
 
 def _finite_gradient(state, trial: Trial, ctx: Context):
   del ctx
-  return state, trial._replace(finite=trial.finite & _common.all_finite(trial.grad))
+  return state, trial._replace(finite=trial.finite & _numerics.all_finite(trial.grad))
 
 
 def _values(state, trial: Trial, ctx: Context):
@@ -257,7 +261,24 @@ class IterationState(NamedTuple):
   rule: Any
   value: jax.Array
   grad: Any
-  info: _common.HDMInfo
+  info: _info.HDMInfo
+
+  # What a driver reads (hdm_optax.driver.protocol.OptimizerState): the step rule's verdict,
+  # and the box and the preconditioner the direction holds, if any.
+
+  def driver_verdict(self) -> jax.Array:
+    """Whether the last trial became the iterate (``info.accepted``)."""
+    return self.info.accepted
+
+  def driver_box(self):
+    """The direction's box (``trial_lbfgs(lower=, upper=)``), or ``None``."""
+    held = getattr(self.direction, "driver_box", None)
+    return None if held is None else held()
+
+  def driver_preconditioner(self, free=None):
+    """The direction's approximation of the inverse Hessian (its secant pairs), or ``None``."""
+    held = getattr(self.direction, "driver_preconditioner", None)
+    return None if held is None else held(free)
 
 
 def _packed_context(packing: _blocks.Packing, ctx: Context) -> Context:
@@ -303,74 +324,91 @@ def iteration(
     True
   """
 
-  def init_fn(params):
-    dtype = _common.params_dtype(params)
-    return IterationState(
-      **_common.oracle_fields(params, dtype),
-      direction=direction.init(params),
-      rule=step_rule.init(dtype),
-    )
+  parts = _Parts(name, direction, step_rule, pack_params)
+  update_fn = _stale.track_point(name)(functools.partial(_update, parts))
+  return optax.GradientTransformationExtraArgs(functools.partial(_init, parts), update_fn)
 
-  def evidence(direction_state, trial: Trial, ctx: Context) -> Evidence:
-    """The merit at both points and the slopes along the step, once per update."""
-    trial_value, value, step = direction.merit(direction_state, trial, ctx)
-    grad, trial_grad = _blocks.pack(ctx.grad), _blocks.pack(trial.grad)
-    slope = trial_slope = None
-    if step is not None:
-      step = _blocks.pack(step)
-      slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
-    return Evidence(
-      value, trial_value, grad, trial_grad, step, slope, trial_slope, trial.finite, trial.probe
-    )
 
-  @_common.track_point(name)
-  def update_fn(updates, state, params, *, value=None, grad=None, value_fn=None, **extra_args):
-    del extra_args
-    value, grad = _common.require_oracle(
-      name, value, grad, value_fn, updates, params=params, state_grad=state.grad
-    )
-    dtype = state.value.dtype
-    ctx = Context(
-      params=params,
-      updates=grad if updates is None else updates,
-      value=jnp.asarray(value, dtype),
-      grad=grad,
-      count=state.count,
-      step_size=step_rule.step_size(state.rule),
-      value_and_grad=lambda point: _common.value_and_grad(value_fn, point),
-    )
-    # The direction works on packed vectors; the state and the result keep the params' layout.
-    packed = _blocks.Packing(params if pack_params else None)
-    user_ctx, ctx = ctx, _packed_context(packed, ctx)
-    direction_in = packed.pack(state.direction)
-    step, aux = direction.propose(direction_in, ctx)
-    trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(ctx.params, step))
-    trial_value = jnp.asarray(trial_value, dtype)
-    trial = Trial(
-      step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
-    )
-    direction_state, trial = direction.observe(direction_in, trial, ctx)
-    seen = evidence(direction_state, trial, ctx)
-    verdict = step_rule.judge(state.rule, seen)
-    accepted = verdict.accepted
-    learned = direction.learn(direction_state, trial, verdict, ctx)
-    hypergrad_norm = learned.hypergrad_norm
-    trial = trial._replace(step=packed.unpack(trial.step), grad=packed.unpack(trial.grad))
-    ctx = user_ctx
-    new_state = IterationState(
-      count=state.count + (~trial.probe).astype(jnp.int32),
-      direction=packed.unpack_as(learned.state, state.direction),
-      rule=_common.keep_if(learned.restart, step_rule.init(dtype), verdict.state),
-      value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
-      grad=_common.keep_if(accepted, trial.grad, grad),
-      info=_common.next_info(
-        state.info,
-        accepted=accepted,
-        hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
-        calls=trial.calls,
-        uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not grad else False,
-      ),
-    )
-    return _common.keep_if(accepted, trial.step, optax.tree.zeros_like(params)), new_state
+class _Parts(NamedTuple):
+  """:func:`iteration`'s arguments, as its update reads them."""
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  name: str
+  direction: Direction
+  step_rule: StepRule
+  pack_params: bool
+
+
+def _init(parts: _Parts, params) -> IterationState:
+  dtype = _numerics.params_dtype(params)
+  return IterationState(
+    **_info.oracle_fields(params, dtype),
+    direction=parts.direction.init(params),
+    rule=parts.step_rule.init(dtype),
+  )
+
+
+def _evidence(direction: Direction, direction_state, trial: Trial, ctx: Context) -> Evidence:
+  """The merit at both points and the slopes along the step, once per update."""
+  trial_value, value, step = direction.merit(direction_state, trial, ctx)
+  grad, trial_grad = _blocks.pack(ctx.grad), _blocks.pack(trial.grad)
+  slope = trial_slope = None
+  if step is not None:
+    step = _blocks.pack(step)
+    slope, trial_slope = optax.tree.vdot(grad, step), optax.tree.vdot(trial_grad, step)
+  return Evidence(
+    value, trial_value, grad, trial_grad, step, slope, trial_slope, trial.finite, trial.probe
+  )
+
+
+def _update(parts: _Parts, updates, state, params, *, value=None, grad=None, value_fn=None, **_):
+  direction, step_rule = parts.direction, parts.step_rule
+  value, grad = _oracle.require_oracle(
+    parts.name, value, grad, value_fn, updates, params=params, state_grad=state.grad
+  )
+  dtype = state.value.dtype
+  ctx = Context(
+    params=params,
+    updates=grad if updates is None else updates,
+    value=jnp.asarray(value, dtype),
+    grad=grad,
+    count=state.count,
+    step_size=step_rule.step_size(state.rule),
+    value_and_grad=lambda point: _oracle.value_and_grad(value_fn, point),
+  )
+  # The direction works on packed vectors; the state and the result keep the params' layout.
+  packed = _blocks.Packing(params if parts.pack_params else None)
+  user_ctx, ctx = ctx, _packed_context(packed, ctx)
+  direction_in = packed.pack(state.direction)
+  step, aux = direction.propose(direction_in, ctx)
+  trial_value, trial_grad = ctx.value_and_grad(optax.tree.add(ctx.params, step))
+  trial_value = jnp.asarray(trial_value, dtype)
+  trial = Trial(
+    step, trial_value, trial_grad, jnp.isfinite(trial_value), jnp.asarray(False), aux=aux
+  )
+  direction_state, trial = direction.observe(direction_in, trial, ctx)
+  seen = _evidence(direction, direction_state, trial, ctx)
+  verdict = step_rule.judge(state.rule, seen)
+  learned = direction.learn(direction_state, trial, verdict, ctx)
+  trial = trial._replace(step=packed.unpack(trial.step), grad=packed.unpack(trial.grad))
+  new_state = _next_state(parts, state, packed, learned, verdict, trial, seen, user_ctx)
+  return _numerics.keep_if(verdict.accepted, trial.step, optax.tree.zeros_like(params)), new_state
+
+
+def _next_state(parts: _Parts, state, packed, learned, verdict, trial, seen, ctx):
+  """The state after the update: the trial's value and gradient where it was accepted."""
+  dtype, accepted = state.value.dtype, verdict.accepted
+  hypergrad_norm = learned.hypergrad_norm
+  return IterationState(
+    count=state.count + (~trial.probe).astype(jnp.int32),
+    direction=packed.unpack_as(learned.state, state.direction),
+    rule=_numerics.keep_if(learned.restart, parts.step_rule.init(dtype), verdict.state),
+    value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
+    grad=_numerics.keep_if(accepted, trial.grad, ctx.grad),
+    info=_info.next_info(
+      state.info,
+      accepted=accepted,
+      hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
+      calls=trial.calls,
+      uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not ctx.grad else False,
+    ),
+  )

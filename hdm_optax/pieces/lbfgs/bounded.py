@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hdm_optax import _common
+from hdm_optax import _numerics
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces.lbfgs import memory as memory_lib
 
@@ -89,7 +89,7 @@ def free_scaling(free, step, change, full_scaling):
   curvature = optax.tree.vdot(s_free, y_free)
   square = optax.tree.vdot(y_free, y_free)
   # Where ||y_F||^2 overflows (gradients of 1e19 in float32), from the rescaled norm.
-  big = _common.scaled_norm(y_free, square)
+  big = _numerics.scaled_norm(y_free, square)
   scaling = jnp.where(
     jnp.isfinite(square), curvature / jnp.where(curvature > 0, square, 1), curvature / big / big
   )

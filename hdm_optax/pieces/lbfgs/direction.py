@@ -23,7 +23,8 @@ import numpy as np
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces import shell
 from hdm_optax.pieces.lbfgs import bounded
@@ -43,12 +44,21 @@ class LBFGSState(NamedTuple):
     gamma: the scalar of :math:`H_0 = \\gamma I`, from the newest accepted kept pair
       (0 before the first: then :math:`\\min(1, 1/\\|u\\|)`).
     box: the :class:`hdm_optax.pieces.box.Box` of ``lower=`` / ``upper=`` (``None``
-      without bounds); a driver finds it with :func:`hdm_optax.pieces.box.held_box`.
+      without bounds).
   """
 
   memory: memory_lib.SecantMemory
   gamma: jax.Array
   box: Optional[box_lib.Box] = None
+
+  def driver_box(self) -> Optional[box_lib.Box]:
+    """The box, which the iteration's state tells a driver (``IterationState.driver_box``)."""
+    return self.box
+
+  def driver_preconditioner(self, free=None):
+    """:math:`H_m` of the pairs on the ``free`` variables
+    (:func:`hdm_optax.pieces.lbfgs.memory.preconditioner`)."""
+    return memory_lib.preconditioner(self.memory, free)
 
 
 class _Proposed(NamedTuple):
@@ -86,8 +96,8 @@ def _below_resolution(step, params, resolution) -> jax.Array:
 
 def _first_gamma(updates) -> jax.Array:
   """:math:`\\min(1, 1/\\|u\\|)` (1 where u = 0), H_0's scale before a pair sets gamma."""
-  grad_norm = _common.scaled_norm(updates)
-  first = jnp.minimum(1, _common.safe_div(jnp.ones([], grad_norm.dtype), grad_norm))
+  grad_norm = _numerics.scaled_norm(updates)
+  first = jnp.minimum(1, _numerics.safe_div(jnp.ones([], grad_norm.dtype), grad_norm))
   return jnp.where(grad_norm > 0, first, 1).astype(grad_norm.dtype)
 
 
@@ -96,7 +106,7 @@ def _check(memory_size, pair_tol, diagonal, lower, upper):
     raise ValueError(
       f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
     )
-  _common.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
+  _checks.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
   if diagonal is not None and not callable(diagonal):
     raise ValueError(
       f"diagonal must be None or a function (memory, gamma) -> (h, on), got {diagonal!r}; "
@@ -124,8 +134,8 @@ def lbfgs_direction(
   (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
   returns where it says so; alpha is the step rule's factor. A step that moves no
   coordinate by more than :math:`1024\,\epsilon_{64}|x_i|` or a trial whose gradient
-  equals :math:`\nabla f(x)` carries no curvature: the memory empties, gamma comes from the gradient again and the step
-  rule restarts.
+  equals :math:`\nabla f(x)` carries no curvature: the memory empties, gamma comes from
+  the gradient again and the step rule restarts.
 
   In a box (``lower=``, ``upper=``) the trial is projected, :math:`x^+ = P(x - \alpha d)`,
   with :math:`d = H_F u` on the free variables F (:func:`hdm_optax.pieces.box.free_mask`,
@@ -164,86 +174,104 @@ def lbfgs_direction(
     ((5,), 0.0)
   """
   _check(memory_size, pair_tol, diagonal, lower, upper)
+  cfg = _Config(memory_size, pair_tol, diagonal, lower, upper)
+  part = lambda f: functools.partial(f, cfg)
+  return shell.Direction(
+    init=part(_init), propose=part(_propose), learn=part(_learn), observe=part(_observe)
+  )
 
-  def init(params):
-    memory = memory_lib.secant_memory(params, memory_size)
-    dtype = _common.params_dtype(params)
-    box = box_lib.make_box(params, lower, upper)
-    return LBFGSState(memory=memory, gamma=jnp.zeros([], dtype), box=box)
 
-  def operator(memory, gamma, updates):
-    n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
-    if diagonal is None or n < memory_size:  # fewer dimensions than pairs: gamma I
-      return memory_lib.inverse_hessian_product(memory, gamma, updates)
-    # H_0 = diag(h) where the rule says so, gamma I elsewhere: one program, no branch (a
-    # lax.cond over the pairs made XLA copy them at every update).
-    h0, on = diagonal(memory, gamma)
-    h0 = jax.tree.map(lambda h: jnp.where(on, h, gamma).astype(h.dtype), h0)
-    return memory_lib.inverse_hessian_product(memory, h0, updates)
+class _Config(NamedTuple):
+  """:func:`lbfgs_direction`'s arguments, as its parts read them."""
 
-  def propose(state, ctx):
-    dtype = ctx.value.dtype
-    # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
-    free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
-    packed_free = None if free is None else _blocks.pack(free)
-    # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
-    updates = _blocks.pack(ctx.updates)
-    # H_0's first scale needs a pass over u: only where no pair has set gamma yet.
-    gamma = jax.lax.cond(
-      state.gamma > 0,
-      lambda: state.gamma,
-      lambda: _first_gamma(updates if free is None else bounded.free_part(packed_free, updates)),
-    )
-    if state.box is None:  # x+ = x - alpha H_m u.
-      step = optax.tree.scale(-ctx.step_size, operator(state.memory, gamma, updates))
-      return _blocks.unpack(step, ctx.params), _Proposed(None, step)
-    # In a box: P(x - alpha d), H acting on the free variables.
-    tol = _common.cast(pair_tol, dtype)
-    on_free = lambda v, free: memory_lib.two_loop_recursion(
-      bounded.restricted_memory(state.memory, free, tol), gamma, v
-    )
-    step = bounded.two_metric_step(
-      state.box, ctx.params, ctx.updates, free, ctx.step_size, gamma, on_free
-    )
-    return step, _Proposed(packed_free, _blocks.pack(step))
+  memory_size: int
+  pair_tol: Any
+  diagonal: Any
+  lower: Any
+  upper: Any
 
-  def observe(state, trial, ctx):
-    change = optax.tree.sub(_blocks.pack(trial.grad), _blocks.pack(ctx.grad))
-    products = memory_lib.pair_products(trial.aux.step, change)
-    # A finite <s, y> needs every y_i = g+_i - g_i finite (s_i * inf is inf or NaN), so every
-    # g+_i finite: no separate pass over grad f(x+).
-    finite = trial.finite & jnp.isfinite(products.sy)
-    observed = _Observed(trial.aux.free, trial.aux.step, change, products)
-    return state, trial._replace(finite=finite, aux=observed)
 
-  def learn(state, trial, verdict, ctx):
-    c = lambda x: _common.cast(x, ctx.value.dtype)
-    finite, (free, step, change, products) = trial.finite, trial.aux
-    sy = products.sy
-    # ||y|| and gamma = <s, y> / ||y||^2 where ||y||^2 overflows (gradients of 1e19 in
-    # float32) from the rescaled norm: a pair of such an f still enters the memory.
-    overflow = ~jnp.isfinite(products.yy)
-    step_norm = jnp.sqrt(products.ss)
-    change_norm = _common.scaled_norm(change, products.yy)
-    # A step below the resolution of x (or one that left the gradient as it was) carries
-    # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
-    short = _below_resolution(step, _blocks.pack(ctx.params), c(_RESOLUTION))
-    lost = finite & (short | (change_norm == 0))
-    # A finite trial's pair with enough positive curvature enters the memory where the step
-    # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).
-    curved = sy > c(pair_tol) * step_norm * change_norm
-    keep = finite & curved & ~lost & verdict.keep_pair
-    memory = memory_lib.secant_record(state.memory, step, change, keep, sy=sy)
-    memory = memory_lib.reset(memory, lost)
-    scaling = jnp.where(
-      overflow,
-      _common.safe_div(_common.safe_div(sy, change_norm), change_norm),
-      _common.safe_div(sy, products.yy),
-    )
-    if free is not None:  # the scale of H on the free variables the step was taken on
-      scaling = bounded.free_scaling(free, step, change, scaling)
-    gamma = jnp.where(keep & verdict.accepted, scaling, state.gamma)
-    gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
-    return shell.Learned(LBFGSState(memory, gamma, state.box), lost)
+def _init(cfg: _Config, params):
+  memory = memory_lib.secant_memory(params, cfg.memory_size)
+  dtype = _numerics.params_dtype(params)
+  box = box_lib.make_box(params, cfg.lower, cfg.upper)
+  return LBFGSState(memory=memory, gamma=jnp.zeros([], dtype), box=box)
 
-  return shell.Direction(init=init, propose=propose, learn=learn, observe=observe)
+
+def _operator(cfg: _Config, memory, gamma, updates):
+  n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
+  if cfg.diagonal is None or n < cfg.memory_size:  # fewer dimensions than pairs: gamma I
+    return memory_lib.inverse_hessian_product(memory, gamma, updates)
+  # H_0 = diag(h) where the rule says so, gamma I elsewhere: one program, no branch (a
+  # lax.cond over the pairs made XLA copy them at every update).
+  h0, on = cfg.diagonal(memory, gamma)
+  h0 = jax.tree.map(lambda h: jnp.where(on, h, gamma).astype(h.dtype), h0)
+  return memory_lib.inverse_hessian_product(memory, h0, updates)
+
+
+def _propose(cfg: _Config, state, ctx):
+  dtype = ctx.value.dtype
+  # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
+  free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
+  packed_free = None if free is None else _blocks.pack(free)
+  # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
+  updates = _blocks.pack(ctx.updates)
+  # H_0's first scale needs a pass over u: only where no pair has set gamma yet.
+  gamma = jax.lax.cond(
+    state.gamma > 0,
+    lambda: state.gamma,
+    lambda: _first_gamma(updates if free is None else bounded.free_part(packed_free, updates)),
+  )
+  if state.box is None:  # x+ = x - alpha H_m u.
+    step = optax.tree.scale(-ctx.step_size, _operator(cfg, state.memory, gamma, updates))
+    return _blocks.unpack(step, ctx.params), _Proposed(None, step)
+  # In a box: P(x - alpha d), H acting on the free variables.
+  tol = _numerics.cast(cfg.pair_tol, dtype)
+  on_free = lambda v, free: memory_lib.two_loop_recursion(
+    bounded.restricted_memory(state.memory, free, tol), gamma, v
+  )
+  step = bounded.two_metric_step(
+    state.box, ctx.params, ctx.updates, free, ctx.step_size, gamma, on_free
+  )
+  return step, _Proposed(packed_free, _blocks.pack(step))
+
+
+def _observe(cfg: _Config, state, trial, ctx):
+  change = optax.tree.sub(_blocks.pack(trial.grad), _blocks.pack(ctx.grad))
+  products = memory_lib.pair_products(trial.aux.step, change)
+  # A finite <s, y> needs every y_i = g+_i - g_i finite (s_i * inf is inf or NaN), so every
+  # g+_i finite: no separate pass over grad f(x+).
+  finite = trial.finite & jnp.isfinite(products.sy)
+  observed = _Observed(trial.aux.free, trial.aux.step, change, products)
+  return state, trial._replace(finite=finite, aux=observed)
+
+
+def _learn(cfg: _Config, state, trial, verdict, ctx):
+  c = lambda x: _numerics.cast(x, ctx.value.dtype)
+  finite, (free, step, change, products) = trial.finite, trial.aux
+  sy = products.sy
+  # ||y|| and gamma = <s, y> / ||y||^2 where ||y||^2 overflows (gradients of 1e19 in
+  # float32) from the rescaled norm: a pair of such an f still enters the memory.
+  overflow = ~jnp.isfinite(products.yy)
+  step_norm = jnp.sqrt(products.ss)
+  change_norm = _numerics.scaled_norm(change, products.yy)
+  # A step below the resolution of x (or one that left the gradient as it was) carries
+  # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
+  short = _below_resolution(step, _blocks.pack(ctx.params), c(_RESOLUTION))
+  lost = finite & (short | (change_norm == 0))
+  # A finite trial's pair with enough positive curvature enters the memory where the step
+  # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).
+  curved = sy > c(cfg.pair_tol) * step_norm * change_norm
+  keep = finite & curved & ~lost & verdict.keep_pair
+  memory = memory_lib.secant_record(state.memory, step, change, keep, sy=sy)
+  memory = memory_lib.reset(memory, lost)
+  scaling = jnp.where(
+    overflow,
+    _numerics.safe_div(_numerics.safe_div(sy, change_norm), change_norm),
+    _numerics.safe_div(sy, products.yy),
+  )
+  if free is not None:  # the scale of H on the free variables the step was taken on
+    scaling = bounded.free_scaling(free, step, change, scaling)
+  gamma = jnp.where(keep & verdict.accepted, scaling, state.gamma)
+  gamma = jnp.where(lost, 0, gamma).astype(state.gamma.dtype)
+  return shell.Learned(LBFGSState(memory, gamma, state.box), lost)

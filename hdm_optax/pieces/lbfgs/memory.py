@@ -33,7 +33,8 @@ import numpy as np
 import optax
 
 from hdm_optax import _blocks
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 from hdm_optax import _gating
 
 __all__ = (
@@ -98,7 +99,7 @@ def secant_memory(params, size: int) -> SecantMemory:
     >>> [b.shape for b in memory.secant_memory({"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}, 10).s]
     [(10, 9)]
   """
-  dtype = _common.params_dtype(params)
+  dtype = _numerics.params_dtype(params)
   zeros = tuple(_stacked_zeros(block, size) for block in _blocks.pack(params))
   return SecantMemory(
     s=zeros,
@@ -641,8 +642,8 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
     >>> [round(float(v), 6) for v in h[0]], bool(on)
     ([0.0001, 1.0], True)
   """
-  _common.check_at_least("gate", gate, 1)
-  _common.check_at_least("bound", bound, 1)
+  _checks.check_at_least("gate", gate, 1)
+  _checks.check_at_least("bound", bound, 1)
 
   return PairsDiagonal(gate=gate, bound=bound)
 
@@ -658,7 +659,7 @@ def _pair_sums(a, b) -> jax.Array:
 def _pair_norms(stacked) -> jax.Array:
   """The Euclidean norm of each pair of stacked blocks (leading axis m), without overflow."""
   rows = jnp.concatenate([leaf.reshape(leaf.shape[0], -1) for leaf in stacked], axis=1)
-  return jax.vmap(_common.scaled_norm)(rows)
+  return jax.vmap(_numerics.scaled_norm)(rows)
 
 
 def restricted_memory(memory: SecantMemory, free, pair_tol=1e-10) -> SecantMemory:

@@ -23,7 +23,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hdm_optax import _common
+from hdm_optax import _checks
+from hdm_optax import _numerics
 from hdm_optax.pieces import shell
 
 __all__ = (
@@ -207,15 +208,15 @@ def evidence_step(
     Nocedal and Wright, *Numerical Optimization*, 2nd ed., Section 3.5.
   """
   lo, hi = bracket
-  _common.check_interval("shrink", shrink, 0, 1, lo_open=True, hi_open=True)
-  _common.check_interval("steep", steep, 0, 1, lo_open=True, hi_open=True)
-  _common.check_at_least("extrapolate", extrapolate, 1)
-  _common.check_at_least("agree", agree, 1)
-  _common.check_finite("agree", agree)
+  _checks.check_interval("shrink", shrink, 0, 1, lo_open=True, hi_open=True)
+  _checks.check_interval("steep", steep, 0, 1, lo_open=True, hi_open=True)
+  _checks.check_at_least("extrapolate", extrapolate, 1)
+  _checks.check_at_least("agree", agree, 1)
+  _checks.check_finite("agree", agree)
 
   def judge(alpha, evidence):
     e = evidence
-    c = lambda x: _common.cast(x, e.value.dtype)
+    c = lambda x: _numerics.cast(x, e.value.dtype)
     test = curvature_checked(e.value, e.trial_value, e.slope, e.trial_slope)
     accepted = ~e.probe & e.finite & test
     cubic = cubic_minimiser(e.value, e.trial_value, e.slope, e.trial_slope)

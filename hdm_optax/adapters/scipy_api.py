@@ -5,23 +5,30 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hdm_optax import _common
-from hdm_optax.driver import cache as cache_lib
-from hdm_optax.driver import objective as objective_lib
+from hdm_optax import _numerics
+from hdm_optax.adapters import objective as objective_lib
+from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
-from hdm_optax.driver.results import MinimizeResult
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.methods._trial_lbfgs import trial_lbfgs
 
-__all__ = ("METHODS", "SCIPY_DEFAULTS", "IntermediateResult", "bounds_to_box", "minimize")
+__all__ = (
+  "METHODS",
+  "SCIPY_DEFAULTS",
+  "IntermediateResult",
+  "MinimizeResult",
+  "bounds_to_box",
+  "minimize",
+)
 
 # The methods ``minimize`` runs by name; each takes ``lower=``, ``upper=`` and ``memory_size``.
 # SciPy's "L-BFGS-B" (any case) is read as trial_lbfgs: one call per iteration, no line search.
@@ -41,6 +48,55 @@ _REFUSED = {
   "finite_diff_rel_step": "finite differences here take SciPy's absolute step eps only",
   "workers": "the program evaluates fun itself (no parallel finite differences)",
 }
+
+
+# SolveResult's fields, then SciPy's (one list: MinimizeResult extends SolveResult's).
+_MinimizeFields = NamedTuple(
+  "_MinimizeFields",
+  [
+    *((name, Any) for name in SolveResult._fields),
+    *((name, Any) for name in ("x", "fun", "jac", "success", "nit", "nfev", "njev")),
+  ],
+)
+
+
+class MinimizeResult(_MinimizeFields):
+  """Result of :func:`hdm_optax.minimize`: :class:`SolveResult`'s fields, then SciPy's.
+
+  The first fields are :class:`SolveResult`'s (``params``, ``state``, ``value``, ...,
+  ``status`` a :class:`Status` code: 0 converged, 1 an iteration or call limit, as SciPy's
+  L-BFGS-B's 0 and 1; :attr:`message` says what a code means). Then those of
+  ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
+  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. ``res["x"]``
+  reads a field by name, as SciPy's result does. SciPy's ``hess_inv`` is absent: the
+  inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
+
+  Attributes:
+    x: the solution (``params``).
+    fun: f(x) (``value``).
+    jac: grad f(x).
+    success: whether the run converged (``converged``).
+    nit: iterations (``num_steps``; each one oracle call, a null step included).
+    nfev: evaluations of ``fun`` (``num_value_evals``; with forward differences
+      ``n + 1`` per gradient, as SciPy counts them).
+    njev: evaluations of the gradient (``num_grad_evals``).
+  """
+
+  __slots__ = ()
+
+  message = SolveResult.message
+
+  def __getitem__(self, key):
+    if isinstance(key, str):
+      try:
+        return getattr(self, key)
+      except AttributeError:
+        raise KeyError(key) from None
+    return tuple.__getitem__(self, key)
+
+  def keys(self) -> tuple:
+    """The field names, as ``OptimizeResult.keys()`` (a dict's) lists them."""
+    return self._fields
 
 
 def _is_number_or_none(value) -> bool:
@@ -86,7 +142,7 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
   """
   if bounds is None:
     return None, None
-  dtype = _common.params_dtype(x0)
+  dtype = _numerics.params_dtype(x0)
   if hasattr(bounds, "lb") and hasattr(bounds, "ub"):  # scipy.optimize.Bounds
     for side in (bounds.lb, bounds.ub):
       if np.ndim(side) and np.shape(side) != np.shape(x0):
@@ -118,7 +174,7 @@ def _strong(x0, lower, upper, *tols):
   typed arrays in ``args`` keep their dtype and lose the weak type). An array of another
   dtype is left for the box's check to refuse.
   """
-  dtype = _common.params_dtype(x0)
+  dtype = _numerics.params_dtype(x0)
   weak = lambda b: isinstance(b, (int, float)) or getattr(b, "weak_type", False)
   cast = lambda tree: jax.tree.map(lambda b: jnp.asarray(b, dtype) if weak(b) else b, tree)
   return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
@@ -296,7 +352,7 @@ def _check_box(bounds, x0, lower, upper) -> None:
 
 def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
   """``res`` with SciPy's fields; host values outside a trace."""
-  grad = cache_lib.cache_at_params(res.state).grad
+  grad = protocol.cache_at_params(res.state).grad
   size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
   nfev = res.num_value_evals * (size + 1) if mode == "differences" else res.num_value_evals
   fields = dict(
@@ -362,7 +418,7 @@ def minimize(
   gradient. A ``fun`` JAX cannot trace (NumPy code) runs on the host through
   ``jax.pure_callback`` with NumPy arrays, as SciPy calls it, and with ``jac=None`` its
   gradient is SciPy's forward difference (step ``eps``): see
-  :mod:`hdm_optax.driver.objective`. ``fun`` is traced once with abstract values to tell
+  :mod:`hdm_optax.adapters.objective`. ``fun`` is traced once with abstract values to tell
   the two apart (a counter in ``fun`` sees that call).
 
   Called outside ``jit``/``vmap`` it compiles once per (``fun``, ``jac``, ``method``,
@@ -428,7 +484,7 @@ def minimize(
   _unused(hess, hessp, constraints)
   opts = _options(options, tol, max_steps)
   x0 = _start_point(x0)
-  _common.params_dtype(x0)
+  _numerics.params_dtype(x0)
   lower, upper = bounds_to_box(bounds, x0)
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
@@ -458,5 +514,5 @@ def minimize(
     adjoint=adjoint,
     trace=trace,
   )
-  traced = bool(solving.tracers((x0, args, lower, upper, gtol)))
+  traced = bool(programs.tracers((x0, args, lower, upper, gtol)))
   return _scipy_fields(res, mode, x0, traced)

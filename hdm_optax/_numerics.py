@@ -1,0 +1,79 @@
+"""Numeric helpers of the methods: the params' dtype, casts, safe division, norms."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hdm_optax import _blocks
+
+
+def params_dtype(params) -> jnp.dtype:
+  """The floating dtype of ``params``; raises for integer, complex or mixed."""
+  leaves = jax.tree.leaves(params)
+  if not leaves:
+    raise ValueError("params is an empty pytree: there is nothing to optimize.")
+  if not any(math.prod(jnp.shape(leaf)) for leaf in leaves):
+    shapes = [jnp.shape(leaf) for leaf in leaves]
+    raise ValueError(
+      f"params has no entries (leaves of shapes {shapes}): there is nothing to optimize; "
+      "pass params with at least one entry."
+    )
+  dtypes = {jnp.asarray(leaf).dtype for leaf in leaves}
+  for dt in dtypes:
+    if not jnp.issubdtype(dt, jnp.floating):
+      raise TypeError(
+        f"params must be real floating-point arrays, got dtype {dt}; "
+        "cast them, e.g. jnp.asarray(x, jnp.float32)."
+      )
+  if len(dtypes) > 1:
+    raise TypeError(f"all params leaves must share one dtype, got {sorted(map(str, dtypes))}.")
+  return dtypes.pop()
+
+
+def cast(value, dtype) -> jax.Array:
+  """A hyper-parameter as a 0-d array of the params dtype (no promotion)."""
+  return jnp.asarray(value).astype(dtype)
+
+
+def all_finite(*trees) -> jax.Array:
+  return _blocks.all_finite(*trees)
+
+
+def safe_div(num, den):
+  """``num / den`` with 0 where ``den == 0`` (the gradient is exactly zero)."""
+  ok = den > 0
+  return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
+
+
+def scaled_norm(tree, square=None) -> jax.Array:
+  """The Euclidean norm of a pytree, without overflow where its square overflows.
+
+  Where the sum of squares (``square``, computed here when not given) is finite, its square
+  root; where it is not (entries of 1e19 in float32, 1e155 in float64), ``m * ||tree / m||``
+  with ``m`` the largest magnitude. The rescaled norm is computed only where it is needed
+  (``lax.cond``; under ``jax.vmap``, for every member).
+  """
+  if square is None:
+    square = optax.tree.vdot(tree, tree)
+  norm = jnp.sqrt(square)
+
+  def rescaled():
+    biggest = optax.tree.norm(tree, ord=jnp.inf).astype(norm.dtype)
+    unit = optax.tree.scale(safe_div(jnp.ones([], norm.dtype), biggest), tree)
+    return (biggest * optax.tree.norm(unit)).astype(norm.dtype)
+
+  return jax.lax.cond(jnp.isfinite(norm), lambda: norm, rescaled)
+
+
+def copy_tree(tree):
+  """Fresh buffers (so a state built by ``init`` can be donated)."""
+  return jax.tree.map(jnp.array, tree)
+
+
+def keep_if(pred, new, old):
+  """``new`` where ``pred`` else ``old``, leaf by leaf (a null step)."""
+  return optax.tree.where(pred, new, old)

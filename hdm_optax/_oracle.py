@@ -1,0 +1,136 @@
+"""The oracle contract of ``update``: ``value=``, ``grad=`` and ``value_fn=`` checked, the
+incoming updates compared with the gradient, and one counted value-and-gradient call."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def require_oracle(name: str, value, grad, value_fn, updates, params=None, state_grad=None):
+  """Checks the extra args of ``update`` and returns ``(value, grad)``.
+
+  With ``params``, also checks that ``updates`` and ``grad`` (and the state's
+  cached ``state_grad``, i.e. the pytree ``init`` saw) have the pytree
+  structure and leaf shapes of ``params``.
+  """
+  missing = [n for n, v in (("value", value), ("value_fn", value_fn)) if v is None]
+  if missing:
+    raise TypeError(
+      f"{name}.update needs the keyword arguments value=, grad= and value_fn= "
+      f"(missing: {', '.join(missing)}). Call it as in\n"
+      "  value_and_grad = optax.value_and_grad_from_state(fun)\n"
+      "  value, grad = value_and_grad(params, state=state)\n"
+      "  updates, state = opt.update(grad, state, params, value=value, "
+      "grad=grad, value_fn=fun)\n"
+      "or use hdm_optax.solve(opt, fun, params, max_steps=...)."
+    )
+  if grad is None:
+    grad = updates
+  if not callable(value_fn):
+    raise TypeError(f"value_fn must be callable, got {type(value_fn).__name__}.")
+  if params is not None:
+    for what, tree in (
+      ("the gradient (updates)", updates),
+      ("grad=", grad),
+      ("the optimizer state (built by init)", state_grad),
+    ):
+      if tree is not None:
+        check_like(name, what, tree, params)
+  return value, grad
+
+
+# The point check's tolerance, in eps of the params' dtype times the sum of |x| over
+# the point before and after the update (the weights are below 1.5): a fused
+# multiply-add in the update's trial point (which XLA uses and ``optax.apply_updates``
+# cannot) moves an entry by an eps of the larger of x and the step, and the two sums
+# reduce in their own kernels.
+
+
+def same_leaves(a, b) -> bool:
+  """The two trees hold the same leaf objects (one tree passed twice, at trace time)."""
+  return all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def require_untransformed(name: str, updates, grad, reason: str):
+  """Raises a ``ValueError`` unless ``updates`` are the gradient itself (leaf for leaf).
+
+  For a variant that cannot honour a transformation before it in a chain:
+  refusing is better than dropping the user's clipping or weight decay without
+  a word. Identity is checked on the leaves (at trace time), so ``grad`` passed
+  as both ``updates`` and ``grad=``, or through ``optax.identity()``, passes.
+  """
+  if not same_leaves(updates, grad):
+    raise ValueError(
+      f"{name}.update got updates that differ from grad=: a transformation before "
+      f"{name} in optax.chain changed them, and {name} cannot honour it ({reason}). "
+      f"Put {name} first (or alone) in the chain, or use a variant that steps along the "
+      "incoming updates (hdm, hdm_hb, hdm_best, hdm_auto, osgm_best)."
+    )
+
+
+def _shapes(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, [tuple(jnp.shape(leaf)) for leaf in leaves]
+
+
+def check_like(name: str, what: str, tree, params):
+  """Raises a ``ValueError`` unless ``tree`` is shaped like ``params``."""
+  t_def, t_shapes = _shapes(tree)
+  p_def, p_shapes = _shapes(params)
+  if t_def != p_def:
+    raise ValueError(
+      f"{name}.update: {what} does not have the pytree structure of params:\n"
+      f"  params: {p_def}\n  got:    {t_def}"
+    )
+  if t_shapes != p_shapes:
+    raise ValueError(
+      f"{name}.update: {what} does not have the leaf shapes of params: "
+      f"params {p_shapes}, got {t_shapes}"
+    )
+
+
+def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False, name="value_fn"):
+  """One oracle call, like ``jax.value_and_grad``; checks what ``value_fn`` returns.
+
+  Args:
+    value_fn: ``value_fn(params) -> scalar``, or ``-> (scalar, aux)`` with ``has_aux``.
+    params: where to evaluate.
+    has_aux: ``value_fn`` returns a pair ``(value, aux)``; then the result is
+      ``((value, aux), grad)``, as with ``jax.value_and_grad(..., has_aux=True)``.
+    name: the function's name in the error messages (the drivers call it ``fun``).
+
+  Returns:
+    ``(value, grad)``, or ``((value, aux), grad)`` with ``has_aux``.
+  """
+
+  def checked_fn(p):
+    out = value_fn(p)
+    if has_aux:
+      if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise TypeError(
+          f"with has_aux=True, {name} must return a pair (value, aux), got {type(out).__name__}."
+        )
+      value = out[0]
+    elif isinstance(out, (tuple, list)):
+      raise TypeError(
+        f"{name} returned a {type(out).__name__} of length {len(out)}, not a scalar; "
+        "if it returns (value, aux), pass has_aux=True to hdm_optax.solve / sweep, or "
+        "give the transformation value_fn=lambda p: fun(p)[0]."
+      )
+    else:
+      value = out
+    if jnp.ndim(value) != 0:
+      raise TypeError(
+        f"{name} must return a scalar, got an array of shape {jnp.shape(value)}; return e.g. "
+        f"jnp.sum(...) or value[0]."
+      )
+    return out
+
+  return jax.value_and_grad(checked_fn, has_aux=has_aux)(params)
+
+
+# Construction-time checks. Python numbers and concrete arrays are checked;
+# traced values skip them (vmap sweeps build optimizers from tracers).

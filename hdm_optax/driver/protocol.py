@@ -1,0 +1,215 @@
+"""What the driver reads of an optimizer: one small protocol, and its defaults.
+
+A driver runs any optax transformation. What it reads of the optimizer's state, beyond
+``init`` and ``update``:
+
+- **its cache of f and grad f** (:func:`cache_at_params`): a transformation that caches
+  ``value`` and ``grad`` in its state (every hdm_optax transformation, optax's linesearches
+  and so ``optax.lbfgs``) caches them at the point *its* update leads to; they are f and grad
+  f at the new params where that update reaches the params unchanged. The fields'
+  names are the contract, and :func:`calls_in_update` counts the oracle calls an update made
+  from the counters a state keeps (hdm_optax's ``info``, optax's ``num_linesearch_steps``).
+- **its verdict, its box and its preconditioner**: a state that speaks
+  :class:`OptimizerState` (every hdm_optax method's state does, at any depth of a chain's
+  state) says whether its step rule accepted the update (:func:`accepted`), which bounds
+  its iterate keeps (:func:`box_of`), and which approximation of the inverse Hessian it
+  holds (:func:`preconditioner`, for the implicit adjoint's linear solves).
+
+Any other optax transformation gets the defaults: every update accepted, no box, no
+preconditioner, and a cache only where its state has ``value`` and ``grad`` fields.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+__all__ = (
+  "OptimizerState",
+  "accepted",
+  "box_of",
+  "cache_at_params",
+  "caches_anywhere",
+  "calls_in_update",
+  "preconditioner",
+  "with_box_of",
+)
+
+
+@runtime_checkable
+class OptimizerState(Protocol):
+  """What a state tells a driver (every hdm_optax method's state speaks it).
+
+  ``driver_verdict()`` is the protocol's one method; a state may also have
+  ``driver_box()``, the bounds the iterate keeps (``None`` without), and
+  ``driver_preconditioner(free)``, ``v -> H v`` with H an approximation of the inverse
+  Hessian on the ``free`` variables and the identity off them (``None`` without). A bounds
+  object has ``lower`` and ``upper`` and the methods ``project(x)``,
+  ``projected_gradient(x, grad)``, ``projected_gradient_norm(x, grad)`` and
+  ``free_at_solution(x, grad, tol)`` (:class:`hdm_optax.pieces.box.Box`).
+  """
+
+  def driver_verdict(self) -> jax.Array:
+    """Whether the step rule accepted the last update (the trial became the iterate)."""
+
+
+def _speaks(node) -> bool:
+  return isinstance(node, OptimizerState)
+
+
+def _speakers(state) -> list:
+  """The states in ``state`` that speak :class:`OptimizerState`, in the tree's order."""
+  return [node for node in jax.tree.leaves(state, is_leaf=_speaks) if _speaks(node)]
+
+
+def _said(state, method: str, *args) -> list:
+  """What the speakers in ``state`` that have ``method`` say (``None`` left out)."""
+  said = [getattr(s, method)(*args) for s in _speakers(state) if hasattr(s, method)]
+  return [x for x in said if x is not None]
+
+
+def accepted(state) -> jax.Array:
+  """The step rules' verdict: every state in ``state`` that has one accepted its update
+  (True for optimizers without a step rule)."""
+  verdicts = [s.driver_verdict() for s in _speakers(state)]
+  return functools.reduce(jnp.logical_and, verdicts, jnp.asarray(True))
+
+
+def box_of(state) -> Optional[Any]:
+  """The bounds the optimizer keeps its iterate in, or ``None``.
+
+  The state that holds them must be the last transformation's (:func:`cache_at_params`): a
+  later transformation could move the iterate out of the box.
+
+  Raises:
+    ValueError: bounds held elsewhere, or by two transformations.
+  """
+  found = _said(state, "driver_box")
+  if not found:
+    return None
+  held = _said(cache_at_params(state), "driver_box")
+  if len(found) > 1 or len(held) != 1:
+    raise ValueError(
+      "a transformation with bounds (lower=/upper=) must be the last one of the chain, and "
+      "the only one with bounds: a later transformation changes its step and could move the "
+      "iterate out of the box. Put the bounded transformation last (a clip goes before it; "
+      "a weight decay goes into f)."
+    )
+  return held[0]
+
+
+def _bounds_or_none(state):
+  """``is_leaf`` for ``state``: a ``None`` node, or bounds a state in it holds."""
+  boxes = _said(state, "driver_box")
+  return lambda node: node is None or any(node is b for b in boxes)
+
+
+def with_box_of(fresh, given):
+  """``given`` (a state handed back in) with the bounds of ``fresh`` (the optimizer's own).
+
+  Raises:
+    ValueError: ``given`` is not a state of this optimizer.
+  """
+  fresh_bounds = _bounds_or_none(fresh)
+  fresh_leaves, fresh_def = jax.tree.flatten(fresh, is_leaf=fresh_bounds)
+  given_leaves, given_def = jax.tree.flatten(given, is_leaf=_bounds_or_none(given))
+  if fresh_def != given_def:
+    raise ValueError(
+      "init_state is not a state of this optimizer (another structure):\n"
+      f"  optimizer.init(params): {jax.tree.structure(fresh)}\n"
+      f"  init_state:             {jax.tree.structure(given)}\n"
+      "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
+    )
+  leaves = [f if fresh_bounds(f) else g for f, g in zip(fresh_leaves, given_leaves)]
+  return jax.tree.unflatten(fresh_def, leaves)
+
+
+def preconditioner(state, free=None) -> Optional[Callable[[Any], Any]]:
+  """The one preconditioner the states in ``state`` hold (``None`` where none or several)."""
+  found = _said(state, "driver_preconditioner", free)
+  return found[0] if len(found) == 1 else None
+
+
+# --- the cache of f and grad f ------------------------------------------------------------
+
+
+def _total(state, key):
+  """Sum of every ``key`` field in ``state`` (0 if there is none)."""
+  found = optax.tree.get_all_with_path(state, key)
+  return sum((jnp.asarray(v, jnp.int32) for _, v in found), jnp.zeros([], jnp.int32))
+
+
+def calls_in_update(old_state, new_state):
+  """(value, grad) evaluations that ``update`` made between the two states.
+
+  Args:
+    old_state: the state passed to ``update``.
+    new_state: the state it returned.
+
+  Returns:
+    ``(value_evals, grad_evals)``, int32 scalars.
+
+  hdm_optax states count them in ``info`` (``num_value_evals``,
+  ``num_grad_evals``); optax's linesearches (``optax.lbfgs``) make one
+  value-and-gradient call per linesearch step (``num_linesearch_steps``); other
+  transformations do not call the oracle. Every occurrence in the state counts
+  (several HDM transformations in one chain).
+  """
+  searched = _total(new_state, "num_linesearch_steps")
+  values = _total(new_state, "num_value_evals") - _total(old_state, "num_value_evals")
+  grads = _total(new_state, "num_grad_evals") - _total(old_state, "num_grad_evals")
+  return values + searched, grads + searched
+
+
+# optax's wrappers whose update is their inner transformation's update, unchanged (or, for
+# apply_if_finite, zero together with the inner state put back).
+_FORWARDING_STATES = tuple(
+  getattr(optax, name)
+  for name in ("InjectHyperparamsState", "InjectStatefulHyperparamsState", "ApplyIfFiniteState")
+  if hasattr(optax, name)
+)
+
+
+def cache_at_params(state) -> Optional[Any]:
+  r"""The state whose cached ``value`` and ``grad`` are f and grad f at the new params.
+
+  The contract: a transformation that caches ``value`` and ``grad`` in its
+  state (every hdm_optax transformation, optax's linesearches and so
+  ``optax.lbfgs``) caches them at ``params + u``, ``u`` the update *it*
+  returned. They are f and grad f at ``optax.apply_updates(params, updates)``
+  only if ``u`` reaches the params unchanged, that is if the cache holder is the
+  last transformation: the state itself, the last state of an ``optax.chain``
+  (a plain tuple), or the inner state of ``optax.inject_hyperparams`` or
+  ``optax.apply_if_finite``, recursively. Anything else (``optax.chain(hdm_best(),
+  optax.scale(0.5))``, a named chain, ``optax.MultiSteps``, ...) has no cache at
+  the params. The test reads the structure of the state only: it costs nothing
+  at run time.
+
+  Args:
+    state: an optimizer state.
+
+  Returns:
+    The cache-holding state (with fields ``value`` and ``grad``), or ``None``.
+  """
+  while True:
+    if type(state) is tuple and state:  # pylint: disable=unidiomatic-typecheck
+      state = state[-1]  # optax.chain: the last transformation's update is the chain's
+    elif isinstance(state, _FORWARDING_STATES):
+      state = state.inner_state
+    else:
+      break
+  fields = getattr(state, "_fields", ())
+  if "value" in fields and "grad" in fields and state.grad is not None:
+    return state
+  return None
+
+
+def caches_anywhere(state) -> bool:
+  """Whether some transformation in ``state`` caches ``value`` and ``grad`` (wherever they are)."""
+  return bool(optax.tree.get_all_with_path(state, "value")) and bool(
+    optax.tree.get_all_with_path(state, "grad")
+  )
