@@ -721,16 +721,26 @@ def _remember(pairs, gamma, step, y, sy, scales, kept, memory_size):
   return pairs, (sy / float(y @ y) if scales else gamma)
 
 
+# trial_lbfgs's resolution of x: 1024 eps of float64, coordinate by coordinate.
+RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
+
+
+def below_resolution(step, x) -> bool:
+  """The step moves no coordinate by more than ``RESOLUTION`` of it."""
+  return bool(np.all(np.abs(step) <= RESOLUTION * np.abs(x)))
+
+
 def _learn_trial(
-  f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size
+  f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size, lost=False
 ):
   """trial_lbfgs on a finite trial: (accepted, d0, d1, y, <s, y>, kept, pairs, gamma) after it.
 
   The pair is kept where its curvature passes and the trial was accepted or, rejected, the
-  cubic's and the secant's minimisers along s agree; gamma scales from a kept accepted pair."""
+  cubic's and the secant's minimisers along s agree, and the step is not ``lost`` (below x's
+  resolution); gamma scales from a kept accepted pair."""
   accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
   d0, d1 = float(g @ step), float(g_t @ step)
-  kept = curved and (accepted or _agree(fx, f_t, d0, d1, agree))
+  kept = curved and not lost and (accepted or _agree(fx, f_t, d0, d1, agree))
   pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
   return accepted, d0, d1, y, sy, kept, pairs, gamma
 
@@ -852,7 +862,9 @@ def trial_lbfgs_reference(
   one min(1, 1/||g||). A pair is kept when <s, y> > pair_tol ||s|| ||y|| and the
   trial was accepted or its cubic and secant minimisers along s agree within
   ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
-  |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule`` (no restart in the steps run).
+  |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule``. A step that moves no coordinate
+  by more than 1024 eps of it (:func:`below_resolution`), or that leaves the gradient as it
+  was, restarts: no pair kept, the memory emptied, gamma from the gradient again, alpha = 1.
   ``diagonal``: ``(gate, bound)`` of H_0 = :func:`pairs_diagonal_reference` (trial_lbfgs()'s
   default), or None for H_0 = gamma I.
   """
@@ -860,7 +872,7 @@ def trial_lbfgs_reference(
   fx, g, _ = _oracle(f, grad, x)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
   gamma, alpha, calls = 0.0, 1.0, 0
-  out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[])
+  out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[], restarts=[])
   for _ in range(steps):
     h0 = _first_gamma(gamma, g)
     if diagonal is not None:
@@ -870,15 +882,19 @@ def trial_lbfgs_reference(
     calls += 1
     accepted = False
     d0 = d1 = math.nan
+    lost = finite and (below_resolution(step, x) or not np.any(g_t != g))
     if finite:
       accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
-        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size
+        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size, lost
       )
     alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
+    if lost:
+      pairs, gamma, alpha = [], 0.0, 1.0
     if accepted:
       x, fx, g = x + step, f_t, g_t
     _append(
       out,
+      restarts=lost,
       xs=x.copy(),
       values=fx,
       accepted=accepted,

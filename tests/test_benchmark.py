@@ -432,6 +432,21 @@ def test_solved_table_names_skipped_rows_apart():
   assert summary.solved_table({"scale": rows[:2]})[-1] == "| `s` | 1/2 |"
 
 
+def test_frontier_table_measures_each_solver_against_the_others_together():
+  """b solves p1 and p2, c solves p2 and p3 (the second start of p3 only): against the
+  others together, a leaves all three problem-starts, b leaves p3#2."""
+  solved = {("b", "p1", ""), ("b", "p2", ""), ("c", "p2", ""), ("c", "p3", "2")}
+  rows = [
+    dict(problem=p, solver=s, seed=seed, grad_calls="5", solved=str(int((s, p, seed) in solved)))
+    for s in "abc"
+    for p, seed in (("p1", ""), ("p2", ""), ("p3", "2"))
+  ]
+  table = summary.frontier_table(rows)
+  assert table[2] == "| `a` | 0/3 | 3 | 3 | p1, p2, p3#2 |"
+  assert table[3] == "| `b` | 2/3 | 2 | 3 | p3#2 |"
+  assert table[4] == "| `c` | 2/3 | 2 | 3 | p1 |"
+
+
 def test_a_row_the_machine_fails_is_named_apart_and_retried(tmp_path, monkeypatch):
   """A GPU held by another process ("Unable to initialize backend", faked here at build
   time) gives an env_error row: the solved table names it apart instead of counting it

@@ -76,5 +76,8 @@ def test_overhead_runs_peers_in_the_same_rounds(capsys):
     row["peers"]["optx.LBFGS"],
   )
   assert calls_lbfgs >= 5 and calls_optx == 4 and t_lbfgs > 0 and t_optx > 0
+  # every optax.lbfgs() call computes a gradient; optx.LBFGS's at most one per step
+  assert row["peer_gradients"]["optax.lbfgs()"] == calls_lbfgs
+  assert 1 <= row["peer_gradients"]["optx.LBFGS"] <= calls_optx
   assert row["device"] == batched.device_label()
   assert "optax.lbfgs(): " in capsys.readouterr().out

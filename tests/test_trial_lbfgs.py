@@ -469,6 +469,49 @@ def test_float32_converges_where_steps_fall_below_1024_eps_of_x():
   assert float(jnp.linalg.norm(res.params)) > 20  # the regime the test is about
 
 
+def _two_scales(x):
+  """x = (1e6, 1e-9) scale: the minimiser (1e6 + 1, 3e-9), curvatures 1 and 1e18."""
+  return 0.5 * (1e18 * (x[1] - 3e-9) ** 2 + (x[0] - 1e6 - 1.0) ** 2)
+
+
+@pytest.mark.parametrize("x0", [[1e6, 1e-9], [1e6 + 0.5, 1e-9]])
+def test_a_step_along_a_small_coordinate_is_not_below_the_resolution_of_x(x0):
+  """x = (1e6, 1e-9), the minimiser's second coordinate 3e-9: the steps that move it are
+  far above its resolution but below 1024 eps ||x|| = 2.3e-7 (MISRA1ALS from 100 y0 and
+  under a rescaling, whose coordinates differ by 1e10). Read against ||x||, each was taken
+  for a collapse of the operator and the memory restarted: 200 calls to the budget."""
+  res = hdm_optax.solve(
+    hdm_optax.trial_lbfgs(), _two_scales, jnp.array(x0), max_steps=200, tol=1e-6
+  )
+  assert bool(res.converged) and int(res.num_grad_evals) <= 30
+
+
+def test_two_scales_trajectory_matches_reference():
+  """The steps along the small coordinate against the reference, whose restart reads the
+  resolution coordinate by coordinate: x, f and the accept flags for 10 float64 steps
+  (n = 2 < m: H_0 = gamma I). The memory restarts once x_2 is at 3e-9 to its last bit and
+  the trial leaves the gradient as it was, not at the accepted steps below 1024 eps ||x||
+  before it; the minimum is reached at step 8."""
+  x0 = np.array([1e6, 1e-9])
+  f = lambda x: float(_two_scales(x))
+  grad = lambda x: np.array([x[0] - 1e6 - 1.0, 1e18 * (x[1] - 3e-9)])
+  steps = 10
+  want = ref.trial_lbfgs_reference(f, grad, x0, steps, diagonal=None)
+  _, (xs, values, accepted) = _run(hdm_optax.trial_lbfgs(), _two_scales, jnp.asarray(x0), steps)
+  np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
+  got, xs_want = np.asarray(xs), np.asarray(want["xs"])
+  # x_1 ~ 1e6 is rounded to 1e-10; through the pairs that moves x_2 by about 1e-17
+  np.testing.assert_allclose(got[:, 0], xs_want[:, 0], rtol=1e-14)
+  np.testing.assert_allclose(got[:, 1], xs_want[:, 1], rtol=0, atol=1e-15)
+  np.testing.assert_allclose(np.asarray(values), np.asarray(want["values"]), rtol=1e-8)
+  assert want["restarts"][3] and not any(want["restarts"][:3]) and want["values"][7] == 0
+  moves = np.diff(np.vstack([x0] + want["xs"]), axis=0)
+  short = [
+    np.linalg.norm(s) <= ref.RESOLUTION * np.linalg.norm(x) for s, x in zip(moves, want["xs"])
+  ]
+  assert any(short) and not all(m == 0 for m in moves.ravel())
+
+
 def _judge(rule, alpha, *, value, trial_value, slope, trial_slope, finite):
   """One verdict of a step rule on a trial along s with slopes d0 = ``slope``, d1 = ``trial_slope``."""
   evidence = shell.Evidence(

@@ -135,6 +135,35 @@ def median_table(rows, reference: str = BOUNDED_REFERENCE) -> list[str]:
   return lines
 
 
+# The frontier table names the problems a solver leaves to the others up to this many.
+FRONTIER_NAMES = 25
+
+
+def frontier_table(rows) -> list[str]:
+  """Per solver: solved, what the other solvers of the suite solve together, what all solve
+  together, and the problem-starts some other solver solves and it does not (named up to
+  ``FRONTIER_NAMES``). A user picks one solver, not the best per problem: the union of the
+  others is what it is measured against."""
+  solvers = _solvers(rows)
+  keys, costs = cost_matrix(rows, solvers)
+  solved = np.isfinite(costs)
+  label = lambda k: k[0] if not k[1] else f"{k[0]}#{k[1]}"
+  lines = [
+    "| solver | solved | the others together | all together | solved by another, not by it |",
+    "|---|---|---|---|---|",
+  ]
+  every = int(solved.any(axis=1).sum())
+  for j, solver in enumerate(solvers):
+    others = np.delete(solved, j, axis=1).any(axis=1)
+    left = [label(k) for k, o, mine in zip(keys, others, solved[:, j]) if o and not mine]
+    named = ", ".join(left) if len(left) <= FRONTIER_NAMES else f"{len(left)} problem-starts"
+    lines.append(
+      f"| `{solver}` | {int(solved[:, j].sum())}/{len(keys)} | {int(others.sum())} | {every} "
+      f"| {named or '-'} |"
+    )
+  return lines
+
+
 def per_seed_table(rows) -> list[str]:
   seeds = sorted({r["seed"] for r in rows})
   lines = [
@@ -261,6 +290,8 @@ def write_summary(
       lines += ["Solved per problem kind:", "", *per_kind_table(srows), ""]
     if suite in suites_lib.BOUNDED_SUITES:
       lines += ["Median gradient calls against SciPy's L-BFGS-B:", "", *median_table(srows), ""]
+    if len(solvers) > 1:
+      lines += ["Against the other solvers together:", "", *frontier_table(srows), ""]
     for field, label, unit in (
       ("grad_calls", "gradient calls", "calls"),
       ("run_seconds", "wall time", "seconds"),

@@ -31,7 +31,9 @@ before the loop):
   and the number of state leaves of size n;
 - with ``--peers optax.lbfgs(),optx.LBFGS``: each peer's K-iteration solve from the same
   start, timed in the same interleaved rounds, per oracle call (its line search's calls
-  counted), and the ratio of ``t_solve`` to it.
+  counted), and the ratio of ``t_solve`` to it; how many of its calls computed a gradient
+  (counted in a separate, untimed run: optimistix's backtracking evaluates f alone at a step
+  it rejects), and the ratio per gradient evaluation.
 """
 
 from __future__ import annotations
@@ -118,6 +120,42 @@ def peer_programs(peers, fun, steps) -> dict:
 
     runs["optx.LBFGS"] = (minimise, lambda out: int(out[1]))
   return runs
+
+
+def counting_gradients(fun):
+  """``(fun', count)``: ``fun'`` is ``fun`` whose reverse pass (a gradient, the transpose of
+  a linearisation included) adds one to ``count[0]`` on the host each time it runs. Only for
+  counting runs: the host call would be timed otherwise."""
+  count = [0]
+
+  @jax.custom_vjp
+  def counted(w, *data):
+    return fun(w, *data)
+
+  def forward(w, *data):
+    return jax.vjp(fun, w, *data)
+
+  def backward(pullback, cotangent):
+    jax.debug.callback(lambda: count.__setitem__(0, count[0] + 1))
+    return pullback(cotangent)
+
+  counted.defvjp(forward, backward)
+  return counted, count
+
+
+def peer_gradients(peers, fun, steps, w0, data) -> dict:
+  """name -> the gradient evaluations of each peer's K-iteration run (a separate, untimed run
+  of :func:`peer_programs` on the counting objective): optimistix's backtracking evaluates f
+  alone at a rejected step (a linearisation, whose transpose runs only where the step is
+  accepted), so its oracle calls are not all value-and-gradient calls."""
+  out = {}
+  for name in peers:
+    counted, count = counting_gradients(fun)
+    program, _ = peer_programs((name,), counted, steps)[name]
+    jax.block_until_ready(program(w0, data))
+    jax.effects_barrier()
+    out[name] = count[0]
+  return out
 
 
 def make_problem(n: int, dtype, seed: int = 0):
@@ -222,6 +260,7 @@ def measure(
   vg_calls, solve_calls = steps + 1, steps + 1 + probe_calls
   per_vg, per_up, per_solve = t_vg / vg_calls, t_up / steps, t_solve / solve_calls
   peer_calls = {name: calls(outs[name]) for name, (_, calls) in peer_runs.items()}
+  gradients = peer_gradients(peers, fun, steps, w0, data)
   return dict(
     n=n,
     kind=kind,
@@ -238,6 +277,7 @@ def measure(
     f_end=float(res.value),
     nulls=int(res.state.info.num_null_steps),
     peers={name: (seconds[name] / c, c) for name, c in peer_calls.items()},
+    peer_gradients=gradients,
   )
 
 
@@ -251,10 +291,11 @@ def _print_row(r, args) -> None:
     flush=True,
   )
   for name, (t, calls) in r["peers"].items():
+    grads = r["peer_gradients"][name]
     print(
-      f"{'':>8} {name}: {t * 1e3:.3f}ms per call ({calls} calls in {r['steps']} iterations), "
-      f"/vg {t / r['t_vg']:.3f}; {args.optimizer} solve per call / {name}'s: "
-      f"{r['t_solve'] / t:.3f}",
+      f"{'':>8} {name}: {t * 1e3:.3f}ms per call ({calls} calls, {grads} with a gradient, in "
+      f"{r['steps']} iterations), /vg {t / r['t_vg']:.3f}; {args.optimizer} solve per call / "
+      f"{name}'s: {r['t_solve'] / t:.3f}; per gradient: {r['t_solve'] / (t * calls / grads):.3f}",
       flush=True,
     )
 

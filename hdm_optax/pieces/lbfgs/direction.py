@@ -79,10 +79,19 @@ class _Observed(NamedTuple):
   products: memory_lib.PairProducts
 
 
-# A step shorter than this, relative to x, is below x's resolution in float64 (1024 eps);
-# in float32, whose eps is 5e8 times larger, a step that leaves x (and so the gradient)
-# unchanged shows it by the gradient's change alone.
+# A step that moves no coordinate by more than this, relative to the coordinate, is below
+# x's resolution in float64 (1024 eps); in float32, whose eps is 5e8 times larger, a step
+# that leaves x (and so the gradient) unchanged shows it by the gradient's change alone.
+# Coordinate by coordinate, so that a step along a coordinate far smaller than the largest
+# one counts.
 _RESOLUTION = 1024 * float(np.finfo(np.float64).eps)
+
+
+def _below_resolution(step, params, resolution) -> jax.Array:
+  """Whether the step moves no coordinate by more than ``resolution`` relative to it:
+  :math:`|s_i| \\le r|x_i|` for every i."""
+  over = jax.tree.map(lambda s, x: jnp.any(jnp.abs(s) > resolution * jnp.abs(x)), step, params)
+  return ~functools.reduce(jnp.logical_or, jax.tree.leaves(over))
 
 
 def _first_gamma(updates) -> jax.Array:
@@ -123,10 +132,10 @@ def lbfgs_direction(
   (:attr:`hdm_optax.pieces.shell.Verdict.keep_pair`). :math:`H_0 = \gamma I` with
   :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
   (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
-  returns where it says so; alpha is the step rule's factor. A step shorter than
-  :math:`1024\,\epsilon_{64}\|x\|` or a trial whose gradient equals :math:`\nabla f(x)`
-  carries no curvature: the memory empties, gamma comes from the gradient again and the step
-  rule restarts.
+  returns where it says so; alpha is the step rule's factor. A step that moves no
+  coordinate by more than :math:`1024\,\epsilon_{64}|x_i|` or a trial whose gradient
+  equals :math:`\nabla f(x)` carries no curvature: the memory empties, gamma comes from
+  the gradient again and the step rule restarts.
 
   In a box (``lower=``, ``upper=``) the trial is projected, :math:`x^+ = P(x - \alpha d)`,
   with :math:`d = H_F u` on the free variables F (:func:`hdm_optax.pieces.box.free_mask`,
@@ -248,7 +257,7 @@ def _learn(cfg: _Config, state, trial, verdict, ctx):
   change_norm = _numerics.scaled_norm(change, products.yy)
   # A step below the resolution of x (or one that left the gradient as it was) carries
   # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
-  short = step_norm <= c(_RESOLUTION) * optax.tree.norm(_blocks.pack(ctx.params))
+  short = _below_resolution(step, _blocks.pack(ctx.params), c(_RESOLUTION))
   lost = finite & (short | (change_norm == 0))
   # A finite trial's pair with enough positive curvature enters the memory where the step
   # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).
