@@ -312,8 +312,8 @@ _HOST_CALLS = ("debug_callback", "pure_callback", "io_callback")
 
 def _callback_key(fn, depth: int = 0, library: bool = True) -> Any:
   """A host callback of the trace as a key: a function by its code, its defaults and what
-  its closure holds (a function again so; a dict that JAX's or the library's own function
-  holds by its contents; anything else by ``==`` where it is hashable, else by identity: a
+  its closure holds (a function again so; a dict or list that JAX's or the library's own
+  function holds by its contents; anything else by ``==`` where it is hashable, else by identity: a
   list or a file the user's function writes to is part of what it does). Two traces of
   ``jax.debug.callback(lambda x: log(x))`` share a key; with ``log_a`` and ``log_b``, or with
   two lists to append to, they do not."""
@@ -329,8 +329,8 @@ def _callback_key(fn, depth: int = 0, library: bool = True) -> Any:
     return ("flat", inner(wrapped), _Held(getattr(fn, "in_tree", None)))
   if isinstance(fn, dict) and library:
     return (dict, tuple((k, inner(v)) for k, v in fn.items()))
-  if isinstance(fn, tuple):
-    return (tuple, tuple(map(inner, fn)))
+  if isinstance(fn, tuple) or (isinstance(fn, list) and library):
+    return (type(fn), tuple(map(inner, fn)))
   if isinstance(fn, types.FunctionType):
     ours = (getattr(fn, "__module__", "") or "").split(".")[0] in ("jax", "hdm_optax")
     held = lambda x: _callback_key(x, depth + 1, ours)
