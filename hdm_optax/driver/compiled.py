@@ -133,6 +133,12 @@ def prepare(key: Hashable, build: Callable[[], Any]) -> None:
   thread.start()
 
 
+def building() -> bool:
+  """Whether a build is under way (:func:`prepare`)."""
+  with _CACHE.lock:
+    return bool(_PENDING)
+
+
 def wait() -> None:
   """Waits for the builds under way (:func:`prepare`)."""
   while True:

@@ -123,23 +123,36 @@ def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
 _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
 
 
+# Programs compiled here and not yet written to the store (written from the caller's thread
+# once no build is under way: serializing an executable while another compiles can crash).
+_UNSAVED: list = []
+
+
 def program(statics: tuple, dynamic: tuple, options: dict, background: bool = False):
   """The method's compiled program for ``statics`` and the abstract values of ``dynamic``:
-  from the cache, the disk (:mod:`hdm_optax.driver.store`) or compiled (and stored).
-  ``background``: start the build in a thread and return ``None``."""
+  from the cache, the disk (:mod:`hdm_optax.driver.store`, read in the caller's thread) or
+  compiled (and stored later, :func:`_save_unsaved`). ``background``: start the compile in
+  a thread (unless the store holds the program) and return ``None``."""
   key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
+  stored = store.describe(key)
 
-  def build():
-    stored = store.describe(key)
-    program = store.load(stored)
-    if program is None:
-      program = _JIT.lower(*statics, *dynamic).compile(options or None)
-      store.save(stored, program)
+  def compile_():
+    program = _JIT.lower(*statics, *dynamic).compile(options or None)
+    if stored is not None:
+      del _UNSAVED[: max(len(_UNSAVED) - 3, 0)]  # at most 4 wait (not storing one is harmless)
+      _UNSAVED.append((stored, program))
     return program
 
   if background:
-    return compiled_lib.prepare(key, build)
-  return compiled_lib.lookup(key, build)
+    return None if store.holds(stored) else compiled_lib.prepare(key, compile_)
+  return compiled_lib.lookup(key, lambda: store.load(stored) or compile_())
+
+
+def _save_unsaved() -> None:
+  """Writes the programs compiled since the last call to the store, where no build is under
+  way."""
+  while _UNSAVED and not compiled_lib.building():
+    store.save(*_UNSAVED.pop())
 
 
 def _box_of(optimizer, params) -> Optional[box_lib.Box]:
@@ -204,7 +217,9 @@ def run(
 
   named = ("method", statics, compiled_lib.abstract(dynamic))
   watch = program_.watch
-  return hooks.watched(run_, callback, progress, watch=watch, key=named, view=view)
+  result = hooks.watched(run_, callback, progress, watch=watch, key=named, view=view)
+  _save_unsaved()
+  return result
 
 
 def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:

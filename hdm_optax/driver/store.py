@@ -54,7 +54,7 @@ def counts() -> dict:
 
 _SUFFIX = ".program"
 # Modules whose classes a stored program may name (pickle's find_class).
-_TRUSTED = ("jax", "jaxlib", "numpy", "ml_dtypes", "hdm_optax", "builtins", "collections")
+_TRUSTED = ("jax", "jaxlib", "numpy", "ml_dtypes", "hdm_optax", "optax", "builtins", "collections")
 
 
 def _private(path: str) -> Optional[str]:
@@ -310,6 +310,14 @@ def _read(path: str) -> Optional[bytes]:
     if not stat.S_ISREG(info.st_mode) or not mine or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
       return None
     return file.read()
+
+
+def holds(key: Optional[str]) -> bool:
+  """Whether the store holds a program under ``key``."""
+  folder = directory()
+  return (
+    key is not None and folder is not None and os.path.exists(os.path.join(folder, key + _SUFFIX))
+  )
 
 
 def load(key: Optional[str]):
