@@ -217,6 +217,91 @@ def _read_text(path: Path) -> bytes:
   return path.read_bytes()
 
 
+# A feature index above this is refused where no MANIFEST states the count (the largest
+# LIBSVM binary dataset, kdd2012, has 54,686,452 features): the problems built from the
+# file hold arrays of one entry per feature, so a stray 10^9 would allocate gigabytes.
+MAX_FEATURES = 1 << 27
+
+
+def _limit_text(max_features: int) -> str:
+  if max_features == MAX_FEATURES:
+    return (
+      f"MAX_FEATURES = {MAX_FEATURES}, the limit where no MANIFEST states the count (the "
+      "largest LIBSVM dataset has 54,686,452 features); a MANIFEST.tsv row states a larger one"
+    )
+  return f"the {max_features} features its MANIFEST.tsv row states"
+
+
+def _line_problem(line: bytes, max_features: int) -> str | None:
+  """What is wrong with one LIBSVM line (``label index:value ...``), or None."""
+  tokens = line.split(b"#", 1)[0].split()
+  if not tokens:
+    return None
+  try:
+    label = float(tokens[0])
+  except ValueError:
+    return f"the label {tokens[0].decode(errors='replace')!r} is not a number"
+  if not np.isfinite(label):
+    return f"the label is {tokens[0].decode(errors='replace')}, not a finite number"
+  for token in tokens[1:]:
+    index, colon, value = token.partition(b":")
+    shown = token.decode(errors="replace")
+    if not colon:
+      return f"{shown!r} is not index:value"
+    if index == b"qid":
+      continue
+    try:
+      number, entry = int(index), float(value)
+    except ValueError:
+      return f"{shown!r} is not index:value with an integer index and a number"
+    if number < 1:
+      return f"feature index {number} in {shown!r}: LIBSVM's indices start at 1"
+    if number > max_features:
+      return f"feature index {number} exceeds {_limit_text(max_features)}"
+    if not np.isfinite(entry):
+      return f"the value of feature {number} is {value.decode(errors='replace')}, not finite"
+  return None
+
+
+def _first_problem(text: bytes, max_features: int, row: int | None = None) -> tuple[int, str]:
+  """``(line number, what)`` of the first bad line (or of data row ``row``, 0-based)."""
+  data_rows = -1
+  for number, line in enumerate(text.splitlines(), start=1):
+    problem = _line_problem(line, max_features)
+    data_rows += bool(line.split(b"#", 1)[0].strip())
+    if problem is not None or (row is not None and data_rows == row):
+      return number, problem or "this row"
+  return 0, "no line is at fault"
+
+
+def parse_libsvm(
+  text: bytes, path, n_features: int | None = None
+) -> tuple[sp.csr_matrix, np.ndarray]:
+  """``(X, y)`` of LIBSVM text (1-based indices), every entry and label finite.
+
+  Raises:
+    ValueError: naming ``path`` and the line: a line that does not parse, a label or value
+      that is not finite (NaN, inf), an index below 1 or above ``n_features`` (else
+      :data:`MAX_FEATURES`), checked before any array of one entry per feature is made.
+  """
+  limit = MAX_FEATURES if n_features is None else n_features
+  fail = lambda line, what: ValueError(f"{path}, line {line}: {what}")
+  try:
+    X, y = load_svmlight_file(
+      io.BytesIO(text), n_features=n_features, dtype=np.float64, zero_based=False
+    )
+  except (ValueError, OverflowError) as error:
+    line, what = _first_problem(text, limit)
+    raise fail(line, what if line else str(error)) from None
+  if X.shape[1] > limit:
+    raise fail(*_first_problem(text, limit))
+  bad_labels, bad_entries = np.flatnonzero(~np.isfinite(y)), np.flatnonzero(~np.isfinite(X.data))
+  rows = [*bad_labels[:1], *(np.searchsorted(X.indptr, bad_entries[:1], side="right") - 1)]
+  if rows:
+    raise fail(*_first_problem(text, limit, int(min(rows))))
+  return X, y
+
+
 def _map_labels(y: np.ndarray, name: str) -> np.ndarray:
   """Maps two distinct labels to -1/+1 (smaller -> -1)."""
   classes = np.unique(y)
@@ -254,7 +339,9 @@ def load_dataset(
   Raises:
       FileNotFoundError: The dataset is missing and ``download`` is False; the
         message says where it was looked for and how to get it.
-      ValueError: The file's checksum or shape disagrees with MANIFEST.
+      ValueError: The file's checksum or shape disagrees with MANIFEST; a line does not
+        parse, holds a label or value that is not finite, or a feature index out of range
+        (:func:`parse_libsvm`; the message names the file and the line).
       ConnectionError: A download was needed but failed.
   """
   data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -278,9 +365,7 @@ def load_dataset(
   n_features = entry.stated_features if entry is not None else None
   if n_features is not None and entry.features_in_file is not None:
     n_features = max(n_features, entry.features_in_file)
-  X, y = load_svmlight_file(
-    io.BytesIO(text), n_features=n_features, dtype=np.float64, zero_based=False
-  )
+  X, y = parse_libsvm(text, path, n_features)
   X = sp.csr_matrix(X, dtype=np.float64)
   X.sum_duplicates()
   X.sort_indices()

@@ -20,6 +20,9 @@ from hdm_optax.driver.adjoint import ImplicitAdjoint
 from hdm_optax.driver.adjoint import ImplicitGradientWarning
 from hdm_optax.driver.adjoint import UnrolledAdjoint
 from hdm_optax.driver.cache import value_and_grad_from_state
+from hdm_optax.driver.compiled import cache_size
+from hdm_optax.driver.compiled import clear_caches
+from hdm_optax.driver.compiled import set_cache_size
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
 from hdm_optax.driver.engine import loop
@@ -61,6 +64,8 @@ __all__ = (
   "SweepResult",
   "Trace",
   "UnrolledAdjoint",
+  "cache_size",
+  "clear_caches",
   "hdm",
   "hdm_agd",
   "hdm_auto",
@@ -71,6 +76,7 @@ __all__ = (
   "minimize",
   "osgm_best",
   "pieces",
+  "set_cache_size",
   "solve",
   "solve_batch",
   "sweep",

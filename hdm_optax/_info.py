@@ -39,6 +39,11 @@ class HDMInfo(NamedTuple):
       where the method is first or alone in a chain (u is grad f); where a transformation
       before it changed u (a weight decay, whose term f leaves out), the run stalls on such
       trials: put the term in f (:func:`uphill_advice`).
+    nonfinite_run: updates since the last accepted one before the last update (the last
+      update included) whose evaluations met a non-finite f or grad f; after an accepted
+      update, 1 where one of its own candidates did, else 0. The stop rule reads it: a
+      small decrease right after such trials is the edge of the region where f is finite,
+      not a sign of convergence (:func:`hdm_optax.driver.engine.judge`).
   """
 
   accepted: jax.Array
@@ -51,6 +56,7 @@ class HDMInfo(NamedTuple):
   point_sum: jax.Array
   point_scale: jax.Array
   num_uphill_trials: jax.Array
+  nonfinite_run: jax.Array
 
 
 def init_info(dtype) -> HDMInfo:
@@ -66,6 +72,7 @@ def init_info(dtype) -> HDMInfo:
     point_sum=jnp.zeros([], dtype),
     point_scale=jnp.zeros([], dtype),
     num_uphill_trials=zero,
+    nonfinite_run=zero,
   )
 
 
@@ -106,13 +113,18 @@ def oracle_fields(params, dtype) -> dict:
   )
 
 
-def next_info(info: HDMInfo, *, accepted, hypergrad_norm, calls: int, uphill=False) -> HDMInfo:
+def next_info(
+  info: HDMInfo, *, accepted, hypergrad_norm, calls: int, uphill=False, finite=True
+) -> HDMInfo:
   """Info after one update that made ``calls`` value-and-gradient calls.
 
   ``uphill``: the trial was rejected and went down the received updates but not down f
-  (:attr:`HDMInfo.num_uphill_trials`).
+  (:attr:`HDMInfo.num_uphill_trials`). ``finite``: f and grad f were finite at every point
+  the update evaluated (:attr:`HDMInfo.nonfinite_run`).
   """
+  nonfinite = (~jnp.asarray(finite)).astype(jnp.int32)
   return info._replace(
+    nonfinite_run=jnp.where(accepted, nonfinite, info.nonfinite_run + nonfinite).astype(jnp.int32),
     num_uphill_trials=info.num_uphill_trials + jnp.asarray(uphill).astype(jnp.int32),
     accepted=jnp.asarray(accepted),
     # 0 when the trial point was not finite (no hypergradient was used).

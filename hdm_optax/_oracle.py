@@ -92,6 +92,16 @@ def check_like(name: str, what: str, tree, params):
     )
 
 
+def _described(out) -> str:
+  """What a function returned, in words (its structure, shapes and dtypes, not tracers)."""
+  if isinstance(out, (tuple, list)):
+    return f"a {type(out).__name__} of length {len(out)}"
+  leaves = jax.tree.leaves(out)
+  if len(leaves) == 1 and jax.tree.structure(out).num_nodes == 1:
+    return f"a single array of shape {jnp.shape(out)} and dtype {jnp.result_type(out)}"
+  return f"a {type(out).__name__} with {len(leaves)} array(s)"
+
+
 def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False, name="value_fn"):
   """One oracle call, like ``jax.value_and_grad``; checks what ``value_fn`` returns.
 
@@ -111,7 +121,8 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
     if has_aux:
       if not (isinstance(out, (tuple, list)) and len(out) == 2):
         raise TypeError(
-          f"with has_aux=True, {name} must return a pair (value, aux), got {type(out).__name__}."
+          f"with has_aux=True, {name} must return a pair (value, aux), got {_described(out)}; "
+          f"return (value, aux), or drop has_aux=True."
         )
       value = out[0]
     elif isinstance(out, (tuple, list)):

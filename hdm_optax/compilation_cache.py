@@ -14,6 +14,8 @@ from typing import Optional
 
 import jax
 
+from hdm_optax._private_dir import private_dir
+
 __all__ = ("enable_compilation_cache",)
 
 
@@ -32,9 +34,11 @@ def enable_compilation_cache(
   again, a worker) that compiles the same program with the same shapes loads it from disk.
 
   Args:
-    path: the cache's directory, created if missing. ``None``:
+    path: the cache's directory, created with mode 0700 if missing. ``None``:
       ``$XDG_CACHE_HOME/hdm_optax/jax`` (``~/.cache/hdm_optax/jax``). Anyone who can write
-      to it can run code in the processes that read it (JAX's warning): keep it private.
+      to it can run code in the processes that read it (JAX's warning), so it must be
+      private (:func:`hdm_optax._private_dir.private_dir`'s rules): not a symbolic link,
+      yours, and not writable by your group or others.
     min_compile_seconds: programs that compiled faster than this are not written (JAX's
       default is 1 s; the default here, 0, writes every one, the small helper programs of a
       run too).
@@ -44,7 +48,8 @@ def enable_compilation_cache(
 
   Raises:
     ValueError: the cache is already on in another directory in this process (JAX reads
-      one directory per process), or ``min_compile_seconds`` is negative.
+      one directory per process); ``path`` is a symbolic link (dangling or not), not a
+      directory, another user's or writable by others; ``min_compile_seconds`` is negative.
 
   Example (at the top of a script; it changes the process's JAX configuration)::
 
@@ -65,7 +70,7 @@ def enable_compilation_cache(
       f"and JAX reads one directory per process; pass path={current!r} or call "
       "enable_compilation_cache in a new process."
     )
-  os.makedirs(path, exist_ok=True)
+  path = private_dir(path, name="path")
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)

@@ -1,17 +1,23 @@
 """Shared test setup.
 
-float64 is enabled once for the whole suite (the NumPy reference loops of
+float64 is enabled once for the whole suite, and the program store is a temporary
+directory of the session's (the NumPy reference loops of
 ``tests/reference.py`` run in float64; float32 tests ask for it explicitly).
 ``classification_problem`` builds the paper's SVM / logistic objectives on a
 small synthetic dataset; ``cpu_default_device`` runs a test on the CPU device
 (skipped without one, see ``tests/backends.py``).
 """
 
+import os
+import tempfile
+
 import jax
 import numpy as np
 import pytest
 
 jax.config.update("jax_enable_x64", True)
+# The method's programs go to a store of the session's own (docs/speed.md), not the user's.
+os.environ.setdefault("HDM_OPTAX_PROGRAM_CACHE", tempfile.mkdtemp(prefix="hdm_optax_programs_"))
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends

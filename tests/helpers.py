@@ -15,6 +15,9 @@ import jax.monitoring
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import separate as separate_lib
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -114,8 +117,19 @@ class Compilations:
     self.count += event == self.EVENT
 
   def __enter__(self):
+    compiled_lib.wait()  # a program an earlier call builds in the background is not counted
     jax.monitoring.register_event_duration_secs_listener(self._listen)
     return self
 
   def __exit__(self, *exc):
     jax.monitoring.unregister_event_duration_listener(self._listen)
+
+
+def settled(run: Callable[[], Any]) -> Any:
+  """``run()`` until its programs are all built (the separate path's runs, the last of which
+  builds the fused program in the background: docs/guide.md, "Which program runs"); returns
+  the last result."""
+  for _ in range(separate_lib.SEPARATE_RUNS):
+    out = run()
+  compiled_lib.wait()
+  return out

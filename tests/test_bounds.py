@@ -68,7 +68,8 @@ def test_matches_reference(kind):
   assert k >= 10
   np.testing.assert_array_equal(np.asarray(accepted)[:k], np.asarray(want["accepted"])[:k])
   np.testing.assert_allclose(np.asarray(xs)[:k], np.asarray(want["xs"])[:k], rtol=1e-8, atol=1e-10)
-  np.testing.assert_allclose(np.asarray(values)[:k], np.asarray(want["values"])[:k], rtol=1e-10)
+  atol = problems.value_atol(data, want["xs"][:k])  # f's rounding, not a relative 1e-10
+  np.testing.assert_allclose(np.asarray(values)[:k], np.asarray(want["values"])[:k], atol=atol)
   xs = np.asarray(xs)
   assert np.all(xs >= lower) and np.all(xs <= upper)
   at_bound = np.isclose(xs[-1], lower) | np.isclose(xs[-1], upper)
@@ -273,6 +274,7 @@ def test_minimize_errors():
 def test_minimize_compiles_once():
   """Another start, box, data and tol reuse the compiled program."""
   fun = lambda x, t: jnp.sum((x - t) ** 2)
+  hdm_optax.clear_caches()
   before = programs.compiled_count()
   hdm_optax.minimize(fun, jnp.zeros(3), args=(jnp.ones(3),), bounds=(jnp.zeros(3), jnp.ones(3)))
   first = programs.compiled_count()
@@ -283,7 +285,9 @@ def test_minimize_compiles_once():
     bounds=(jnp.full(3, -1.0), jnp.full(3, 0.5)),
     tol=1e-8,
   )
-  assert first == before + 1 and programs.compiled_count() == first
+  # The first call compiles the method's program and the objective's; the second only the
+  # fused one, in the background (docs/guide.md, "Which program runs").
+  assert first == before + 2 and programs.compiled_count() == first + 1
   np.testing.assert_allclose(np.asarray(res.params), 0.5)
 
 

@@ -173,6 +173,7 @@ def test_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
     pytest.skip("no C++ compiler")
   monkeypatch.setenv("HDM_KERNEL_CACHE", str(tmp_path))
   library = host_csr._build_kernel()
-  assert list(tmp_path.iterdir()) == [library] and library.suffix == ".so"
+  digest = library.with_suffix(".sha256")  # the library's SHA-256, checked before loading
+  assert sorted(tmp_path.iterdir()) == sorted([library, digest]) and library.suffix == ".so"
   mtime = library.stat().st_mtime_ns
   assert host_csr._build_kernel() == library and library.stat().st_mtime_ns == mtime

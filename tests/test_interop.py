@@ -12,7 +12,7 @@ import optax  # noqa: E402
 import pytest  # noqa: E402
 
 import hdm_optax  # noqa: E402
-from helpers import EVERY_STEP, counting, logistic  # noqa: E402
+from helpers import EVERY_STEP, counting, logistic, settled  # noqa: E402
 from fast_jit import FAST_COMPILE, run_jit  # noqa: E402
 from hdm_optax.driver import programs  # noqa: E402
 
@@ -400,10 +400,10 @@ def test_solve_does_not_recompile_for_new_values():
   opt = hdm_optax.hdm(precond_lr=0.5125)  # a configuration no other test compiles
   cache = programs.compiled_count
   before = cache()
-  r1 = hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y))
+  r1 = settled(lambda: hdm_optax.solve(opt, logistic, X0, max_steps=20, fun_args=(X, Y)))
   after_first = cache()
   r2 = hdm_optax.solve(opt, logistic, 2 * X0 + 1, max_steps=20, fun_args=(X, -Y), tol=1e-6)
-  assert after_first == before + 1
+  assert after_first >= before + 2  # the method's program and the fused one (and the objective's)
   assert cache() == after_first
   assert not np.allclose(r1.params, r2.params)
 

@@ -15,11 +15,13 @@ DRIVER = Path(hdm_optax.__file__).parent / "driver"
 
 # Bottom to top; a module imports only modules of lower layers.
 LAYERS = [
-  {"limits", "programs", "protocol", "results"},
-  {"hooks", "cache", "members"},
+  {"compiled"},
+  {"limits", "programs", "protocol", "results", "interrupts"},
+  {"hooks", "cache", "members", "resuming"},
   {"engine"},
-  {"runs"},
-  {"adjoint"},
+  {"runs", "oracle"},
+  {"adjoint", "store"},
+  {"separate"},  # the method's program apart from the objective
   {"solving", "batching"},  # the engine's own front doors
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -14,9 +14,17 @@ compile; ``minimize`` and the bounded cases run ``trial_lbfgs``.
 """
 
 import functools
+import gc
+import hashlib
 import json
+import lzma
+import os
+import shutil
+import stat
 import subprocess
 import sys
+import warnings
+import weakref
 
 import equinox as eqx
 import jax
@@ -30,6 +38,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import hdm_optax
+from hdm_optax._private_dir import private_dir
+from hdm_optax.driver import hooks
 from helpers import ROOT
 from helpers import Compilations
 
@@ -603,3 +613,1102 @@ def test_grad_through_solve_without_jit_reuses_its_program():
   with Compilations() as compiled:
     np.testing.assert_allclose(jax.grad(total)(jnp.asarray(SECOND)), 1.0)
   assert compiled.count == 0
+
+
+# --- derivatives without jax.jit: every front door under every transformation (issue 55) --
+#
+# x*(c) = c for 0.5 ||x - c||^2 (clip(c, lo, hi) in a box), so dx*/dc is the identity (on the
+# free variables): the closed form each derivative is checked against. ``c`` reaches the
+# objective the ways a user writes it: closed over, or in fun_args.
+
+
+def _closed(c):
+  return lambda x: _half_square(x, c)
+
+
+GRAD_DOORS = {
+  "solve": lambda c: hdm_optax.solve(SGD, _closed(c), jnp.zeros(3), max_steps=STEPS).params,
+  "solve_fun_args": lambda c: (
+    hdm_optax.solve(SGD, _half_square, jnp.zeros(3), fun_args=(c,), max_steps=STEPS).params
+  ),
+  "minimize": lambda c: hdm_optax.minimize(_closed(c), X0, tol=1e-12).x,
+  "minimize_box": lambda c: hdm_optax.minimize(_closed(c), X0, bounds=(-10.0, 10.0), tol=1e-12).x,
+  "sweep": lambda c: hdm_optax.sweep(
+    optax.sgd, {"learning_rate": [1.0]}, _closed(c), jnp.zeros(3), max_steps=STEPS
+  ).results.params[0],
+  "solve_batch": lambda c: hdm_optax.solve_batch(
+    SGD, _closed(c), jnp.zeros((2, 3)), in_axes=(0, None), max_steps=STEPS
+  ).params[1],
+}
+
+_W = jnp.asarray([0.5, -1.0, 2.0])
+TRANSFORMS = {
+  "grad": (lambda door, c: jax.grad(lambda c: _W @ door(c))(c), lambda c: _W),
+  "jacrev": (lambda door, c: jax.jacrev(door)(c), lambda c: jnp.eye(3)),
+  "jacfwd": (lambda door, c: jax.jacfwd(door)(c), lambda c: jnp.eye(3)),
+  "linearize": (lambda door, c: jax.linearize(door, c)[1](_W), lambda c: _W),
+  "hessian": (
+    lambda door, c: jax.hessian(lambda c: jnp.sum(door(c) ** 2))(c),
+    lambda c: 2 * jnp.eye(3),
+  ),
+}
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+@pytest.mark.parametrize("door", list(GRAD_DOORS))
+def test_derivatives_without_jit_through_every_front_door(door, transform):
+  """No outer jax.jit: a derivative with respect to an array the objective closes over (or
+  takes in fun_args) is the closed form's, for problems small enough that the front door
+  would pick XLA's compile options for a small program (JAX takes them at the top only)."""
+  derivative, expected = TRANSFORMS[transform]
+  c = jnp.asarray(FIRST)
+  np.testing.assert_allclose(derivative(GRAD_DOORS[door], c), expected(c), atol=1e-6)
+
+
+@pytest.mark.parametrize("door", ["solve", "minimize", "minimize_box"])
+def test_vmap_without_jit_of_a_front_door(door):
+  """jax.vmap (no jit) of a front door over the array its objective closes over: each row
+  its own answer, and the derivative of each row."""
+  cs = jnp.asarray([FIRST, SECOND, 0.5 * FIRST])
+  np.testing.assert_allclose(jax.vmap(GRAD_DOORS[door])(cs), cs, atol=1e-6)
+  grads = jax.vmap(jax.grad(lambda c: _W @ GRAD_DOORS[door](c)))(cs)
+  np.testing.assert_allclose(grads, jnp.broadcast_to(_W, (3, 3)), atol=1e-6)
+
+
+def test_grad_with_respect_to_the_center_of_a_box_at_its_bound():
+  """In a box, dx*/dc is 1 on the free variables and 0 on those a bound holds; the box is
+  closed over with the center, at a size the small-program options would apply to."""
+  lo, hi = jnp.asarray([-1.0, -1.0, -1.0]), jnp.asarray([2.0, 2.0, 2.0])
+  c = jnp.asarray([1.0, -2.0, 3.0])  # the second and third on a bound
+  door = lambda c: hdm_optax.minimize(_closed(c), X0, bounds=(lo, hi), tol=1e-12).x
+  np.testing.assert_allclose(door(c), jnp.clip(c, lo, hi), atol=1e-9)
+  np.testing.assert_allclose(jax.jacrev(door)(c), jnp.diag(jnp.asarray([1.0, 0.0, 0.0])), atol=1e-9)
+
+
+# --- a callback is released when its call returns, under un-jitted transformations too ----
+
+
+class _HeavyCallback:
+  """A callback that holds 16 MB, as one holding a model or a dataset does."""
+
+  def __init__(self):
+    self.payload = np.zeros(2_000_000)
+    self.calls = 0
+
+  def __call__(self, *args):
+    self.calls += 1
+
+
+def _watched(door):
+  """``door(c, callback)``: a front door whose objective takes c in fun_args."""
+  sgd = optax.sgd(0.5)  # halves the distance each step: every step is watched
+  doors = {
+    "solve": lambda c, cb: (
+      hdm_optax.solve(
+        sgd, _half_square, jnp.zeros(3), fun_args=(c,), max_steps=4, callback=cb
+      ).params
+    ),
+    "solve_closed": lambda c, cb: (
+      hdm_optax.solve(sgd, _closed(c), jnp.zeros(3), max_steps=4, callback=cb).params
+    ),
+    "solve_progress": lambda c, cb: (
+      hdm_optax.solve(
+        sgd, _half_square, jnp.zeros(3), fun_args=(c,), max_steps=4, callback=cb, progress=True
+      ).params
+    ),
+    "minimize": lambda c, cb: hdm_optax.minimize(_half_square, X0, args=(c,), callback=cb).x,
+    "sweep": lambda c, cb: hdm_optax.sweep(
+      optax.sgd, {"learning_rate": [0.5]}, _half_square, X0, fun_args=(c,), max_steps=4, callback=cb
+    ).results.params[0],
+    "solve_batch": lambda c, cb: hdm_optax.solve_batch(
+      sgd,
+      _half_square,
+      jnp.zeros((2, 3)),
+      fun_args=(c,),
+      in_axes=(0, None),
+      max_steps=4,
+      callback=cb,
+    ).params[0],
+  }
+  return doors[door]
+
+
+LEAK_TRANSFORMS = {
+  "plain": lambda run, c: run(c),
+  "grad": lambda run, c: jax.grad(lambda c: jnp.sum(run(c)))(c),
+  "jvp": lambda run, c: jax.jvp(run, (c,), (jnp.ones(3),))[1],
+  "vjp": lambda run, c: jax.vjp(run, c)[1](jnp.ones(3)),
+  "vmap": lambda run, c: jax.vmap(run)(jnp.stack([c, 2 * c])),
+}
+
+
+def _run_watched(door, transform, callback):
+  run = _watched(door)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", hdm_optax.ImplicitGradientWarning)  # 4 steps: unconverged
+    out = LEAK_TRANSFORMS[transform](lambda c: run(c, callback), jnp.asarray(FIRST))
+  jax.block_until_ready(out)
+
+
+@pytest.mark.parametrize("transform", list(LEAK_TRANSFORMS))
+@pytest.mark.parametrize(
+  "door", ["solve", "solve_closed", "solve_progress", "minimize", "sweep", "solve_batch"]
+)
+def test_a_callback_is_released_when_its_call_returns(door, transform, capsys):
+  """After the call (un-jitted jax.grad, jax.jvp, jax.vjp, jax.vmap around it included) no
+  session holds the callback: a weak reference to it dies once the caller drops it."""
+  if transform == "vmap" and door in ("sweep", "solve_batch"):
+    pytest.skip("sweep and solve_batch refuse jax.vmap (they batch already)")
+  before = len(hooks._SESSIONS)  # pylint: disable=protected-access
+  callback = _HeavyCallback()
+  alive = weakref.ref(callback)
+  _run_watched(door, transform, callback)
+  assert callback.calls >= 1
+  del callback
+  gc.collect()
+  assert alive() is None
+  assert len(hooks._SESSIONS) == before  # pylint: disable=protected-access
+  capsys.readouterr()
+
+
+def test_a_callback_under_jit_stays_with_its_one_trace():
+  """Under jax.jit the program runs after the trace, as often as it is called: the session
+  stays open, one per trace, however many calls."""
+  callback = _HeavyCallback()
+  run = jax.jit(lambda c: _watched("solve")(c, callback))
+  before = len(hooks._SESSIONS)  # pylint: disable=protected-access
+  for k in range(20):
+    run(jnp.asarray(FIRST) + k)
+  assert len(hooks._SESSIONS) == before + 1  # pylint: disable=protected-access
+  assert callback.calls == 20 * 4
+
+
+class _Refuses:
+  """Raises ``error`` at the ``at``-th step it sees."""
+
+  def __init__(self, error, at=2):
+    self.error, self.at, self.calls = error, at, 0
+
+  def __call__(self, *args):
+    self.calls += 1
+    if self.calls == self.at:
+      raise self.error
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vmap"])
+def test_a_callback_error_under_an_unjitted_transformation_comes_back_as_itself(transform):
+  """An exception the callback raises under an un-jitted jax.grad/jax.jvp/jax.vmap comes back
+  as itself (not as XLA's runtime error), with the partial result as values."""
+  callback = _Refuses(LookupError("enough"))
+  run = lambda c: _watched("solve")(c, callback)
+  with pytest.raises(LookupError, match="enough") as caught, warnings.catch_warnings():
+    warnings.simplefilter("ignore", hdm_optax.ImplicitGradientWarning)
+    LEAK_TRANSFORMS[transform](run, jnp.asarray(FIRST))
+  result = caught.value.result
+  assert int(np.ravel(result.num_steps)[0]) == 2
+  assert int(np.ravel(result.status)[0]) == hdm_optax.Status.STOPPED
+  params = np.asarray(result.params)
+  expected = np.asarray(FIRST) * 0.75  # two steps of sgd(0.5) from 0 towards c
+  np.testing.assert_allclose(params if transform != "vmap" else params[0], expected)
+
+
+# --- files: a private cache directory, the kernel it loads, the LIBSVM files it reads ------
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o777])
+def test_a_new_cache_directory_is_private_whatever_the_umask(tmp_path, umask):
+  """Created with mode 0700 (its missing parents too, none wider than 0700)."""
+  old = os.umask(umask)
+  try:
+    path = private_dir(tmp_path / "a" / "b" / "cache")
+  finally:
+    os.umask(old)
+  assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+  for parent in (tmp_path / "a", tmp_path / "a" / "b"):
+    assert stat.S_IMODE(os.stat(parent).st_mode) & 0o077 == 0
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o750, 0o755, 0o500])
+def test_an_existing_directory_nobody_else_writes_to_is_taken_as_it_is(tmp_path, mode):
+  path = tmp_path / "cache"
+  path.mkdir()
+  path.chmod(mode)
+  assert private_dir(path) == str(path)
+  assert stat.S_IMODE(path.stat().st_mode) == mode  # not changed behind the user's back
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722, 0o702, 0o1777])
+def test_a_directory_others_can_write_to_is_refused(tmp_path, mode):
+  path = tmp_path / "cache"
+  path.mkdir()
+  path.chmod(mode)
+  with pytest.raises(ValueError, match=r"writable by other users .*chmod 700"):
+    private_dir(path)
+
+
+@pytest.mark.parametrize("target", ["private", "public", "dangling", "file"])
+def test_a_symbolic_link_is_never_followed(tmp_path, target):
+  """A link is refused, whatever it points to: a private directory, a public one, nothing
+  (a clear error, not FileExistsError), a file."""
+  pointee = tmp_path / target
+  if target in ("private", "public"):
+    pointee.mkdir(mode=0o700)
+    pointee.chmod(0o700 if target == "private" else 0o777)
+  elif target == "file":
+    pointee.write_text("x")
+  link = tmp_path / "cache"
+  link.symlink_to(pointee)
+  with pytest.raises(ValueError, match="symbolic link") as caught:
+    private_dir(link)
+  assert ("does not exist" in str(caught.value)) == (target == "dangling")
+  assert not pointee.exists() or target != "dangling"
+
+
+def test_a_file_where_the_directory_should_be_is_refused(tmp_path):
+  (tmp_path / "cache").write_text("x")
+  with pytest.raises(ValueError, match="not a directory"):
+    private_dir(tmp_path / "cache")
+
+
+def test_another_users_directory_is_refused(tmp_path):
+  """A directory of another uid (root's / for a user; a directory handed to uid 65534 when
+  the tests run as root)."""
+  if os.getuid() != 0:
+    path = "/"
+  else:
+    path = tmp_path / "theirs"
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+  with pytest.raises(ValueError, match="belongs to another user"):
+    private_dir(path)
+
+
+@pytest.mark.parametrize("case", ["public", "dangling", "link"])
+def test_enable_compilation_cache_refuses_an_unsafe_directory(tmp_path, case):
+  """The checks run before JAX's configuration is touched: the process keeps its cache."""
+  before = jax.config.jax_compilation_cache_dir
+  path = tmp_path / "cache"
+  if case == "public":
+    path.mkdir()
+    path.chmod(0o777)
+  else:
+    (tmp_path / "real").mkdir(mode=0o700)
+    path.symlink_to(tmp_path / ("gone" if case == "dangling" else "real"))
+  with pytest.raises(ValueError, match="path .*(writable by other|symbolic link)"):
+    hdm_optax.enable_compilation_cache(str(path))
+  assert jax.config.jax_compilation_cache_dir == before
+
+
+def _libsvm_dir(tmp_path, text: bytes, stated=None, compress=False):
+  """A data directory holding dataset "toy" (with a MANIFEST row stating ``stated``
+  features where given)."""
+  directory = tmp_path / "data"
+  directory.mkdir()
+  name = "toy.xz" if compress else "toy"
+  (directory / name).write_bytes(lzma.compress(text) if compress else text)
+  if stated is not None:
+    (directory / "MANIFEST.tsv").write_text(
+      "name\trows\tfeatures_in_file\tstated_features\tlabels\tsha256_of_uncompressed\t"
+      f"source_repo\tnotes\ntoy\t\t\t{stated}\t\t\tlocal\tsynthetic\n"
+    )
+  return directory, directory / name
+
+
+_GOOD = [
+  b"# a comment line",
+  b"+1 1:0.5 3:-1",
+  b"",
+  b"-1 2:1.5 # trailing comment",
+  b"+1 1:1 2:2 3:3",
+]
+_BAD_LINES = {
+  "nan_label": (b"nan 1:1", "label is nan"),
+  "inf_label": (b"-inf 2:1", "label is -inf"),
+  "word_label": (b"yes 1:1", "label 'yes' is not a number"),
+  "nan_value": (b"+1 1:NaN", "feature 1 is NaN"),
+  "inf_value": (b"-1 3:inf", "feature 3 is inf"),
+  "overflowing_value": (b"-1 2:1e999", "feature 2 is 1e999"),
+  "word_value": (b"+1 2:x", "'2:x' is not index:value"),
+  "no_colon": (b"+1 2", "'2' is not index:value"),
+  "zero_index": (b"-1 0:1", "indices start at 1"),
+  "negative_index": (b"-1 -4:1", "indices start at 1"),
+  "huge_index": (b"+1 1000000000:1", "feature index 1000000000 exceeds MAX_FEATURES"),
+  "overflowing_index": (b"+1 1000000000000:1", "feature index 1000000000000 exceeds"),
+  "int64_overflow": (b"+1 99999999999999999999999:1", "exceeds"),
+}
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("at", [0, 2, 5])
+@pytest.mark.parametrize("case", list(_BAD_LINES))
+def test_a_bad_libsvm_line_is_named_by_file_and_line(tmp_path, case, at, compress):
+  """One bad line among good ones (comments and blank lines counted as lines): the error
+  names the file and that line, and says what is wrong; nothing of the size of a feature
+  index is allocated first."""
+  from experiments import data as data_lib
+
+  bad, what = _BAD_LINES[case]
+  lines = _GOOD[:at] + [bad] + _GOOD[at:]
+  directory, path = _libsvm_dir(tmp_path, b"\n".join(lines) + b"\n", compress=compress)
+  with pytest.raises(ValueError) as caught:
+    data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+  message = str(caught.value)
+  assert message.startswith(f"{path}, line {at + 1}: "), message
+  assert what in message, message
+
+
+@pytest.mark.parametrize("index, ok", [(7, True), (8, False)])
+def test_a_libsvm_index_is_checked_against_the_manifest_count(tmp_path, index, ok):
+  """With a MANIFEST row stating 7 features, index 7 is read and index 8 refused."""
+  from experiments import data as data_lib
+
+  text = b"+1 1:1\n-1 %d:2\n" % index
+  directory, path = _libsvm_dir(tmp_path, text, stated=7)
+  if ok:
+    X, y = data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+    assert X.shape == (2, 7) and X[1, index - 1] == 2.0
+    np.testing.assert_array_equal(y, [1.0, -1.0])
+  else:
+    with pytest.raises(ValueError, match=rf"^{path}, line 2: feature index 8 exceeds the 7"):
+      data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+
+
+def test_good_libsvm_lines_read_as_written(tmp_path):
+  """Comments, blank lines, trailing comments: the matrix and labels as written."""
+  from experiments import data as data_lib
+
+  directory, _ = _libsvm_dir(tmp_path, b"\n".join(_GOOD) + b"\n")
+  X, y = data_lib.load_dataset("toy", data_dir=directory, cache_dir=tmp_path / "c")
+  np.testing.assert_array_equal(X.toarray(), [[0.5, 0, -1], [0, 1.5, 0], [1, 2, 3]])
+  np.testing.assert_array_equal(y, [1.0, -1.0, 1.0])
+
+
+@pytest.fixture(scope="module")
+def built_kernel(tmp_path_factory):
+  """The CSR kernel built once into a private cache: ``(library, its .sha256)``."""
+  from experiments.sparse import host_csr
+
+  if shutil.which(os.environ.get("CXX", "g++")) is None:
+    pytest.skip("no C++ compiler: the kernel cannot be built here")
+  cache = tmp_path_factory.mktemp("kernel")
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("HDM_KERNEL_CACHE", str(cache))
+    library = host_csr._build_kernel()  # pylint: disable=protected-access
+  return library, library.with_suffix(".sha256")
+
+
+def _kernel_cache(tmp_path, built, change):
+  """A copy of the built kernel's cache, changed by ``change``; returns the library's path."""
+  from experiments.sparse import host_csr
+
+  cache = tmp_path / "cache"
+  cache.mkdir(mode=0o700)
+  library, digest = (cache / built[0].name, cache / built[1].name)
+  shutil.copy2(built[0], library)
+  shutil.copy2(built[1], digest)
+  change(cache, library, digest)
+  assert host_csr.KERNEL_SOURCE.exists()
+  return library
+
+
+def _append_a_byte(cache, library, digest):
+  library.write_bytes(library.read_bytes() + b"\0")
+
+
+def _other_library(cache, library, digest):
+  library.write_bytes(b"\x7fELF not the kernel")
+  digest.write_text(hashlib.sha256(b"something else").hexdigest())
+
+
+def _link_to_a_copy(cache, library, digest):
+  elsewhere = cache.parent / "elsewhere.so"
+  library.rename(elsewhere)
+  library.symlink_to(elsewhere)
+
+
+def _group_writable(cache, library, digest):
+  library.chmod(0o775)
+
+
+UNCHECKED = {
+  "appended_byte": _append_a_byte,
+  "another_library": _other_library,
+  "a_link": _link_to_a_copy,
+  "group_writable": _group_writable,
+}
+
+
+@pytest.mark.parametrize("change", list(UNCHECKED))
+def test_the_kernel_cache_loads_only_what_it_built(tmp_path, built_kernel, change):
+  """A library in the cache that is not the one built there (another digest, a link, a file
+  others can write) is refused before it is loaded."""
+  from experiments.sparse import host_csr
+
+  library = _kernel_cache(tmp_path, built_kernel, UNCHECKED[change])
+  with pytest.raises(host_csr.UncheckedLibrary):
+    host_csr._checked_library(library)  # pylint: disable=protected-access
+
+
+def test_the_kernel_cache_checks_a_library_it_built(tmp_path, built_kernel):
+  from experiments.sparse import host_csr
+
+  library = _kernel_cache(tmp_path, built_kernel, lambda *a: None)
+  assert host_csr._checked_library(library) == library  # pylint: disable=protected-access
+
+
+_LOAD = """
+import warnings, sys
+from experiments.sparse import host_csr
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  print(host_csr.lowering(), "|", " ".join(str(w.message) for w in caught))
+"""
+
+
+@pytest.mark.parametrize("case", ["appended_byte", "public_cache", "no_digest"])
+def test_a_fresh_process_falls_back_or_rebuilds_rather_than_load_an_unchecked_kernel(
+  tmp_path, built_kernel, case
+):
+  """In a new process: a tampered library or a cache others can write to gives the callback
+  path with a warning that says why; a library with no recorded digest is built again."""
+  change = {
+    "appended_byte": _append_a_byte,
+    "public_cache": lambda cache, library, digest: cache.chmod(0o777),
+    "no_digest": lambda cache, library, digest: digest.unlink(),
+  }[case]
+  library = _kernel_cache(tmp_path, built_kernel, change)
+  env = dict(os.environ, HDM_KERNEL_CACHE=str(library.parent), PYTHONPATH=str(ROOT))
+  env.pop("HDM_HOST_CSR", None)
+  out = subprocess.run(
+    [sys.executable, "-c", _LOAD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  lowering, _, warned = (part.strip() for part in out.stdout.splitlines()[-1].partition("|"))
+  if case == "no_digest":
+    assert lowering == "ffi" and not warned
+    assert library.with_suffix(".sha256").read_text() == built_kernel[1].read_text()
+  else:
+    assert lowering == "callback"
+    assert ("SHA-256" if case == "appended_byte" else "writable by other users") in warned
+
+
+# --- a bad argument gets a message naming it, its value and the fix ----------------------
+
+_ONES = jnp.ones(3)
+
+
+def _no_batch(in_axes, params, data):
+  return lambda: hdm_optax.solve_batch(SGD, _half_square, params, fun_args=(data,), in_axes=in_axes)
+
+
+def _sweep_of(make, grid, **kw):
+  return lambda: hdm_optax.sweep(make, grid, _half_square, jnp.zeros(3), fun_args=(_ONES,), **kw)
+
+
+def _aux(out):
+  return lambda: hdm_optax.solve(
+    SGD, lambda x: out(_half_square(x, _ONES)), jnp.zeros(3), has_aux=True, max_steps=2
+  )
+
+
+def _resumed(state):
+  return lambda: hdm_optax.solve(
+    hdm_optax.trial_lbfgs(), _half_square, jnp.zeros(3), fun_args=(_ONES,), init_state=state
+  )
+
+
+_STATE_5 = hdm_optax.trial_lbfgs().init(jnp.zeros(5))
+_STATE_F32 = hdm_optax.trial_lbfgs().init(jnp.zeros(3, jnp.float32))
+_CPU = jax.devices("cpu")[0]
+
+BAD_ARGUMENTS = {
+  "batch_of_none": (_no_batch((0, 0), jnp.zeros((0, 3)), jnp.zeros((0, 3))), ValueError, "size 0"),
+  "batch_of_none_in_data": (
+    _no_batch((None, 0), jnp.zeros(3), jnp.zeros((0, 3))),
+    ValueError,
+    "size 0",
+  ),
+  "sweep_of_no_problem": (
+    lambda: hdm_optax.sweep(
+      optax.sgd,
+      {"learning_rate": [1.0]},
+      _half_square,
+      jnp.zeros(3),
+      fun_args=(jnp.zeros((0, 3)),),
+      in_axes=(None, 0),
+    ),
+    ValueError,
+    "size 0",
+  ),
+  "devices_twice": (
+    lambda: hdm_optax.solve_batch(
+      SGD, _half_square, jnp.zeros((4, 3)), fun_args=(jnp.zeros((4, 3)),), devices=[_CPU, _CPU]
+    ),
+    ValueError,
+    r"devices names cpu:0 more than once",
+  ),
+  "memory_size_0": (
+    _sweep_of(lambda memory_size: hdm_optax.trial_lbfgs(memory_size), {"memory_size": [0, 3]}),
+    ValueError,
+    r"grid point \{'memory_size': 0\}.*memory_size must be an int >= 1, got 0",
+  ),
+  "memory_size_0_second": (
+    _sweep_of(lambda memory_size: hdm_optax.trial_lbfgs(memory_size), {"memory_size": [3, 0]}),
+    ValueError,
+    r"grid point \{'memory_size': 0\}.*got 0",
+  ),
+  "negative_learning_rate_point": (
+    _sweep_of(lambda m: hdm_optax.trial_lbfgs(m), [{"m": 4}, {"m": -1}]),
+    ValueError,
+    r"grid point \{'m': -1\}",
+  ),
+  "instance_with_a_grid": (
+    _sweep_of(hdm_optax.trial_lbfgs(), {"memory_size": [3]}),
+    ValueError,
+    "has no settings for the grid",
+  ),
+  "not_a_factory": (_sweep_of(3.0, {}), TypeError, "make_optimizer must be a factory"),
+  "init_state_of_other_shape": (_resumed(_STATE_5), ValueError, r"init_state .*shape \(10, 5\)"),
+  "init_state_of_other_dtype": (_resumed(_STATE_F32), ValueError, r"init_state .*dtype float32"),
+  "lower_plus_inf": (
+    lambda: hdm_optax.minimize(_closed(_ONES), X0, bounds=(np.inf, None)),
+    ValueError,
+    r"lower is \+inf .*use -inf or None",
+  ),
+  "upper_minus_inf_entry": (
+    lambda: hdm_optax.minimize(_closed(_ONES), X0, bounds=(None, np.array([1.0, -np.inf, 2.0]))),
+    ValueError,
+    r"upper is -inf at index \(1,\)",
+  ),
+  "scipy_pair_plus_inf": (
+    lambda: hdm_optax.minimize(_closed(_ONES), X0, bounds=[(0, 1), (np.inf, None), (None, None)]),
+    ValueError,
+    r"lower is \+inf at index \(1,\)",
+  ),
+  "optimizer_lower_plus_inf": (
+    lambda: hdm_optax.trial_lbfgs(lower=np.inf).init(jnp.zeros(3)),
+    ValueError,
+    r"lower is \+inf",
+  ),
+  "aux_missing": (
+    _aux(lambda v: v),
+    TypeError,
+    r"pair \(value, aux\), got a single array of shape \(\)",
+  ),
+  "aux_triple": (_aux(lambda v: (v, v, v)), TypeError, "got a tuple of length 3"),
+  "aux_in_a_dict": (_aux(lambda v: {"value": v}), TypeError, r"got a dict with 1 array"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARGUMENTS))
+def test_a_bad_argument_is_named_with_its_value_and_fix(case):
+  call, kind, message = BAD_ARGUMENTS[case]
+  with pytest.raises(kind, match=message) as caught:
+    call()
+  assert "Tracer" not in str(caught.value)  # a value the user wrote, not a traced one
+
+
+def test_sweep_takes_an_optimizer_with_an_empty_grid_for_problem_data_alone():
+  """An optimizer and grid={}: one point per problem, each the closed form x* = c."""
+  cs = jnp.asarray([FIRST, SECOND])
+  out = hdm_optax.sweep(SGD, {}, _half_square, jnp.zeros(3), fun_args=(cs,), in_axes=(None, 0))
+  np.testing.assert_allclose(out.results.params, cs)
+  assert out.points == [{"problem": 0}, {"problem": 1}]
+
+
+FRONT_DOOR_OPTIONS = ("callback", "progress", "ftol", "init_state", "has_aux", "adjoint")
+
+
+@pytest.mark.parametrize(
+  "door", ["solve", "solve_batch", "sweep", "minimize", "loop", "minibatch_step"]
+)
+def test_the_readme_says_which_front_door_takes_which_option(door):
+  """README: solve, solve_batch, sweep and minimize take every option; loop takes ftol and
+  has_aux; minibatch_step none. What a door does not take is a TypeError naming it."""
+  import inspect
+
+  readme = (ROOT / "README.md").read_text()
+  assert (
+    "The first\n  four take `callback=`, `progress=True`, `ftol=`, `init_state=`, `has_aux=`"
+    in readme
+  )
+  taken = set(inspect.signature(getattr(hdm_optax, door)).parameters)
+  expected = {
+    "loop": {"ftol", "has_aux"},
+    "minibatch_step": set(),
+    "minimize": set(FRONT_DOOR_OPTIONS) - {"ftol"},  # SciPy's options={"ftol": ...}
+  }.get(door, set(FRONT_DOOR_OPTIONS))
+  assert taken & set(FRONT_DOOR_OPTIONS) == expected
+
+
+# --- ftol at the edge of the region where f is finite (docs/scipy.md states the rule) -----
+
+_WEIGHTS = jnp.asarray([1.0, 10.0, 100.0])
+
+
+def _edge_objective(bad, region="halfspace"):
+  """0.5 sum w (x - 1)^2, and ``bad`` (NaN or inf) where ``region`` says: its minimiser
+  (1, 1, 1) lies beyond the edge, so a run from 0 ends at the edge."""
+  inside = {
+    "halfspace": lambda x: jnp.any(x > 0.5),
+    "ball": lambda x: jnp.sum(x**2) > 0.8,
+    "slab": lambda x: jnp.abs(x[0] - x[2]) > 0.3,
+  }[region]
+  return lambda x: jnp.where(inside(x), bad, 0.5 * jnp.sum(_WEIGHTS * (x - 1.0) ** 2))
+
+
+def _edge_run(door, fun, ftol):
+  x0 = jnp.zeros(3)
+  if door == "minimize":
+    r = hdm_optax.minimize(fun, x0, options={"ftol": ftol})
+    return r.x, r.status, r.success, r.grad_norm, r.fun
+  if door == "loop":
+    run = hdm_optax.loop(hdm_optax.trial_lbfgs(), fun, ftol=ftol, tol=1e-5, max_steps=1000)
+    s = jax.lax.while_loop(lambda s: ~run.done(s), run.step, run.start(x0))
+    status = run.status(s)
+    return s.params, status, status == hdm_optax.Status.CONVERGED_FTOL, s.grad_norm, s.value
+  opt = {"solve": hdm_optax.trial_lbfgs(), "hdm_auto": hdm_optax.hdm_auto()}.get(door)
+  opt = opt or hdm_optax.hdm_best(lipschitz=100.0)
+  r = hdm_optax.solve(opt, fun, x0, ftol=ftol, tol=1e-5)
+  return r.params, r.status, r.converged, r.grad_norm, r.value
+
+
+@pytest.mark.parametrize("ftol", [2.2e-9, 1e-6, 1e-12])
+@pytest.mark.parametrize("region", ["halfspace", "ball", "slab"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("door", ["minimize", "solve", "hdm_auto", "hdm_best", "loop"])
+def test_an_ftol_stop_at_the_edge_of_the_finite_region_is_no_success(door, bad, region, ftol):
+  """Rule 3: a small decrease right after non-finite trials stops with FTOL_AT_NON_FINITE,
+  not a success; f, grad_norm are those at the returned point (a fresh evaluation), and the
+  point is no stationary point (grad_norm far above tol)."""
+  fun = _edge_objective(bad, region)
+  x, status, success, grad_norm, value = _edge_run(door, fun, ftol)
+  assert int(status) == hdm_optax.Status.FTOL_AT_NON_FINITE
+  assert not bool(success)
+  np.testing.assert_allclose(float(value), float(fun(jnp.asarray(x))), rtol=1e-12)
+  g = jax.grad(fun)(jnp.asarray(x))
+  np.testing.assert_allclose(float(grad_norm), float(jnp.max(jnp.abs(g))), rtol=1e-12)
+  assert float(grad_norm) > 1.0
+
+
+def test_the_edge_message_says_why_and_how():
+  res = hdm_optax.minimize(_edge_objective(np.nan), jnp.zeros(3))
+  assert "edge of the region where f is finite" in res.message and "bounds" in res.message
+  assert res.fun > 13.875  # the best finite value, at (0.5, 0.5, 0.5): no minimum was found
+
+
+@pytest.mark.parametrize("lipschitz", [0.01, 0.1, 1.0])
+@pytest.mark.parametrize("wall", [3.0, 6.0])
+def test_non_finite_trials_before_an_interior_minimum_do_not_count(lipschitz, wall):
+  """Rule 4: a step size far too large sends the first trials into the NaN region; the run
+  then converges inside it, and its ftol stop is a success at the closed-form minimiser."""
+  evaluations = []
+
+  def fun(x):
+    v = jnp.where(jnp.any(jnp.abs(x) > wall), jnp.nan, 0.5 * jnp.sum(_WEIGHTS * (x - 0.9) ** 2))
+    jax.debug.callback(lambda v: evaluations.append(float(v)), v)
+    return v
+
+  res = hdm_optax.solve(
+    hdm_optax.hdm_best(lipschitz=lipschitz),
+    fun,
+    jnp.zeros(3),
+    ftol=1e-10,
+    tol=1e-12,
+    max_steps=2000,
+  )
+  jax.effects_barrier()
+  assert not np.all(np.isfinite(evaluations))  # the early trials did cross the edge
+  assert int(res.status) == hdm_optax.Status.CONVERGED_FTOL and bool(res.converged)
+  np.testing.assert_allclose(res.params, 0.9, atol=1e-3)
+
+
+def test_an_optimizer_without_trials_keeps_scipys_ftol():
+  """Rule 5: optax.lbfgs reports no trials; its ftol stop is judged by the decrease alone."""
+  fun = lambda x: 0.5 * jnp.sum(_WEIGHTS * (x - 0.3) ** 2)
+  res = hdm_optax.solve(optax.lbfgs(), fun, jnp.zeros(3), ftol=1e-6, tol=1e-14)
+  assert int(res.status) == hdm_optax.Status.CONVERGED_FTOL and bool(res.converged)
+
+
+def test_the_nonfinite_run_counts_trials_since_the_last_accepted_update():
+  """HDMInfo.nonfinite_run, update by update, against the trial values each update
+  evaluated (logged from inside the objective): +1 on a null step whose trial was not
+  finite, 0 after an accepted update (trial_lbfgs accepts finite trials only)."""
+  trials = []
+  edge = _edge_objective(np.nan)
+
+  def fun(x):
+    v = edge(x)
+    jax.debug.callback(lambda v: trials.append(float(v)), v)
+    return v
+
+  opt = hdm_optax.trial_lbfgs()
+  x = jnp.zeros(3)
+  value, grad = jax.value_and_grad(edge)(x)
+  state = opt.init(x)._replace(value=value, grad=grad)
+  update = jax.jit(lambda x, s: opt.update(s.grad, s, x, value=s.value, grad=s.grad, value_fn=fun))
+  expected, seen = 0, []
+  for _ in range(40):
+    trials.clear()
+    updates, state = update(x, state)
+    jax.effects_barrier()
+    x = x + updates
+    assert len(trials) == 1  # one trial per update
+    if bool(state.info.accepted):
+      assert np.isfinite(trials[0])
+      expected = 0
+    else:
+      expected += int(not np.isfinite(trials[0]))
+    assert int(state.info.nonfinite_run) == expected
+    seen.append(expected)
+  assert max(seen) >= 2  # runs of non-finite trials happened, and were counted
+
+
+# --- interrupts: KeyboardInterrupt, SystemExit and Ctrl-C keep the partial result --------
+
+
+def _interrupting_door(door, callback, progress=False):
+  x0, c = jnp.zeros(3), jnp.asarray(FIRST)
+  sgd = optax.sgd(0.1)  # x_k = (1 - 0.9^k) c: the closed form of the partial result
+  kw = dict(callback=callback, progress=progress, max_steps=50, tol=0.0)
+  if door == "solve":
+    return lambda: hdm_optax.solve(sgd, _half_square, x0, fun_args=(c,), **kw)
+  if door == "minimize":
+    del kw["max_steps"], kw["tol"]
+    return lambda: hdm_optax.minimize(_half_square, x0, args=(c,), **kw)
+  if door == "sweep":
+    return lambda: hdm_optax.sweep(
+      optax.sgd, {"learning_rate": [0.1]}, _half_square, x0, fun_args=(c,), **kw
+    )
+  return lambda: hdm_optax.solve_batch(
+    sgd, _half_square, jnp.zeros((2, 3)), fun_args=(c,), in_axes=(0, None), **kw
+  )
+
+
+@pytest.mark.parametrize("progress", [False, True])
+@pytest.mark.parametrize(
+  "error", [KeyboardInterrupt, SystemExit], ids=["KeyboardInterrupt", "SystemExit"]
+)
+@pytest.mark.parametrize("door", ["solve", "minimize", "sweep", "solve_batch"])
+def test_keyboard_interrupt_and_system_exit_in_a_callback_come_back_as_themselves(
+  door, error, progress, capfd
+):
+  """Raised by the callback at its k-th call: the same exception, the partial result of k
+  steps as the door returns it (the closed form for sgd; minimize's x against a fresh run
+  of k iterations), status STOPPED, and the progress line ended."""
+  at = 1 if door == "minimize" else 4  # trial_lbfgs solves the quadratic in two steps
+  callback = _Refuses(error("stop here"), at=at)
+  with pytest.raises(error) as caught:
+    _interrupting_door(door, callback, progress)()
+  result = caught.value.result
+  if door == "sweep":
+    assert isinstance(result, hdm_optax.SweepResult) and result.points == [{"learning_rate": 0.1}]
+    result = result.results
+  assert np.all(np.ravel(result.num_steps) == at)
+  assert np.all(np.ravel(result.status) == hdm_optax.Status.STOPPED)
+  params = np.asarray(result.params).reshape(-1, 3)[0]
+  if door == "minimize":
+    assert isinstance(result, hdm_optax.MinimizeResult) and not result.success
+    fresh = hdm_optax.minimize(_half_square, jnp.zeros(3), args=(jnp.asarray(FIRST),), max_steps=at)
+    np.testing.assert_allclose(result.x, fresh.x, rtol=1e-12)
+  else:
+    np.testing.assert_allclose(params, (1 - 0.9**at) * np.asarray(FIRST), rtol=1e-12)
+  assert callback.calls == at  # no call after the error
+  err = capfd.readouterr().err
+  if progress:
+    assert err.endswith("\n") and err.splitlines()[-1].startswith("hdm_optax: ")
+    assert err.splitlines()[-1].endswith("batch" if door == "solve_batch" else "STOPPED")
+
+
+def test_ctrl_c_stops_a_compiled_run_and_keeps_its_result():
+  """SIGINT one second into a run of 10^8 steps (a fresh process, every front door): a
+  KeyboardInterrupt within a few seconds (the figure: the check comes every 0.2 s),
+  carrying a partial result equal to a fresh run of that many steps (status STOPPED), and
+  the SIGINT handler of before restored; a handler of the user's is left alone."""
+  doors = ["solve", "solve_watched", "minimize", "solve_batch", "sweep", "user_handler"]
+  out = subprocess.run(
+    [sys.executable, str(ROOT / "tests" / "interrupt_worker.py"), *doors],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+  assert [r["door"] for r in rows] == doors
+  for row in rows[:-1]:
+    assert row["interrupted"], row
+    assert row["latency"] < 30.0, row  # stopped, not run to its end (minutes)
+    assert all(0 < s < 100_000_000 for s in row["steps"]) and set(row["status"]) == {3}, row
+    assert row["replay_error"] <= 1e-9, row
+    assert row["handler_restored"] and row["wakeup_fd_restored"], row
+  mine = rows[-1]
+  assert mine["steps"] == [20_000] and mine["user_handler_ran"] and mine["handler_restored"]
+
+
+# --- resuming a run (docs/guide.md, "Resuming a run", rule by rule) ----------------------
+
+_RNG = np.random.default_rng(7)
+_A = jnp.asarray(_RNG.standard_normal((60, 8)))
+_Y = jnp.sign(_A @ jnp.ones(8) + 0.1)
+
+
+def _ridge_logistic(w, a, y):
+  return jnp.sum(jnp.logaddexp(0.0, -y * (a @ w))) + 0.05 * w @ w
+
+
+RESUMED_OPTIMIZERS = {
+  "trial_lbfgs": hdm_optax.trial_lbfgs,
+  "hdm_auto": hdm_optax.hdm_auto,
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=20.0),
+  "optax_lbfgs": optax.lbfgs,
+}
+
+
+_CALLS = []
+
+
+def _counted(w, a, y):
+  """The objective, its calls counted in ``_CALLS`` (one function for every test: a debug
+  callback is part of the program its first solve compiled)."""
+  jax.debug.callback(lambda: _CALLS.append(1))
+  return _ridge_logistic(w, a, y)
+
+
+@pytest.mark.parametrize("k", [1, 7, 19])
+@pytest.mark.parametrize("name", list(RESUMED_OPTIMIZERS))
+def test_a_resumed_run_is_the_uninterrupted_run(name, k):
+  """Rules 1-3: stopped at k steps and resumed from its result, the run makes the steps,
+  the calls (the objective's own count, by a debug callback: one objective throughout)
+  and the point of the run that never stopped, and the resumed call compiles nothing."""
+  opt = RESUMED_OPTIMIZERS[name]()
+
+  def run(x0, steps, state=None):
+    jax.effects_barrier()
+    _CALLS.clear()
+    out = hdm_optax.solve(
+      opt, _counted, x0, fun_args=(_A, _Y), max_steps=steps, tol=1e-9, init_state=state
+    )
+    jax.effects_barrier()
+    return out, len(_CALLS)
+
+  whole, whole_calls = run(jnp.zeros(8), 400)
+  first, first_calls = run(jnp.zeros(8), k)
+  run(first.params, 400, first)  # compiles the eager helpers once
+  with Compilations() as compiled:
+    rest, rest_calls = run(first.params, 400, first)
+  assert compiled.count == 0
+  assert int(whole.num_steps) > k  # the split happened inside the run
+  assert int(rest.num_steps) == int(whole.num_steps)
+  assert int(rest.num_grad_evals) == int(whole.num_grad_evals)
+  assert first_calls + rest_calls == whole_calls  # no extra call at the resume
+  assert int(rest.status) == int(whole.status)
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)
+
+
+def test_a_fresh_a_warm_and_a_resumed_run_share_one_program():
+  """Rule 5: init_state None, a state, a result: one compiled program."""
+  opt = hdm_optax.trial_lbfgs(memory_size=4)
+  run = lambda x0, state=None: hdm_optax.solve(
+    opt, _ridge_logistic, x0, fun_args=(_A, _Y), max_steps=1500, tol=1e-9, init_state=state
+  )
+  first = run(jnp.zeros(8))
+  run(first.params, first), run(jnp.ones(8), first.state)  # eager helpers
+  with Compilations() as compiled:
+    fresh = run(jnp.ones(8))
+    warm = run(jnp.ones(8), first.state)
+    resumed = run(first.params, first)
+  assert compiled.count == 0
+  assert int(warm.num_steps) < int(fresh.num_steps) or int(warm.num_grad_evals) >= 1
+  assert int(resumed.num_steps) == int(first.num_steps)  # already converged: no step
+
+
+def test_the_progress_line_the_callback_and_the_trace_go_on(capfd):
+  """Rule 2: the resumed run's snapshots, line and trace count from where it stopped."""
+  seen = []
+  run = lambda x0, steps, state=None, **kw: hdm_optax.solve(
+    optax.sgd(1e-3),
+    _ridge_logistic,
+    x0,
+    fun_args=(_A, _Y),
+    max_steps=steps,
+    tol=0.0,
+    init_state=state,
+    **kw,
+  )
+  first = run(jnp.zeros(8), 10)
+  capfd.readouterr()
+  rest = run(
+    first.params, 16, first, callback=lambda s: seen.append(int(s.num_steps)), progress=True
+  )
+  assert seen == list(range(11, 17))
+  assert "steps 16" in capfd.readouterr().err.splitlines()[-1]
+  np.testing.assert_array_equal(rest.trace.step[:7], np.arange(10, 17))
+  np.testing.assert_allclose(rest.trace.value[0], first.value, rtol=0)
+
+
+def test_an_optimizer_without_a_cache_evaluates_once_at_the_resume():
+  """Rule 3: optax.sgd keeps no f and grad f: the resumed run evaluates them, counted."""
+  run = lambda x0, steps, state=None: hdm_optax.solve(
+    optax.sgd(1e-3),
+    _ridge_logistic,
+    x0,
+    fun_args=(_A, _Y),
+    max_steps=steps,
+    tol=0.0,
+    init_state=state,
+  )
+  whole, first = run(jnp.zeros(8), 30), run(jnp.zeros(8), 12)
+  rest = run(first.params, 30, first)
+  assert int(rest.num_steps) == 30 and int(rest.num_grad_evals) == int(whole.num_grad_evals) + 1
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["callback_stop", "callback_error", "minimize", "solve_batch"])
+def test_every_way_a_run_stops_resumes(how):
+  """Rules 1-2 across the doors: a callback's StopIteration, a callback's exception's
+  .result, minimize's own result, a batch's result member by member."""
+  if how == "minimize":
+    whole = hdm_optax.minimize(_ridge_logistic, jnp.zeros(8), args=(_A, _Y), tol=1e-10)
+    first = hdm_optax.minimize(_ridge_logistic, jnp.zeros(8), args=(_A, _Y), tol=1e-10, max_steps=5)
+    rest = hdm_optax.minimize(_ridge_logistic, first.x, args=(_A, _Y), tol=1e-10, init_state=first)
+    assert (rest.nit, rest.njev) == (whole.nit, whole.njev)
+    np.testing.assert_allclose(rest.x, whole.x, rtol=1e-12)
+    return
+  opt = hdm_optax.trial_lbfgs()
+  if how == "solve_batch":
+    a, y = jnp.stack([_A, 2 * _A]), jnp.stack([_Y, _Y])
+    run = lambda x0, steps, state=None: hdm_optax.solve_batch(
+      opt, _ridge_logistic, x0, fun_args=(a, y), max_steps=steps, tol=1e-9, init_state=state
+    )
+    whole, first = run(jnp.zeros((2, 8)), 400), run(jnp.zeros((2, 8)), 6)
+    rest = run(first.params, 400, first)
+    np.testing.assert_array_equal(rest.num_grad_evals, whole.num_grad_evals)
+    np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)
+    return
+  whole = hdm_optax.solve(opt, _ridge_logistic, jnp.zeros(8), fun_args=(_A, _Y), tol=1e-9)
+  if how == "callback_stop":
+    stop = lambda s: int(s.num_steps) == 6
+    first = hdm_optax.solve(
+      opt, _ridge_logistic, jnp.zeros(8), fun_args=(_A, _Y), tol=1e-9, callback=stop
+    )
+  else:
+    with pytest.raises(LookupError) as caught:
+      hdm_optax.solve(
+        opt,
+        _ridge_logistic,
+        jnp.zeros(8),
+        fun_args=(_A, _Y),
+        tol=1e-9,
+        callback=_Refuses(LookupError("out"), at=6),
+      )
+    first = caught.value.result
+  assert int(first.num_steps) == 6 and int(first.status) == hdm_optax.Status.STOPPED
+  rest = hdm_optax.solve(
+    opt, _ridge_logistic, first.params, fun_args=(_A, _Y), tol=1e-9, init_state=first
+  )
+  assert (int(rest.num_steps), int(rest.num_grad_evals)) == (
+    int(whole.num_steps),
+    int(whole.num_grad_evals),
+  )
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)
+
+
+def test_a_result_resumes_only_from_its_own_params():
+  """Rule 1: other init_params with a result are refused by name (the warm start is the
+  state's); a warm start counts from 0 and evaluates f."""
+  opt = hdm_optax.trial_lbfgs()
+  first = hdm_optax.solve(opt, _ridge_logistic, jnp.zeros(8), fun_args=(_A, _Y), max_steps=5)
+  with pytest.raises(
+    ValueError, match=r"init_params differ from result.params.*init_state=result.state"
+  ):
+    hdm_optax.solve(opt, _ridge_logistic, first.params + 1e-3, fun_args=(_A, _Y), init_state=first)
+  warm = hdm_optax.solve(
+    opt, _ridge_logistic, first.params + 1e-3, fun_args=(_A, _Y), init_state=first.state
+  )
+  assert int(warm.num_grad_evals) == int(warm.num_steps) + 1  # counted from 0, f evaluated
+
+
+# --- objectives whose gradient has no forward mode (docs/gradients.md) --------------------
+
+
+@jax.custom_vjp
+def _identity_reverse_only(x):
+  return x
+
+
+_identity_reverse_only.defvjp(lambda x: (x, None), lambda _, g: (g,))
+
+
+@jax.custom_vjp
+def _square_plain_rule(x):
+  return x**2
+
+
+_square_plain_rule.defvjp(lambda x: (x**2, x), lambda x, g: (2 * x * g,))
+
+
+@jax.custom_vjp
+def _square_reverse_only(x):  # its gradient holds a custom_vjp: no jax.jvp of grad f
+  return x**2
+
+
+_square_reverse_only.defvjp(lambda x: (x**2, x), lambda x, g: (2 * _identity_reverse_only(x) * g,))
+
+
+def _fit(square):
+  """f(x; a) = sum square(x - a) + 0.1 ||x||^2: x*(a) = a / 1.1, d sum x* / da_i = 1 / 1.1."""
+  return lambda x, a: jnp.sum(square(x - a)) + 0.1 * jnp.sum(x**2)
+
+
+_REVERSE_DOORS = {
+  "solve": lambda fun, a, adjoint: (
+    hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), fun, jnp.zeros(3), fun_args=(a,), tol=1e-10, adjoint=adjoint
+    ).params
+  ),
+  "minimize": lambda fun, a, adjoint: (
+    hdm_optax.minimize(fun, jnp.zeros(3), args=(a,), tol=1e-12, adjoint=adjoint, max_steps=60).x
+  ),
+  "solve_batch": lambda fun, a, adjoint: (
+    hdm_optax.solve_batch(
+      hdm_optax.trial_lbfgs(),
+      fun,
+      jnp.zeros((2, 3)),
+      fun_args=(jnp.stack([a, 2 * a]),),
+      tol=1e-10,
+      adjoint=adjoint,
+      max_steps=60,
+    ).params
+  ),
+}
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("door", list(_REVERSE_DOORS))
+def test_a_gradient_without_forward_mode_is_refused_by_name(door, jit):
+  """The implicit rule needs jax.jvp of grad f; where f's gradient holds a custom_vjp (as
+  diffrax's RecursiveCheckpointAdjoint's does) JAX fails only when lowering the backward
+  pass, with no hint. The refusal names the cause and the two fixes."""
+  solve = _REVERSE_DOORS[door]
+  outer = lambda a: jnp.sum(solve(_fit(_square_reverse_only), a, None))
+  grad = jax.jit(jax.grad(outer)) if jit else jax.grad(outer)
+  with pytest.raises(TypeError, match=r"custom_vjp.*UnrolledAdjoint\(\).*DirectAdjoint"):
+    grad(jnp.ones(3))
+
+
+@pytest.mark.parametrize("door", ["solve", "minimize"])
+def test_the_fixes_the_refusal_names_give_the_derivative(door):
+  """UnrolledAdjoint differentiates the same reverse-only objective (reverse over reverse),
+  and a custom_vjp whose rule is plain JAX keeps the implicit rule: both give the closed
+  form d sum x*(a) / da = 1 / 1.1 per entry."""
+  solve = _REVERSE_DOORS[door]
+  unrolled = hdm_optax.UnrolledAdjoint()
+  via_scan = jax.grad(lambda a: jnp.sum(solve(_fit(_square_reverse_only), a, unrolled)))
+  implicit = jax.grad(lambda a: jnp.sum(solve(_fit(_square_plain_rule), a, None)))
+  a = jnp.asarray([1.0, -2.0, 0.5])
+  # Both runs converge to ||grad f|| <= 1e-10 on a problem of condition 1: the derivatives
+  # carry that residual, far above float64 rounding.
+  np.testing.assert_allclose(via_scan(a), np.full(3, 1 / 1.1), rtol=1e-8)
+  np.testing.assert_allclose(implicit(a), np.full(3, 1 / 1.1), rtol=1e-8)

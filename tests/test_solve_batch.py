@@ -15,6 +15,8 @@ import pytest
 
 import hdm_optax
 from hdm_optax import _gating
+from hdm_optax.driver import batching
+from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import runs
 from hdm_optax.pieces.lbfgs import memory as memory_lib
@@ -50,7 +52,7 @@ def test_each_member_gets_what_a_vmapped_solve_gives_it(make):
   x0 = jnp.zeros_like(c)
   assert runs.stage_sizes(80, True) == (80, 20, 5)
   ref = lockstep(make(), x0, d, c, **KW)
-  out = hdm_optax.solve_batch(make(), quadratic, x0, fun_args=(d, c), **KW)
+  out = hdm_optax.solve_batch(make(), quadratic, x0, fun_args=(d, c), compact=True, **KW)
   steps = np.asarray(ref.num_steps)
   assert steps.max() >= 2 * steps.min()  # members stop at different times: stages run
   np.testing.assert_array_equal(np.asarray(out.num_steps), steps)
@@ -75,11 +77,34 @@ def test_a_large_batch_retires_members_and_matches_the_lockstep_loop():
   x0 = jnp.zeros_like(c)
   kw = dict(max_steps=200, tol=1e-4)
   ref = lockstep(hdm_optax.trial_lbfgs(), x0, d, c, **kw)
-  out = hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d, c), **kw)
+  out = hdm_optax.solve_batch(
+    hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d, c), compact=True, **kw
+  )
   assert out.params.dtype == jnp.float32 and out.value.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(out.num_grad_evals), np.asarray(ref.num_grad_evals))
   np.testing.assert_allclose(out.params, ref.params, rtol=1e-5, atol=1e-6)
   assert bool(jnp.all(out.converged))
+
+
+def test_small_batches_run_in_lockstep_and_large_ones_retire_members():
+  """The default ``compact=None``: a batch whose inputs hold at most SMALL_PROGRAM entries runs
+  the lockstep program (``compact=False``'s: no new compile), a larger one the stages."""
+  d, c = spread_batch(8, 3, jnp.float64, seed=2)
+  x0 = jnp.zeros_like(c)
+  hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, fun_args=(d, c), max_steps=7)
+  before = programs.compiled_count()
+  kw = dict(fun_args=(d, c), max_steps=7, compact=False)
+  hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, **kw)
+  assert programs.compiled_count() == before
+  hdm_optax.solve_batch(hdm_optax.trial_lbfgs(), quadratic, x0, **{**kw, "compact": True})
+  assert programs.compiled_count() == before + 1
+  small = members_lib.problems(x0, (d, c), (0, 0))
+  large = members_lib.problems(jnp.zeros((80, 1024)), (jnp.ones((80, 1024)),), (0, 0))
+  implicit, unrolled = hdm_optax.ImplicitAdjoint(), hdm_optax.UnrolledAdjoint()
+  assert not batching._compact(None, small, implicit)  # pylint: disable=protected-access
+  assert batching._compact(None, large, implicit)  # pylint: disable=protected-access
+  assert not batching._compact(None, large, unrolled)  # pylint: disable=protected-access
+  assert batching._compact(True, small, implicit)  # pylint: disable=protected-access
 
 
 def test_a_shared_start_and_pytree_params():

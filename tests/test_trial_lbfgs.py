@@ -65,7 +65,11 @@ def test_trial_lbfgs_matches_reference(kind):
   _, (xs, values, accepted) = _run(hdm_optax.trial_lbfgs(3), fun, jnp.asarray(x0), steps)
   np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
   np.testing.assert_allclose(np.asarray(xs), np.asarray(want["xs"]), rtol=1e-8, atol=1e-10)
-  np.testing.assert_allclose(np.asarray(values), np.asarray(want["values"]), rtol=1e-10)
+  # f's rounding in another order of summation (problems.value_atol), not a relative 1e-10:
+  # near the quadratic's minimum f is a small difference of large terms, and a CPU with
+  # another vector width moved f at step 20 by 1.06e-10 relative (issue 55, item 12).
+  atol = problems.value_atol(data, want["xs"])
+  np.testing.assert_allclose(np.asarray(values), np.asarray(want["values"]), rtol=0, atol=atol)
   assert 0 < sum(want["accepted"]) < steps or kind == "logistic"
   assert max(want["pairs"]) == 3
 

@@ -15,7 +15,8 @@ Two lowerings compute the same numbers (SciPy's summation order):
 
 * ``"ffi"`` (default): ``csr_kernel.cc``, an XLA FFI custom call built with
   the system C++ compiler on first use (cached in ``$HDM_KERNEL_CACHE`` or
-  ``~/.cache/hdm_optax``; ~5 s). No Python on the call path; big products
+  ``~/.cache/hdm_optax``, a private directory; ~5 s; loaded only where its SHA-256 is the
+  one recorded when it was built). No Python on the call path; big products
   are split over XLA's intra-op threads.
 * ``"callback"``: SciPy on the host through ``jax.pure_callback``, which
   receives the CSR arrays with ``w``. Used when the kernel cannot be built (a
@@ -40,6 +41,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -51,6 +53,8 @@ import numpy as np
 import scipy.sparse as sp
 from jax.extend import core as jex_core
 from jax.interpreters import batching, mlir
+
+from hdm_optax._private_dir import private_dir
 
 KERNEL_SOURCE = pathlib.Path(__file__).with_name("csr_kernel.cc")
 # -ffp-contract=off: no fused multiply-adds, so the sums round as SciPy's do.
@@ -178,25 +182,65 @@ def lowering() -> str:
 
 
 def _cache_dir() -> pathlib.Path:
-  return pathlib.Path(
-    os.environ.get("HDM_KERNEL_CACHE") or pathlib.Path.home() / ".cache" / "hdm_optax"
-  )
+  """The kernel's cache: private (``hdm_optax._private_dir``: 0700, the user's, no link)."""
+  path = os.environ.get("HDM_KERNEL_CACHE") or pathlib.Path.home() / ".cache" / "hdm_optax"
+  return pathlib.Path(private_dir(path, name="HDM_KERNEL_CACHE"))
+
+
+def _digest(data: bytes) -> str:
+  return hashlib.sha256(data).hexdigest()
 
 
 def _build_kernel() -> pathlib.Path:
-  """Compiles ``csr_kernel.cc`` into the cache (once per source, JAX version and command)."""
+  """Compiles ``csr_kernel.cc`` into the cache (once per source, JAX version and command).
+
+  The library's SHA-256 is written beside it (``.sha256``) when it is built, and checked by
+  :func:`_checked_library` before it is loaded.
+  """
   source = KERNEL_SOURCE.read_bytes()
   command = [os.environ.get("CXX", "g++"), *CXX_FLAGS, f"-I{jax.ffi.include_dir()}"]
   key = hashlib.sha256(source + jax.__version__.encode() + " ".join(command).encode())
   library = _cache_dir() / f"csr_kernel_{key.hexdigest()[:16]}.so"
-  if not library.exists():
-    library.parent.mkdir(parents=True, exist_ok=True)
+  digest = library.with_suffix(".sha256")
+  if not (library.exists() or library.is_symlink()) or not digest.exists():
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
       out = pathlib.Path(tmp) / library.name
       subprocess.run(
         [*command, str(KERNEL_SOURCE), "-o", str(out)], check=True, capture_output=True, text=True
       )
+      (pathlib.Path(tmp) / digest.name).write_text(_digest(out.read_bytes()))
       os.replace(out, library)  # complete files only
+      os.replace(pathlib.Path(tmp) / digest.name, digest)
+  return library
+
+
+class UncheckedLibrary(OSError):
+  """A library in the kernel's cache that this module did not build as it is."""
+
+
+def _checked_library(library: pathlib.Path) -> pathlib.Path:
+  """``library`` if it is a plain file of this user's, writable by no one else, whose
+  SHA-256 is the one recorded when it was built; else :class:`UncheckedLibrary`."""
+  try:
+    fd = os.open(library, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+  except OSError as error:
+    raise UncheckedLibrary(f"{library}: cannot open it without following a link ({error})")
+  with os.fdopen(fd, "rb") as f:
+    info = os.fstat(f.fileno())
+    data = f.read()
+  uid = getattr(os, "getuid", lambda: info.st_uid)()
+  if not stat.S_ISREG(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022:
+    raise UncheckedLibrary(
+      f"{library}: not a file of this user's that only this user can write (mode "
+      f"{stat.S_IMODE(info.st_mode):o}, uid {info.st_uid})"
+    )
+  recorded = library.with_suffix(".sha256")
+  expected = recorded.read_text().strip() if recorded.is_file() else None
+  if expected != _digest(data):
+    raise UncheckedLibrary(
+      f"{library}: its SHA-256 is not the one recorded when it was built "
+      f"({recorded.name}: {expected}); delete both files to build it again"
+    )
   return library
 
 
@@ -210,11 +254,11 @@ def _load_kernel() -> bool:
   try:
     library = _build_kernel()
     if not _registered:  # XLA refuses a second registration of the same name
-      lib = ctypes.cdll.LoadLibrary(str(library))
+      lib = ctypes.cdll.LoadLibrary(str(_checked_library(library)))
       for target, symbol in _FFI_TARGETS.values():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
       _registered = True
-  except (OSError, subprocess.CalledProcessError, AttributeError) as e:
+  except (OSError, ValueError, subprocess.CalledProcessError, AttributeError) as e:
     detail = getattr(e, "stderr", "") or str(e)
     warnings.warn(
       f"the CSR kernel could not be built ({detail.strip()[-500:]}); "

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 
 __all__ = ("objective",)
@@ -175,6 +176,13 @@ class _WithGradient:
 
     f.defvjp(forward, backward)
     return f(x, list(args))
+
+  def host_oracle(self, args, like, packed: bool):
+    """The :class:`~hdm_optax.driver.oracle.HostOracle` of a NumPy pair (``None`` for a
+    traced one): the separate path calls it on the host directly."""
+    if not isinstance(self.pair, _HostPair):
+      return None
+    return oracle_lib.HostOracle(lambda x: self.pair._host(x, list(args)), None, like, packed)
 
   def __hash__(self):
     return hash(self.pair)

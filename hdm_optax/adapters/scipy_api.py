@@ -254,6 +254,33 @@ def _options(options, tol, max_steps) -> dict:
   return merged
 
 
+_WARNED_32_BIT = []
+
+
+def _float64(leaf) -> bool:
+  if isinstance(leaf, float):
+    return True
+  dtype = getattr(leaf, "dtype", None)
+  return isinstance(leaf, (np.ndarray, np.generic)) and dtype == np.float64
+
+
+def _warn_32_bit(x0, args) -> None:
+  """Once per process: float64 inputs (SciPy's precision) while JAX computes in 32 bits."""
+  if _WARNED_32_BIT or jax.config.read("jax_enable_x64"):
+    return
+  leaves = jax.tree.leaves((x0, tuple(args)))
+  if any(map(_float64, leaves)):
+    _WARNED_32_BIT.append(True)
+    warnings.warn(
+      "minimize: x0 or args are float64 (SciPy's precision), but JAX is in 32-bit mode, so "
+      "the run computes in float32 (about 7 digits, and more iterations than SciPy near the "
+      "solution). For SciPy's precision, call jax.config.update('jax_enable_x64', True) at "
+      "the start of the script (docs/scipy.md).",
+      UserWarning,
+      stacklevel=3,
+    )
+
+
 def _start_point(x0):
   """x0 as SciPy reads it: numbers, lists and NumPy arrays become one float array (1-d at least).
 
@@ -481,6 +508,7 @@ def minimize(
     ([1.0, 0.0, 0.5], True)
   """
   method = _method(method)
+  _warn_32_bit(x0, args)
   _unused(hess, hessp, constraints)
   opts = _options(options, tol, max_steps)
   x0 = _start_point(x0)
@@ -496,23 +524,31 @@ def minimize(
     )
   own = lambda a: jnp.asarray(a, a.dtype) if getattr(a, "weak_type", False) else a
   args = jax.tree.map(own, tuple(args))
-  res = solving.solve(
+  try:
+    keywords = dict(has_aux=has_aux, init_state=init_state, callback=callback)
+    keywords.update(progress=progress, adjoint=adjoint, trace=trace, rtol=rtol)
+    res = _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords)
+  except BaseException as error:  # a callback's error or Ctrl-C: the partial result, SciPy's
+    if isinstance(getattr(error, "result", None), SolveResult):
+      error.result = _scipy_fields(error.result, mode, x0, False)
+    raise
+  # Traced also where only the arrays fun closes over are (jax.grad of them, no jax.jit).
+  return _scipy_fields(res, mode, x0, bool(programs.tracers(res)))
+
+
+def _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords):
+  """minimize's run: :func:`hdm_optax.solve` of the method with the box."""
+  callback = keywords.pop("callback")
+  return solving.solve(
     METHODS[method](opts["maxcor"], lower=lower, upper=upper),
     objective,
     x0,
     fun_args=args,
     max_steps=opts["maxiter"],
     tol=gtol,
-    rtol=rtol,
     ftol=ftol,
     max_grad_evals=opts["maxfun"],
     min_value=None,
-    has_aux=has_aux,
-    init_state=init_state,
     callback=None if callback is None else _SciPyCallback(callback),
-    progress=progress,
-    adjoint=adjoint,
-    trace=trace,
+    **keywords,
   )
-  traced = bool(programs.tracers((x0, args, lower, upper, gtol)))
-  return _scipy_fields(res, mode, x0, traced)

@@ -98,6 +98,10 @@ class ImplicitAdjoint(NamedTuple):
     del max_steps  # a value of the program
     return runs.Blocks(check_every) if check_every > 1 else runs.While()
 
+  def retires(self) -> bool:
+    """Whether a batch can retire its stopped members (``compact``): yes."""
+    return True
+
   def batch_primitive(self, size: int, compact: bool, stop_at_first_converged: bool, max_steps):
     """The loop of a batch of ``size`` members: stages that retire the finished ones
     (:func:`~hdm_optax.driver.runs.stage_sizes`; one stage without ``compact``)."""
@@ -149,6 +153,10 @@ class UnrolledAdjoint(NamedTuple):
         f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
       )
     return runs.Scan(int(max_steps), self.checkpoint)
+
+  def retires(self) -> bool:
+    """Whether a batch can retire its stopped members (``compact``): no, a scan runs all."""
+    return False
 
   def batch_primitive(self, size: int, compact: bool, stop_at_first_converged: bool, max_steps):
     """The loop of a batch: every member's scan, in lockstep.
@@ -320,9 +328,25 @@ def _zero_tangent(tree):
   return jax.tree.map(zero, tree)
 
 
+def _check_forward_mode(objective, x, theta) -> None:
+  """Raises :data:`_REVERSE_ONLY` where grad f has no forward-mode derivative (a
+  ``jax.custom_vjp`` in f's gradient): JAX traces such a JVP and fails only when the program
+  is lowered, in the backward pass, so its Hessian-vector product is lowered here, once per
+  differentiated program (nothing is compiled or run)."""
+  shaped = lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a))
+  hvp = lambda y, th: jax.jvp(lambda z: jax.grad(objective)(z, th), (y,), (y,))
+  try:
+    jax.jit(hvp).lower(jax.tree.map(shaped, x), jax.tree.map(shaped, theta))
+  except TypeError as error:
+    if "custom_vjp" in str(error):
+      raise TypeError(_REVERSE_ONLY) from error
+    raise
+
+
 def _tangent_of(adjoint, objective, result, theta, theta_dot):
   """``(x_dot, value_dot)`` of one solution by the implicit function theorem."""
   x = result.params
+  _check_forward_mode(objective, x, theta)
   gradient = jax.grad(objective)
   grad_x = gradient(x, theta)
   box = protocol.box_of(result.state)
@@ -352,6 +376,18 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
   x_dot = jax.lax.custom_linear_solve(matvec, rhs, solve, symmetric=True)
   _, value_dot = jax.jvp(objective, (x, theta), (x_dot, theta_dot))
   return x_dot, value_dot
+
+
+_REVERSE_ONLY = (
+  "the implicit derivative of a solve needs forward-mode derivatives of grad f (jax.jvp of "
+  "jax.grad(fun): Hessian-vector products and the cross term d/dtheta grad f), but fun, or "
+  "its gradient, contains a jax.custom_vjp that JAX cannot differentiate in forward mode "
+  "(such as diffrax's default RecursiveCheckpointAdjoint). Pass "
+  "adjoint=hdm_optax.UnrolledAdjoint() (reverse mode through the iterations: it needs only "
+  "reverse-over-reverse derivatives of fun), or make fun forward-differentiable (diffrax: "
+  "adjoint=diffrax.DirectAdjoint() or diffrax.ForwardMode(); docs/gradients.md, 'What fun "
+  "must support')."
+)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))

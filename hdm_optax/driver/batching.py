@@ -24,6 +24,7 @@ from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import resuming
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
@@ -149,6 +150,13 @@ def _devices(devices) -> Optional[tuple]:
       f"devices must be None, a jax.sharding.Mesh or a sequence of jax.Device, got {devices!r}"
       "; e.g. devices=jax.devices()."
     )
+  if len(set(devices)) != len(devices):
+    twice = sorted({str(d) for d in devices if devices.count(d) > 1})
+    raise ValueError(
+      f"devices names {', '.join(twice)} more than once ({len(devices)} entries, "
+      f"{len(set(devices))} devices): each device runs its own share of the members once; "
+      "pass each device once, e.g. devices=jax.devices()."
+    )
   return devices
 
 
@@ -194,11 +202,27 @@ def _batch(arguments: dict, **given) -> _Batch:
   """A front door's arguments as a :class:`_Batch`: the options checked, the refusals."""
   options = {name: arguments.get(name) for name in _Batch._fields} | given
   adjoint = adjoint_lib.check_adjoint(options["adjoint"])
-  batch = _Batch(**{**options, "adjoint": adjoint, "devices": _devices(options["devices"])})
+  compact = _compact(options["compact"], options["problems"], adjoint)
+  devices = _devices(options["devices"])
+  batch = _Batch(**{**options, "adjoint": adjoint, "devices": devices, "compact": compact})
   traced = programs.tracers((batch.problems.tree, batch.limits))
   _check(any(map(programs.is_batched, traced)), batch)
   adjoint.batch_primitive(1, batch.compact, batch.stop_at_first_converged, 1)  # its refusals
+  resumed = resuming.result_of(batch.init_state)
+  if resumed is not None:  # a resumed batch: from its params
+    resuming.check_params(batch.problems.tree[0], resumed.params)
   return batch
+
+
+def _compact(compact: Optional[bool], problems, adjoint) -> bool:
+  """``compact``, or where it is ``None`` the rule: retire stopped members where the batch's
+  inputs hold more than :data:`~hdm_optax.driver.programs.SMALL_PROGRAM` entries in all (the
+  run outweighs the compile of the extra stages) and the adjoint can; else lockstep, whose
+  program compiles as fast as ``jax.jit(jax.vmap(solve))``'s."""
+  if compact is not None:
+    return bool(compact)
+  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(problems.tree))
+  return entries > programs.SMALL_PROGRAM and adjoint.retires()
 
 
 def _layout(batch: _Batch, fun):
@@ -244,14 +268,21 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)
-    key, arrays = programs.split_optimizer(optimizer) if optimizer else (None, [])
+    key, arrays = programs.split_optimizer(optimizer, params_one) if optimizer else (None, [])
     maker = members_lib.Maker(make_optimizer, settings, key)
     columns = {
       n: members_lib.column(n, [points[i][n] for i in indices], dtype)
       for n in names
       if n not in static
     }
-    part = _run_part(batch, maker, arrays, columns, indices, pid[indices], closed, theta, mapped)
+    try:
+      part = _run_part(batch, maker, arrays, columns, indices, pid[indices], closed, theta, mapped)
+    except BaseException as error:  # a callback's error or Ctrl-C: the members run so far
+      if isinstance(getattr(error, "result", None), SolveResult):
+        done = parts + [(indices, error.result)]
+        error.result = _combine(done)
+        error.points = [points[i] for i in np.sort(np.concatenate([i for i, _ in done]))]
+      raise
     parts.append((indices, part))
   return points, _combine(parts)
 
@@ -265,7 +296,7 @@ def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta
     a = jnp.asarray(a)
     return jnp.concatenate([a, jnp.repeat(a[-1:], padded - count, axis=0)]) if padded > count else a
 
-  state = batch.init_state
+  state = resuming.batch_start(batch.init_state)
   state = None if state is None else jax.tree.map(lambda a: pad(jnp.asarray(a)[indices]), state)
   size = padded // (1 if devices is None else len(devices))
   limits = batch.limits
@@ -282,17 +313,27 @@ def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta
   )
   kept, shown = runs.trace_size(batch.trace, limits.max_steps, batch=True)
   hook = hooks.check_hook(batch.callback, batch.progress, count)  # its own table
-  program = runs.Program(kept, hook, batch.has_aux)
-  statics = (maker, closed, program, plan, batch.adjoint)
   dynamic = (arrays, jax.tree.map(pad, columns), pad(pid), (problems.tree[0], theta), state, limits)
+  watch = hook is None and devices is None and isinstance(plan.primitive, runs.Staged)
+  program = runs.Program(kept, hook, batch.has_aux, watch and hooks.watchable(dynamic))
+  statics = (maker, closed, program, plan, batch.adjoint)
   traced = bool(programs.tracers((problems.tree, limits)))
 
   def run(handle):
     return programs.call(_batch_entry, statics, dynamic, handle=handle, traced=traced)
 
-  result = hooks.watched(run, batch.callback, batch.progress, traced=traced)
-  result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-  return runs.cut_trace(result, shown)
+  def finished(result):
+    result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
+    return runs.cut_trace(result, shown)
+
+  named = programs.program_key(_batch_entry, statics, dynamic) if program.watch else None
+  try:
+    result = hooks.watched(run, batch.callback, batch.progress, watch=program.watch, key=named)
+  except BaseException as error:  # the partial result, as a finished one is returned
+    if isinstance(getattr(error, "result", None), SolveResult):
+      error.result = finished(error.result)
+    raise
+  return finished(result)
 
 
 @takes_limits
@@ -328,7 +369,8 @@ def sweep(
 
   Args:
     make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric settings
-      arrive as traced scalars (Python floats in the params' dtype).
+      arrive as traced scalars (Python floats in the params' dtype). With ``grid={}``, an
+      optimizer itself: the points are then the problems of ``in_axes`` alone.
     grid: keyword -> list of values (their Cartesian product, row-major), or a list of
       points (dicts with the same keys).
     fun: the objective, as in :func:`hdm_optax.solve`.
@@ -371,8 +413,50 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  points, results = _run(_batch(locals()), fun, grid, make_optimizer=make_optimizer)
+  instance = isinstance(make_optimizer, optax.GradientTransformation)
+  _check_factory(make_optimizer, grid, instance)
+  factory = {"optimizer" if instance else "make_optimizer": make_optimizer}
+  try:
+    points, results = _run(_batch(locals()), fun, grid, **factory)
+  except BaseException as error:  # pylint: disable=broad-except
+    if isinstance(getattr(error, "result", None), SolveResult):  # stopped: the points run
+      part = error.result
+      error.result = SweepResult(points=error.points, results=part, best=best_index(part))
+    elif isinstance(error, Exception) and not instance:
+      _blame_point(make_optimizer, grid, error)
+    raise
   return SweepResult(points=points, results=results, best=best_index(results))
+
+
+def _check_factory(make_optimizer, grid, instance: bool) -> None:
+  """sweep's ``make_optimizer``: a factory, or an optimizer with an empty grid."""
+  if instance and members_lib.grid_points(grid)[1] != [{}]:
+    raise ValueError(
+      f"sweep: make_optimizer is an optimizer ({type(make_optimizer).__name__}), which has no "
+      f"settings for the grid {grid!r} to vary; pass a factory, e.g. "
+      "make_optimizer=lambda memory_size: hdm_optax.trial_lbfgs(memory_size), or grid={} to "
+      "sweep problem data only (in_axes)."
+    )
+  if not instance and not callable(make_optimizer):
+    raise TypeError(
+      f"sweep: make_optimizer must be a factory make_optimizer(**point) -> optimizer (or an "
+      f"optimizer, with grid={{}}), got {make_optimizer!r}."
+    )
+
+
+def _blame_point(make_optimizer, grid, error: Exception) -> None:
+  """Where a run failed because a grid point builds no optimizer, raises that point's error
+  (from ``make_optimizer(**point)`` with the point's own values, not traced ones)."""
+  try:
+    points = members_lib.grid_points(grid)[1]
+  except Exception:  # pylint: disable=broad-except  # the grid's own error is the one to see
+    return
+  for point in points:
+    try:
+      make_optimizer(**point)
+    except Exception as bad:  # pylint: disable=broad-except
+      kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
+      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from error
 
 
 @takes_limits
@@ -384,7 +468,7 @@ def solve_batch(
   limits: Limits,
   fun_args: Sequence[Any] = (),
   in_axes: Any = (0, 0),
-  compact: bool = True,
+  compact: Optional[bool] = None,
   has_aux: bool = False,
   callback: Optional[Callable[[hooks.Snapshot], Any]] = None,
   progress: bool = False,
@@ -396,9 +480,10 @@ def solve_batch(
   """Solves a batch of problems in one compiled call, retiring the members that have stopped.
 
   ``jax.jit(jax.vmap(solve))`` runs every member in lockstep until the slowest one stops.
-  Here, once at most a quarter of the batch is still running, the running members move to a
-  batch a quarter the size (B, B/4, ..., down to 1, or to 16 for more than 64 members; each
-  stage is one more loop in the program, so it compiles longer than the lockstep one). Each
+  Here (``compact``, the default for batches of more than 65,536 entries), once at most a
+  quarter of the batch is still running, the running members move to a batch a quarter the
+  size (B, B/4, ..., down to 1, or to 16 for more than 64 members; each stage is one more
+  loop in the program, so it compiles longer than the lockstep one). Each
   member runs the loop of :func:`hdm_optax.solve`. With ``devices`` the members are spread
   over the devices (``jax.shard_map``), each retiring its own.
 
@@ -409,7 +494,11 @@ def solve_batch(
     fun_args: as in :func:`hdm_optax.solve`; the problems' data.
     in_axes: ``(params_axes, fun_args_axes)``, as ``jax.vmap``'s; the mapped axes (of one
       size B) are the batch. Default: both on axis 0.
-    compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``).
+    compact: retire stopped members (``False``: the lockstep loop of ``jax.vmap(solve)``);
+      ``None``: where the problems' inputs (params and ``fun_args`` of every member) hold
+      more than 65,536 entries in all, where the run outweighs the compile of the extra
+      stages; smaller batches run in lockstep and compile as fast as
+      ``jax.jit(jax.vmap(solve))``.
     limits: as in :func:`hdm_optax.solve`, for every member.
     has_aux: as in :func:`hdm_optax.solve`.
     callback: as in :func:`hdm_optax.solve`, called with the whole batch after every step.

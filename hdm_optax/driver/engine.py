@@ -38,6 +38,9 @@ from hdm_optax import _oracle
 from hdm_optax import _stale
 from hdm_optax.driver import protocol
 from hdm_optax.driver.limits import Limits
+from hdm_optax.driver.resuming import FRESH
+from hdm_optax.driver.resuming import RESUME
+from hdm_optax.driver.resuming import Resume
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import Status
 
@@ -125,7 +128,8 @@ def _stationarity(params, grad, opt_state, norm=None):
   return _inf_norm(grad) if box is None else box.projected_gradient_norm(params, grad)
 
 
-def _check_value_dtype(value, params):
+def check_value_dtype(value, params):
+  """A ``TypeError`` where ``fun``'s value is not of the params' dtype (no silent promotion)."""
   dtype = _numerics.params_dtype(params)
   if jnp.result_type(value) != dtype:
     raise TypeError(
@@ -155,13 +159,13 @@ def _default_precision_products(fun, params) -> int:
   return count(jax.make_jaxpr(fun)(params).jaxpr)
 
 
-def _backend() -> str:
+def backend() -> str:
   return jax.default_backend()
 
 
 def _warn_tf32(fun, params) -> None:
   """On a GPU, warns of float32 products that JAX's default precision lets run in TF32."""
-  if _backend() != "gpu" or _numerics.params_dtype(params) != jnp.float32:
+  if backend() != "gpu" or _numerics.params_dtype(params) != jnp.float32:
     return
   try:
     products = _default_precision_products(fun, params)
@@ -187,9 +191,12 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   rejected updates in a row), ``CONVERGED_FTOL`` (SciPy L-BFGS-B's relative decrease
   ``(f_k - f_{k+1}) <= ftol max(|f_k|, |f_{k+1}|, 1)``, tested after an accepted update
   that decreased f: a null step keeps x, and L-BFGS-B's line search only ends on a
-  decrease), ``MAX_STEPS`` (``max_steps`` updates or ``max_grad_evals`` calls),
-  ``STOPPED`` (``halt``: a stop asked from outside the rule, by a callback or a batch's
-  first converged member), else :data:`RUNNING`.
+  decrease), ``FTOL_AT_NON_FINITE`` (the same small decrease, where a trial since the
+  previous accepted update met a non-finite f or grad f: the update's step was cut short
+  by the edge of the region where f is finite, so the small decrease is no sign of
+  convergence and the run is not a success), ``MAX_STEPS`` (``max_steps`` updates or
+  ``max_grad_evals`` calls), ``STOPPED`` (``halt``: a stop asked from outside the rule, by
+  a callback, Ctrl-C or a batch's first converged member), else :data:`RUNNING`.
 
   Departure from L-BFGS-B: where ``slope`` (:math:`\langle \nabla f(x_k), x_{k+1} -
   x_k\rangle`) is given, ``ftol`` also needs the decrease the slope predicts to be small,
@@ -208,13 +215,16 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   flat = new.accepted & (decrease > 0) & small
   if slope is not None:
     flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
+  # The trials since the previous accepted update: before this update, and this one's own.
+  nonfinite = protocol.nonfinite_trials(old.opt_state) + protocol.nonfinite_trials(new.opt_state)
+  edge = flat & (nonfinite > 0)
   spent = (new.num_steps >= limits.max_steps) | (new.num_grad_evals >= limits.max_grad_evals)
   converged_code = (
     Status.CONVERGED if protocol.box_of(new.opt_state) is None else Status.CONVERGED_IN_BOX
   )
   codes = [Status.NON_FINITE, Status.UNBOUNDED, converged_code, Status.STALLED]
-  codes += [Status.CONVERGED_FTOL, Status.MAX_STEPS, Status.STOPPED]
-  conditions = [~finite, unbounded, converged, stalled, flat, spent, jnp.asarray(halt)]
+  codes += [Status.FTOL_AT_NON_FINITE, Status.CONVERGED_FTOL, Status.MAX_STEPS, Status.STOPPED]
+  conditions = [~finite, unbounded, converged, stalled, edge, flat, spent, jnp.asarray(halt)]
   return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
 
 
@@ -233,40 +243,55 @@ class _Problem(NamedTuple):
   def evaluate(self, params):
     out, grad = _oracle.value_and_grad(self.fun, params, has_aux=self.has_aux, name="fun")
     value = out[0] if self.has_aux else out
-    _check_value_dtype(value, params)
+    check_value_dtype(value, params)
     return value, grad
 
 
 def _start(p: _Problem, params, opt_state=None) -> LoopState:
   _warn_tf32(p.value_fn, params)
   fresh = p.optimizer.init(params)
-  opt_state = fresh if opt_state is None else protocol.with_box_of(fresh, opt_state)
+  resume = opt_state if isinstance(opt_state, Resume) else Resume.of(opt_state)
+  if resume.opt_state is None:
+    opt_state = fresh
+  else:  # a Resume's state is a placeholder where the run is fresh (one program for all)
+    given = protocol.with_box_of(fresh, resume.opt_state)
+    opt_state = jax.tree.map(lambda f, g: jnp.where(resume.mode == FRESH, f, g), fresh, given)
   box = protocol.box_of(opt_state)
   if box is not None:  # an infeasible start is projected onto the box
     params = box.project(params)
-  value, grad = p.evaluate(params)
+  value, grad, calls = _first_values(p, resume, opt_state, params)
   if protocol.cache_at_params(opt_state) is not None:
     opt_state = optax.tree.set(opt_state, value=value, grad=grad)
   measure = _stationarity(params, grad, opt_state, p.norm)
   dtype = measure.dtype
   tol = jnp.maximum(jnp.asarray(p.limits.tol, dtype), jnp.asarray(p.limits.rtol, dtype) * measure)
-  one, zero = jnp.ones([], jnp.int32), jnp.zeros([], jnp.int32)
   s = LoopState(
     params=params,
     opt_state=opt_state,
     value=value,
     grad=grad,
     grad_norm=measure,
-    num_steps=zero,
-    num_value_evals=one,
-    num_grad_evals=one,
+    num_steps=resume.num_steps,
+    num_value_evals=resume.num_value_evals + calls,
+    num_grad_evals=resume.num_grad_evals + calls,
     accepted=jnp.asarray(True),
-    null_run=zero,
-    num_null_steps=zero,
+    null_run=resume.null_run,
+    num_null_steps=resume.num_null_steps,
     status=jnp.int32(RUNNING),
     tol=tol,
   )
   return s._replace(status=judge(s, s, p.limits))
+
+
+def _first_values(p: _Problem, resume: Resume, opt_state, params):
+  """f and grad f at the first point, and the calls made: a resumed run takes them from
+  the optimizer's cache where it holds them (it is at the params: the run's end)."""
+  holder = protocol.cache_at_params(opt_state)
+  if holder is None or resume.opt_state is None:
+    return (*p.evaluate(params), jnp.ones([], jnp.int32))
+  cached = lambda: (jnp.asarray(holder.value, _numerics.params_dtype(params)), holder.grad)
+  value, grad = jax.lax.cond(resume.mode == RESUME, cached, lambda: p.evaluate(params))
+  return value, grad, (resume.mode != RESUME).astype(jnp.int32)
 
 
 def _update(p: _Problem, s: LoopState):

@@ -27,10 +27,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import interrupts
+from hdm_optax.driver import programs
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import converged
 
-__all__ = ("Hook", "REFRESH_SECONDS", "Snapshot", "check_hook", "session", "watched")
+__all__ = (
+  "Handle",
+  "Hook",
+  "REFRESH_SECONDS",
+  "Snapshot",
+  "check_hook",
+  "session",
+  "watchable",
+  "watched",
+)
 
 # The progress line is redrawn at most this often on a terminal, and written as a new line
 # at most this often elsewhere (a log file).
@@ -79,6 +90,24 @@ class Hook(NamedTuple):
   members: int = 0
 
 
+class Handle(NamedTuple):
+  """What a program gets from its call's host side (an argument: it does not compile anew).
+
+  Attributes:
+    hook: the session's handle (int32), or ``None`` without a callback or progress line.
+    watch: the Ctrl-C check's ``[id, first chunk]`` (:func:`hdm_optax.driver.interrupts.
+      watching`), or ``None`` where the run is not checked.
+  """
+
+  hook: Any = None
+  watch: Any = None
+
+  @classmethod
+  def like(cls, hook: bool, watch: bool) -> "Handle":
+    """A handle of the shapes a call's would have (to compile a program before the call)."""
+    return cls(np.int32(0) if hook else None, np.zeros(2, np.int32) if watch else None)
+
+
 class HookState(NamedTuple):
   """What a run carries for its hook: the session's handle and the member."""
 
@@ -104,6 +133,7 @@ class _Session:
   """One call's callback, progress line, table of members and the callback's error."""
 
   def __init__(self, callback, progress, members):
+    self.staged = False
     self.callback = callback
     self.progress = progress
     self.members = members
@@ -174,13 +204,26 @@ _LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, traced: bool):
+def session(
+  callback: Optional[Callable[[Snapshot], Any]],
+  progress: bool,
+  *,
+  staged: bool,
+  view: Optional[Callable[[Any], Any]] = None,
+):
   """Opens a session; yields its handle (an int32 array) or ``None`` without a hook.
 
-  Outside a trace the session closes when the block ends, and an exception the callback
-  raised is raised again there (its own type; the caller attaches the partial result).
-  Inside a trace (the program may run many times) the session stays open, and the
-  callback's exception propagates from the host call.
+  ``view`` maps the params the program hands the host to the user's layout (the separate
+  path runs on packed params).
+
+  The session closes when the block ends, and an exception the callback raised is raised
+  again there (its own type; the caller attaches the partial result): the program ran
+  inside the block, also under an un-jitted ``jax.grad``, ``jax.vjp`` or ``jax.vmap``
+  (their programs run at once; a host call after the block, such as a checkpointed
+  iteration recomputed in a backward pass, finds no session and leaves the user's callback
+  alone). Where the caller is ``staged`` (inside ``jax.jit``, a ``lax.scan`` body: the
+  program runs later, maybe many times) the session stays open for the life of the
+  process, and the callback's exception propagates from the host call.
   """
   if callback is None and not progress:
     yield None
@@ -188,11 +231,12 @@ def session(callback: Optional[Callable[[Snapshot], Any]], progress: bool, *, tr
   with _LOCK:
     handle = next(_HANDLES)
     _SESSIONS[handle] = _Session(callback, progress, 0)
-  _SESSIONS[handle].traced = traced
+  _SESSIONS[handle].staged = staged
+  _SESSIONS[handle].view = view
   try:
     yield np.int32(handle)
   finally:
-    if not traced:
+    if not staged:
       _SESSIONS.pop(handle, None)
 
 
@@ -202,23 +246,58 @@ def error(handle) -> Optional[BaseException]:
   return None if found is None else found.error
 
 
-def watched(run: Callable[[Any], Any], callback, progress, *, traced: bool):
-  """``run(handle)`` in a session (:func:`session`) of ``callback`` and ``progress``.
+def watchable(dynamic) -> bool:
+  """Whether a front door's run can be stopped by Ctrl-C (:mod:`~hdm_optax.driver.interrupts`):
+  called at the top (nothing of ``dynamic`` traced, not staged out), so that the program
+  runs within the call."""
+  return interrupts.ENABLED and not programs.tracers(dynamic) and not programs.staged()
 
-  An exception the callback raised is raised again with the partial result as its
-  ``.result``.
+
+def watched(
+  run: Callable[[Any], Any], callback, progress, *, watch: bool = False, key=None, view=None
+):
+  """``run(handle)`` in a session (:func:`session`) of ``callback`` and ``progress``
+  (``view``: :func:`session`'s).
+
+  ``handle`` is a :class:`Handle`. An exception the callback raised is raised again with the
+  partial result as its ``.result``. With ``watch`` (a program whose ``Program.watch`` is
+  on; ``key`` names it and its shapes, :func:`hdm_optax.driver.interrupts.watching`) a
+  SIGINT during the call stops the run and raises ``KeyboardInterrupt`` with the partial
+  result, as does one seen by a callback's or progress line's host call.
   """
-  with session(callback, progress, traced=traced) as handle:
-    result = run(handle)
-    raised = error(handle)
-    if raised is not None:
-      raised.result = jax.block_until_ready(result)
-      raised.add_note(
-        "hdm_optax: the callback raised this; the run stopped, and the result so far "
-        "is in this exception's .result."
-      )
-      raise raised
+  staged = programs.staged()
+  with session(callback, progress, staged=staged, view=view) as hook:
+    with interrupts.catching(not staged and (watch or hook is not None)):
+      with interrupts.watching(key) if watch else contextlib.nullcontext() as checks:
+        result = run(Handle(hook, checks))
+        if hook is not None or checks is not None:  # the run is over: its errors are known
+          result = jax.block_until_ready(result)
+        raised = error(hook)
+        if raised is not None:
+          _raise_with(raised, result, "the callback raised this")
+        if interrupts.seen():
+          _raise_with(KeyboardInterrupt(), result, "Ctrl-C (SIGINT) during the run")
   return result
+
+
+def _primal(x):
+  """A leaf of a result under an un-jitted ``jax.grad``/``jax.jvp``/``jax.vmap``, as values
+  (the batch first), or ``None`` where it is not reachable."""
+  if not isinstance(x, jax.core.Tracer):
+    return x
+  if hasattr(x, "primal"):
+    return _primal(x.primal)
+  inner = _primal(getattr(x, "val", None))
+  axis = getattr(x, "batch_dim", None)
+  if inner is None or isinstance(inner, jax.core.Tracer):
+    return None
+  return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
+
+
+def _raise_with(error_: BaseException, result, why: str) -> None:
+  error_.result = jax.block_until_ready(jax.tree.map(_primal, result))
+  error_.add_note(f"hdm_optax: {why}; the run stopped, and the result so far is in .result.")
+  raise error_
 
 
 def _host_step(final: bool, members: int, handle, member, params, *fields):
@@ -226,24 +305,29 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   names += ("num_null_steps", "status")
   status = np.asarray(fields[-1])
   current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
-  if current is None or current.error is not None:
+  if current is None or (current.error is not None and not final):
+    return np.full(status.shape, True)
+  if not final and interrupts.seen():  # Ctrl-C: the run stops, the call raises
+    current.error = KeyboardInterrupt()
     return np.full(status.shape, True)
   current.members = members
   merged = current.merge(None if members == 0 else member, dict(zip(names, fields)))
-  if current.progress:
+  if current.progress:  # the final line ends the progress line, after an error too
     current.draw(final, merged)
   if final or current.callback is None:
     return np.full(status.shape, final)
   params = current.merge(None if members == 0 else member, {"params": params})["params"]
-  snapshot = Snapshot(params=jax.tree.map(np.asarray, params), **merged)
+  view = getattr(current, "view", None)
+  params = jax.tree.map(np.asarray, params if view is None else view(params))
+  snapshot = Snapshot(params=params, **merged)
   try:
     halt = bool(current.callback(snapshot))
   except StopIteration:
     halt = True
-  except Exception as err:  # pylint: disable=broad-except
-    if getattr(current, "traced", False):
+  except BaseException as err:  # pylint: disable=broad-except
+    if current.staged:
       raise
-    current.error, halt = err, True
+    current.error, halt = err, True  # KeyboardInterrupt and SystemExit too: raised at the end
   return np.full(status.shape, halt)
 
 

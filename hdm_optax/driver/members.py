@@ -58,6 +58,11 @@ def problems(init_params, fun_args: tuple, in_axes) -> Problems:
       sizes.add(leaf.shape[axis])
       leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
     out.append(leaf)
+  if sizes == {0}:
+    raise ValueError(
+      "in_axes maps axes of size 0 (init_params and fun_args hold no problem): there is "
+      "nothing to solve; pass at least one problem on the mapped axes."
+    )
   if len(sizes) > 1:
     raise ValueError(
       f"in_axes: the mapped axes of init_params and fun_args must have one size (the number "

@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hdm_optax import _numerics
+from hdm_optax.driver import compiled as compiled_lib
 
 __all__ = (
   "Closed",
@@ -58,7 +60,9 @@ __all__ = (
   "configured",
   "fingerprint",
   "hoist",
+  "jitted",
   "prepare",
+  "program_key",
   "split_optimizer",
 )
 
@@ -179,6 +183,8 @@ def content(array) -> tuple:
   """An array as a key: its shape, dtype and a digest of its bytes."""
   if isinstance(array, jax.core.Tracer):
     raise Uncacheable("a traced array")
+  if jnp.issubdtype(getattr(array, "dtype", None), jax.dtypes.prng_key):
+    array = jax.random.key_data(array)  # a typed key: its bits
   a = np.asarray(array)
   return ("array", a.shape, a.dtype.str, hashlib.blake2b(np.ascontiguousarray(a)).digest())
 
@@ -267,7 +273,9 @@ def _signature(jaxpr, inner: list) -> tuple:
       return ("literal", value.dtype.str, value.tobytes(), x.aval)
     return names.setdefault(x, len(names))
 
-  def param(value):
+  def param(value, callback=False):
+    if callback:
+      return ("host callback", _callback_key(value))
     if isinstance(value, jex.ClosedJaxpr):
       inner.extend(value.consts)
       return ("closed", _signature(value.jaxpr, inner))
@@ -277,6 +285,9 @@ def _signature(jaxpr, inner: list) -> tuple:
       return tuple(map(param, value))
     if isinstance(value, (lu.WrappedFun, types.FunctionType)):
       return ("callable", getattr(value, "__name__", type(value).__name__))
+    inner_rule = getattr(value, "rule", None)  # a custom batching rule, wrapped anew each trace
+    if callable(value) and callable(inner_rule):
+      return ("rule", type(value).__name__, _callback_key(inner_rule))
     return _Held(value)
 
   head = tuple((atom(v), v.aval) for v in (*jaxpr.constvars, *jaxpr.invars))
@@ -285,11 +296,49 @@ def _signature(jaxpr, inner: list) -> tuple:
       eqn.primitive.name,
       tuple(map(atom, eqn.invars)),
       tuple((atom(v), v.aval) for v in eqn.outvars),
-      tuple((k, param(v)) for k, v in sorted(eqn.params.items())),
+      tuple(
+        (k, param(v, k == "callback" and eqn.primitive.name in _HOST_CALLS))
+        for k, v in sorted(eqn.params.items())
+      ),
     )
     for eqn in jaxpr.eqns
   )
   return head, eqns, tuple(map(atom, jaxpr.outvars))
+
+
+# Primitives that call a Python function on the host: what it does is not in the trace.
+_HOST_CALLS = ("debug_callback", "pure_callback", "io_callback")
+
+
+def _callback_key(fn, depth: int = 0, library: bool = True) -> Any:
+  """A host callback of the trace as a key: a function by its code, its defaults and what
+  its closure holds (a function again so; a dict or list that JAX's or the library's own
+  function holds by its contents; anything else by ``==`` where it is hashable, else by identity: a
+  list or a file the user's function writes to is part of what it does). Two traces of
+  ``jax.debug.callback(lambda x: log(x))`` share a key; with ``log_a`` and ``log_b``, or with
+  two lists to append to, they do not."""
+  if depth > 8:
+    return _Held(fn)
+  if isinstance(fn, jax.core.Tracer):  # a value of the trace the rule closes over
+    return ("traced", fn.aval)
+  inner = lambda x: _callback_key(x, depth + 1, library)
+  if isinstance(fn, functools.partial):
+    return ("partial", inner(fn.func), tuple(map(inner, fn.args)), inner(fn.keywords))
+  wrapped = getattr(fn, "callback_func", None)  # jax.pure_callback's flat wrapper
+  if wrapped is not None:
+    return ("flat", inner(wrapped), _Held(getattr(fn, "in_tree", None)))
+  if isinstance(fn, dict) and library:
+    return (dict, tuple((k, inner(v)) for k, v in fn.items()))
+  if isinstance(fn, tuple) or (isinstance(fn, list) and library):
+    return (type(fn), tuple(map(inner, fn)))
+  if isinstance(fn, types.FunctionType):
+    ours = (getattr(fn, "__module__", "") or "").split(".")[0] in ("jax", "hdm_optax")
+    held = lambda x: _callback_key(x, depth + 1, ours)
+    cells = tuple(held(c.cell_contents) for c in fn.__closure__ or () if _filled(c))
+    named = sorted((fn.__kwdefaults__ or {}).items())
+    defaults = (held(fn.__defaults__ or ()), tuple((k, held(v)) for k, v in named))
+    return ("function", fn.__code__, id(fn.__globals__), cells, defaults)
+  return _Held(fn)
 
 
 def _scan_rules(jaxpr) -> bool:
@@ -418,10 +467,14 @@ class OptimizerKey:
 
   An hdm_optax transformation (it knows its factory call) is keyed on the factory and its
   non-array arguments, and rebuilt from the arrays passed in; any other is keyed on its
-  :func:`fingerprint` and used as it is.
+  :func:`fingerprint` and used as it is. Where the key cannot see all an optimizer computes
+  with (any optax transformation, whose functions may read module globals or the attributes
+  of objects they hold; an hdm_optax transformation given a function of the user's, such as
+  a schedule), it also holds the trace of ``init`` and ``update`` at the params' shapes
+  (:func:`update_signature`): what those read at this call is in the key, as ``fun``'s is.
   """
 
-  def __init__(self, optimizer):
+  def __init__(self, optimizer, params=None):
     configuration = getattr(optimizer, "configuration", None)
     if isinstance(optimizer, ConfiguredTransformation) and configuration is not None:
       leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
@@ -432,10 +485,14 @@ class OptimizerKey:
       self._key = ("configured", self._factory, self._treedef, fingerprint(self._statics), avals)
       self._optimizer = None
       self.arrays = [x for x, a in zip(leaves, self._arrays) if a]
+      opaque = any(callable(x) and not _libraries(x) for x in self._statics)
     else:
       self._key = ("fingerprint", fingerprint(optimizer))
       self._optimizer = optimizer
       self.arrays = []
+      opaque = True
+    if opaque and params is not None:
+      self._key += (update_signature(optimizer, params),)
 
   def build(self, arrays):
     """The optimizer, with ``arrays`` (traced inside the program) for its array arguments."""
@@ -445,6 +502,13 @@ class OptimizerKey:
     leaves = [next(given) if a else next(held) for a in self._arrays]
     return self._factory(**jax.tree.unflatten(self._treedef, leaves))
 
+  def describe(self) -> tuple:
+    """What the key is made of, for a description that does not depend on the process
+    (:func:`hdm_optax.driver.store.describe`)."""
+    if self._optimizer is not None:
+      return ("optimizer", self._optimizer)
+    return ("configured", self._factory, self._treedef, self._statics, self._key[4])
+
   def __hash__(self):
     return hash(self._key)
 
@@ -452,13 +516,46 @@ class OptimizerKey:
     return isinstance(other, OptimizerKey) and other._key == self._key
 
 
+def _libraries(fn) -> bool:
+  """Whether ``fn`` is one of the library's, optax's or JAX's (its code is theirs)."""
+  module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+  return module.split(".")[0] in ("hdm_optax", "optax", "jax")
+
+
+def _placeholder_objective(params):
+  return 0.5 * optax.tree.vdot(params, params)
+
+
+def update_signature(optimizer, params) -> tuple:
+  """``optimizer.init`` and ``update`` traced at the params' shapes, as a key: their
+  equations, the numbers written into them and the content of the arrays they hold.
+
+  Raises:
+    Uncacheable: they read a traced value.
+  """
+  params = jax.tree.map(_abstract, params)
+
+  def run(params):
+    state = optimizer.init(params)
+    value = jnp.zeros((), _numerics.params_dtype(params))
+    return optimizer.update(
+      params, state, params, value=value, grad=params, value_fn=_placeholder_objective
+    )
+
+  traced = jax.make_jaxpr(run)(params)
+  inner: list = []
+  signature = _signature(traced.jaxpr, inner)
+  return ("trace", signature, tuple(map(content, [*traced.consts, *inner])))
+
+
 def _is_array(x) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 
 
-def split_optimizer(optimizer) -> tuple[OptimizerKey, list]:
-  """``(key, arrays)``: the optimizer's key and the arrays that enter the program."""
-  key = OptimizerKey(optimizer)
+def split_optimizer(optimizer, params=None) -> tuple[OptimizerKey, list]:
+  """``(key, arrays)``: the optimizer's key and the arrays that enter the program (with
+  ``params``, the key holds the trace of what the key cannot see: :class:`OptimizerKey`)."""
+  key = OptimizerKey(optimizer, params)
   return key, key.arrays
 
 
@@ -502,32 +599,56 @@ class _Unkeyed:
 
 
 def prepare(optimizer, fun, params, fun_args) -> tuple:
-  """``(optimizer_key, optimizer_arrays, closed, args)``: a front door's call as a program's
-  statics and arguments (:func:`split_optimizer`, :func:`hoist`).
+  """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``: a front door's call as
+  a program's statics and arguments (:func:`split_optimizer`, :func:`hoist`), and
+  ``jax.eval_shape`` of ``optimizer.init``.
 
   The optimizer's ``init`` is traced first with its own values, so that its checks of its
   arguments against the params (a box's shape, NaN) run before they become traced. An
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
+  shape = jax.eval_shape(optimizer.init, params)
   try:
-    jax.eval_shape(optimizer.init, params)
-    key, arrays = split_optimizer(optimizer)
+    key, arrays = split_optimizer(optimizer, params)
   except Uncacheable:
     key, arrays = _Unkeyed(optimizer), []
   closed, args = hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args
+  return key, arrays, closed, args, shape
 
 
-_PROGRAMS: dict = {}
+_JITTED: dict = {}
 
 
-def _compiled(entry, options: dict):
-  key = (entry, tuple(sorted(options.items())))
-  if key not in _PROGRAMS:
-    _PROGRAMS[key] = jax.jit(
-      entry, static_argnums=tuple(range(entry.num_statics)), compiler_options=options or None
-    )
-  return _PROGRAMS[key]
+def jitted(entry):
+  """``jax.jit`` of a front door's entry, its first ``entry.num_statics`` arguments static."""
+  if entry not in _JITTED:
+    _JITTED[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
+  return _JITTED[entry]
+
+
+def program_key(entry, statics: tuple, dynamic: tuple):
+  """The cache key of ``entry``'s program for ``statics`` and the abstract ``dynamic`` (what
+  names a program and its inputs' shapes; ``None`` where ``statics`` cannot be keyed)."""
+  try:
+    hash(statics)
+  except TypeError:
+    return None
+  return (entry, statics, compiled_lib.abstract(dynamic))
+
+
+def _program(entry, statics: tuple, dynamic: tuple, traced: bool):
+  """``program(*dynamic)``: ``entry``'s program, compiled once per key and kept in the bounded
+  cache (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key
+  describes, the entry traced into the caller's program."""
+  try:
+    hash(statics)
+  except TypeError:
+    return lambda *args: entry(*statics, *args)
+  if traced or staged() or tracers(dynamic):
+    return lambda *args: jitted(entry)(*statics, *args)
+  options = compiler_options(dynamic)
+  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
+  return compiled_lib.lookup(program_key(entry, statics, dynamic), build)
 
 
 # Inputs of at most this many entries in all compile for a short first call.
@@ -554,8 +675,9 @@ def compiler_options(inputs) -> dict:
 
 
 def compiled_count() -> int:
-  """How many programs the front doors have compiled in this process (each jit cache entry)."""
-  return sum(program._cache_size() for program in _PROGRAMS.values())
+  """How many programs the front doors have compiled in this process (every kind: a fused
+  run, a method's program, an objective's value and gradient)."""
+  return compiled_lib.compiles()
 
 
 def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: bool):
@@ -563,12 +685,10 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: boo
 
   ``entry.num_statics`` leading arguments are static: hashable (the cache policy's keys);
   where one cannot be keyed (an optimizer that holds traced values) the entry is traced
-  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument.
+  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument. Where any
+  of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front door,
+  the arrays ``fun`` closes over included) the program is called with XLA's default
+  options: JAX takes ``compiler_options`` only at the top level.
   """
-  options = {} if traced or staged() else compiler_options(dynamic)
-  program = _compiled(entry, options)
-  try:
-    hash(statics)
-  except TypeError:
-    program = entry
-  return program(*statics, handle, *dynamic)
+  dynamic = (handle, *dynamic)
+  return _program(entry, statics, dynamic, traced)(*dynamic)

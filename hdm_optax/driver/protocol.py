@@ -8,7 +8,9 @@ A driver runs any optax transformation. What it reads of the optimizer's state, 
   and so ``optax.lbfgs``) caches them at the point *its* update leads to; they are f and grad
   f at the new params where that update reaches the params unchanged. The fields'
   names are the contract, and :func:`calls_in_update` counts the oracle calls an update made
-  from the counters a state keeps (hdm_optax's ``info``, optax's ``num_linesearch_steps``).
+  from the counters a state keeps (hdm_optax's ``info``, optax's ``num_linesearch_steps``);
+  so do :func:`null_steps` (a resumed run's count) and :func:`nonfinite_trials` (the stop
+  rule's edge of the region where f is finite) from ``num_null_steps`` and ``nonfinite_run``.
 - **its verdict, its box and its preconditioner**: a state that speaks
   :class:`OptimizerState` (every hdm_optax method's state does, at any depth of a chain's
   state) says whether its step rule accepted the update (:func:`accepted`), which bounds
@@ -35,6 +37,8 @@ __all__ = (
   "cache_at_params",
   "caches_anywhere",
   "calls_in_update",
+  "nonfinite_trials",
+  "null_steps",
   "preconditioner",
   "with_box_of",
 )
@@ -124,8 +128,27 @@ def with_box_of(fresh, given):
       f"  init_state:             {jax.tree.structure(given)}\n"
       "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
     )
+  _check_leaves(fresh, given, fresh_bounds)
   leaves = [f if fresh_bounds(f) else g for f, g in zip(fresh_leaves, given_leaves)]
   return jax.tree.unflatten(fresh_def, leaves)
+
+
+def _check_leaves(fresh, given, is_bounds) -> None:
+  """Raises where a leaf of ``given`` has another shape or dtype than ``fresh``'s."""
+  fresh_paths = jax.tree_util.tree_flatten_with_path(fresh, is_leaf=is_bounds)[0]
+  given_leaves = jax.tree.leaves(given, is_leaf=_bounds_or_none(given))
+  for (path, f), g in zip(fresh_paths, given_leaves):
+    if is_bounds(f):
+      continue
+    want, got = (jnp.shape(f), jnp.result_type(f)), (jnp.shape(g), jnp.result_type(g))
+    if want != got:
+      raise ValueError(
+        f"init_state is not a state of this optimizer for these params: its leaf "
+        f"{jax.tree_util.keystr(path)} has shape {got[0]} and dtype {got[1]}, where "
+        f"optimizer.init(init_params) gives shape {want[0]} and dtype {want[1]}. Pass the "
+        "state of a run on params of this shape and dtype (result.state), or leave "
+        "init_state out."
+      )
 
 
 def preconditioner(state, free=None) -> Optional[Callable[[Any], Any]]:
@@ -141,6 +164,18 @@ def _total(state, key):
   """Sum of every ``key`` field in ``state`` (0 if there is none)."""
   found = optax.tree.get_all_with_path(state, key)
   return sum((jnp.asarray(v, jnp.int32) for _, v in found), jnp.zeros([], jnp.int32))
+
+
+def null_steps(state) -> jax.Array:
+  """The null steps the step rules in ``state`` counted (every ``num_null_steps`` field,
+  summed; 0 for optimizers without a step rule): where a resumed run's count goes on."""
+  return _total(state, "num_null_steps")
+
+
+def nonfinite_trials(state) -> jax.Array:
+  """Trials since the last accepted update where f or grad f was not finite (every
+  ``nonfinite_run`` field, summed: hdm_optax's ``info``; 0 for other optimizers)."""
+  return _total(state, "nonfinite_run")
 
 
 def calls_in_update(old_state, new_state):

@@ -42,7 +42,14 @@ class Status(enum.IntEnum):
       projected gradient ``||P(params - grad f) - params||_inf <= tol`` (L-BFGS-B's pgtol).
     CONVERGED_FTOL: the relative decrease of f along an update that moved the iterate,
       ``(f_k - f_{k+1}) / max(|f_k|, |f_{k+1}|, 1)``, is at most ``ftol`` (L-BFGS-B's
-      ``ftol``; :func:`hdm_optax.minimize`).
+      ``ftol``; :func:`hdm_optax.minimize`), and every trial since the previous accepted
+      update had a finite f and grad f.
+    FTOL_AT_NON_FINITE: that relative decrease is at most ``ftol``, but a trial since the
+      previous accepted update met a non-finite f or grad f (an hdm_optax method reports
+      it in ``info.nonfinite_run``): the step was cut short by the edge of the region where
+      f is finite, so the run stopped there without converging (``converged`` False;
+      ``grad_norm`` is the gradient's at the returned point). Where the minimum lies on
+      that edge, state it as bounds.
   """
 
   CONVERGED = 0
@@ -53,6 +60,7 @@ class Status(enum.IntEnum):
   UNBOUNDED = 5
   CONVERGED_IN_BOX = 6
   CONVERGED_FTOL = 7
+  FTOL_AT_NON_FINITE = 8
 
   @property
   def message(self) -> str:
@@ -87,6 +95,10 @@ _MESSAGES = {
   "gradient)",
   Status.CONVERGED_FTOL: "converged: (f_k - f_k+1) / max(|f_k|, |f_k+1|, 1) <= ftol (the "
   "relative decrease of f)",
+  Status.FTOL_AT_NON_FINITE: "not converged: f decreased by at most ftol, but the trials "
+  "before the last update met a non-finite f or grad f, so the run stopped at the edge of "
+  "the region where f is finite, not at a minimum (if the minimum lies on that edge, give "
+  "it as bounds)",
 }
 
 

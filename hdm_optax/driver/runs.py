@@ -23,6 +23,7 @@ import numpy as np
 
 from hdm_optax import _gating
 from hdm_optax.driver import hooks as hooks_lib
+from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
 from hdm_optax.driver.engine import RUNNING
@@ -81,7 +82,8 @@ def _record(trace: Trace, s: LoopState) -> Trace:
 def _ordered(trace: Trace, s: LoopState) -> Trace:
   """The ring in step order: the last ``size`` entries, then the final one repeated."""
   size = trace.value.shape[0]
-  first = jnp.maximum(0, s.num_steps - size + 1)
+  begun = jnp.min(trace.step) if size else 0  # the step the run began at (resumed: not 0)
+  first = jnp.maximum(begun, s.num_steps - size + 1)
   steps = jnp.minimum(first + jnp.arange(size, dtype=s.num_steps.dtype), s.num_steps)
   ordered = jax.tree.map(lambda a: a[steps % max(size, 1)], trace)
   after = first + jnp.arange(size, dtype=s.num_steps.dtype) > s.num_steps
@@ -95,11 +97,14 @@ class Program(NamedTuple):
     trace_size: the number of trace entries kept (the last ones).
     hook: the :class:`~hdm_optax.driver.hooks.Hook` (callback, progress), or ``None``.
     has_aux: ``fun`` returns ``(value, aux)``; aux is evaluated once at the end.
+    watch: the run asks the host about Ctrl-C between chunks of steps
+      (:func:`hdm_optax.driver.interrupts.chunked`; the handle's ``watch``).
   """
 
   trace_size: int = 0
   hook: Optional[hooks_lib.Hook] = None
   has_aux: bool = False
+  watch: bool = False
 
 
 # The trace a run keeps by default (one run, outside jax.vmap): its last 1024 entries at most.
@@ -142,7 +147,8 @@ _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arr
 def _begin(make, program: Program, handle, member, params, opt_state, index) -> _Carry:
   s = make(member)[0].start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle, index))
+  hook = hooks_lib.begin(program.hook, None if handle is None else handle.hook, index)
+  return _Carry(_without_cached_grad(s), trace, hook)
 
 
 def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Carry:
@@ -203,12 +209,16 @@ class Steps(NamedTuple):
       (the stop rule's ``max_steps``).
     stop: ``stop(member, carry, halt) -> carry``: a run still going on ends ``STOPPED``
       where ``halt`` holds (the stop rule's halt).
+    chunked: ``chunked(primitive, steps_of) -> primitive``: ``primitive`` in chunks with a
+      Ctrl-C check between them (:func:`hdm_optax.driver.interrupts.chunked`), or ``None``
+      where the run is not checked.
   """
 
   running: Callable[[_Carry], jax.Array]
   body: Callable[..., _Carry]
   room: Callable[[Any, _Carry, int], jax.Array]
   stop: Callable[[Any, _Carry, Any], _Carry]
+  chunked: Optional[Callable[..., Any]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,9 +236,9 @@ class Blocks:
   """Blocks of ``check_every`` steps per test of the ``while_loop`` condition.
 
   The steps of a block run unmasked and the rule is evaluated after each; once it held
-  inside a block, the run goes on step by step from that block's start, so the result,
-  counts and trace are those of a test at every step (the block's steps after the stop
-  are computed and discarded). No block runs past ``max_steps``: where the budget leaves
+  before a block's last step, the run goes on step by step from that block's start, so the
+  result, counts and trace are those of a test at every step (the block's steps after the
+  stop are computed and discarded). No block runs past ``max_steps``: where the budget leaves
   less than a block, the last steps are tested one by one.
   """
 
@@ -241,17 +251,18 @@ class Blocks:
     def block(c):
       current, _, _ = c
 
-      def one(_, inner):
+      def one(i, inner):
         carry, held = inner
         carry = body(carry)
-        return carry, held | ~running(carry)
+        # A stop at the block's last step needs no replay: the block's end is that step.
+        return carry, held | (~running(carry) & (i < self.check_every - 1))
 
       end, held = jax.lax.fori_loop(0, self.check_every, one, (current, jnp.asarray(False)))
       return end, current, held
 
     def more(c):
       current, _, held = c
-      return ~held & steps.room(member, current, self.check_every)
+      return ~held & running(current) & steps.room(member, current, self.check_every)
 
     end, start, held = jax.lax.while_loop(more, block, (carry, carry, ~running(carry)))
     carry = jax.lax.cond(held, lambda: start, lambda: end)
@@ -329,10 +340,22 @@ class Staged:
       return jnp.any(converged(part.state.status))
 
     def stage(rows, part, later, stopped):
-      def go(part):
+      def go(counted):
+        part = counted[0]
         return (jnp.sum(jax.vmap(steps.running)(part)) > later) & ~stopped & ~first(part)
 
-      return jax.lax.while_loop(go, lambda part: jax.vmap(advance)(rows, part), part)
+      def step(rows, counted):
+        return jax.vmap(advance)(rows, counted[0]), counted[1] + 1
+
+      def halted(rows, counted, halt):  # Ctrl-C: every member still running ends STOPPED
+        stop = jax.vmap(steps.stop, in_axes=(0, 0, None))
+        return stop(rows, counted[0], halt), counted[1]
+
+      loop = While()
+      if steps.chunked is not None:  # the stage's iterations count the chunks
+        loop = steps.chunked(loop, lambda counted: counted[1])
+      whole = Steps(go, step, lambda *_: jnp.asarray(True), halted)
+      return loop(whole, rows, (part, jnp.zeros([], jnp.int32)))[0]
 
     later_sizes = self.sizes[1:] + (0,)
     batch = stage(members, batch, later_sizes[0], jnp.asarray(False))
@@ -373,7 +396,8 @@ def run(
     params: the starting point (a batch's: one row per member).
     opt_state: the optimizer state to resume, or ``None``.
     primitive: the loop.
-    handle: the hook's handle (:mod:`hdm_optax.driver.hooks`).
+    handle: the call's :class:`~hdm_optax.driver.hooks.Handle` (the hook's session, the
+      Ctrl-C check), or ``None``.
     first_member: the index of the batch's first member in the whole batch (for the hook).
 
   Returns:
@@ -386,6 +410,10 @@ def run(
     lambda member, carry, n: make(member)[0].room(carry.state, n),
     lambda member, carry, halt: carry._replace(state=make(member)[0].stop(carry.state, halt)),
   )
+  if program.watch:  # Ctrl-C checks between chunks of steps
+    steps = steps._replace(chunked=functools.partial(interrupts.chunked, watch=handle.watch))
+    if not primitive.batch:
+      primitive = steps.chunked(primitive, lambda carry: carry.state.num_steps)
   begin = functools.partial(_begin, make, program, handle)
   end = functools.partial(_end, make, program)
   index = None

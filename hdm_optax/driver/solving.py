@@ -15,6 +15,8 @@ from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import programs
+from hdm_optax.driver import resuming
+from hdm_optax.driver import separate
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
@@ -115,8 +117,13 @@ def solve(
       as keywords (``tol=1e-6, max_steps=500``), each replacing its default (1000 steps,
       the paper's budget; ``tol`` 1e-4; no ``ftol``): :class:`~hdm_optax.driver.limits.Limits`
       says what each means. :attr:`SolveResult.tol` is the threshold used.
-    init_state: resume from this state of the same optimizer (``result.state``); its box
-      is replaced by the optimizer's.
+    init_state: where to start: ``None`` (the optimizer's ``init``); a result of this
+      optimizer on this problem (``result``, or an exception's ``.result``) to resume the
+      run: ``init_params`` must be its params, the counts go on from its own (``max_steps``
+      and ``max_grad_evals`` count the whole run) and f and grad f at the params are the
+      result's (no call); or an optimizer state (``result.state``): a warm start from
+      ``init_params``, the counts from 0. A state's box is replaced by the optimizer's. The
+      three share one compiled program (docs/guide.md, "Resuming a run").
     fun_args: extra arguments of ``fun`` (e.g. the data).
     has_aux: ``fun`` returns ``(value, aux)``; ``aux`` at the final params is in
       :attr:`SolveResult.aux` (one more evaluation of ``fun``, counted).
@@ -165,13 +172,36 @@ def solve(
   inputs = (init_params, tuple(fun_args), init_state, limits.tol, limits.rtol)
   found = programs.tracers(inputs)
   kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
-  program = runs.Program(kept, hook, bool(has_aux))
-  key, arrays, closed, args = programs.prepare(optimizer, fun, init_params, fun_args)
+  key, arrays, closed, args, shape = programs.prepare(optimizer, fun, init_params, fun_args)
+  start = resuming.start_of(init_state, init_params, shape)
+  dynamic = (arrays, init_params, args, start, limits)
+  watch = hook is None and not isinstance(primitive, runs.Scan) and hooks.watchable(dynamic)
+  program = runs.Program(kept, hook, bool(has_aux), watch)
   statics = (key, closed, program, primitive, adjoint)
-  dynamic = (arrays, init_params, args, init_state, limits)
+
+  make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
+  if not found and separate.chosen(
+    _solve_entry, statics, dynamic, program_=program, host=make_oracle.host
+  ):
+    options = programs.compiler_options((init_params, init_state))
+    result = separate.run(
+      optimizer,
+      make_oracle,
+      init_params,
+      limits=limits,
+      program_=program,
+      primitive=primitive,
+      init_state=init_state,
+      callback=callback,
+      progress=progress,
+      options=options,
+      key=key,
+    )
+    return runs.cut_trace(result, shown)
 
   def run(handle):
     return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=bool(found))
 
-  result = hooks.watched(run, callback, progress, traced=bool(found))
+  named = programs.program_key(_solve_entry, statics, dynamic) if watch else None
+  result = hooks.watched(run, callback, progress, watch=watch, key=named)
   return runs.cut_trace(result, shown)

@@ -279,6 +279,7 @@ def _step(c: _AGD, state, params, value, grad, oracle):
       accepted=accepted,
       hypergrad_norm=_blocks.norm(hypergrad),
       calls=3,
+      finite=pre_ok & _numerics.all_finite(lip_value, lip_grad),
     ),
   )
   step = _numerics.keep_if(

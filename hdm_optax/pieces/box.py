@@ -128,6 +128,13 @@ def _side(name: str, bound, params, open_value: float):
     value = _concrete(b)
     if value is not None and np.any(np.isnan(value)):
       raise ValueError(f"{name} contains NaN; use -inf / +inf (or None) for an open side.")
+    if value is not None and np.any(value == -open_value):
+      at = tuple(int(i) for i in np.argwhere(value == -open_value)[0]) if value.ndim else ()
+      raise ValueError(
+        f"{name} is {-open_value:+} at index {at}: no finite x satisfies "
+        f"x {'>=' if open_value < 0 else '<='} {-open_value:+}; use {open_value:+} or None "
+        "for an open side."
+      )
     out.append(jnp.asarray(b, dtype))
   return jax.tree.unflatten(treedef, out)
 

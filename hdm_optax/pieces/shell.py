@@ -410,5 +410,6 @@ def _next_state(parts: _Parts, state, packed, learned, verdict, trial, seen, ctx
       hypergrad_norm=jnp.zeros([], dtype) if hypergrad_norm is None else hypergrad_norm,
       calls=trial.calls,
       uphill=_uphill(seen, ctx.updates, accepted) if ctx.updates is not ctx.grad else False,
+      finite=trial.finite,
     ),
   )

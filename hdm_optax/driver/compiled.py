@@ -1,0 +1,203 @@
+"""The library's compiled programs, kept up to a bound, least recently used out.
+
+Every program a front door compiles (the fused run of a method and an objective, the
+method's own program, an objective's value and gradient) is held here, keyed on what it
+was built from and the abstract values (shapes, dtypes, weak types) of its arguments. The
+cache holds at most :func:`cache_size` programs (``HDM_OPTAX_CACHE_SIZE``, default
+:data:`DEFAULT_SIZE`); the least recently used goes first. :func:`clear_caches` empties it
+and JAX's own caches, so that the memory of the executables is returned.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Any, Callable, Hashable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = (
+  "DEFAULT_SIZE",
+  "abstract",
+  "cache_size",
+  "clear_caches",
+  "lookup",
+  "prepare",
+  "set_cache_size",
+)
+
+# Programs kept at most (a method's program on a CPU holds a few MB of code).
+DEFAULT_SIZE = 64
+
+
+def _size_from_environment() -> int:
+  text = os.environ.get("HDM_OPTAX_CACHE_SIZE", "")
+  try:
+    size = int(text) if text else DEFAULT_SIZE
+  except ValueError:
+    raise ValueError(
+      f"HDM_OPTAX_CACHE_SIZE must be an int >= 1 (programs kept), got {text!r}; unset it "
+      f"for the default {DEFAULT_SIZE}."
+    ) from None
+  return max(size, 1)
+
+
+class _Programs:
+  """An LRU map from keys to compiled programs (thread-safe)."""
+
+  def __init__(self, size: int):
+    self.size = size
+    self.entries: collections.OrderedDict = collections.OrderedDict()
+    self.lock = threading.RLock()
+    self.compiles = 0
+
+  def get(self, key):
+    with self.lock:
+      program = self.entries.get(key)
+      if program is not None:
+        self.entries.move_to_end(key)
+      return program
+
+  def put(self, key, program) -> None:
+    with self.lock:
+      self.entries[key] = program
+      self.entries.move_to_end(key)
+      while len(self.entries) > self.size:
+        self.entries.popitem(last=False)
+
+
+_CACHE = _Programs(_size_from_environment())
+
+
+def _leaf_key(x) -> tuple:
+  if isinstance(x, jax.core.Tracer):
+    raise TypeError("a traced value has no compiled program of its own")
+  weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))
+  return (np.shape(x), jnp.result_type(x).name, weak)
+
+
+def abstract(tree) -> tuple:
+  """``tree``'s structure and the abstract value of each leaf, as a key."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return (treedef, tuple(map(_leaf_key, leaves)))
+
+
+def lookup(key: Hashable, build: Callable[[], Any]) -> Any:
+  """The program cached under ``key``, else ``build()``'s, cached (least recently used out).
+
+  A build of ``key`` under way (:func:`prepare`) is waited for, not started again.
+  """
+  program = _CACHE.get(key)
+  if program is not None:
+    return program
+  with _CACHE.lock:
+    pending = _PENDING.get(key)
+  if pending is not None:
+    pending.join()
+    program = _CACHE.get(key)
+    if program is not None:
+      return program
+  program = build()
+  with _CACHE.lock:
+    _CACHE.compiles += 1
+  _CACHE.put(key, program)
+  return program
+
+
+_PENDING: dict = {}
+
+
+def prepare(key: Hashable, build: Callable[[], Any]) -> None:
+  """Builds the program of ``key`` in a background thread (XLA's compile releases the GIL),
+  unless it is cached or under way; :func:`lookup` of ``key`` then waits for it."""
+
+  def work():
+    try:
+      program = build()
+    except Exception:  # pylint: disable=broad-except
+      program = None  # the foreground lookup builds it again and raises what it raises
+    with _CACHE.lock:
+      if program is not None:
+        _CACHE.compiles += 1
+        _CACHE.put(key, program)
+      _PENDING.pop(key, None)
+
+  with _CACHE.lock:
+    if key in _PENDING or key in _CACHE.entries:
+      return
+    thread = threading.Thread(target=work, name="hdm_optax compile", daemon=True)
+    _PENDING[key] = thread
+  thread.start()
+
+
+def building() -> bool:
+  """Whether a build is under way (:func:`prepare`)."""
+  with _CACHE.lock:
+    return bool(_PENDING)
+
+
+def wait() -> None:
+  """Waits for the builds under way (:func:`prepare`)."""
+  while True:
+    with _CACHE.lock:
+      pending = list(_PENDING.values())
+    if not pending:
+      return
+    for thread in pending:
+      thread.join()
+
+
+def peek(key: Hashable) -> Any:
+  """The program cached under ``key``, or ``None`` (it is then the most recently used)."""
+  return _CACHE.get(key)
+
+
+def store(key: Hashable, program: Any) -> None:
+  """Caches ``program`` under ``key``."""
+  _CACHE.put(key, program)
+
+
+def cache_size() -> int:
+  """The number of compiled programs the cache keeps at most."""
+  return _CACHE.size
+
+
+def set_cache_size(size: int) -> None:
+  """Keeps at most ``size`` compiled programs (the least recently used go first).
+
+  Raises:
+    ValueError: ``size`` is not an int >= 1.
+  """
+  if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+    raise ValueError(f"size must be an int >= 1 (programs kept), got {size!r}.")
+  with _CACHE.lock:
+    _CACHE.size = int(size)
+    while len(_CACHE.entries) > _CACHE.size:
+      _CACHE.entries.popitem(last=False)
+
+
+def count() -> int:
+  """The number of programs held now."""
+  return len(_CACHE.entries)
+
+
+def compiles() -> int:
+  """The number of programs built (compiled or loaded from disk) in this process, the builds
+  under way included (waited for)."""
+  wait()
+  return _CACHE.compiles
+
+
+def clear_caches() -> None:
+  """Releases every compiled program of the library, and JAX's caches (``jax.clear_caches``).
+
+  The memory the executables held is returned; the next call of a front door compiles its
+  program again (or loads it from the disk cache, :mod:`hdm_optax.driver.store`).
+  """
+  wait()
+  with _CACHE.lock:
+    _CACHE.entries.clear()
+  jax.clear_caches()

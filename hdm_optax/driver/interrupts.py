@@ -1,0 +1,222 @@
+"""Ctrl-C during a compiled run: the run stops within a fraction of a second and keeps its result.
+
+Python runs its SIGINT handler only between bytecodes of the main thread, and a compiled run
+is one call into XLA: without help, Ctrl-C would wait for the run's end and then lose the
+result. So for the duration of a front door's call (outside ``jax.jit``, ``jax.grad`` and
+``jax.vmap``, in the main thread, where the SIGINT handler is Python's default), the call
+installs a handler that only records the signal, with a wakeup socket that the C-level
+handler writes to at once (:func:`catching`), and the program asks the host, between
+chunks of steps (:func:`chunked`), whether a SIGINT came. The chunks are sized so that a
+check comes about every :data:`POLL_SECONDS` (the host measures the time per step and
+remembers it per program and shapes), so a check costs one host call per
+:data:`POLL_SECONDS`, not one per step. A run with a callback or a progress line checks
+at every step, in the same host call. Once a SIGINT is seen the run stops (status
+``STOPPED``), the call raises ``KeyboardInterrupt`` with the partial result in its
+``.result``, and the handler that was there before is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import signal
+import socket
+import threading
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ("ENABLED", "POLL_SECONDS", "catching", "chunked", "seen", "watching")
+
+# A run without a callback asks the host about Ctrl-C about this often.
+POLL_SECONDS = 0.2
+# False: programs compiled from now on have no check (Ctrl-C then waits for a run's end).
+ENABLED = True
+# The most steps between two checks (a chunk's size is int32).
+_MOST_STEPS = 1 << 30
+
+
+class _Signal:
+  """The process's SIGINT state while a front door's call is in progress."""
+
+  def __init__(self):
+    self.depth = 0
+    self.seen = False
+    self.previous = None
+    self.previous_fd = -1
+    self.reader: Optional[socket.socket] = None
+    self.writer: Optional[socket.socket] = None
+
+  def drain(self) -> bool:
+    """Whether the wakeup socket received a SIGINT (reading what it holds)."""
+    if self.reader is None:
+      return False
+    got = False
+    try:
+      while True:
+        data = self.reader.recv(256)
+        if not data:
+          break
+        got = got or signal.SIGINT in data
+    except (BlockingIOError, InterruptedError, OSError):
+      pass
+    return got
+
+
+_STATE = _Signal()
+_LOCK = threading.Lock()
+
+
+def _record(signum, frame):  # the handler while a call is in progress
+  del signum, frame
+  _STATE.seen = True
+
+
+def _can_install() -> bool:
+  return threading.current_thread() is threading.main_thread() and signal.getsignal(
+    signal.SIGINT
+  ) in (signal.default_int_handler, _record)
+
+
+@contextlib.contextmanager
+def catching(enabled: bool = True):
+  """While open, a SIGINT is recorded (:func:`seen`) instead of raising at once.
+
+  Installed only in the main thread and where SIGINT has Python's default handler (a
+  handler of the user's is left alone); nested calls share the outermost one's. The
+  handler and the wakeup file descriptor that were there before are restored on exit.
+  """
+  if not enabled or not _can_install():
+    yield False
+    return
+  with _LOCK:
+    outermost = _STATE.depth == 0
+    _STATE.depth += 1
+  if outermost:
+    _STATE.seen = False
+    if _STATE.reader is None:
+      _STATE.reader, _STATE.writer = socket.socketpair()
+      _STATE.reader.setblocking(False)
+      _STATE.writer.setblocking(False)
+    _STATE.drain()
+    _STATE.previous = signal.signal(signal.SIGINT, _record)
+    try:
+      _STATE.previous_fd = signal.set_wakeup_fd(_STATE.writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+      _STATE.previous_fd = None
+  try:
+    yield True
+  finally:
+    with _LOCK:
+      _STATE.depth -= 1
+      last = _STATE.depth == 0
+    if outermost or last:
+      if _STATE.previous_fd is not None:
+        signal.set_wakeup_fd(_STATE.previous_fd)
+      signal.signal(signal.SIGINT, _STATE.previous or signal.default_int_handler)
+
+
+def seen() -> bool:
+  """Whether a SIGINT came while :func:`catching` was open (in any thread's view)."""
+  if _STATE.depth == 0:
+    return False
+  _STATE.seen = _STATE.seen or _STATE.drain()
+  return _STATE.seen
+
+
+# --- the program side -----------------------------------------------------------------------
+
+
+class _Watch:
+  """One call's checks: the steps between them, and when the last one was."""
+
+  def __init__(self, key, steps: int):
+    self.key, self.steps, self.last, self.at = key, steps, time.perf_counter(), 0
+
+
+_WATCHES: dict = {}
+_IDS = itertools.count(1)
+# The steps between checks that the last call of a program (and shapes) ended with.
+_LEARNED: dict = {}
+_LEARNED_MOST = 256
+
+
+@contextlib.contextmanager
+def watching(key):
+  """Yields the ``watch`` argument of a watched program, an int32 ``[id, first_chunk]``.
+
+  ``key`` names the program and its shapes: the chunk size learned by its last call is the
+  first chunk of this one (1 for its first call, whose compile hides the extra checks, and
+  where ``key`` is ``None``). The last :data:`_LEARNED_MOST` keys are kept.
+  """
+  ident = next(_IDS)
+  steps = _LEARNED.get(key, 1) if key is not None else 1
+  _WATCHES[ident] = _Watch(key, steps)
+  try:
+    yield np.asarray([ident, steps], np.int32)
+  finally:
+    watch = _WATCHES.pop(ident)
+    if key is not None:
+      if len(_LEARNED) >= _LEARNED_MOST and key not in _LEARNED:
+        _LEARNED.pop(next(iter(_LEARNED)))
+      _LEARNED[key] = watch.steps
+
+
+def _poll(watch, steps):
+  """The host's answer after a chunk: the next chunk's steps, or 0 to stop (a SIGINT)."""
+  found = _WATCHES.get(int(np.asarray(watch).ravel()[0]))
+  if found is None:
+    return np.int32(_MOST_STEPS)
+  if seen():
+    return np.int32(0)
+  now, steps = time.perf_counter(), int(np.asarray(steps).ravel()[0])
+  done = max(steps - found.at, 1)
+  per_step = (now - found.last) / done
+  found.last, found.at = now, steps
+  found.steps = int(np.clip(POLL_SECONDS / max(per_step, 1e-9), 1, _MOST_STEPS))
+  return np.int32(found.steps)
+
+
+def chunked(primitive, steps_of, *, watch):
+  """``primitive`` run in chunks with a host check between them.
+
+  Args:
+    primitive: a run's loop, ``primitive(steps, member, carry)``
+      (:class:`hdm_optax.driver.runs.Steps`: ``running``, ``body``, ``room``, ``stop``).
+    steps_of: ``steps_of(carry)``: the steps made (int32).
+    watch: the int32 ``[id, first_chunk]`` of :func:`watching` (an argument of the program).
+
+  Returns:
+    The primitive of the same signature: each chunk is ``primitive`` until the run stops
+    or the chunk's steps are made (its ``running`` and ``room`` also ask that); after a
+    SIGINT the run ends ``STOPPED`` (``steps.stop``).
+  """
+
+  def run(steps, member, carry):
+    def chunk(inner):
+      carry, size = inner
+      limit = steps_of(carry) + size
+      within = steps._replace(
+        running=lambda c: steps.running(c) & (steps_of(c) < limit),
+        room=lambda m, c, more: steps.room(m, c, more) & (steps_of(c) + more <= limit),
+      )
+      carry = primitive(within, member, carry)
+      size = jax.lax.cond(steps.running(carry), lambda: _ask(watch, steps_of(carry)), lambda: size)
+      stopped = lambda c: steps.stop(member, c, jnp.asarray(True))
+      carry = jax.lax.cond(size == 0, stopped, lambda c: c, carry)
+      return carry, size
+
+    first = jnp.asarray(watch, jnp.int32)[1]
+    return jax.lax.while_loop(lambda inner: steps.running(inner[0]), chunk, (carry, first))[0]
+
+  run.batch = False
+  return run
+
+
+def _ask(watch, steps) -> Any:
+  return jax.pure_callback(
+    _poll, jax.ShapeDtypeStruct((), jnp.int32), watch, steps, vmap_method="expand_dims"
+  )

@@ -1,0 +1,270 @@
+"""The objective as a program of its own, called from the method's program on the host.
+
+A run on the *separate* path compiles the method's program once per shapes, dtypes and
+settings, and serves every objective from it: inside the program the objective is a
+:func:`function` whose value and gradient come from the host, through one dispatcher keyed by
+an integer handle passed as an argument (as :mod:`hdm_optax.driver.hooks` does for
+callbacks). On the host the handle names an :class:`Oracle`, opened for one call by
+:func:`serving`:
+
+- :class:`JaxOracle`: ``jax.value_and_grad`` of a JAX objective, compiled on its own
+  (``jax.jit``: the user's cost, as with SciPy), on the method's packed params;
+- :class:`HostOracle`: a NumPy ``fun`` (and ``jac``), called as SciPy calls it.
+
+The method's program then holds no user code or data: a new objective compiles only the
+objective, and a NumPy ``fun`` compiles nothing once the method's program exists.
+
+The host entry points are :class:`Site` objects: picklable, and called with flat NumPy
+arrays, so that a program that calls them can be kept on disk and reloaded in another
+process (:mod:`hdm_optax.driver.store`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax import _blocks
+from hdm_optax import _oracle
+from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import engine
+
+__all__ = ("HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
+
+
+class Oracle:
+  """What a handle names on the host: f and grad f on the method's params (flat arrays).
+
+  Subclasses implement :meth:`value_and_grad` and :meth:`value`. The arrays come and go
+  as the leaves of the method's params (the packed blocks of the user's params), in the
+  params' dtype.
+  """
+
+  def value_and_grad(self, leaves: list) -> tuple:
+    raise NotImplementedError
+
+  def value(self, leaves: list):
+    raise NotImplementedError
+
+
+class _Entry:
+  """An open oracle and the first exception it raised (re-raised by the front door)."""
+
+  __slots__ = ("oracle", "error")
+
+  def __init__(self, oracle: Oracle):
+    self.oracle = oracle
+    self.error: Optional[BaseException] = None
+
+
+_ORACLES: dict = {}
+_HANDLES = itertools.count(1)
+_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def serving(oracle: Oracle):
+  """Opens ``oracle`` for the programs run in the block; yields ``(handle, entry)``.
+
+  ``handle`` is an int32 scalar for the program's oracle argument; ``entry.error`` holds
+  the exception the oracle raised, if any (the program then ends with a runtime error,
+  and the caller raises this exception instead).
+  """
+  entry = _Entry(oracle)
+  with _LOCK:
+    handle = next(_HANDLES)
+    _ORACLES[handle] = entry
+  try:
+    yield np.int32(handle), entry
+  finally:
+    with _LOCK:
+      _ORACLES.pop(handle, None)
+
+
+class Site:
+  """A host entry point of the method's program: ``kind`` is ``"value_and_grad"`` or
+  ``"value"``, ``shapes`` the shapes of the params' leaves and ``dtype`` theirs.
+
+  Called with the handle and the params' leaves (NumPy arrays), it returns the flat tuple
+  of outputs: the value, then (for ``"value_and_grad"``) the gradient's leaves.
+  """
+
+  __slots__ = ("kind", "shapes", "dtype")
+
+  def __init__(self, kind: str, shapes: tuple, dtype: str):
+    self.kind, self.shapes, self.dtype = kind, tuple(map(tuple, shapes)), str(dtype)
+
+  def __reduce__(self):
+    return (Site, (self.kind, self.shapes, self.dtype))
+
+  def __eq__(self, other):
+    return isinstance(other, Site) and self.__reduce__() == other.__reduce__()
+
+  def __hash__(self):
+    return hash(self.__reduce__())
+
+  def out_shapes(self) -> tuple:
+    scalar = jax.ShapeDtypeStruct((), self.dtype)
+    if self.kind == "value":
+      return (scalar,)
+    return (scalar, *(jax.ShapeDtypeStruct(s, self.dtype) for s in self.shapes))
+
+  def __call__(self, handle, *leaves):
+    entry = _ORACLES.get(int(np.asarray(handle).reshape(-1)[0]))
+    if entry is None:
+      raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
+    try:
+      leaves = [np.asarray(x) for x in leaves]
+      if self.kind == "value":
+        outputs = (entry.oracle.value(leaves),)
+      else:
+        value, grads = entry.oracle.value_and_grad(leaves)
+        outputs = (value, *grads)
+    except BaseException as error:  # pylint: disable=broad-except
+      if entry.error is None:
+        entry.error = error
+      raise
+    return tuple(
+      np.asarray(out, self.dtype).reshape(shape.shape)
+      for out, shape in zip(outputs, self.out_shapes())
+    )
+
+
+def function(handle, like) -> Callable[[Any], jax.Array]:
+  """The objective inside the method's program: ``f(params)`` from the host oracle.
+
+  Args:
+    handle: the int32 handle (a traced argument of the program).
+    like: the params (or values of their shapes and dtype).
+
+  Returns:
+    ``f``, a ``jax.custom_vjp`` function: evaluated alone it makes one ``"value"`` call,
+    under ``jax.value_and_grad`` one ``"value_and_grad"`` call, whose gradient it returns.
+  """
+  leaves, treedef = jax.tree.flatten(like)
+  shapes = tuple(jnp.shape(x) for x in leaves)
+  dtype = jnp.result_type(leaves[0]).name
+  value_site, pair_site = Site("value", shapes, dtype), Site("value_and_grad", shapes, dtype)
+
+  def call(site, x):
+    # A caller may evaluate at another precision (optax's line search promotes float32
+    # params under x64): the objective was compiled for the params' dtype.
+    leaves = [jnp.asarray(v).astype(dtype) for v in jax.tree.leaves(x)]
+    return jax.pure_callback(site, site.out_shapes(), handle, *leaves)
+
+  @jax.custom_vjp
+  def f(x):
+    return call(value_site, x)[0]
+
+  def forward(x):
+    value, *grads = call(pair_site, x)
+    grads = [g.astype(jnp.result_type(v)) for g, v in zip(grads, jax.tree.leaves(x))]
+    return value, jax.tree.unflatten(treedef, grads)
+
+  def backward(grad, cotangent):
+    return (jax.tree.map(lambda g: cotangent * g, grad),)
+
+  f.defvjp(forward, backward)
+  return f
+
+
+class JaxOracle(Oracle):
+  """A JAX objective's value and gradient, compiled on its own (once per objective and shapes).
+
+  Args:
+    closed: the objective as traced at the call
+      (:class:`~hdm_optax.driver.programs.Closed`: ``closed(params, *args)``).
+    args: its arguments at this call.
+    like: the user's params (their pytree, shapes and dtype).
+    packed: the method's params are ``like`` packed into blocks (:mod:`hdm_optax._blocks`).
+    options: XLA's compiler options for its programs.
+  """
+
+  def __init__(self, closed, args: tuple, like, packed: bool, options=None):
+    self._args, self._options = args, options or {}
+    packing = _blocks.Packing(like if packed else None)
+    method_params = _blocks.pack(like) if packing.on else like
+    method_def = jax.tree.structure(method_params)
+
+    def objective(leaves, args):
+      return closed(packing.unpack(jax.tree.unflatten(method_def, leaves)), *args)
+
+    def pair(leaves, args):  # the engine's checks of what fun returns, then its value's dtype
+      fun = lambda leaves: objective(leaves, args)
+      value, grads = _oracle.value_and_grad(fun, leaves, name="fun")
+      engine.check_value_dtype(value, like)
+      return value, grads
+
+    leaves = [
+      jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(method_params)
+    ]
+    options_key = tuple(sorted(self._options.items()))
+    key = (closed, packed, compiled_lib.abstract((leaves, args)), options_key)
+    self._key, self._leaves, self._objective = key, leaves, objective
+    self._pair = self._program("value_and_grad", pair)
+    self._value = None
+
+  def _program(self, kind: str, fun: Callable):
+    build = lambda: jax.jit(fun).lower(self._leaves, self._args).compile(self._options or None)
+    return compiled_lib.lookup(("objective", kind, self._key), build)
+
+  def value_and_grad(self, leaves):
+    value, grads = self._pair(leaves, self._args)
+    return value, [np.asarray(g) for g in grads]
+
+  def value(self, leaves):
+    if self._value is None:
+      self._value = self._program("value", self._objective)
+    return self._value(leaves, self._args)
+
+
+class HostOracle(Oracle):
+  """A NumPy objective, called as SciPy calls it.
+
+  Args:
+    pair: ``pair(x) -> (value, grad)`` on the user's params (NumPy arrays).
+    value: ``value(x) -> value`` (``None``: the pair's value).
+    like: the user's params (their pytree, shapes and dtype).
+    packed: the method's params are ``like`` packed into blocks (:mod:`hdm_optax._blocks`).
+  """
+
+  def __init__(self, pair: Callable, value: Optional[Callable], like, packed: bool):
+    self._pair, self._value = pair, value
+    leaves, self._treedef = jax.tree.flatten(like)
+    self._shapes = [np.shape(x) for x in leaves]
+    self._groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+
+  def _params(self, blocks):
+    out = [None] * len(self._shapes)
+    for block, group in zip(blocks, self._groups):
+      if len(group) == 1:
+        out[group[0]] = block.reshape(self._shapes[group[0]])
+        continue
+      start = 0
+      for i in group:
+        size = int(np.prod(self._shapes[i], dtype=np.int64))
+        out[i] = block[start : start + size].reshape(self._shapes[i])
+        start += size
+    return jax.tree.unflatten(self._treedef, [np.array(x) for x in out])
+
+  def _blocks_of(self, tree):
+    leaves = self._treedef.flatten_up_to(tree)
+    return [
+      np.asarray(leaves[g[0]]) if len(g) == 1 else np.concatenate([np.ravel(leaves[i]) for i in g])
+      for g in self._groups
+    ]
+
+  def value_and_grad(self, leaves):
+    value, grad = self._pair(self._params(leaves))
+    return value, self._blocks_of(grad)
+
+  def value(self, leaves):
+    if self._value is None:
+      return self._pair(self._params(leaves))[0]
+    return self._value(self._params(leaves))

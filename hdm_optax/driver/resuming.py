@@ -1,0 +1,159 @@
+"""Where a run starts: fresh, warm (from an optimizer state) or resumed (from a result).
+
+The start is an argument of the run's program (:class:`Resume`), so a fresh run, a warm
+start and a resumed run share one compiled program. A resumed run goes on from its
+result: from ``result.params`` with ``result.state``, its counts going on from the
+result's, and f and grad f at the params taken from the optimizer's cache where it keeps
+one (docs/guide.md, "Resuming a run").
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
+from hdm_optax.driver.results import SolveResult
+
+__all__ = (
+  "FRESH",
+  "RESUME",
+  "WARM",
+  "Resume",
+  "batch_start",
+  "check_params",
+  "result_of",
+  "start_of",
+)
+
+# Resume.mode: a fresh run, one from an optimizer state (a warm start), a resumed run.
+FRESH, WARM, RESUME = 0, 1, 2
+
+
+class Resume(NamedTuple):
+  """Where a run starts, as an argument of its program.
+
+  Attributes:
+    opt_state: the optimizer state to start from: a placeholder of its shapes (zeros) where
+      ``mode`` is :data:`FRESH` (the run takes ``optimizer.init``), the state given where it
+      is :data:`WARM` or :data:`RESUME`; ``None``: a fresh run with no placeholder.
+    num_steps: the steps made so far (0 unless resumed), and so on for each count:
+    num_value_evals: objective evaluations so far.
+    num_grad_evals: gradient evaluations so far.
+    null_run: null steps in a row up to the last step.
+    num_null_steps: null steps so far.
+    mode: :data:`FRESH`, :data:`WARM` (an optimizer state: the counts start at 0, f and grad
+      f are evaluated) or :data:`RESUME` (a result: the counts go on, and f and grad f at
+      the params are the optimizer cache's, where it keeps one: no call).
+  """
+
+  opt_state: Any
+  num_steps: Any
+  num_value_evals: Any
+  num_grad_evals: Any
+  null_run: Any
+  num_null_steps: Any
+  mode: Any
+
+  @classmethod
+  def of(cls, opt_state, mode=WARM, **counts) -> "Resume":
+    """A :class:`Resume` of ``opt_state`` (``None``: fresh), the counts 0 unless given."""
+    fields = dict.fromkeys(cls._fields[1:-1], 0)
+    fields.update(counts, mode=mode)
+    return cls(opt_state, **{k: np.int32(v) for k, v in fields.items()})
+
+
+def result_of(init_state) -> Optional[Any]:
+  """``init_state`` where it is a result (a :class:`SolveResult`, or a result with its fields
+  such as ``minimize``'s, or a sweep's ``results``), else ``None``."""
+  init_state = getattr(init_state, "results", init_state)
+  fields = getattr(type(init_state), "_fields", ())
+  return init_state if set(SolveResult._fields) <= set(fields) else None
+
+
+def _counts(result) -> dict:
+  """A result's counts, which a resumed run goes on from."""
+  return dict(
+    num_steps=result.num_steps,
+    num_value_evals=result.num_value_evals,
+    num_grad_evals=result.num_grad_evals,
+    null_run=result.null_run,
+    num_null_steps=protocol.null_steps(result.state),
+  )
+
+
+def start_of(init_state, init_params, shape) -> Resume:
+  """The start of one run: fresh (a placeholder of the state's ``shape``, ``jax.eval_shape``
+  of ``optimizer.init``), a warm start from a state, or a resumed result."""
+  if init_state is None:
+    return Resume.of(_zeros(jax.tree.structure(shape), _avals(shape)), FRESH)
+  result = result_of(init_state)
+  if result is None:
+    return Resume.of(_like(init_state, shape), WARM)
+  check_params(init_params, result.params)
+  counts = _counts(result)
+  counts = {k: v if programs.tracers(v) else np.int32(np.asarray(v)) for k, v in counts.items()}
+  return Resume.of(_like(result.state, shape), RESUME, **counts)
+
+
+def batch_start(init_state):
+  """A batch's start: ``None``, the members' optimizer states (a warm start), or a batched
+  result whose runs each member resumes (a :class:`Resume` with a row per member)."""
+  result = result_of(init_state)
+  if result is None:
+    return init_state
+  rows = np.shape(result.num_steps)[0]
+  counts = dict(_counts(result), mode=np.full(rows, RESUME))
+  counts = {k: jnp.broadcast_to(jnp.asarray(v, jnp.int32), (rows,)) for k, v in counts.items()}
+  return Resume(opt_state=result.state, **counts)
+
+
+def _avals(shape) -> tuple:
+  return tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in jax.tree.leaves(shape))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _zeros(treedef, avals):
+  """A placeholder state: zeros of these shapes (one dispatch, no transfer)."""
+  return jax.tree.unflatten(treedef, [jnp.zeros(shape, dtype) for shape, dtype in avals])
+
+
+def _like(state, shape):
+  """``state`` with weakly typed leaves made strong (a weakly typed scalar of the right dtype
+  would make another program); a leaf of another dtype or shape stays as it is, and the
+  program's check names it (:func:`hdm_optax.driver.protocol.with_box_of`)."""
+  if jax.tree.structure(state) != jax.tree.structure(shape):
+    return state
+  weak = lambda a, s: getattr(a, "weak_type", False) and jnp.result_type(a) == s.dtype
+  return jax.tree.map(lambda a, s: jnp.asarray(a, s.dtype) if weak(a, s) else a, state, shape)
+
+
+def check_params(params, resumed) -> None:
+  """A resumed run starts where its result ended: ``init_params`` must be its params.
+
+  Raises:
+    ValueError: ``params`` of another structure, or other values, than ``resumed``.
+  """
+  leaves, given = jax.tree.leaves(resumed), jax.tree.leaves(params)
+  if jax.tree.structure(resumed) != jax.tree.structure(params):
+    raise ValueError(
+      "init_state is a result, which resumes its run from its params, but init_params has "
+      f"another structure ({jax.tree.structure(params)} against "
+      f"{jax.tree.structure(resumed)}); pass init_params=result.params, or "
+      "init_state=result.state for a warm start from other params."
+    )
+  for a, b in zip(given, leaves):
+    if a is b or programs.tracers((a, b)):
+      continue
+    if np.shape(a) != np.shape(b) or not np.array_equal(np.asarray(a), np.asarray(b)):
+      raise ValueError(
+        "init_state is a result, which resumes its run from its params (f and grad f there "
+        "are the result's), but init_params differ from result.params; pass "
+        "init_params=result.params to resume, or init_state=result.state for a warm start "
+        "from these params (f is evaluated there, the counts start at 0)."
+      )

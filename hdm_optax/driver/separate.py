@@ -1,0 +1,325 @@
+"""The separate path: the method's program, compiled once per shapes and settings, and the
+objective compiled on its own.
+
+:func:`run` runs the engine's loop (:func:`hdm_optax.driver.runs.run`) in a program that
+holds the optimizer and the limits but not the objective: its objective is
+:func:`hdm_optax.driver.oracle.function`, which reaches the user's objective on the host
+through a handle. The program is keyed on what the library owns (the optimizer's
+configuration, the shapes and dtypes of the params, the run's static choices), so every
+objective of those shapes reuses it; the objective costs its own compile (a JAX ``fun``) or
+none (a NumPy ``fun``).
+
+An hdm_optax transformation runs on the params packed into a few flat blocks
+(:mod:`hdm_optax._blocks`): its program does not grow with the leaves of the params, which
+appear only in the objective's program. The result comes back in the params' layout.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hdm_optax import _blocks
+from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import engine
+from hdm_optax.driver import hooks
+from hdm_optax.driver import oracle as oracle_lib
+from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
+from hdm_optax.driver import resuming
+from hdm_optax.driver import runs
+from hdm_optax.driver import store
+from hdm_optax.pieces import box as box_lib
+
+__all__ = ("SEPARATE_RUNS", "Layout", "chosen", "method_optimizer", "oracle_maker", "run")
+
+
+def _is_box(node) -> bool:
+  return isinstance(node, box_lib.Box)
+
+
+class Layout:
+  """The user's params and the method's view of them: packed blocks, or the params as they
+  are (``Layout(None)``; also for params of one leaf)."""
+
+  def __init__(self, params):
+    self.packing = _blocks.Packing(params)
+    self.on = self.packing.on
+    self.blocks = _blocks.pack(params) if self.on else None
+    self._blocks_def = jax.tree.structure(self.blocks)
+    self._blocks_avals = [(jnp.shape(b), jnp.result_type(b)) for b in jax.tree.leaves(self.blocks)]
+
+  def _like_blocks(self, node) -> bool:
+    if jax.tree.structure(node) != self._blocks_def:
+      return False
+    return [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(node)] == self._blocks_avals
+
+  def to_method(self, tree):
+    """``tree`` with its subtrees shaped like the params packed (a box left as it is)."""
+    if not self.on:
+      return tree
+    is_leaf = lambda n: _is_box(n) or self.packing._like_params(n)  # pylint: disable=protected-access
+    pack = lambda n: n if _is_box(n) or not self.packing._like_params(n) else _blocks.pack(n)  # pylint: disable=protected-access
+    return jax.tree.map(pack, tree, is_leaf=is_leaf)
+
+  def to_user(self, tree, box=None):
+    """``tree`` with its subtrees shaped like the blocks unpacked, and its box ``box``."""
+    if not self.on:
+      return tree
+    is_leaf = lambda n: _is_box(n) or self._like_blocks(n)
+
+    def back(node):
+      if _is_box(node):
+        return box
+      return self.packing.unpack(node) if self._like_blocks(node) else node
+
+    return jax.tree.map(back, tree, is_leaf=is_leaf)
+
+
+def _numeric(value) -> bool:
+  return isinstance(value, (jax.Array, np.ndarray, np.generic, int, float)) and not isinstance(
+    value, bool
+  )
+
+
+def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
+  """``(optimizer on the method's params, layout)``.
+
+  An hdm_optax transformation whose array arguments are numbers or shaped like the params
+  (a box's sides) is rebuilt from its factory with those arguments packed, and runs on the
+  packed params; any other optimizer runs on the params as they are.
+  """
+  configuration = getattr(optimizer, "configuration", None)
+  layout = Layout(params)
+  if not layout.on:
+    return optimizer, layout
+  if not isinstance(optimizer, programs.ConfiguredTransformation) or configuration is None:
+    return optimizer, Layout(None)
+  arguments = {}
+  for name, value in configuration.arguments.items():
+    numbers = [x for x in jax.tree.leaves(value) if _numeric(x)]
+    if layout.packing._like_params(value):  # pylint: disable=protected-access
+      arguments[name] = _blocks.pack(value)
+    elif all(np.ndim(x) == 0 for x in numbers):
+      arguments[name] = value
+    else:  # a pytree of per-leaf bounds: no packed counterpart
+      return optimizer, Layout(None)
+  return configuration.factory(**arguments), layout
+
+
+def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
+  """The method's program: the engine's run with the host oracle (``site``'s) as its
+  objective; ``handle`` is the call's :class:`~hdm_optax.driver.hooks.Handle`."""
+  fun = oracle_lib.function(site, x0)
+  loop_ = engine.make_loop(key.build(arrays), fun, limits)
+  make = lambda member: (loop_, fun)
+  return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
+
+
+_JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
+
+
+# Programs compiled here and not yet written to the store (written from the caller's thread
+# once no build is under way: serializing an executable while another compiles can crash).
+_UNSAVED: list = []
+
+
+def program(statics: tuple, dynamic: tuple, options: dict, background: bool = False):
+  """The method's compiled program for ``statics`` and the abstract values of ``dynamic``:
+  from the cache, the disk (:mod:`hdm_optax.driver.store`, read in the caller's thread) or
+  compiled (and stored later, :func:`_save_unsaved`). ``background``: start the compile in
+  a thread (unless the store holds the program) and return ``None``."""
+  key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
+  stored = store.describe(key)
+
+  def compile_():
+    program = _JIT.lower(*statics, *dynamic).compile(options or None)
+    if stored is not None:
+      del _UNSAVED[: max(len(_UNSAVED) - 3, 0)]  # at most 4 wait (not storing one is harmless)
+      _UNSAVED.append((stored, program))
+    return program
+
+  if background:
+    return None if store.holds(stored) else compiled_lib.prepare(key, compile_)
+  return compiled_lib.lookup(key, lambda: store.load(stored) or compile_())
+
+
+def _save_unsaved() -> None:
+  """Writes the programs compiled since the last call to the store, where no build is under
+  way."""
+  while _UNSAVED and not compiled_lib.building():
+    store.save(*_UNSAVED.pop())
+
+
+def _box_of(optimizer, params) -> Optional[box_lib.Box]:
+  configuration = getattr(optimizer, "configuration", None)
+  arguments = {} if configuration is None else configuration.arguments
+  if arguments.get("lower") is None and arguments.get("upper") is None:
+    return None
+  return box_lib.make_box(params, arguments.get("lower"), arguments.get("upper"))
+
+
+def run(
+  optimizer,
+  make_oracle,
+  x0,
+  *,
+  limits,
+  program_: runs.Program,
+  primitive,
+  init_state=None,
+  callback=None,
+  progress: bool = False,
+  options: Optional[dict] = None,
+  key=None,
+):
+  """Minimizes an objective from ``x0`` with ``optimizer`` on the separate path.
+
+  ``make_oracle(packed)`` returns the :class:`~hdm_optax.driver.oracle.Oracle` of the
+  objective on the method's params (``packed``: the params packed into blocks); ``key``,
+  the optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey` at ``x0`` where the
+  front door has it (it is made again for packed params).
+
+  Returns:
+    The :class:`~hdm_optax.driver.results.SolveResult` in the params' layout.
+
+  Raises:
+    The exception the objective raised, if any; the callback's, with the partial result
+    as its ``.result``.
+  """
+  method, layout = method_optimizer(optimizer, x0)
+  x = _blocks.pack(x0) if layout.on else x0
+  if key is None or layout.on:
+    key = programs.OptimizerKey(method, x)
+  start = _start(init_state, layout, method, x0, x)
+  dynamic = (key.arrays, x, start, limits)
+  placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
+  statics, options = (key, program_, primitive), options or {}
+  # The method's program builds in a thread while the objective's compiles here.
+  program(statics, (placeholder, np.int32(0), *dynamic), options, background=True)
+  oracle = make_oracle(layout.on)
+  compiled = program(statics, (placeholder, np.int32(0), *dynamic), options)
+  view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
+
+  def run_(handle):
+    with oracle_lib.serving(oracle) as (site, entry):
+      try:
+        result = jax.block_until_ready(compiled(handle, site, *dynamic))
+      except jax.errors.JaxRuntimeError:
+        if entry.error is not None:
+          raise entry.error from None
+        raise
+    return _to_user(result, layout, optimizer, x0)
+
+  named = ("method", statics, compiled_lib.abstract(dynamic))
+  watch = program_.watch
+  result = hooks.watched(run_, callback, progress, watch=watch, key=named, view=view)
+  _save_unsaved()
+  return result
+
+
+def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:
+  """Where the run starts (:func:`hdm_optax.driver.resuming.start_of`), in the method's
+  layout: a given state or result with its params-shaped nodes packed."""
+  result = resuming.result_of(init_state)
+  if layout.on and result is not None:
+    resuming.check_params(x0, result.params)  # named in the user's layout
+    init_state = result._replace(params=x, state=layout.to_method(result.state))
+  elif layout.on and init_state is not None:
+    init_state = layout.to_method(init_state)
+  return resuming.start_of(init_state, x, jax.eval_shape(method.init, x))
+
+
+def _to_user(result, layout: Layout, optimizer, x0):
+  if not layout.on:
+    return result
+  box = _box_of(optimizer, x0) if protocol.box_of(result.state) is not None else None
+  return result._replace(
+    params=layout.packing.unpack(result.params), state=layout.to_user(result.state, box)
+  )
+
+
+# Runs of one objective on the separate path before the fused program serves it (the second
+# compiles the fused program in the background).
+SEPARATE_RUNS = 2
+
+
+class _Sightings:
+  """How many times each fused program's key was asked for (the most recent ones)."""
+
+  def __init__(self, size: int = 1024):
+    self.size, self.counts = size, collections.OrderedDict()
+
+  def see(self, key) -> int:
+    count = self.counts.pop(key, 0) + 1
+    self.counts[key] = count
+    while len(self.counts) > self.size:
+      self.counts.popitem(last=False)
+    return count
+
+
+_SIGHTINGS = _Sightings()
+
+
+def chosen(entry, statics: tuple, dynamic: tuple, *, program_: runs.Program, host: bool) -> bool:
+  """Whether a front door's call runs on the separate path rather than ``entry``'s fused
+  program (``entry(*statics, handle, *dynamic)``).
+
+  The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device and
+  process, a NumPy ``fun`` (``host``) always does, and a JAX objective does for its first
+  :data:`SEPARATE_RUNS` runs (counted by the fused program's key: the objective's trace, the
+  optimizer, the shapes); the last of them compiles the fused program in the background,
+  which serves the later runs.
+  """
+  if program_.has_aux or engine.backend() != "cpu" or programs.staged():
+    return False
+  if programs.tracers(dynamic) or _spread(dynamic):
+    return False
+  try:
+    hash(statics)
+  except TypeError:
+    return False
+  if host:
+    return True
+  full = (hooks.Handle.like(program_.hook is not None, program_.watch), *dynamic)
+  key = programs.program_key(entry, statics, full)
+  if compiled_lib.peek(key) is not None:
+    return False
+  runs_so_far = _SIGHTINGS.see(key)
+  if runs_so_far == SEPARATE_RUNS:
+    options, abstract = programs.compiler_options(full), jax.tree.map(_abstract_value, full)
+    build = lambda: programs.jitted(entry).lower(*statics, *abstract).compile(options or None)
+    compiled_lib.prepare(key, build)
+  return runs_so_far <= SEPARATE_RUNS
+
+
+def _spread(tree) -> bool:
+  """Whether the run spans several devices or processes (the fused program shards it)."""
+  if jax.process_count() > 1:
+    return True
+  arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+  return any(len(x.sharding.device_set) > 1 for x in arrays)
+
+
+def _abstract_value(x):
+  weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))
+  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
+
+
+def oracle_maker(fun, closed, args, fun_args, like):
+  """``make_oracle(packed)`` of the objective: the host's own for a NumPy ``fun``
+  (:func:`hdm_optax.minimize`), else ``fun`` compiled on its own; ``make_oracle.host`` says
+  which."""
+  host = getattr(fun, "host_oracle", None)
+  if host is not None and host(fun_args, like, False) is not None:
+    make = lambda packed: host(fun_args, like, packed)
+    make.host = True
+    return make
+  options = programs.compiler_options((like, args))
+  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed, options=options)
+  make.host = False
+  return make

@@ -1,0 +1,341 @@
+"""The separate path: the method's program keyed on what the library owns, the objective on
+its own (docs/speed.md, "The first answer"), the bounded program cache and the store."""
+
+import gc
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import hdm_optax
+from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import programs
+from hdm_optax.driver import solving
+from hdm_optax.driver import store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _quadratic(x, a):
+  return 0.5 * jnp.sum(a * (x - 1.0) ** 2) + 0.1 * jnp.sum(x**4)
+
+
+def _tree_quadratic(p, a):
+  return _quadratic(p["u"], a[:4]) + _quadratic(p["v"].ravel(), a[4:])
+
+
+def _fused(optimizer, fun, x0, fun_args, **kw):
+  """The fused program: staged in the caller's jit."""
+  run = jax.jit(lambda x0, args: hdm_optax.solve(optimizer, fun, x0, fun_args=args, **kw))
+  return run(x0, fun_args)
+
+
+METHODS = {
+  "trial_lbfgs": lambda: hdm_optax.trial_lbfgs(),
+  "trial_lbfgs box": lambda: hdm_optax.trial_lbfgs(lower=-0.5, upper=0.9),
+  "hdm_auto": lambda: hdm_optax.hdm_auto(),
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=40.0),
+  "hdm_agd": lambda: hdm_optax.hdm_agd(lipschitz=40.0),
+  "osgm_best": lambda: hdm_optax.osgm_best(),
+  "optax.lbfgs": lambda: optax.lbfgs(),
+  "optax.adam": lambda: optax.adam(0.05),
+}
+
+
+@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("tree", [False, True], ids=["array", "pytree"])
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
+  """Same steps, calls and status; the params within the rounding of the few steps that
+  XLA may order differently in two programs (eps of the dtype times the steps made)."""
+  a = jnp.linspace(1.0, 30.0, 10, dtype=dtype)
+  if tree:
+    fun, x0 = _tree_quadratic, {"u": jnp.zeros(4, dtype), "v": jnp.zeros((2, 3), dtype)}
+  else:
+    fun, x0 = _quadratic, jnp.zeros(10, dtype)
+  kw = dict(max_steps=60, tol=1e-3 if dtype == jnp.float32 else 1e-7)
+  compiled_lib.clear_caches()
+  separate = hdm_optax.solve(METHODS[name](), fun, x0, fun_args=(a,), **kw)
+  fused = _fused(METHODS[name](), fun, x0, (a,), **kw)
+  for field in ("num_steps", "num_grad_evals", "num_value_evals", "status"):
+    assert int(getattr(separate, field)) == int(getattr(fused, field)), field
+  assert jax.tree.structure(separate.params) == jax.tree.structure(x0)
+  assert jax.tree.structure(separate.state) == jax.tree.structure(fused.state)
+  rtol = 64 * float(jnp.finfo(dtype).eps) * max(int(fused.num_steps), 1)
+  for got, want in zip(jax.tree.leaves(separate.params), jax.tree.leaves(fused.params)):
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+  np.testing.assert_allclose(separate.value, fun(separate.params, a), rtol=rtol)
+
+
+def test_a_resumed_state_of_the_separate_path_serves_either_path():
+  """result.state comes back in the params' layout: it resumes the fused run too."""
+  a = jnp.linspace(1.0, 30.0, 10)
+  x0 = {"u": jnp.zeros(4), "v": jnp.zeros((2, 3))}
+  opt = hdm_optax.trial_lbfgs(lower=-0.5)
+  compiled_lib.clear_caches()
+  first = hdm_optax.solve(opt, _tree_quadratic, x0, fun_args=(a,), max_steps=5, tol=0.0)
+  again = hdm_optax.solve(
+    opt, _tree_quadratic, first.params, fun_args=(a,), init_state=first.state, max_steps=30
+  )
+  fused = jax.jit(
+    lambda p, s: (
+      hdm_optax.solve(opt, _tree_quadratic, p, fun_args=(a,), init_state=s, max_steps=30).params
+    )
+  )(first.params, first.state)
+  np.testing.assert_allclose(again.params["v"], fused["v"], rtol=1e-12)
+  assert bool(again.converged)
+
+
+def test_a_numpy_fun_compiles_nothing_after_the_method_program():
+  """A new function, new data and a new x0 at every call: nothing compiles after the first."""
+
+  def make(seed):
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=(30, 5)), rng.normal(size=30)
+
+    def fun(x):
+      r = a @ x - b
+      return 0.5 * float(r @ r), a.T @ r
+
+    return fun, rng.normal(size=5), np.linalg.lstsq(a, b, rcond=None)[0]
+
+  fun, x0, _ = make(0)
+  hdm_optax.minimize(fun, x0, jac=True)
+  before = programs.compiled_count()
+  for seed in (1, 2, 3):
+    fun, x0, solution = make(seed)
+    res = hdm_optax.minimize(fun, x0, jac=True, options=dict(gtol=1e-10, ftol=0.0))
+    np.testing.assert_allclose(res.x, solution, rtol=1e-6, atol=1e-8)
+  assert programs.compiled_count() == before
+
+
+def test_a_new_jax_objective_compiles_only_the_objective():
+  a = jnp.linspace(1.0, 30.0, 10)
+  hdm_optax.solve(hdm_optax.trial_lbfgs(), _quadratic, jnp.zeros(10), fun_args=(a,))
+  counts = []
+  for power in (2, 4, 6):
+    before = programs.compiled_count()
+    fun = lambda x, a, power=power: jnp.sum(a * (x - 1.0) ** power)
+    res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(10), fun_args=(a,), tol=1e-6)
+    counts.append(programs.compiled_count() - before)
+    assert bool(res.converged)
+  assert counts == [1, 1, 1]  # the objective's value and gradient, the method's reused
+
+
+def test_the_fused_program_serves_the_runs_after_the_second():
+  """The rule (docs/speed.md): two runs on the separate path, the second compiles the fused
+  program in the background, the third runs it; every run gives the same answer."""
+  a = jnp.linspace(1.0, 5.0, 10)
+  fun = lambda x, a: jnp.sum(a * jnp.cosh(x - 0.5))
+  compiled_lib.clear_caches()
+  results = [
+    hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(10), fun_args=(a,), tol=1e-9)
+    for _ in range(4)
+  ]
+  compiled_lib.wait()
+  kinds = [key[0] for key in compiled_lib._CACHE.entries]  # pylint: disable=protected-access
+  assert kinds.count(solving._solve_entry) == 1  # pylint: disable=protected-access
+  assert kinds.count("method") == 1
+  for res in results[1:]:
+    assert int(res.num_steps) == int(results[0].num_steps)
+    np.testing.assert_allclose(res.params, results[0].params, rtol=1e-12)
+
+
+def test_the_cache_is_bounded_and_clear_caches_releases_the_programs():
+  size = hdm_optax.cache_size()
+  try:
+    hdm_optax.set_cache_size(3)
+    held = []
+    for power in range(2, 10):
+      fun = lambda x, power=power: jnp.sum((x - 1.0) ** power) + jnp.sum(x**2)
+      hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(3), max_steps=5, tol=0.0)
+      held.extend(weakref.ref(p) for p in compiled_lib._CACHE.entries.values())  # pylint: disable=protected-access
+      assert compiled_lib.count() <= 3
+    gc.collect()
+    assert any(ref() is None for ref in held)  # evicted programs are released
+    hdm_optax.clear_caches()
+    gc.collect()
+    assert compiled_lib.count() == 0
+    assert all(ref() is None for ref in held)
+  finally:
+    hdm_optax.set_cache_size(size)
+  with pytest.raises(ValueError, match="size must be an int >= 1"):
+    hdm_optax.set_cache_size(0)
+
+
+_CHILD = """
+import json, jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp, hdm_optax
+from hdm_optax.driver import store
+res = hdm_optax.minimize(lambda x: jnp.sum(jnp.arange(1.0, 5.0) * (x - 2.0) ** 2), jnp.zeros(4))
+print(json.dumps({"x": [float(v) for v in res.x], "counts": store.counts()}))
+"""
+
+
+def _child(folder):
+  env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=folder, PYTHONPATH=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, out.stderr
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_loads_the_method_program_from_the_store(tmp_path):
+  folder = str(tmp_path / "programs")
+  first, second = _child(folder), _child(folder)
+  assert first["counts"] == {"saved": 1, "loaded": 0}
+  assert second["counts"] == {"saved": 0, "loaded": 1}
+  assert first["x"] == second["x"]
+  np.testing.assert_allclose(first["x"], 2.0, rtol=1e-4)
+  assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+  for name in os.listdir(folder):
+    assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o077 == 0
+
+
+def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
+  target = tmp_path / "real"
+  target.mkdir(mode=0o700)
+  link = tmp_path / "link"
+  link.symlink_to(target)
+  shared = tmp_path / "shared"
+  shared.mkdir()
+  shared.chmod(0o777)
+  for folder, why in ((link, "symbolic link"), (shared, "writable by other users")):
+    monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE", str(folder))
+    with pytest.warns(UserWarning, match=why):
+      assert store.directory() is None
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE", "0")
+  assert store.directory() is None
+
+
+def test_a_stored_program_others_can_write_is_not_loaded(tmp_path):
+  folder = str(tmp_path / "programs")
+  _child(folder)
+  for name in os.listdir(folder):
+    os.chmod(os.path.join(folder, name), 0o666)
+  assert _child(folder)["counts"] == {"saved": 1, "loaded": 0}
+
+
+def test_a_numpy_funs_error_is_raised_as_itself():
+  def fun(x):
+    if x[0] > 0.5:
+      raise ArithmeticError("outside the model's domain")
+    return float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0)
+
+  with pytest.raises(ArithmeticError, match="outside the model's domain"):
+    hdm_optax.minimize(fun, np.zeros(3), jac=True)
+  res = hdm_optax.minimize(lambda x: (float(np.sum(x**2)), 2 * x), np.ones(3), jac=True)
+  assert res.success  # the oracle's table is clean after the error
+
+
+def test_a_callback_on_the_separate_path_sees_the_params_layout():
+  seen = []
+  x0 = {"u": jnp.zeros(4), "v": jnp.zeros((2, 3))}
+  a = jnp.linspace(1.0, 30.0, 10)
+  compiled_lib.clear_caches()
+  hdm_optax.solve(
+    hdm_optax.trial_lbfgs(),
+    _tree_quadratic,
+    x0,
+    fun_args=(a,),
+    max_steps=3,
+    tol=0.0,
+    callback=lambda s: seen.append(jax.tree.map(np.shape, s.params)),
+  )
+  assert seen == [{"u": (4,), "v": (2, 3)}] * 3
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["separate", "fused"])
+def test_each_objectives_debug_callback_gets_its_own_values(staged):
+  """Issue 55, item 2: the second objective's values went to the first one's callback."""
+  logs = {"a": [], "b": []}
+
+  def make(name):
+    def fun(x):
+      jax.debug.callback(lambda v: logs[name].append(float(v)), jnp.sum(x))
+      return jnp.sum((x - 1.0) ** 2)
+
+    return fun
+
+  for name in "ab":
+    call = lambda x0, name=name: (
+      hdm_optax.solve(hdm_optax.trial_lbfgs(), make(name), x0, max_steps=3, tol=0.0).value
+    )
+    (jax.jit(call) if staged else call)(jnp.zeros(2))
+    jax.effects_barrier()
+  assert len(logs["a"]) == len(logs["b"]) > 0
+
+
+def test_minimize_warns_once_in_32_bit_mode():
+  code = textwrap.dedent(
+    """
+    import warnings, numpy as np, hdm_optax
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for _ in range(2):
+        hdm_optax.minimize(lambda x: (float(np.sum((x - 1) ** 2)), 2 * (x - 1)), np.zeros(3), jac=True)
+    print(sum("jax_enable_x64" in str(w.message) for w in caught))
+    """
+  )
+  env = dict(os.environ, PYTHONPATH=ROOT, HDM_OPTAX_PROGRAM_CACHE="0", JAX_ENABLE_X64="0")
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip().splitlines()[-1] == "1"
+
+
+_RATE = [0.1]
+
+
+class _Holder:
+  rate = 0.1
+
+
+@pytest.mark.parametrize("where", ["global", "attribute", "schedule"])
+def test_what_an_optimizer_reads_at_the_call_is_in_its_key(where):
+  """Issue 55, item 1: a global or an attribute an optimizer's functions read, or a
+  function given to an hdm_optax factory, is read at each call (the oracle: a fresh
+  process, which traces anew: 0.729 after the first rate, 0.125 after the second)."""
+  holder = _Holder()
+  fun, x0, steps, rates = (lambda x: 0.5 * jnp.sum(x**2)), jnp.ones(2), 3, (0.1, 0.5, 0.1)
+  if where == "schedule":
+    from hdm_optax.pieces import decay  # pylint: disable=import-outside-toplevel
+
+    base = decay.step_decay(every=1)
+    schedule = decay.Schedule(
+      init=base.init, update=lambda s, k, a: s._replace(factor=s.factor * _RATE[0])
+    )
+    opt = hdm_optax.hdm_best(lipschitz=4.0, schedule=schedule)
+    fun = lambda x: 0.5 * jnp.sum(jnp.arange(1.0, 4.0) * x**2)
+    x0, steps, rates = jnp.ones(3), 5, (0.9, 0.001, 0.9)
+  else:
+    rate = (lambda: _RATE[0]) if where == "global" else (lambda: holder.rate)
+    update = lambda g, s, p=None, **k: (jax.tree.map(lambda v: -rate() * v, g), s)
+    opt = optax.GradientTransformationExtraArgs(lambda p: optax.EmptyState(), update)
+  results = []
+  for value in rates:
+    _RATE[0] = holder.rate = value
+    for _ in range(3):  # the separate path twice, then the fused program
+      res = hdm_optax.solve(opt, fun, x0, max_steps=steps, tol=0.0)
+      results.append(np.asarray(res.params))
+  _RATE[0] = 0.1
+  first, second, third = results[0:3], results[3:6], results[6:9]
+  for group in (first, second, third):
+    for r in group[1:]:
+      np.testing.assert_array_equal(r, group[0])
+  np.testing.assert_array_equal(first[0], third[0])
+  assert not np.allclose(first[0], second[0])
+  if where != "schedule":
+    np.testing.assert_allclose(first[0], 0.9**3, rtol=1e-12)
+    np.testing.assert_allclose(second[0], 0.5**3, rtol=1e-12)
