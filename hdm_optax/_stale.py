@@ -282,6 +282,8 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       info = _recorded(new_state.info, params, out, point_scale, stale)
       return out, new_state._replace(info=info)
 
+    if isinstance(update_fn, functools.partial):  # no source to point inspect.getsource to
+      del checked.__wrapped__
     return checked
 
   return decorate
