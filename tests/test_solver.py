@@ -421,15 +421,20 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
 
 
 def test_no_recompilation_on_a_second_call():
-  kw = dict(max_steps=30, fun_args=(A,))
+  """The first call compiles one program and the second none. The problem's shape (7) is
+  this test's own: the limits are values of the program, and programs are keyed on what
+  the objective computes, so another test's run of the same problem and shapes in this
+  process (any max_steps) would have compiled it already."""
+  a = jnp.linspace(1.0, 7.0, 7)
+  kw = dict(max_steps=30, fun_args=(a,))
   before = programs.compiled_count()  # pylint: disable=protected-access
-  hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(3), **kw)
+  hdm_optax.sweep(make_best, GRID, quadratic, jnp.ones(7), **kw)
   first = programs.compiled_count()  # pylint: disable=protected-access
-  hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(3), tol=1e-7, **kw)
+  hdm_optax.sweep(make_best, GRID, quadratic, 2 * jnp.ones(7), tol=1e-7, **kw)
   assert first == before + 1 and programs.compiled_count() == first  # pylint: disable=protected-access
   opt = hdm_optax.hdm_best(lipschitz=200.0)
   before = programs.compiled_count()  # pylint: disable=protected-access
-  for x0, max_null in ((jnp.ones(3), 10), (3 * jnp.ones(3), 20)):
+  for x0, max_null in ((jnp.ones(7), 10), (3 * jnp.ones(7), 20)):
     hdm_optax.solve(opt, quadratic, x0, max_null_steps=max_null, min_value=-5.0, **kw)
   assert programs.compiled_count() == before + 1  # pylint: disable=protected-access
 
