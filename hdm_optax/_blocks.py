@@ -33,7 +33,17 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ("OWN_BLOCK", "Packing", "all_finite", "groups", "norm", "pack", "unpack", "vdot")
+__all__ = (
+  "OWN_BLOCK",
+  "Packing",
+  "all_finite",
+  "groups",
+  "layout",
+  "norm",
+  "pack",
+  "unpack",
+  "vdot",
+)
 
 # A leaf this large is its own block: a copy of it would cost a pass over it, and a leaf a
 # user shards over devices is one of this size (a concatenation with others would
@@ -133,6 +143,18 @@ def all_finite(*trees) -> jax.Array:
   return functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(b)) for b in blocks])
 
 
+def layout(tree) -> tuple:
+  """``tree``'s structure and its leaves' shapes and dtypes."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, [(jnp.shape(x), jnp.result_type(x)) for x in leaves]
+
+
+def shaped_like(node, like: tuple) -> bool:
+  """Whether ``node`` has the :func:`layout` ``like`` (its structure compared first: a node
+  of another structure may hold leaves that are not arrays)."""
+  return jax.tree.structure(node) == like[0] and layout(node) == like
+
+
 class Packing:
   """A method's view of the params packed, and back: its per-coordinate work then compiles
   once per block rather than once per leaf of the params.
@@ -147,21 +169,19 @@ class Packing:
     self.like = params
     self.treedef = jax.tree.structure(params)
     self.on = params is not None and self.treedef.num_leaves > 1
-    self._avals = [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(params)]
+    self._layout = layout(params)
 
-  def _like_params(self, node) -> bool:
+  def like_params(self, node) -> bool:
     """Whether ``node`` is shaped like the params: their structure, shapes and dtypes (a
     tuple of scalars in a state is not packed because the params are a tuple too)."""
-    if jax.tree.structure(node) != self.treedef:
-      return False
-    return [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(node)] == self._avals
+    return shaped_like(node, self._layout)
 
   def pack(self, tree):
     """``tree`` with every subtree shaped like the params packed (the params themselves too)."""
     if not self.on:
       return tree
-    packed = lambda node: pack(node) if self._like_params(node) else node
-    return jax.tree.map(packed, tree, is_leaf=self._like_params)
+    packed = lambda node: pack(node) if self.like_params(node) else node
+    return jax.tree.map(packed, tree, is_leaf=self.like_params)
 
   def unpack(self, blocks):
     """Packed blocks as the params' pytree."""
@@ -171,9 +191,9 @@ class Packing:
     """``packed`` (:meth:`pack` of a tree like ``template``) in ``template``'s layout."""
     if not self.on:
       return packed
-    nodes, outer = jax.tree.flatten(template, is_leaf=self._like_params)
+    nodes, outer = jax.tree.flatten(template, is_leaf=self.like_params)
     got = outer.flatten_up_to(packed)
-    back = [self.unpack(g) if self._like_params(n) else g for n, g in zip(nodes, got)]
+    back = [self.unpack(g) if self.like_params(n) else g for n, g in zip(nodes, got)]
     return outer.unflatten(back)
 
   def oracle(self, value_and_grad):

@@ -50,20 +50,17 @@ class Layout:
     self.packing = _blocks.Packing(params)
     self.on = self.packing.on
     self.blocks = _blocks.pack(params) if self.on else None
-    self._blocks_def = jax.tree.structure(self.blocks)
-    self._blocks_avals = [(jnp.shape(b), jnp.result_type(b)) for b in jax.tree.leaves(self.blocks)]
+    self._blocks_layout = _blocks.layout(self.blocks)
 
   def _like_blocks(self, node) -> bool:
-    if jax.tree.structure(node) != self._blocks_def:
-      return False
-    return [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(node)] == self._blocks_avals
+    return _blocks.shaped_like(node, self._blocks_layout)
 
   def to_method(self, tree):
     """``tree`` with its subtrees shaped like the params packed (a box left as it is)."""
     if not self.on:
       return tree
-    is_leaf = lambda n: _is_box(n) or self.packing._like_params(n)  # pylint: disable=protected-access
-    pack = lambda n: n if _is_box(n) or not self.packing._like_params(n) else _blocks.pack(n)  # pylint: disable=protected-access
+    is_leaf = lambda n: _is_box(n) or self.packing.like_params(n)
+    pack = lambda n: n if _is_box(n) or not self.packing.like_params(n) else _blocks.pack(n)
     return jax.tree.map(pack, tree, is_leaf=is_leaf)
 
   def to_user(self, tree, box=None):
@@ -102,7 +99,7 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
   arguments = {}
   for name, value in configuration.arguments.items():
     numbers = [x for x in jax.tree.leaves(value) if _numeric(x)]
-    if layout.packing._like_params(value):  # pylint: disable=protected-access
+    if layout.packing.like_params(value):
       arguments[name] = _blocks.pack(value)
     elif all(np.ndim(x) == 0 for x in numbers):
       arguments[name] = value
