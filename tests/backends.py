@@ -101,23 +101,30 @@ def reference_rtol(backend: Optional[str] = None) -> float:
   return REFERENCE_RTOL_CPU if is_cpu(backend) else REFERENCE_RTOL_OTHER
 
 
-def rounding_tol(terms: int, steps: int = 1, amplification: float = 1.0, dtype=np.float64) -> float:
+def rounding_tol(
+  terms: int,
+  steps: int = 1,
+  condition: float = np.inf,
+  amplification: float = 1.0,
+  dtype=np.float64,
+) -> float:
   """How far, relative to the size of its terms, a quantity may move when another program
   computes it: NumPy against XLA, or XLA on another CPU (its vector width), with its ops
   fused otherwise (jitted, vmapped, batched, a pytree's leaves one by one).
 
   Summing k terms in another order moves the sum by up to about k eps times the sum of the
   terms' absolute values (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
-  Section 4.2). Over ``steps`` steps of an iteration that does not expand a difference in
-  its iterate (a gradient step of size at most 2/L on a convex f), the steps' differences
-  add. ``amplification`` is what the compared quantity multiplies them by beyond that, as
-  stated at the call: the condition number L/mu where a difference in the gradient becomes
-  one in the iterate (it converges to the minimiser of the perturbed model, H^-1 delta).
+  Section 4.2); a step of size about 1/L turns the gradient's into one of the iterate of
+  k eps |x|. Over ``steps`` steps of an iteration that does not expand a difference in its
+  iterate (a gradient step of size at most 2/L on a convex f), the steps' differences add;
+  one that contracts it by 1 - 1/``condition`` a step (L/mu on a strongly convex f) keeps at
+  most ``condition`` of them: min(steps, condition) count. ``amplification`` is what the
+  compared quantity multiplies the rounding by beyond that, as stated at the call.
 
-  Returns 4 k steps amplification eps (4: the bound's constant, with room for the
-  products' own rounding).
+  Returns 4 k min(steps, condition) amplification eps (4: the bound's constant, with room
+  for the products' own rounding).
   """
-  return 4.0 * terms * steps * amplification * float(np.finfo(dtype).eps)
+  return 4.0 * terms * min(steps, condition) * amplification * float(np.finfo(dtype).eps)
 
 
 def cross_program_rtol(dtype, backend: Optional[str] = None) -> float:

@@ -54,10 +54,10 @@ def logistic(w, a, y):
 
 def logistic_rtol(a, lip: float, steps: int) -> float:
   """rtol between two programs' ``steps``-step runs on :func:`logistic` with features ``a``
-  (m x n) and a bound ``lip`` on L: :func:`backends.rounding_tol` of its m n + m terms,
-  amplified by its condition number lip / 0.1 (0.1: the ridge's curvature, a bound on mu)."""
+  (m x n) and a bound ``lip`` on L: :func:`backends.rounding_tol` of its m n + m terms over
+  the steps, with condition number lip / 0.1 (0.1: the ridge's curvature, a bound on mu)."""
   m, n = np.shape(a)
-  return backends.rounding_tol(m * n + m, steps, lip / 0.1)
+  return backends.rounding_tol(m * n + m, steps, condition=lip / 0.1)
 
 
 class LogisticProblem(NamedTuple):

@@ -77,8 +77,8 @@ def test_a_pytree_of_leaves_is_solved_as_its_raveled_vector(make):
   assert int(tree.num_grad_evals) == int(vector.num_grad_evals)
   assert bool(tree.converged) and bool(vector.converged)
   # f on the dict is another program (the raveling fused into its sum of 24 positive terms):
-  # its rounding over the steps, amplified by the condition number 40 of the scales
-  rtol = backends.rounding_tol(flat.size, int(vector.num_steps), 40.0)
+  # its rounding over the steps, with the scales' condition number 40
+  rtol = backends.rounding_tol(flat.size, int(vector.num_steps), condition=40.0)
   got = jax.flatten_util.ravel_pytree(tree.params)[0]
   np.testing.assert_allclose(got, vector.params, rtol=rtol, atol=rtol * np.max(np.abs(flat)))
   np.testing.assert_allclose(tree.trace.value, vector.trace.value, rtol=rtol)

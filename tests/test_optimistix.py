@@ -37,8 +37,8 @@ OPTIMIZERS = {
 
 
 def _same_point(sol, res):
-  """optimistix's loop and solve's are two programs of one run: f's rounding over its steps,
-  amplified by L/mu (:func:`helpers.logistic_rtol`; 4e-11 a step)."""
+  """optimistix's loop and solve's are two programs of one run: f's rounding over its steps
+  (:func:`helpers.logistic_rtol`: 4e-11 at most, L/mu = 160)."""
   rtol = logistic_rtol(A, LIP, int(res.num_steps))
   np.testing.assert_allclose(sol.value, res.params, rtol=rtol, atol=rtol * np.max(np.abs(X0)))
 

@@ -40,9 +40,9 @@ def spread_batch(batch, n, dtype, seed=0):
 def batch_rtol(d, steps):
   """rtol between the staged batch and ``jax.vmap(solve)`` (two programs: other batch
   sizes, other vector loops): :func:`backends.rounding_tol` of f's n terms over ``steps``,
-  amplified by the batch's largest condition number max d / min d."""
+  with the batch's largest condition number max d / min d."""
   d = np.asarray(d, np.float64)
-  return backends.rounding_tol(d.shape[1], steps, float(np.max(d.max(1) / d.min(1))))
+  return backends.rounding_tol(d.shape[1], steps, condition=float(np.max(d.max(1) / d.min(1))))
 
 
 def lockstep(optimizer, x0, d, c, **kw):
@@ -67,7 +67,7 @@ def test_each_member_gets_what_a_vmapped_solve_gives_it(make):
   np.testing.assert_array_equal(np.asarray(out.num_steps), steps)
   np.testing.assert_array_equal(np.asarray(out.num_grad_evals), np.asarray(ref.num_grad_evals))
   np.testing.assert_array_equal(np.asarray(out.status), np.asarray(ref.status))
-  rtol = batch_rtol(d, KW["max_steps"])  # 1.6e-8
+  rtol = batch_rtol(d, KW["max_steps"])  # 1.6e-12
   np.testing.assert_allclose(out.params, ref.params, rtol=rtol, atol=rtol * np.max(np.abs(c)))
   # f moves by grad f times the iterate's difference: at most rtol 2 f(x0) (x0 = 0)
   atol = rtol * np.max(np.sum(d * c**2, axis=1))

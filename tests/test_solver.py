@@ -450,8 +450,8 @@ def test_solve_inside_jit_vmap_and_grad_without_private_jax():
   batched = jax.jit(jax.vmap(final_value))(lrs)
   singles = [float(final_value(lr)) for lr in lrs]
   # vmapped: another program. f = sum a x^2 (3 positive terms, minimum at 0) rounds relative
-  # to itself; its rounding over the 40 steps, amplified by a's condition number 100
-  rtol = backends.rounding_tol(3, 40, 100.0)
+  # to itself; its rounding over the 40 steps (a's condition number is 100)
+  rtol = backends.rounding_tol(3, 40, condition=100.0)
   np.testing.assert_allclose(batched, singles, rtol=rtol)
   np.testing.assert_allclose(jax.vmap(final_value)(lrs), singles, rtol=rtol)
 

@@ -793,7 +793,7 @@ def test_the_preconditioner_of_a_state_is_the_two_loop_operator_of_its_pairs(res
   # NumPy against XLA: 2 m inner products of n terms, each divided by a pair's s^T y (which
   # multiplies its relative error by |s| |y| / s^T y)
   cond = np.max(np.sqrt(ss * yy)[keep] / sy[keep])
-  rtol = backends.rounding_tol(s.shape[1], 2 * s.shape[0], cond)
+  rtol = backends.rounding_tol(s.shape[1], 2 * s.shape[0], amplification=cond)
   np.testing.assert_allclose(_flat(got), want, rtol=rtol, atol=rtol * np.max(np.abs(want)))
 
 
