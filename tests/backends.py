@@ -114,8 +114,8 @@ def rounding_tol(
 
   Summing k terms in another order moves the sum by up to about k eps times the sum of the
   terms' absolute values (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
-  Section 4.2); a step of size about 1/L turns the gradient's into one of the iterate of
-  k eps |x|. Over ``steps`` steps of an iteration that does not expand a difference in its
+  Section 4.2); a step of size about 1/L turns that difference of the gradient into one of
+  about k eps |x| in the iterate. Over ``steps`` steps of an iteration that does not expand a difference in its
   iterate (a gradient step of size at most 2/L on a convex f), the steps' differences add;
   one that contracts it by 1 - 1/``condition`` a step (L/mu on a strongly convex f) keeps at
   most ``condition`` of them: min(steps, condition) count. ``amplification`` is what the
