@@ -142,8 +142,9 @@ class _Session:
     self.terminal = _terminal()
 
   def merge(self, member, fields: dict) -> dict:
-    """``fields`` of the members given, merged into the table of every member."""
-    if not self.members or member is None:
+    """``fields`` of the members given, merged into the table of every member (a batch run
+    in stages; else ``fields`` as they are)."""
+    if not self.members:
       return fields
     rows = np.asarray(member).ravel()
     for name, value in fields.items():
@@ -299,12 +300,12 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
     current.error = KeyboardInterrupt()
     return np.full(status.shape, True)
   current.members = members
-  merged = current.merge(None if members == 0 else member, dict(zip(Snapshot._fields[1:], fields)))
+  merged = current.merge(member, dict(zip(Snapshot._fields[1:], fields)))
   if current.progress:  # the final line ends the progress line, after an error too
     current.draw(final, merged)
   if final or current.callback is None:
     return np.full(status.shape, final)
-  params = current.merge(None if members == 0 else member, {"params": params})["params"]
+  params = current.merge(member, {"params": params})["params"]
   params = jax.tree.map(np.asarray, params if current.view is None else current.view(params))
   snapshot = Snapshot(params=params, **merged)
   try:
