@@ -377,11 +377,11 @@ def run(
   params,
   opt_state=None,
   *,
-  primitive=None,
+  primitive,
   handle=None,
   first_member=0,
 ) -> SolveResult:
-  """Runs a member's loop from ``params`` to its end with ``primitive`` (default: :class:`While`).
+  """Runs a member's loop from ``params`` to its end with ``primitive``.
 
   A primitive is ``primitive(steps, member, carry) -> carry``: it runs the :class:`Steps`
   from the carry of the first point until ``steps.running`` is False (or, a scan, for its
@@ -395,7 +395,7 @@ def run(
     member: what the run is of (a pytree; rows of a batch's data and settings).
     params: the starting point (a batch's: one row per member).
     opt_state: the optimizer state to resume, or ``None``.
-    primitive: the loop.
+    primitive: the loop (as the adjoint picked it: :class:`While`, :class:`Blocks`, ...).
     handle: the call's :class:`~hdm_optax.driver.hooks.Handle` (the hook's session, the
       Ctrl-C check), or ``None``.
     first_member: the index of the batch's first member in the whole batch (for the hook).
@@ -403,7 +403,6 @@ def run(
   Returns:
     The :class:`SolveResult` (a batch's: one row per member).
   """
-  primitive = primitive or While()
   steps = Steps(
     _running,
     functools.partial(_advance, make, program),
