@@ -237,35 +237,29 @@ class SolveResult(NamedTuple):
     codes = np.asarray(self.status)
     count = codes.size
     each = lambda a: np.broadcast_to(np.asarray(a), codes.shape).ravel()
+    rows = lambda a: np.asarray(a).reshape(count, -1)  # one row per run
     nulls, steps, value, gnorm = map(
       each, (self.null_run, self.num_steps, self.value, self.grad_norm)
     )
-    accepted = np.asarray(self.trace.accepted).reshape(count, -1)
-    trace_steps = np.asarray(self.trace.step).reshape(count, -1)
-    leaves = [
-      leaf
-      for _, p in optax.tree.get_all_with_path(self.state, "precond")
-      for leaf in jax.tree.leaves(p)
-    ]
-    precond = (
-      np.concatenate([np.asarray(p).reshape(count, -1) for p in leaves], axis=1)
-      if leaves
-      else [None] * count
-    )
+    trace = self.trace
+    accepted, trace_steps, trace_values = rows(trace.accepted), rows(trace.step), rows(trace.value)
+    found = optax.tree.get_all_with_path(self.state, "precond")
+    leaves = [rows(leaf) for _, p in found for leaf in jax.tree.leaves(p)]
+    precond = np.concatenate(leaves, axis=1) if leaves else [None] * count
     messages = []
     for i, code in enumerate(codes.ravel()):
       status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
-      values = np.asarray(self.trace.value).reshape(count, -1)[i][window]
-      notes += _stall_notes(status, int(nulls[i]), accepted[i][window], precond[i], values)
+      notes += _stall_notes(
+        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window]
+      )
       head = status.message
       if status == Status.NON_FINITE:
         head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
       if status in (Status.MAX_STEPS, Status.STALLED):
         notes += _huge_gradient_note(gnorm[i], value.dtype)
-        state_i = jax.tree.map(lambda a: np.asarray(a).reshape(count, -1)[i], self.state)
-        advice = _info.uphill_advice(state_i)
+        advice = _info.uphill_advice(jax.tree.map(lambda a: rows(a)[i], self.state))
         notes += [advice] if advice else []
       messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages
