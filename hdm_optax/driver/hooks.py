@@ -175,14 +175,12 @@ class _Session:
 
 
 def _line(fields) -> str:
-  steps, calls = np.asarray(fields["num_steps"]), np.asarray(fields["num_grad_evals"])
-  value, gnorm = np.asarray(fields["value"]), np.asarray(fields["grad_norm"])
-  nulls, status = np.asarray(fields["num_null_steps"]), np.asarray(fields["status"])
+  names = ("num_steps", "num_grad_evals", "value", "grad_norm", "num_null_steps", "status")
+  steps, calls, value, gnorm, nulls, status = (np.asarray(fields[n]) for n in names)
   if steps.size == 1:
     return (
-      f"steps {int(steps.ravel()[0])} | calls {int(calls.ravel()[0])} | "
-      f"f {float(value.ravel()[0]):.6e} | ||grad f|| {float(gnorm.ravel()[0]):.2e} | "
-      f"null steps {int(nulls.ravel()[0])}"
+      f"steps {steps.item()} | calls {calls.item()} | f {value.item():.6e} | "
+      f"||grad f|| {gnorm.item():.2e} | null steps {nulls.item()}"
     )
   done = status != Status.STOPPED
   return (
