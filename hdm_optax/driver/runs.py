@@ -147,7 +147,7 @@ _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arr
 def _begin(make, program: Program, handle, member, params, opt_state, index) -> _Carry:
   s = make(member)[0].start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  hook = hooks_lib.begin(program.hook, None if handle is None else handle.hook, index)
+  hook = hooks_lib.begin(program.hook, handle.hook, index)
   return _Carry(_without_cached_grad(s), trace, hook)
 
 
@@ -378,7 +378,7 @@ def run(
   opt_state=None,
   *,
   primitive,
-  handle=None,
+  handle,
   first_member=0,
 ) -> SolveResult:
   """Runs a member's loop from ``params`` to its end with ``primitive``.
@@ -397,7 +397,7 @@ def run(
     opt_state: the optimizer state to resume, or ``None``.
     primitive: the loop (as the adjoint picked it: :class:`While`, :class:`Blocks`, ...).
     handle: the call's :class:`~hdm_optax.driver.hooks.Handle` (the hook's session, the
-      Ctrl-C check), or ``None``.
+      Ctrl-C check; each ``None`` where the call has none).
     first_member: the index of the batch's first member in the whole batch (for the hook).
 
   Returns:
