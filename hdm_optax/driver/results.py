@@ -21,7 +21,6 @@ __all__ = (
   "Trace",
   "best_index",
   "converged",
-  "status_message",
 )
 
 
@@ -100,14 +99,6 @@ _MESSAGES = {
   "the region where f is finite, not at a minimum (if the minimum lies on that edge, give "
   "it as bounds)",
 }
-
-
-def status_message(status) -> Union[str, list]:
-  """The message of a status code (a list of messages for an array of codes)."""
-  codes = np.asarray(status)
-  if codes.ndim == 0:
-    return Status(int(codes)).message
-  return [Status(int(c)).message for c in codes.ravel()]
 
 
 # Recent steps: the window, and the share of null steps that names a stall.
@@ -226,7 +217,7 @@ class SolveResult(NamedTuple):
 
   @property
   def message(self) -> Union[str, list]:
-    """:func:`status_message` of ``status``, and whether the run stalled.
+    """What ``status`` means (:attr:`Status.message`), and whether the run stalled.
 
     A run that did not converge also says: the final run of null steps, if
     any; that it was stalling, when most of its last 100 updates were null
