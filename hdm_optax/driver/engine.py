@@ -93,9 +93,8 @@ def _inf_norm(tree):
 def _stationarity(params, grad, opt_state, norm=None):
   """``||grad||_inf``, or the box's projected gradient's; with ``norm``, that norm of them."""
   box = protocol.box_of(opt_state)
-  if norm is not None:
-    return norm(grad if box is None else box.projected_gradient(params, grad))
-  return _inf_norm(grad) if box is None else box.projected_gradient_norm(params, grad)
+  norm = _inf_norm if norm is None else norm
+  return norm(grad if box is None else box.projected_gradient(params, grad))
 
 
 def check_value_dtype(value, params):
