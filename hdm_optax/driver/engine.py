@@ -217,9 +217,11 @@ class Loop(NamedTuple):
   norm: Optional[Callable[[Any], jax.Array]]
 
   def value_fn(self, params):
+    """f at ``params`` (what ``update`` receives as ``value_fn``)."""
     return self.fun(params)[0] if self.has_aux else self.fun(params)
 
   def evaluate(self, params):
+    """``(f, grad f)`` at ``params``: one oracle call, its value of the params' dtype."""
     out, grad = _oracle.value_and_grad(self.fun, params, has_aux=self.has_aux, name="fun")
     value = out[0] if self.has_aux else out
     check_value_dtype(value, params)
