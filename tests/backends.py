@@ -54,6 +54,7 @@ __all__ = [
   "is_cpu",
   "on_cpu_device",
   "reference_rtol",
+  "rounding_tol",
 ]
 
 NO_CPU_REASON = (
@@ -98,6 +99,32 @@ def on_cpu_device():
 def reference_rtol(backend: Optional[str] = None) -> float:
   """rtol of the float64 trajectories against the NumPy reference loops."""
   return REFERENCE_RTOL_CPU if is_cpu(backend) else REFERENCE_RTOL_OTHER
+
+
+def rounding_tol(
+  terms: int,
+  steps: int = 1,
+  condition: float = np.inf,
+  amplification: float = 1.0,
+  dtype=np.float64,
+) -> float:
+  """How far, relative to the size of its terms, a quantity may move when another program
+  computes it: NumPy against XLA, or XLA on another CPU (its vector width), with its ops
+  fused otherwise (jitted, vmapped, batched, a pytree's leaves one by one).
+
+  Summing k terms in another order moves the sum by up to about k eps times the sum of the
+  terms' absolute values (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
+  Section 4.2); a step of size about 1/L turns that difference of the gradient into one of
+  about k eps |x| in the iterate. Over ``steps`` steps of an iteration that does not expand a difference in its
+  iterate (a gradient step of size at most 2/L on a convex f), the steps' differences add;
+  one that contracts it by 1 - 1/``condition`` a step (L/mu on a strongly convex f) keeps at
+  most ``condition`` of them: min(steps, condition) count. ``amplification`` is what the
+  compared quantity multiplies the rounding by beyond that, as stated at the call.
+
+  Returns 4 k min(steps, condition) amplification eps (4: the bound's constant, with room
+  for the products' own rounding).
+  """
+  return 4.0 * terms * min(steps, condition) * amplification * float(np.finfo(dtype).eps)
 
 
 def cross_program_rtol(dtype, backend: Optional[str] = None) -> float:

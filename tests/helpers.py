@@ -18,6 +18,11 @@ import numpy as np
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import separate as separate_lib
 
+try:  # pytest's default rootdir-relative import (tests/ is not a package)
+  import backends
+except ImportError:  # pragma: no cover - tests/ turned into a package
+  from tests import backends
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,6 +50,14 @@ EVERY_STEP = {"check_every": 1}
 def logistic(w, a, y):
   """Ridge logistic regression ``sum softplus(-y * (a @ w)) + 0.05 ||w||^2``."""
   return jnp.sum(jax.nn.softplus(-y * (a @ w))) + 0.05 * w @ w
+
+
+def logistic_rtol(a, lip: float, steps: int) -> float:
+  """rtol between two programs' ``steps``-step runs on :func:`logistic` with features ``a``
+  (m x n) and a bound ``lip`` on L: :func:`backends.rounding_tol` of its m n + m terms over
+  the steps, with condition number lip / 0.1 (0.1: the ridge's curvature, a bound on mu)."""
+  m, n = np.shape(a)
+  return backends.rounding_tol(m * n + m, steps, condition=lip / 0.1)
 
 
 class LogisticProblem(NamedTuple):

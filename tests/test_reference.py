@@ -102,22 +102,21 @@ def value_atol(data, xs) -> float:
   another order: NumPy against XLA, or XLA on another CPU (its vector width, its fusion).
 
   f sums the products of 0.5 r^T A r (r = x - s) and the softplus terms of the logistic
-  loss. Summing k terms whose absolute values add up to S in another order moves the sum
-  by up to about k eps S (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
-  Section 4.2); a softplus term moves by at most the rounding of its argument m_i^T x, about
-  n eps |m_i|^T |x|. Near the quadratic's minimum f is a small difference of large terms (S
-  is 1e5 times f at step 20 of the reference run), so a relative tolerance on f follows from
-  no rounding: this absolute one does. Returns 4 k eps max S(x), k = n^2 + n m.
+  loss: k = n^2 + n m terms, whose absolute values add up to S(x) (a softplus term moves by
+  at most the rounding of its argument m_i^T x, about n eps |m_i|^T |x|). Near the
+  quadratic's minimum f is a small difference of large terms (S is 1e5 times f at step 20
+  of the reference run), so a relative tolerance on f follows from no rounding: this
+  absolute one, :func:`backends.rounding_tol` of k terms times max S over ``xs``, does.
   """
   A, s, M, y, c = (data[k] for k in ("A", "s", "M", "y", "c"))
-  eps = np.finfo(np.float64).eps
 
   def size(x):  # S(x): the terms' absolute values, summed as f sums them
     r = np.abs(x - s)
     softplus = np.logaddexp(0.0, -y * (M @ x)) + np.abs(M) @ np.abs(x)
     return 0.5 * r @ np.abs(A) @ r + c * np.mean(softplus)
 
-  return 4 * (N * N + N * M_SAMPLES) * eps * max(size(np.asarray(x)) for x in xs)
+  terms = N * N + N * M_SAMPLES
+  return backends.rounding_tol(terms) * max(size(np.asarray(x)) for x in xs)
 
 
 def jax_objective(data):
