@@ -171,7 +171,6 @@ def run(
   init_state=None,
   callback=None,
   progress: bool = False,
-  options: Optional[dict] = None,
   key=None,
 ):
   """Minimizes an objective from ``x0`` with ``optimizer`` on the separate path.
@@ -195,7 +194,7 @@ def run(
   start = _start(init_state, layout, method, x0, x)
   dynamic = (key.arrays, x, start, limits)
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
-  statics, options = (key, program_, primitive), options or {}
+  statics, options = (key, program_, primitive), programs.compiler_options((x0, init_state))
   # The method's program builds in a thread while the objective's compiles here.
   program(statics, (placeholder, np.int32(0), *dynamic), options, background=True)
   oracle = make_oracle(layout.on)

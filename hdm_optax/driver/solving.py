@@ -186,7 +186,6 @@ def solve(
   if not traced and separate.chosen(
     _solve_entry, statics, like, key=named, program_=program, host=make_oracle.host
   ):
-    options = programs.compiler_options((init_params, init_state))
     result = separate.run(
       optimizer,
       make_oracle,
@@ -197,15 +196,12 @@ def solve(
       init_state=init_state,
       callback=callback,
       progress=progress,
-      options=options,
       key=key,
     )
     return runs.cut_trace(result, shown)
 
   def run(handle):
-    return programs.call(
-      _solve_entry, statics, dynamic, handle=handle, traced=bool(found), key=named
-    )
+    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
 
   result = hooks.watched(run, callback, progress, watch=watch, key=named)
   return runs.cut_trace(result, shown)
