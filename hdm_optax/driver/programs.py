@@ -380,15 +380,20 @@ def _library_code(fn, seen: frozenset = frozenset()) -> bool:
 
 
 def _library_held(value, inner) -> bool:
-  """Whether a value held by a library function's closure is no array and no code of the
-  user's (``inner`` judges code; a tuple, such as ``defjvps``'s rules, item by item)."""
+  """Whether a value held by a library function's closure is no array and no code or object
+  of the user's (``inner`` judges code; a tuple, such as ``defjvps``'s rules, or a dict item by
+  item; other objects only where they are JAX's, optax's or the library's own)."""
   if isinstance(value, (jax.Array, np.ndarray)):
     return False
   if isinstance(value, (tuple, list)):
     return all(_library_held(x, inner) for x in value)
   if callable(value) or isinstance(value, lu.WrappedFun):
     return inner(value)
-  return True
+  if isinstance(value, dict):
+    return all(_library_held(x, inner) for x in value.values())
+  if value is None or type(value) is object or isinstance(value, (bool, int, float, str, bytes)):
+    return True
+  return type(value).__module__.split(".")[0] in ("jax", "jaxlib", "optax", "hdm_optax")
 
 
 class Closed:
