@@ -268,3 +268,78 @@ def test_a_bound_method_accessed_at_each_call_reuses_the_program():
   holder.c = SECOND
   np.testing.assert_allclose(hdm_optax.solve(SGD, holder.loss, X0, max_steps=5).params, SECOND)
   assert programs.compiled_count() == before
+
+
+RULE_SCALE = jnp.asarray(2.0)
+
+
+@jax.custom_jvp
+def _scaled_sin(x):
+  return jnp.sin(x)
+
+
+_scaled_sin.defjvps(lambda g, ans, x: RULE_SCALE * jnp.cos(x) * g)  # reads a global
+
+
+@pytest.mark.parametrize(
+  "fun, user",
+  [
+    (lambda x: jnp.sum(jnp.logaddexp(0.0, x)), False),
+    (lambda x: jnp.sum(jax.nn.relu(x)) + jax.scipy.special.logsumexp(x), False),
+    (lambda x: jnp.sum(optax.sigmoid_binary_cross_entropy(x, jnp.ones(2))), False),
+    (lambda x: jnp.sum(_scaled_sin(x)), True),
+    (lambda x: jnp.sum(_shifted(x, jnp.ones(2))), True),
+  ],
+  ids=["logaddexp", "relu_logsumexp", "optax_loss", "user_defjvps", "user_custom_vjp"],
+)
+def test_only_a_users_derivative_rule_is_traced_for_what_it_reads(fun, user):
+  """JAX's and optax's own rules read nothing of the user's: the objective is traced once per
+  call; a rule of the user's is traced too, for the arrays it reads."""
+  jaxpr = jax.make_jaxpr(fun)(jnp.ones(2)).jaxpr
+  assert programs._user_rules(jaxpr) is user  # pylint: disable=protected-access
+
+
+def test_a_rule_that_reads_a_rebound_global_is_solved_anew():
+  """The user's rule reads ``RULE_SCALE``: rebinding it changes the gradient, and the run."""
+  global RULE_SCALE  # pylint: disable=global-statement
+  fun = lambda x: jnp.sum(_scaled_sin(x))
+  run = lambda: hdm_optax.solve(SGD, fun, X0, max_steps=1, tol=0.0).params
+  first = run()
+  RULE_SCALE = jnp.asarray(3.0)
+  try:
+    second = run()
+  finally:
+    RULE_SCALE = jnp.asarray(2.0)
+  # One step of size 1 (SGD's): x - scale * cos(x).
+  np.testing.assert_allclose(first, X0 - 2.0 * np.cos(X0), rtol=1e-12)
+  np.testing.assert_allclose(second, X0 - 3.0 * np.cos(X0), rtol=1e-12)
+
+
+def test_a_warm_minimize_traces_the_objective_once():
+  """After its first calls, ``minimize`` of the same objective traces it once per call (the
+  program's key); neither the traceability check nor a library rule's derivative traces it
+  again."""
+  traces = []
+  a = jnp.linspace(-1.0, 1.0, 4)
+
+  def fun(x):
+    traces.append(1)
+    return jnp.sum(jnp.logaddexp(0.0, a * x)) + 0.5 * jnp.sum(x**2)
+
+  for _ in range(4):
+    hdm_optax.minimize(fun, jnp.zeros(4), bounds=(-0.5, 0.5))
+  traces.clear()
+  hdm_optax.minimize(fun, jnp.zeros(4), bounds=(-0.5, 0.5))
+  assert len(traces) == 1
+
+
+def test_a_box_is_checked_at_every_call():
+  """A box is checked against the params at every call, whatever the front door remembers of
+  the optimizer's ``init`` (its shapes, for the same arguments and params' shapes)."""
+  fun = lambda x: 0.5 * jnp.sum(x**2)
+  solve = lambda lower: hdm_optax.solve(hdm_optax.trial_lbfgs(lower=lower), fun, jnp.ones(2))
+  solve(jnp.zeros(2))
+  with pytest.raises(ValueError, match="NaN"):
+    solve(jnp.array([0.0, jnp.nan]))
+  with pytest.raises(ValueError, match="shape"):
+    solve(jnp.zeros(3))

@@ -311,7 +311,6 @@ def test_has_aux_returns_aux_at_the_final_params():
 def test_status_enum_documents_every_value_and_has_a_message():
   for status in hdm_optax.Status:
     assert f"{status.name}:" in hdm_optax.Status.__doc__
-    assert status.message == hdm_optax.driver.results.status_message(int(status))
   assert len({s.message for s in hdm_optax.Status}) == len(hdm_optax.Status)
 
 
@@ -385,10 +384,6 @@ def test_unbounded_objective_is_reported():
     optax.sgd(1e19), lambda x: -jnp.sum(x), jnp.ones(3), max_steps=10, min_value=None
   )
   assert int(res.status) == hdm_optax.Status.MAX_STEPS
-  assert hdm_optax.driver.results.status_message(np.array([0, 5])) == [
-    hdm_optax.Status.CONVERGED.message,
-    hdm_optax.Status.UNBOUNDED.message,
-  ]
 
 
 # ---------------------------------------------------------------------------

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import weakref
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import compiled
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 
@@ -191,15 +193,30 @@ class _WithGradient:
     return isinstance(other, _WithGradient) and other.pair == self.pair
 
 
+# Functions JAX traced, by the abstract values of their arguments (while they live).
+_TRACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _traceable(fun, x0, args) -> bool:
-  """Whether JAX can trace ``fun(x0, *args)`` (Python ints in ``args`` held static)."""
+  """Whether JAX can trace ``fun(x0, *args)`` (Python ints in ``args`` held static); a
+  function traced before at these shapes is not traced again."""
   leaves, treedef = jax.tree.flatten(tuple(args))
   dynamic = [leaf for leaf in leaves if programs.is_dynamic(leaf)]
   statics = [None if programs.is_dynamic(leaf) else leaf for leaf in leaves]
   try:
+    seen = _TRACED.setdefault(fun, set())
+    name = (treedef, tuple(statics), compiled.abstract((x0, dynamic)))
+    hash(name)
+  except TypeError:  # not weakly referable, or statics that cannot be keyed
+    seen, name = set(), None
+  if name in seen:
+    return True
+  try:
     jax.eval_shape(lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic)
   except _UNTRACEABLE:
     return False
+  if name is not None:
+    seen.add(name)
   return True
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -55,7 +55,6 @@ __all__ = (
   "UnrolledAdjoint",
   "check_adjoint",
   "conjugate_gradient",
-  "implicit_solution",
 )
 
 
@@ -109,8 +108,21 @@ class ImplicitAdjoint(NamedTuple):
     return runs.Staged(runs.stage_sizes(size, compact), bool(stop_at_first_converged))
 
   def apply(self, run, objective, theta, start, batched=None):
-    """``run(theta, start)``, differentiable in ``theta`` (:func:`implicit_solution`)."""
-    return implicit_solution(self, run, objective, theta, start, batched)
+    """``run(theta, start)``, differentiable in ``theta`` by the implicit function theorem.
+
+    Args:
+      run: ``run(theta, start) -> SolveResult`` (batched: one row per member).
+      objective: ``objective(x, theta) -> f`` of one member.
+      theta: what the objective depends on (the dynamic arguments).
+      start: what the run starts from (x0, a state): zero derivative.
+      batched: for a batch, the axes of ``theta``'s leaves over the members (``0`` or
+        ``None``, a pytree prefix as ``jax.vmap``'s ``in_axes``); ``None`` for one run.
+
+    Returns:
+      The :class:`~hdm_optax.driver.results.SolveResult` whose ``params`` and ``value``
+      carry the derivative.
+    """
+    return _solution(self, run, objective, batched, theta, start)
 
 
 class UnrolledAdjoint(NamedTuple):
@@ -409,29 +421,3 @@ def _solution_jvp(adjoint, run, objective, batched, primals, tangents):
     x_dot, value_dot = jax.vmap(tangent, in_axes=(0, batched, batched))(result, theta, theta_dot)
   zero = _zero_tangent(result)
   return result, zero._replace(params=x_dot, value=value_dot)
-
-
-def implicit_solution(
-  adjoint: ImplicitAdjoint,
-  run: Callable[[Any, Any], Any],
-  objective: Callable[[Any, Any], jax.Array],
-  theta: Any,
-  start: Any,
-  batched: Optional[Any] = None,
-):
-  """``run(theta, start)``, differentiable in ``theta`` by the implicit function theorem.
-
-  Args:
-    adjoint: the :class:`ImplicitAdjoint`.
-    run: ``run(theta, start) -> SolveResult`` (batched: one row per member).
-    objective: ``objective(x, theta) -> f`` of one member.
-    theta: what the objective depends on (the dynamic arguments).
-    start: what the run starts from (x0, a state): zero derivative.
-    batched: for a batch, the axes of ``theta``'s leaves over the members (``0`` or
-      ``None``, a pytree prefix as ``jax.vmap``'s ``in_axes``); ``None`` for one run.
-
-  Returns:
-    The :class:`~hdm_optax.driver.results.SolveResult` whose ``params`` and ``value`` carry
-    the derivative.
-  """
-  return _solution(adjoint, run, objective, batched, theta, start)

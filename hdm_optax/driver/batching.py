@@ -116,27 +116,22 @@ def _run_members(make, program, plan, members, params, opt_state, handle):
 def _check(batched_call, batch):
   """A combination a batch does not offer: a ValueError that names it (the adjoint refuses
   what its loop cannot run)."""
-  refusals = [
-    (
-      batched_call,
+  if batched_call:
+    raise ValueError(
       "sweep and solve_batch under jax.vmap are not offered (they batch "
-      "already): put the vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap.",
-    ),
-    (
-      batch.devices is not None and batch.stop_at_first_converged,
+      "already): put the vmapped axis into in_axes, or call hdm_optax.solve under jax.vmap."
+    )
+  if batch.devices is not None and batch.stop_at_first_converged:
+    raise ValueError(
       "stop_at_first_converged with devices= is not "
-      "offered: each device runs its members on its own. Drop one of them.",
-    ),
-    (
-      batch.devices is not None and (batch.callback is not None or batch.progress),
+      "offered: each device runs its members on its own. Drop one of them."
+    )
+  if batch.devices is not None and (batch.callback is not None or batch.progress):
+    raise ValueError(
       "callback= and progress= "
       "with devices= are not offered: each device would call the host on its own, step by "
-      "step. Drop devices= to watch the run, or the watch.",
-    ),
-  ]
-  for refused, message in refusals:
-    if refused:
-      raise ValueError(message)
+      "step. Drop devices= to watch the run, or the watch."
+    )
 
 
 def _devices(devices) -> Optional[tuple]:
@@ -260,15 +255,13 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
       raise ValueError('with in_axes every point gets the key "problem": rename that setting')
     points = [dict(p, problem=b) for p in points for b in range(count)]
   pid = np.tile(np.arange(count, dtype=np.int32), len(points) // count)
-  groups: dict = {(): np.arange(len(points))}  # no setting held static: one program
-  if static:
-    groups = {}
-    for i, point in enumerate(points):
-      groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
+  groups: dict = {}  # one program per value of the settings held static
+  for i, point in enumerate(points):
+    groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
+  key, arrays = programs.split_optimizer(optimizer, params_one) if optimizer else (None, [])
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)
-    key, arrays = programs.split_optimizer(optimizer, params_one) if optimizer else (None, [])
     maker = members_lib.Maker(make_optimizer, settings, key)
     columns = {
       n: members_lib.column(n, [points[i][n] for i in indices], dtype)

@@ -73,6 +73,10 @@ _CACHE = _Programs(_size_from_environment())
 
 
 def _leaf_key(x) -> tuple:
+  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):  # canonical already
+    return (x.shape, x.dtype.name, x.weak_type)
+  if isinstance(x, (np.ndarray, np.generic)):
+    return (x.shape, jax.dtypes.canonicalize_dtype(x.dtype).name, False)
   if isinstance(x, jax.core.Tracer):
     raise TypeError("a traced value has no compiled program of its own")
   weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))

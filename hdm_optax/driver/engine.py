@@ -1,7 +1,7 @@
 r"""The one loop every driver runs: ``start``, ``step``, one stop rule, one trace, one hook.
 
-:func:`loop` builds the core iteration of a problem as three pure functions (a
-:class:`Loop`): ``start(params)`` evaluates f and grad f at the first point, ``step(s)``
+:func:`loop` builds the core iteration of a problem as a :class:`Loop`, whose methods are
+pure functions: ``start(params)`` evaluates f and grad f at the first point, ``step(s)``
 makes one optimizer update and leaves f and grad f at the new params in the
 :class:`LoopState`, and :func:`judge` (the one stop rule) writes the run's status into the
 state at both. Every driver runs this loop:
@@ -24,7 +24,6 @@ state at both. Every driver runs this loop:
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -87,35 +86,6 @@ class LoopState(NamedTuple):
   tol: jax.Array
 
 
-class Loop(NamedTuple):
-  """The loop of one problem (:func:`loop`); every function is pure.
-
-  Attributes:
-    start: ``start(params, opt_state=None) -> LoopState``: f and grad f at ``params`` (one
-      oracle call); ``opt_state`` resumes a run (its box is replaced by the optimizer's).
-    update: ``update(s) -> (params, opt_state, value_evals, grad_evals)``: one
-      ``optimizer.update`` at ``s``, applied, and the oracle calls it made.
-    step: ``step(s) -> LoopState``: ``update``, then f and grad f at the new params (from
-      the optimizer's cache where it is at the params, else one counted call), judged.
-    done: ``done(s) -> bool``: the run has ended.
-    stop: ``stop(s, halt) -> LoopState``: ``s`` judged again with ``halt``, a stop asked
-      from outside the rule (a callback's, a batch's first converged member): a run still
-      going on ends ``STOPPED`` where ``halt`` holds.
-    status: ``status(s) -> int32``: the :class:`Status` a run that ends at ``s`` reports
-      (``STOPPED`` while it goes on: ``stop(s, True)``'s).
-    room: ``room(s, steps) -> bool``: ``max_steps`` leaves ``steps`` more updates after
-      ``s`` (a primitive that makes several steps per test asks it).
-  """
-
-  start: Callable[..., LoopState]
-  update: Callable[[LoopState], tuple]
-  step: Callable[[LoopState], LoopState]
-  done: Callable[[LoopState], jax.Array]
-  stop: Callable[[LoopState, Any], LoopState]
-  status: Callable[[LoopState], jax.Array]
-  room: Callable[[LoopState, int], jax.Array]
-
-
 def _inf_norm(tree):
   return optax.tree.norm(tree, ord=jnp.inf)
 
@@ -123,9 +93,8 @@ def _inf_norm(tree):
 def _stationarity(params, grad, opt_state, norm=None):
   """``||grad||_inf``, or the box's projected gradient's; with ``norm``, that norm of them."""
   box = protocol.box_of(opt_state)
-  if norm is not None:
-    return norm(grad if box is None else box.projected_gradient(params, grad))
-  return _inf_norm(grad) if box is None else box.projected_gradient_norm(params, grad)
+  norm = _inf_norm if norm is None else norm
+  return norm(grad if box is None else box.projected_gradient(params, grad))
 
 
 def check_value_dtype(value, params):
@@ -228,8 +197,18 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   return jnp.select(conditions, [jnp.int32(c) for c in codes], jnp.int32(RUNNING))
 
 
-class _Problem(NamedTuple):
-  """What a :class:`Loop` minimizes, and how (:func:`make_loop`'s arguments)."""
+class Loop(NamedTuple):
+  """The loop of one problem (:func:`loop`): ``fun`` minimized with ``optimizer`` within
+  ``limits``; every method is a pure function of the :class:`LoopState`.
+
+  Attributes:
+    optimizer: the optax transformation.
+    fun: ``fun(params)`` (``-> (value, aux)`` with ``has_aux``).
+    limits: the stop rule's numbers (checked); where ``limits.ftol_on`` each step forms the
+      slope that :func:`judge` tests ``ftol`` with.
+    has_aux: ``fun`` returns ``(value, aux)``.
+    norm: the stationarity measure's norm, or ``None`` for ``||.||_inf``.
+  """
 
   optimizer: Any
   fun: Callable[[Any], Any]
@@ -238,52 +217,116 @@ class _Problem(NamedTuple):
   norm: Optional[Callable[[Any], jax.Array]]
 
   def value_fn(self, params):
+    """f at ``params`` (what ``update`` receives as ``value_fn``)."""
     return self.fun(params)[0] if self.has_aux else self.fun(params)
 
   def evaluate(self, params):
+    """``(f, grad f)`` at ``params``: one oracle call, its value of the params' dtype."""
     out, grad = _oracle.value_and_grad(self.fun, params, has_aux=self.has_aux, name="fun")
     value = out[0] if self.has_aux else out
     check_value_dtype(value, params)
     return value, grad
 
+  def start(self, params, opt_state=None) -> LoopState:
+    """f and grad f at ``params`` (one oracle call), judged; ``opt_state`` resumes a run
+    (its box is replaced by the optimizer's)."""
+    _warn_tf32(self.value_fn, params)
+    fresh = self.optimizer.init(params)
+    resume = opt_state if isinstance(opt_state, Resume) else Resume.of(opt_state)
+    if resume.opt_state is None:
+      opt_state = fresh
+    else:  # a Resume's state is a placeholder where the run is fresh (one program for all)
+      given = protocol.with_box_of(fresh, resume.opt_state)
+      opt_state = jax.tree.map(lambda f, g: jnp.where(resume.mode == FRESH, f, g), fresh, given)
+    box = protocol.box_of(opt_state)
+    if box is not None:  # an infeasible start is projected onto the box
+      params = box.project(params)
+    value, grad, calls = _first_values(self, resume, opt_state, params)
+    if protocol.cache_at_params(opt_state) is not None:
+      opt_state = optax.tree.set(opt_state, value=value, grad=grad)
+    measure = _stationarity(params, grad, opt_state, self.norm)
+    dtype = measure.dtype
+    limits = self.limits
+    tol = jnp.maximum(jnp.asarray(limits.tol, dtype), jnp.asarray(limits.rtol, dtype) * measure)
+    s = LoopState(
+      params=params,
+      opt_state=opt_state,
+      value=value,
+      grad=grad,
+      grad_norm=measure,
+      num_steps=resume.num_steps,
+      num_value_evals=resume.num_value_evals + calls,
+      num_grad_evals=resume.num_grad_evals + calls,
+      accepted=jnp.asarray(True),
+      null_run=resume.null_run,
+      num_null_steps=resume.num_null_steps,
+      status=jnp.int32(RUNNING),
+      tol=tol,
+    )
+    return s._replace(status=judge(s, s, limits))
 
-def _start(p: _Problem, params, opt_state=None) -> LoopState:
-  _warn_tf32(p.value_fn, params)
-  fresh = p.optimizer.init(params)
-  resume = opt_state if isinstance(opt_state, Resume) else Resume.of(opt_state)
-  if resume.opt_state is None:
-    opt_state = fresh
-  else:  # a Resume's state is a placeholder where the run is fresh (one program for all)
-    given = protocol.with_box_of(fresh, resume.opt_state)
-    opt_state = jax.tree.map(lambda f, g: jnp.where(resume.mode == FRESH, f, g), fresh, given)
-  box = protocol.box_of(opt_state)
-  if box is not None:  # an infeasible start is projected onto the box
-    params = box.project(params)
-  value, grad, calls = _first_values(p, resume, opt_state, params)
-  if protocol.cache_at_params(opt_state) is not None:
-    opt_state = optax.tree.set(opt_state, value=value, grad=grad)
-  measure = _stationarity(params, grad, opt_state, p.norm)
-  dtype = measure.dtype
-  tol = jnp.maximum(jnp.asarray(p.limits.tol, dtype), jnp.asarray(p.limits.rtol, dtype) * measure)
-  s = LoopState(
-    params=params,
-    opt_state=opt_state,
-    value=value,
-    grad=grad,
-    grad_norm=measure,
-    num_steps=resume.num_steps,
-    num_value_evals=resume.num_value_evals + calls,
-    num_grad_evals=resume.num_grad_evals + calls,
-    accepted=jnp.asarray(True),
-    null_run=resume.null_run,
-    num_null_steps=resume.num_null_steps,
-    status=jnp.int32(RUNNING),
-    tol=tol,
-  )
-  return s._replace(status=judge(s, s, p.limits))
+  def update(self, s: LoopState):
+    """``(params, opt_state, value_evals, grad_evals)``: one ``optimizer.update`` at ``s``,
+    applied, and the oracle calls it made."""
+    # value and grad are f and grad f at the params: no stale-cache check in the program.
+    with _stale.values_at_params():
+      updates, opt_state = self.optimizer.update(
+        s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=self.value_fn
+      )
+    params = optax.apply_updates(s.params, updates)
+    values, grads = protocol.calls_in_update(s.opt_state, opt_state)
+    return params, opt_state, values, grads
+
+  def step(self, s: LoopState) -> LoopState:
+    """``update``, then f and grad f at the new params (from the optimizer's cache where it
+    is at the params, else one counted call), judged."""
+    params, opt_state, values, grads = self.update(s)
+    value, grad, calls = _at_new_params(self, params, opt_state)
+    if calls:
+      values, grads = values + 1, grads + 1
+    accepted = protocol.accepted(opt_state)
+    new = s._replace(
+      params=params,
+      opt_state=opt_state,
+      value=jnp.asarray(value, s.value.dtype),
+      grad=grad,
+      grad_norm=_stationarity(params, grad, opt_state, self.norm),
+      num_steps=s.num_steps + 1,
+      num_value_evals=s.num_value_evals + values,
+      num_grad_evals=s.num_grad_evals + grads,
+      accepted=accepted,
+      null_run=jnp.where(accepted, 0, s.null_run + 1),
+      num_null_steps=s.num_null_steps + (~accepted).astype(jnp.int32),
+    )
+    slope = None
+    if self.limits.uses_ftol:
+      slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params))
+    return new._replace(status=judge(s, new, self.limits, slope))
+
+  def done(self, s: LoopState) -> jax.Array:
+    """Whether the run has ended at ``s``."""
+    return s.status != RUNNING
+
+  def stop(self, s: LoopState, halt) -> LoopState:
+    """``s`` judged again with ``halt``, a stop asked from outside the rule (a callback's, a
+    batch's first converged member): a run still going on ends ``STOPPED`` where ``halt``
+    holds."""
+    # At s itself no update was made, so the rule's other conditions read as they did.
+    going = s.status == RUNNING
+    return s._replace(status=jnp.where(going, judge(s, s, self.limits, halt=halt), s.status))
+
+  def status(self, s: LoopState) -> jax.Array:
+    """The :class:`Status` a run that ends at ``s`` reports (``STOPPED`` while it goes on:
+    ``stop(s, True)``'s)."""
+    return self.stop(s, True).status
+
+  def room(self, s: LoopState, steps: int) -> jax.Array:
+    """Whether ``max_steps`` leaves ``steps`` more updates after ``s`` (a primitive that
+    makes several steps per test asks it)."""
+    return s.num_steps <= self.limits.max_steps - steps
 
 
-def _first_values(p: _Problem, resume: Resume, opt_state, params):
+def _first_values(p: Loop, resume: Resume, opt_state, params):
   """f and grad f at the first point, and the calls made: a resumed run takes them from
   the optimizer's cache where it holds them (it is at the params: the run's end)."""
   holder = protocol.cache_at_params(opt_state)
@@ -294,18 +337,7 @@ def _first_values(p: _Problem, resume: Resume, opt_state, params):
   return value, grad, (resume.mode != RESUME).astype(jnp.int32)
 
 
-def _update(p: _Problem, s: LoopState):
-  # value and grad are f and grad f at the params: no stale-cache check in the program.
-  with _stale.values_at_params():
-    updates, opt_state = p.optimizer.update(
-      s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=p.value_fn
-    )
-  params = optax.apply_updates(s.params, updates)
-  values, grads = protocol.calls_in_update(s.opt_state, opt_state)
-  return params, opt_state, values, grads
-
-
-def _at_new_params(p: _Problem, params, opt_state):
+def _at_new_params(p: Loop, params, opt_state):
   """``(value, grad, calls)``: f and grad f at the new params, from the optimizer's cache
   where it is at them, else from one more oracle call."""
   holder = protocol.cache_at_params(opt_state)
@@ -322,60 +354,13 @@ def _at_new_params(p: _Problem, params, opt_state):
   return (*p.evaluate(params), 1)
 
 
-def _step(p: _Problem, s: LoopState) -> LoopState:
-  params, opt_state, values, grads = _update(p, s)
-  value, grad, calls = _at_new_params(p, params, opt_state)
-  if calls:
-    values, grads = values + 1, grads + 1
-  accepted = protocol.accepted(opt_state)
-  new = s._replace(
-    params=params,
-    opt_state=opt_state,
-    value=jnp.asarray(value, s.value.dtype),
-    grad=grad,
-    grad_norm=_stationarity(params, grad, opt_state, p.norm),
-    num_steps=s.num_steps + 1,
-    num_value_evals=s.num_value_evals + values,
-    num_grad_evals=s.num_grad_evals + grads,
-    accepted=accepted,
-    null_run=jnp.where(accepted, 0, s.null_run + 1),
-    num_null_steps=s.num_null_steps + (~accepted).astype(jnp.int32),
-  )
-  slope = None
-  if p.limits.uses_ftol:
-    slope = optax.tree.vdot(s.grad, optax.tree.sub(params, s.params))
-  return new._replace(status=judge(s, new, p.limits, slope))
-
-
-def _done(p: _Problem, s: LoopState) -> jax.Array:
-  del p
-  return s.status != RUNNING
-
-
-def _stop(p: _Problem, s: LoopState, halt) -> LoopState:
-  # At s itself no update was made, so the rule's other conditions read as they did.
-  going = s.status == RUNNING
-  return s._replace(status=jnp.where(going, judge(s, s, p.limits, halt=halt), s.status))
-
-
-def _status(p: _Problem, s: LoopState) -> jax.Array:
-  return _stop(p, s, True).status
-
-
-def _room(p: _Problem, s: LoopState, steps: int) -> jax.Array:
-  return s.num_steps <= p.limits.max_steps - steps
-
-
 def make_loop(
   optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False, norm=None
 ) -> Loop:
   """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``)
-  within ``limits`` (checked); where ``limits.ftol_on`` each step forms the slope that
-  :func:`judge` tests ``ftol`` with. ``norm``: the stationarity measure's norm (default
+  within ``limits`` (checked). ``norm``: the stationarity measure's norm (default
   ``||.||_inf``)."""
-  problem = _Problem(optimizer, fun, limits, bool(has_aux), norm)
-  parts = (_start, _update, _step, _done, _stop, _status, _room)
-  return Loop(*(functools.partial(f, problem) for f in parts))
+  return Loop(optimizer, fun, limits, bool(has_aux), norm)
 
 
 @takes_limits

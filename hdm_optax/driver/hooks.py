@@ -132,11 +132,9 @@ def check_hook(callback, progress, members: int = 0) -> Optional[Hook]:
 class _Session:
   """One call's callback, progress line, table of members and the callback's error."""
 
-  def __init__(self, callback, progress, members):
-    self.staged = False
-    self.callback = callback
-    self.progress = progress
-    self.members = members
+  def __init__(self, callback, progress, staged, view):
+    self.callback, self.progress, self.staged, self.view = callback, progress, staged, view
+    self.members = 0
     self.table: dict = {}
     self.error: Optional[BaseException] = None
     self.begun = None
@@ -144,8 +142,9 @@ class _Session:
     self.terminal = _terminal()
 
   def merge(self, member, fields: dict) -> dict:
-    """``fields`` of the members given, merged into the table of every member."""
-    if not self.members or member is None:
+    """``fields`` of the members given, merged into the table of every member (a batch run
+    in stages; else ``fields`` as they are)."""
+    if not self.members:
       return fields
     rows = np.asarray(member).ravel()
     for name, value in fields.items():
@@ -176,14 +175,12 @@ class _Session:
 
 
 def _line(fields) -> str:
-  steps, calls = np.asarray(fields["num_steps"]), np.asarray(fields["num_grad_evals"])
-  value, gnorm = np.asarray(fields["value"]), np.asarray(fields["grad_norm"])
-  nulls, status = np.asarray(fields["num_null_steps"]), np.asarray(fields["status"])
+  names = ("num_steps", "num_grad_evals", "value", "grad_norm", "num_null_steps", "status")
+  steps, calls, value, gnorm, nulls, status = (np.asarray(fields[n]) for n in names)
   if steps.size == 1:
     return (
-      f"steps {int(steps.ravel()[0])} | calls {int(calls.ravel()[0])} | "
-      f"f {float(value.ravel()[0]):.6e} | ||grad f|| {float(gnorm.ravel()[0]):.2e} | "
-      f"null steps {int(nulls.ravel()[0])}"
+      f"steps {steps.item()} | calls {calls.item()} | f {value.item():.6e} | "
+      f"||grad f|| {gnorm.item():.2e} | null steps {nulls.item()}"
     )
   done = status != Status.STOPPED
   return (
@@ -230,20 +227,12 @@ def session(
     return
   with _LOCK:
     handle = next(_HANDLES)
-    _SESSIONS[handle] = _Session(callback, progress, 0)
-  _SESSIONS[handle].staged = staged
-  _SESSIONS[handle].view = view
+    _SESSIONS[handle] = _Session(callback, progress, staged, view)
   try:
     yield np.int32(handle)
   finally:
     if not staged:
       _SESSIONS.pop(handle, None)
-
-
-def error(handle) -> Optional[BaseException]:
-  """The exception the callback of an open session raised, if any."""
-  found = _SESSIONS.get(int(handle)) if handle is not None else None
-  return None if found is None else found.error
 
 
 def watchable(dynamic) -> bool:
@@ -272,7 +261,7 @@ def watched(
         result = run(Handle(hook, checks))
         if hook is not None or checks is not None:  # the run is over: its errors are known
           result = jax.block_until_ready(result)
-        raised = error(hook)
+        raised = None if hook is None else _SESSIONS[int(hook)].error
         if raised is not None:
           _raise_with(raised, result, "the callback raised this")
         if interrupts.seen():
@@ -301,8 +290,6 @@ def _raise_with(error_: BaseException, result, why: str) -> None:
 
 
 def _host_step(final: bool, members: int, handle, member, params, *fields):
-  names = ("value", "grad_norm", "num_steps", "num_value_evals", "num_grad_evals")
-  names += ("num_null_steps", "status")
   status = np.asarray(fields[-1])
   current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
   if current is None or (current.error is not None and not final):
@@ -311,14 +298,13 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
     current.error = KeyboardInterrupt()
     return np.full(status.shape, True)
   current.members = members
-  merged = current.merge(None if members == 0 else member, dict(zip(names, fields)))
+  merged = current.merge(member, dict(zip(Snapshot._fields[1:], fields)))
   if current.progress:  # the final line ends the progress line, after an error too
     current.draw(final, merged)
   if final or current.callback is None:
     return np.full(status.shape, final)
-  params = current.merge(None if members == 0 else member, {"params": params})["params"]
-  view = getattr(current, "view", None)
-  params = jax.tree.map(np.asarray, params if view is None else view(params))
+  params = current.merge(member, {"params": params})["params"]
+  params = jax.tree.map(np.asarray, params if current.view is None else current.view(params))
   snapshot = Snapshot(params=params, **merged)
   try:
     halt = bool(current.callback(snapshot))
@@ -333,8 +319,7 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
 
 def _call(hook: Hook, final: bool, hs: HookState, s, status) -> jax.Array:
   params = s.params if hook.callback and not final else ()
-  fields = (s.value, s.grad_norm, s.num_steps, s.num_value_evals, s.num_grad_evals)
-  fields += (s.num_null_steps,)
+  fields = [getattr(s, name) for name in Snapshot._fields[1:-1]]  # params and status apart
   return jax.pure_callback(
     lambda *a: _host_step(final, hook.members, *a),
     jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),

@@ -174,8 +174,41 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
   return f
 
 
+class _HostLayout:
+  """The user's params and the method's leaves on the host: NumPy views of the packed blocks
+  as the params' leaves, and the params' leaves concatenated into blocks (``packed``), or the
+  leaves as they are."""
+
+  def __init__(self, like, packed: bool):
+    leaves, self.treedef = jax.tree.flatten(like)
+    self.shapes = [np.shape(x) for x in leaves]
+    self.groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+
+  def params(self, blocks) -> list:
+    """The params' leaves (views of ``blocks``)."""
+    out = [None] * len(self.shapes)
+    for block, group in zip(blocks, self.groups):
+      start = 0
+      for i in group:
+        size = int(np.prod(self.shapes[i], dtype=np.int64))
+        out[i] = np.ravel(block)[start : start + size].reshape(self.shapes[i])
+        start += size
+    return out
+
+  def blocks(self, leaves) -> list:
+    """The method's leaves of the params' ``leaves``."""
+    return [
+      np.asarray(leaves[g[0]]) if len(g) == 1 else np.concatenate([np.ravel(leaves[i]) for i in g])
+      for g in self.groups
+    ]
+
+
 class JaxOracle(Oracle):
   """A JAX objective's value and gradient, compiled on its own (once per objective and shapes).
+
+  The program is ``jax.value_and_grad`` of the objective on the user's params, as SciPy's
+  route compiles it (the leaves are the user's cost); the method's packed blocks are split
+  into the params' leaves, and the gradient's leaves joined into blocks, on the host.
 
   Args:
     closed: the objective as traced at the call
@@ -188,12 +221,11 @@ class JaxOracle(Oracle):
 
   def __init__(self, closed, args: tuple, like, packed: bool, options=None):
     self._args, self._options = args, options or {}
-    packing = _blocks.Packing(like if packed else None)
-    method_params = _blocks.pack(like) if packing.on else like
-    method_def = jax.tree.structure(method_params)
+    self._layout = _HostLayout(like, packed)
+    treedef = self._layout.treedef
 
     def objective(leaves, args):
-      return closed(packing.unpack(jax.tree.unflatten(method_def, leaves)), *args)
+      return closed(jax.tree.unflatten(treedef, leaves), *args)
 
     def pair(leaves, args):  # the engine's checks of what fun returns, then its value's dtype
       fun = lambda leaves: objective(leaves, args)
@@ -201,11 +233,9 @@ class JaxOracle(Oracle):
       engine.check_value_dtype(value, like)
       return value, grads
 
-    leaves = [
-      jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(method_params)
-    ]
+    leaves = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(like)]
     options_key = tuple(sorted(self._options.items()))
-    key = (closed, packed, compiled_lib.abstract((leaves, args)), options_key)
+    key = (closed, compiled_lib.abstract((leaves, args)), options_key)
     self._key, self._leaves, self._objective = key, leaves, objective
     self._pair = self._program("value_and_grad", pair)
     self._value = None
@@ -215,13 +245,13 @@ class JaxOracle(Oracle):
     return compiled_lib.lookup(("objective", kind, self._key), build)
 
   def value_and_grad(self, leaves):
-    value, grads = self._pair(leaves, self._args)
-    return value, [np.asarray(g) for g in grads]
+    value, grads = self._pair(self._layout.params(leaves), self._args)
+    return value, self._layout.blocks([np.asarray(g) for g in grads])
 
   def value(self, leaves):
     if self._value is None:
       self._value = self._program("value", self._objective)
-    return self._value(leaves, self._args)
+    return self._value(self._layout.params(leaves), self._args)
 
 
 class HostOracle(Oracle):
@@ -236,33 +266,15 @@ class HostOracle(Oracle):
 
   def __init__(self, pair: Callable, value: Optional[Callable], like, packed: bool):
     self._pair, self._value = pair, value
-    leaves, self._treedef = jax.tree.flatten(like)
-    self._shapes = [np.shape(x) for x in leaves]
-    self._groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+    self._layout = _HostLayout(like, packed)
 
   def _params(self, blocks):
-    out = [None] * len(self._shapes)
-    for block, group in zip(blocks, self._groups):
-      if len(group) == 1:
-        out[group[0]] = block.reshape(self._shapes[group[0]])
-        continue
-      start = 0
-      for i in group:
-        size = int(np.prod(self._shapes[i], dtype=np.int64))
-        out[i] = block[start : start + size].reshape(self._shapes[i])
-        start += size
-    return jax.tree.unflatten(self._treedef, [np.array(x) for x in out])
-
-  def _blocks_of(self, tree):
-    leaves = self._treedef.flatten_up_to(tree)
-    return [
-      np.asarray(leaves[g[0]]) if len(g) == 1 else np.concatenate([np.ravel(leaves[i]) for i in g])
-      for g in self._groups
-    ]
+    leaves = [np.array(x) for x in self._layout.params(blocks)]  # copies: fun may write in x
+    return jax.tree.unflatten(self._layout.treedef, leaves)
 
   def value_and_grad(self, leaves):
     value, grad = self._pair(self._params(leaves))
-    return value, self._blocks_of(grad)
+    return value, self._layout.blocks(self._layout.treedef.flatten_up_to(grad))
 
   def value(self, leaves):
     if self._value is None:

@@ -9,9 +9,10 @@ Every front door prepares its call here before it runs a program:
   fields, a ``functools.partial``'s arrays) become arguments of the program, as ``fun_args``
   are; the program is keyed on the trace's structure (its equations, shapes, dtypes and the
   Python numbers written into it), not on the function object, so a new ``lambda`` of the
-  same code reuses it. Where the objective holds custom derivative rules
-  (``jax.custom_jvp``/``custom_vjp``) or calls a ``jax.jit``-ed function, the arrays those
-  read are compared by content (the rules are traced at the call to find them).
+  same code reuses it. Where the objective holds custom derivative rules of the user's
+  (``jax.custom_jvp``/``custom_vjp``; JAX's, optax's and the library's own read no state of
+  the user's) or calls a ``jax.jit``-ed function, the arrays those read are compared by
+  content (the rules are traced at the call to find them).
 - In ``fun_args``, arrays and Python floats are arguments; Python ints and bools are
   static, as ``jax.jit``'s ``static_argnums`` (a new value compiles a new program); other
   leaves (functions, strings) are compared as static arguments are.
@@ -30,6 +31,7 @@ a program per key and shapes (:func:`compiled_count`).
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import inspect
@@ -341,11 +343,57 @@ def _callback_key(fn, depth: int = 0, library: bool = True) -> Any:
   return _Held(fn)
 
 
-def _scan_rules(jaxpr) -> bool:
+def _user_rules(jaxpr) -> bool:
+  """Whether ``jaxpr`` holds a custom derivative rule that may read the user's state (one
+  that is not JAX's, optax's or the library's own all the way down: :func:`_library_code`)."""
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in _CUSTOM_RULES:
-      return True
-  return any(_scan_rules(sub) for sub in jex.subjaxprs(jaxpr))
+      rules = [v for v in eqn.params.values() if callable(v) or isinstance(v, lu.WrappedFun)]
+      if not all(_library_code(rule) for rule in rules):
+        return True
+  return any(_user_rules(sub) for sub in jex.subjaxprs(jaxpr))
+
+
+def _library_code(fn, seen: frozenset = frozenset()) -> bool:
+  """Whether ``fn`` is code of JAX, optax or the library all the way down: a function of
+  theirs whose closure holds only their functions (a rule's wrappers, ``defjvps``'s per-argument
+  rules) and no array. Anything else, a function of the user's or an object holding one, may
+  read state the trace does not show."""
+  if id(fn) in seen:  # a cycle (jax.nn.relu's rule holds relu): judged where it began
+    return True
+  if len(seen) > 32:
+    return False
+  inner = lambda x: _library_code(x, seen | {id(fn)})
+  if isinstance(fn, lu.WrappedFun):
+    return inner(fn.f)
+  if isinstance(fn, functools.partial):
+    return inner(fn.func) and not jax.tree.leaves((fn.args, fn.keywords))
+  if isinstance(fn, (jax.custom_jvp, jax.custom_vjp)):  # jax.nn.relu is one
+    parts = [getattr(fn, name, None) for name in ("fun", "jvp", "jvps", "fwd", "bwd")]
+    return _library_held(parts, inner)
+  if not isinstance(fn, types.FunctionType) and type(fn).__module__.startswith("jax"):
+    wrapped = getattr(fn, "__wrapped__", None)  # a jax.jit-ed function
+    return wrapped is not None and inner(wrapped)
+  if not isinstance(fn, types.FunctionType) or not _libraries(fn):
+    return False
+  return all(_library_held(c.cell_contents, inner) for c in fn.__closure__ or () if _filled(c))
+
+
+def _library_held(value, inner) -> bool:
+  """Whether a value held by a library function's closure is no array and no code or object
+  of the user's (``inner`` judges code; a tuple, such as ``defjvps``'s rules, or a dict item by
+  item; other objects only where they are JAX's, optax's or the library's own)."""
+  if isinstance(value, (jax.Array, np.ndarray)):
+    return False
+  if isinstance(value, (tuple, list)):
+    return all(_library_held(x, inner) for x in value)
+  if callable(value) or isinstance(value, lu.WrappedFun):
+    return inner(value)
+  if isinstance(value, dict):
+    return all(_library_held(x, inner) for x in value.values())
+  if value is None or type(value) is object or isinstance(value, (bool, int, float, str, bytes)):
+    return True
+  return type(value).__module__.split(".")[0] in ("jax", "jaxlib", "optax", "hdm_optax")
 
 
 class Closed:
@@ -447,7 +495,7 @@ def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed
   traced, shape = jax.make_jaxpr(lambda p, d: flat(p, d), return_shape=True)(*abstract)
   inner: list = []
   key = [_signature(traced.jaxpr, inner), jax.tree.structure(shape)]
-  if _scan_rules(traced.jaxpr):
+  if _user_rules(traced.jaxpr):
     value = lambda p, d: flat(p, d)[0] if isinstance(shape, tuple) else flat(p, d)
     derivative = jax.make_jaxpr(jax.value_and_grad(value))(*abstract)
     key.append(_signature(derivative.jaxpr, inner))
@@ -607,13 +655,50 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
   arguments against the params (a box's shape, NaN) run before they become traced. An
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
-  shape = jax.eval_shape(optimizer.init, params)
+  named = _init_key(optimizer, params)
+  shape = _INIT_SHAPES.get(named) if named is not None else None
+  if shape is None:
+    shape = jax.eval_shape(optimizer.init, params)
+    _remember(_INIT_SHAPES, named, shape)
   try:
     key, arrays = split_optimizer(optimizer, params)
   except Uncacheable:
     key, arrays = _Unkeyed(optimizer), []
   closed, args = hoist(fun, params, tuple(fun_args))
   return key, arrays, closed, args, shape
+
+
+# ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
+# checks read (:func:`_init_key`), the most recent first.
+_INIT_SHAPES: collections.OrderedDict = collections.OrderedDict()
+_SMALL_ARGUMENT = 1 << 16
+
+
+def _init_key(optimizer, params):
+  """What ``optimizer.init``'s shapes and checks at ``params`` depend on, as a key: the
+  factory, its arguments (arrays of at most :data:`_SMALL_ARGUMENT` entries by content) and
+  the params' shapes; ``None`` for other transformations and for function arguments (which
+  may read state)."""
+  configuration = getattr(optimizer, "configuration", None)
+  if not isinstance(optimizer, ConfiguredTransformation) or configuration is None:
+    return None
+  leaves, treedef = jax.tree.flatten(dict(configuration.arguments))
+  if any(callable(x) or (_is_array(x) and np.size(x) > _SMALL_ARGUMENT) for x in leaves):
+    return None
+  try:
+    named = tuple(content(x) if _is_array(x) else configuration_key(x) for x in leaves)
+    key = (configuration.factory, treedef, named, compiled_lib.abstract(params))
+    hash(key)
+  except (TypeError, Uncacheable):
+    return None
+  return key
+
+
+def _remember(cache: collections.OrderedDict, key, value, size: int = 64) -> None:
+  if key is not None:
+    cache[key] = value
+    while len(cache) > size:
+      cache.popitem(last=False)
 
 
 _JITTED: dict = {}
@@ -636,10 +721,11 @@ def program_key(entry, statics: tuple, dynamic: tuple):
   return (entry, statics, compiled_lib.abstract(dynamic))
 
 
-def _program(entry, statics: tuple, dynamic: tuple, traced: bool):
-  """``program(*dynamic)``: ``entry``'s program, compiled once per key and kept in the bounded
-  cache (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key
-  describes, the entry traced into the caller's program."""
+def _program(entry, statics: tuple, dynamic: tuple, traced: bool, key=None):
+  """``program(*dynamic)``: ``entry``'s program, compiled once per key (``key``, where the
+  caller has made it: :func:`program_key`) and kept in the bounded cache
+  (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key describes,
+  the entry traced into the caller's program."""
   try:
     hash(statics)
   except TypeError:
@@ -648,7 +734,7 @@ def _program(entry, statics: tuple, dynamic: tuple, traced: bool):
     return lambda *args: jitted(entry)(*statics, *args)
   options = compiler_options(dynamic)
   build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
-  return compiled_lib.lookup(program_key(entry, statics, dynamic), build)
+  return compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)
 
 
 # Inputs of at most this many entries in all compile for a short first call.
@@ -680,8 +766,9 @@ def compiled_count() -> int:
   return compiled_lib.compiles()
 
 
-def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: bool):
-  """``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes.
+def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: bool, key=None):
+  """``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes (``key``:
+  the program's :func:`program_key`, where the caller has made it).
 
   ``entry.num_statics`` leading arguments are static: hashable (the cache policy's keys);
   where one cannot be keyed (an optimizer that holds traced values) the entry is traced
@@ -691,4 +778,4 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: boo
   options: JAX takes ``compiler_options`` only at the top level.
   """
   dynamic = (handle, *dynamic)
-  return _program(entry, statics, dynamic, traced)(*dynamic)
+  return _program(entry, statics, dynamic, traced, key)(*dynamic)

@@ -21,7 +21,6 @@ __all__ = (
   "Trace",
   "best_index",
   "converged",
-  "status_message",
 )
 
 
@@ -100,14 +99,6 @@ _MESSAGES = {
   "the region where f is finite, not at a minimum (if the minimum lies on that edge, give "
   "it as bounds)",
 }
-
-
-def status_message(status) -> Union[str, list]:
-  """The message of a status code (a list of messages for an array of codes)."""
-  codes = np.asarray(status)
-  if codes.ndim == 0:
-    return Status(int(codes)).message
-  return [Status(int(c)).message for c in codes.ravel()]
 
 
 # Recent steps: the window, and the share of null steps that names a stall.
@@ -226,7 +217,7 @@ class SolveResult(NamedTuple):
 
   @property
   def message(self) -> Union[str, list]:
-    """:func:`status_message` of ``status``, and whether the run stalled.
+    """What ``status`` means (:attr:`Status.message`), and whether the run stalled.
 
     A run that did not converge also says: the final run of null steps, if
     any; that it was stalling, when most of its last 100 updates were null
@@ -237,35 +228,29 @@ class SolveResult(NamedTuple):
     codes = np.asarray(self.status)
     count = codes.size
     each = lambda a: np.broadcast_to(np.asarray(a), codes.shape).ravel()
+    rows = lambda a: np.asarray(a).reshape(count, -1)  # one row per run
     nulls, steps, value, gnorm = map(
       each, (self.null_run, self.num_steps, self.value, self.grad_norm)
     )
-    accepted = np.asarray(self.trace.accepted).reshape(count, -1)
-    trace_steps = np.asarray(self.trace.step).reshape(count, -1)
-    leaves = [
-      leaf
-      for _, p in optax.tree.get_all_with_path(self.state, "precond")
-      for leaf in jax.tree.leaves(p)
-    ]
-    precond = (
-      np.concatenate([np.asarray(p).reshape(count, -1) for p in leaves], axis=1)
-      if leaves
-      else [None] * count
-    )
+    trace = self.trace
+    accepted, trace_steps, trace_values = rows(trace.accepted), rows(trace.step), rows(trace.value)
+    found = optax.tree.get_all_with_path(self.state, "precond")
+    leaves = [rows(leaf) for _, p in found for leaf in jax.tree.leaves(p)]
+    precond = np.concatenate(leaves, axis=1) if leaves else [None] * count
     messages = []
     for i, code in enumerate(codes.ravel()):
       status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
-      values = np.asarray(self.trace.value).reshape(count, -1)[i][window]
-      notes += _stall_notes(status, int(nulls[i]), accepted[i][window], precond[i], values)
+      notes += _stall_notes(
+        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window]
+      )
       head = status.message
       if status == Status.NON_FINITE:
         head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
       if status in (Status.MAX_STEPS, Status.STALLED):
         notes += _huge_gradient_note(gnorm[i], value.dtype)
-        state_i = jax.tree.map(lambda a: np.asarray(a).reshape(count, -1)[i], self.state)
-        advice = _info.uphill_advice(state_i)
+        advice = _info.uphill_advice(jax.tree.map(lambda a: rows(a)[i], self.state))
         notes += [advice] if advice else []
       messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages

@@ -91,7 +91,7 @@ def start_of(init_state, init_params, shape) -> Resume:
   """The start of one run: fresh (a placeholder of the state's ``shape``, ``jax.eval_shape``
   of ``optimizer.init``), a warm start from a state, or a resumed result."""
   if init_state is None:
-    return Resume.of(_zeros(jax.tree.structure(shape), _avals(shape)), FRESH)
+    return Resume.of(_placeholder(shape), FRESH)
   result = result_of(init_state)
   if result is None:
     return Resume.of(_like(init_state, shape), WARM)
@@ -115,6 +115,15 @@ def batch_start(init_state):
 
 def _avals(shape) -> tuple:
   return tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in jax.tree.leaves(shape))
+
+
+def _placeholder(shape):
+  """Zeros of the state's shapes: NumPy's for a small state (no program to compile in a new
+  process), else made on the device (no transfer)."""
+  avals = _avals(shape)
+  if sum(int(np.prod(s, dtype=np.int64)) for s, _ in avals) <= programs.SMALL_PROGRAM:
+    return jax.tree.unflatten(jax.tree.structure(shape), [np.zeros(s, d) for s, d in avals])
+  return _zeros(jax.tree.structure(shape), avals)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))

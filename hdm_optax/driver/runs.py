@@ -147,7 +147,7 @@ _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arr
 def _begin(make, program: Program, handle, member, params, opt_state, index) -> _Carry:
   s = make(member)[0].start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  hook = hooks_lib.begin(program.hook, None if handle is None else handle.hook, index)
+  hook = hooks_lib.begin(program.hook, handle.hook, index)
   return _Carry(_without_cached_grad(s), trace, hook)
 
 
@@ -377,11 +377,11 @@ def run(
   params,
   opt_state=None,
   *,
-  primitive=None,
-  handle=None,
+  primitive,
+  handle,
   first_member=0,
 ) -> SolveResult:
-  """Runs a member's loop from ``params`` to its end with ``primitive`` (default: :class:`While`).
+  """Runs a member's loop from ``params`` to its end with ``primitive``.
 
   A primitive is ``primitive(steps, member, carry) -> carry``: it runs the :class:`Steps`
   from the carry of the first point until ``steps.running`` is False (or, a scan, for its
@@ -395,15 +395,14 @@ def run(
     member: what the run is of (a pytree; rows of a batch's data and settings).
     params: the starting point (a batch's: one row per member).
     opt_state: the optimizer state to resume, or ``None``.
-    primitive: the loop.
+    primitive: the loop (as the adjoint picked it: :class:`While`, :class:`Blocks`, ...).
     handle: the call's :class:`~hdm_optax.driver.hooks.Handle` (the hook's session, the
-      Ctrl-C check), or ``None``.
+      Ctrl-C check; each ``None`` where the call has none).
     first_member: the index of the batch's first member in the whole batch (for the hook).
 
   Returns:
     The :class:`SolveResult` (a batch's: one row per member).
   """
-  primitive = primitive or While()
   steps = Steps(
     _running,
     functools.partial(_advance, make, program),

@@ -171,7 +171,6 @@ def run(
   init_state=None,
   callback=None,
   progress: bool = False,
-  options: Optional[dict] = None,
   key=None,
 ):
   """Minimizes an objective from ``x0`` with ``optimizer`` on the separate path.
@@ -195,7 +194,7 @@ def run(
   start = _start(init_state, layout, method, x0, x)
   dynamic = (key.arrays, x, start, limits)
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
-  statics, options = (key, program_, primitive), options or {}
+  statics, options = (key, program_, primitive), programs.compiler_options((x0, init_state))
   # The method's program builds in a thread while the objective's compiles here.
   program(statics, (placeholder, np.int32(0), *dynamic), options, background=True)
   oracle = make_oracle(layout.on)
@@ -262,9 +261,13 @@ class _Sightings:
 _SIGHTINGS = _Sightings()
 
 
-def chosen(entry, statics: tuple, dynamic: tuple, *, program_: runs.Program, host: bool) -> bool:
+def chosen(
+  entry, statics: tuple, dynamic: tuple, *, key, program_: runs.Program, host: bool
+) -> bool:
   """Whether a front door's call runs on the separate path rather than ``entry``'s fused
-  program (``entry(*statics, handle, *dynamic)``).
+  program (``entry(*statics, *dynamic)``, ``dynamic`` led by the call's handle (one
+  :meth:`~hdm_optax.driver.hooks.Handle.like` it will be); ``key``, its
+  :func:`~hdm_optax.driver.programs.program_key`).
 
   The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device and
   process, a NumPy ``fun`` (``host``) always does, and a JAX objective does for its first
@@ -274,21 +277,15 @@ def chosen(entry, statics: tuple, dynamic: tuple, *, program_: runs.Program, hos
   """
   if program_.has_aux or engine.backend() != "cpu" or programs.staged():
     return False
-  if programs.tracers(dynamic) or _spread(dynamic):
-    return False
-  try:
-    hash(statics)
-  except TypeError:
+  if key is None or programs.tracers(dynamic) or _spread(dynamic):
     return False
   if host:
     return True
-  full = (hooks.Handle.like(program_.hook is not None, program_.watch), *dynamic)
-  key = programs.program_key(entry, statics, full)
   if compiled_lib.peek(key) is not None:
     return False
   runs_so_far = _SIGHTINGS.see(key)
   if runs_so_far == SEPARATE_RUNS:
-    options, abstract = programs.compiler_options(full), jax.tree.map(_abstract_value, full)
+    options, abstract = programs.compiler_options(dynamic), jax.tree.map(_abstract_value, dynamic)
     build = lambda: programs.jitted(entry).lower(*statics, *abstract).compile(options or None)
     compiled_lib.prepare(key, build)
   return runs_so_far <= SEPARATE_RUNS

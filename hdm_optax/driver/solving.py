@@ -179,11 +179,13 @@ def solve(
   program = runs.Program(kept, hook, bool(has_aux), watch)
   statics = (key, closed, program, primitive, adjoint)
 
+  like = (hooks.Handle.like(hook is not None, watch), *dynamic)
+  traced = bool(found) or bool(programs.tracers(dynamic))  # the arrays fun reads, too
+  named = None if traced else programs.program_key(_solve_entry, statics, like)
   make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
-  if not found and separate.chosen(
-    _solve_entry, statics, dynamic, program_=program, host=make_oracle.host
+  if not traced and separate.chosen(
+    _solve_entry, statics, like, key=named, program_=program, host=make_oracle.host
   ):
-    options = programs.compiler_options((init_params, init_state))
     result = separate.run(
       optimizer,
       make_oracle,
@@ -194,14 +196,12 @@ def solve(
       init_state=init_state,
       callback=callback,
       progress=progress,
-      options=options,
       key=key,
     )
     return runs.cut_trace(result, shown)
 
   def run(handle):
-    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=bool(found))
+    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
 
-  named = programs.program_key(_solve_entry, statics, dynamic) if watch else None
   result = hooks.watched(run, callback, progress, watch=watch, key=named)
   return runs.cut_trace(result, shown)
