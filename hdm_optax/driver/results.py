@@ -242,7 +242,9 @@ class SolveResult(NamedTuple):
     trace = self.trace
     accepted, trace_steps, trace_values = rows(trace.accepted), rows(trace.step), rows(trace.value)
     per_run = isinstance(self.state, list)  # a sweep's states of other shapes, one per point
-    state_of = lambda i: self.state[i] if per_run else jax.tree.map(lambda a: rows(a)[i], self.state)
+    state_of = lambda i: (
+      self.state[i] if per_run else jax.tree.map(lambda a: rows(a)[i], self.state)
+    )
     messages = []
     for i, code in enumerate(codes.ravel()):
       status, notes, state = Status(int(code)), [], state_of(i)
