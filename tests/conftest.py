@@ -8,7 +8,9 @@ small synthetic dataset; ``cpu_default_device`` runs a test on the CPU device
 (skipped without one, see ``tests/backends.py``).
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import jax
@@ -16,8 +18,22 @@ import numpy as np
 import pytest
 
 jax.config.update("jax_enable_x64", True)
-# The method's programs go to a store of the session's own (docs/speed.md), not the user's.
-os.environ.setdefault("HDM_OPTAX_PROGRAM_CACHE", tempfile.mkdtemp(prefix="hdm_optax_programs_"))
+
+
+def _own_program_store() -> None:
+  """The method's programs go to a store of this process's own (docs/speed.md), removed at
+  exit: not the user's store, and not one shared between pytest-xdist's workers (each
+  worker imports this file with the environment of the process that started it). A store
+  named before pytest started (``HDM_OPTAX_PROGRAM_CACHE``, ``0`` to turn it off) is kept."""
+  inherited = os.environ.get("HDM_OPTAX_PROGRAM_CACHE")
+  if inherited is not None and inherited != os.environ.get("HDM_OPTAX_TEST_STORE"):
+    return
+  store = tempfile.mkdtemp(prefix="hdm_optax_programs_")
+  os.environ["HDM_OPTAX_PROGRAM_CACHE"] = os.environ["HDM_OPTAX_TEST_STORE"] = store
+  atexit.register(shutil.rmtree, store, ignore_errors=True)
+
+
+_own_program_store()
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends

@@ -324,15 +324,20 @@ def test_cutest32_is_the_dev_list_in_float32_with_a_relative_tolerance():
 
 
 def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
-  """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA)."""
+  """Every peer row runs under the protocol; polyak_sgd only where f* is known (not AKIVA).
+
+  On AKIVA (no f*; dog and gd-zoom run out of budget, gd-backtracking stops early) and BOX3
+  (f* known; dog and cocob run out of budget): each of the 17 rows compiles its own program,
+  and HILBERTB, where every row solves, would add nine that check no other path."""
   if importlib.util.find_spec("sif2jax") is None or solvers.optx is None:
     pytest.skip("sif2jax and optimistix are needed (pip install -e '.[bench]')")
   monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
   path = tmp_path / "results.csv"
-  tasks = suites.cutest_tasks(runner.TOL, CUTEST)
+  cutest = ("AKIVA", "BOX3")
+  tasks = suites.cutest_tasks(runner.TOL, cutest)
   runner.run_suite(tasks, [solvers.get(n) for n in PEER_ROWS], path, progress=False)
   rows = {(r["problem"], r["solver"]): r for r in _rows(path)}
-  expected = {(p, n) for p in CUTEST for n in PEER_ROWS}
+  expected = {(p, n) for p in cutest for n in PEER_ROWS}
   expected.discard(("AKIVA", "optax.polyak_sgd(f_min=F_STAR)"))  # sif2jax states no f*
   assert set(rows) == expected
   for r in rows.values():
@@ -344,7 +349,7 @@ def test_peer_rows_run_on_the_tiny_cutest_problems(tmp_path, monkeypatch):
     assert 1 <= calls <= runner.BUDGET + solvers.LINESEARCH_STEPS, r
     solved = grad_inf <= runner.TOL and calls < runner.BUDGET - 1
     assert r["solved"] == str(int(solved)), r
-  for p in CUTEST:
+  for p in cutest:
     assert rows[(p, "optx.BFGS")]["solved"] == rows[(p, "optx.LBFGS")]["solved"] == "1"
 
 

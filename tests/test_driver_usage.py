@@ -435,6 +435,20 @@ def test_a_shape_setting_gets_a_program_of_its_own():
   assert [int(s.direction.memory.s[0].shape[0]) for s in out.results.state] == [5, 10, 20]
 
 
+def test_a_sweep_of_states_of_other_shapes_says_each_points_message():
+  """``results.message`` reads each point's own state when the states differ in shape."""
+  fun = lambda x: jnp.sum(jnp.array([1.0, 10.0, 100.0]) * x**2)
+  grid = {"memory_size": [2, 7]}
+  for max_steps in (2, 60):  # stopped at max_steps (stall notes, advice), converged
+    out = hdm_optax.sweep(hdm_optax.trial_lbfgs, grid, fun, jnp.ones(3), max_steps=max_steps)
+    alone = [
+      hdm_optax.solve(hdm_optax.trial_lbfgs(m), fun, jnp.ones(3), max_steps=max_steps).message
+      for m in grid["memory_size"]
+    ]
+    assert isinstance(out.results.state, list)
+    assert out.results.message == alone
+
+
 def test_sweep_rtol_is_solves():
   kw = dict(max_steps=300, tol=0.0, rtol=1e-3, fun_args=ARGS)
   out = hdm_optax.sweep(hdm_optax.hdm, {"precond_lr": [0.1, 0.3]}, logistic, PROBLEM.x0, **kw)

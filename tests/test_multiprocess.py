@@ -37,6 +37,8 @@ def launch(port, out_dir):
   """
   env = dict(os.environ)
   env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  # As FAST_COMPILE does in-process: both sides of the comparison compile alike.
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
   logs = [out_dir / f"process{i}.txt" for i in range(NUM_PROCESSES)]
   procs = []
   try:

@@ -138,6 +138,13 @@ def _stall_notes(status: Status, null_run: int, recent, precond, values=None) ->
   return notes
 
 
+def _precond(state):
+  """One run's ``precond`` entries, all leaves in one vector (None without a precond)."""
+  found = optax.tree.get_all_with_path(state, "precond")
+  leaves = [np.ravel(leaf) for _, p in found for leaf in jax.tree.leaves(p)]
+  return np.concatenate(leaves) if leaves else None
+
+
 def _non_finite_note(value, steps: int) -> str:
   where = "at x0 (init_params, x0: check it for NaN or inf)" if steps == 0 else f"at step {steps}"
   if not np.isfinite(value):
@@ -234,23 +241,24 @@ class SolveResult(NamedTuple):
     )
     trace = self.trace
     accepted, trace_steps, trace_values = rows(trace.accepted), rows(trace.step), rows(trace.value)
-    found = optax.tree.get_all_with_path(self.state, "precond")
-    leaves = [rows(leaf) for _, p in found for leaf in jax.tree.leaves(p)]
-    precond = np.concatenate(leaves, axis=1) if leaves else [None] * count
+    per_run = isinstance(self.state, list)  # a sweep's states of other shapes, one per point
+    state_of = lambda i: (
+      self.state[i] if per_run else jax.tree.map(lambda a: rows(a)[i], self.state)
+    )
     messages = []
     for i, code in enumerate(codes.ravel()):
-      status, notes = Status(int(code)), []
+      status, notes, state = Status(int(code)), [], state_of(i)
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
       notes += _stall_notes(
-        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window]
+        status, int(nulls[i]), accepted[i][window], _precond(state), trace_values[i][window]
       )
       head = status.message
       if status == Status.NON_FINITE:
         head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
       if status in (Status.MAX_STEPS, Status.STALLED):
         notes += _huge_gradient_note(gnorm[i], value.dtype)
-        advice = _info.uphill_advice(jax.tree.map(lambda a: rows(a)[i], self.state))
+        advice = _info.uphill_advice(state)
         notes += [advice] if advice else []
       messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages
