@@ -13,13 +13,38 @@ except ImportError:  # pragma: no cover - tests/ turned into a package
 
 
 def test_cpu_is_strict_and_other_backends_have_the_documented_tolerances(monkeypatch):
-  assert backends.reference_rtol("cpu") == 1e-10 and backends.reference_rtol("gpu") == 1e-9
   for dtype in (np.float32, np.float64):
     assert backends.cross_program_rtol(dtype, "cpu") == 0.0
   assert backends.cross_program_rtol(np.float64, "gpu") == 1e-5
   assert backends.cross_program_rtol(np.float32, "tpu") == 1e-4
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert not backends.is_cpu() and backends.reference_rtol() == 1e-9
+  assert not backends.is_cpu() and backends.cross_program_rtol(np.float64) == 1e-5
+
+
+def test_rounding_noise_is_a_function_of_the_point_and_the_run():
+  x = np.array([0.5, -1.0, 2.0])
+  u = backends.rounding_noise(x, 1, (4,))
+  np.testing.assert_array_equal(u, backends.rounding_noise(x.copy(), 1, (4,)))  # a tie stays one
+  assert np.all(np.abs(u) <= 1.0) and len(set(u)) == 4
+  assert not np.any(u == backends.rounding_noise(x, 2, (4,)))
+  assert not np.any(u == backends.rounding_noise(np.nextafter(x, 3.0), 1, (4,)))
+
+
+def test_spread_tol_is_ten_times_the_running_spread_plus_a_last_update_rounding():
+  want = [np.array([1.0, -4.0]), np.array([2.0, 0.0]), np.array([2.0, 0.0])]
+  runs = [
+    [np.array([1.0, -4.0]), np.array([2.0, 1e-9]), np.array([2.0, 0.0])],
+    [np.array([1.0 + 1e-12, -4.0]), np.array([2.0, 0.0]), np.array([2.0, 0.0])],
+  ]
+  floor = backends.rounding_tol(3) * np.array([4.0, 2.0, 2.0])
+  d = (1.0 + 1e-12) - 1.0
+  spread = np.array([d, 1e-9, 1e-9])  # max over entries and runs, then over steps <= k
+  tol = backends.spread_tol(want, runs, terms=3)
+  np.testing.assert_allclose(tol, 10 * spread + floor, rtol=1e-12)
+  # no spread: the floor alone; a quantity not formed yet (None) counts as 0
+  np.testing.assert_array_equal(
+    backends.spread_tol([None, 3.0], [[None, 3.0]], terms=2), [0.0, backends.rounding_tol(2) * 3.0]
+  )
 
 
 def test_across_programs_bit_exact_on_cpu_within_the_tolerance_elsewhere():

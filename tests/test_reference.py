@@ -1,9 +1,18 @@
 """Trajectory tests: hdm_optax against the plain-NumPy reference (tests/reference.py).
 
 Every configuration runs >= 30 float64 steps on two small problems and compares
-x, P (and B / beta / z / A), the cached value and the accept flags step by step
-with rtol 1e-10 (on the CPU; elsewhere ``backends.reference_rtol()``).  One
-objective family covers both problems,
+x, P (and B / beta / z / A ...), the cached value and the accept flags step by step.
+
+The tolerance follows from the computation's rounding, estimated from the reference
+itself (:func:`backends.spread_tol`): the reference loop runs again, PERTURBED_RUNS
+times, with f and grad f perturbed by the bound on their own rounding (``rounding_tol``
+of their terms times the terms' size, noise that is a function of the point, so that
+exact ties stay ties), and a field at step k may differ from the reference by 10 times
+the largest distance of a perturbed run from it up to k, plus the rounding of its last
+update. The accept flags, finiteness and oracle counts are compared exactly; where a
+perturbed run takes another branch than the reference, the configuration sits within
+rounding of a tie and the test fails saying so (``run_reference``).  One objective
+family covers both problems,
 
     f(x) = 1/2 (x - s)^T A (x - s) + c * mean(log(1 + exp(-y * (M x))))
            (+inf if ||x - center||^2 > R2)
@@ -13,8 +22,8 @@ convex quadratic (c = 0, minimum value 0 at s) and the logistic regression
 (A = lam I, s = 0, c > 0); the problem data are traced arguments of the jitted
 step.  Writing the quadratic around its minimiser keeps f(x) - f* well resolved:
 HDM-AGD uses h = (f(x_P) - f(y)) / ||g||^2, whose rounding error grows like
-|f| / ||g||^2, and with |f| >> f - f* the two implementations drift apart at the
-1e-10 level for purely numerical reasons.
+|f| / ||g||^2, and with |f| >> f - f* the two implementations drift apart for purely
+numerical reasons.
 """
 
 import jax
@@ -42,11 +51,12 @@ except ImportError:  # pragma: no cover - tests/ turned into a package
 # cost more compile time than they save (about 40% of each compilation).
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
-# 1e-10 on the CPU; another backend sums the products in another order (tests/backends.py).
-RTOL = backends.reference_rtol()
-ATOL = 1e-13
 N = 6  # dimension of both problems (one compile per configuration)
 M_SAMPLES = 40
+TERMS = N * N + N * M_SAMPLES  # the products f sums; each entry of grad f sums N + M_SAMPLES
+PERTURBED_RUNS = 3  # reference runs with a perturbed oracle, for backends.spread_tol
+# What may differ between the runs only at a tie: each is compared exactly.
+DISCRETE = ("accepted", "finite", "finite_y", "finite_P", "calls", "looked")
 
 
 # ---------------------------------------------------------------------------
@@ -81,20 +91,53 @@ def make_problem(kind: str, seed: int, R2: float = math.inf, center=None):
   return data, float(L)
 
 
-def np_oracle(data):
+def np_oracle(data, run: int = 0):
+  """(f, grad f) in NumPy; ``run`` > 0 perturbs both at the size of their own rounding.
+
+  The perturbed oracle adds :func:`backends.rounding_tol` of the terms times their size
+  (:func:`value_size`, :func:`grad_size`) times :func:`backends.rounding_noise` of the
+  point and ``run``: the same point gives the same values within a run (f(x - 0 g) = f(x)
+  still ties), another run gives others.
+  """
   A, s, M, y, c, R2, ctr = (data[k] for k in ("A", "s", "M", "y", "c", "R2", "center"))
+  rel = backends.rounding_tol(TERMS)
+
+  def noise(x):  # f's and grad f's, drawn together so that they differ
+    return backends.rounding_noise(x, run, (1 + x.size,))
 
   def f(x):
     if (x - ctr) @ (x - ctr) > R2:
       return math.inf
-    return float(0.5 * (x - s) @ A @ (x - s) + c * np.mean(np.logaddexp(0.0, -y * (M @ x))))
+    val = float(0.5 * (x - s) @ A @ (x - s) + c * np.mean(np.logaddexp(0.0, -y * (M @ x))))
+    if run:
+      val += rel * value_size(data, x) * float(noise(x)[0])
+    return val
 
   def grad(x):
     z = -y * (M @ x)
     sig = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid(z)
-    return A @ (x - s) + c * (M.T @ (-y * sig)) / len(y)
+    g = A @ (x - s) + c * (M.T @ (-y * sig)) / len(y)
+    if run:
+      g = g + rel * grad_size(data, x, sig) * noise(x)[1:]
+    return g
 
   return f, grad
+
+
+def value_size(data, x) -> float:
+  """S(x): the absolute values of the terms f sums at x (a softplus term moves by at most the
+  rounding of its argument m_i^T x, about n eps |m_i|^T |x|)."""
+  A, s, M, y, c = (data[k] for k in ("A", "s", "M", "y", "c"))
+  r = np.abs(x - s)
+  softplus = np.logaddexp(0.0, -y * (M @ x)) + np.abs(M) @ np.abs(x)
+  return float(0.5 * r @ np.abs(A) @ r + c * np.mean(softplus))
+
+
+def grad_size(data, x, sig) -> np.ndarray:
+  """The absolute values of the terms each entry of grad f sums at x: |A| |x - s| +
+  c |M|^T sigma / m, with sigma the logistic terms' weights."""
+  A, s, M, c = (data[k] for k in ("A", "s", "M", "c"))
+  return np.abs(A) @ np.abs(x - s) + c * (np.abs(M).T @ sig) / M.shape[0]
 
 
 def value_atol(data, xs) -> float:
@@ -102,21 +145,12 @@ def value_atol(data, xs) -> float:
   another order: NumPy against XLA, or XLA on another CPU (its vector width, its fusion).
 
   f sums the products of 0.5 r^T A r (r = x - s) and the softplus terms of the logistic
-  loss: k = n^2 + n m terms, whose absolute values add up to S(x) (a softplus term moves by
-  at most the rounding of its argument m_i^T x, about n eps |m_i|^T |x|). Near the
-  quadratic's minimum f is a small difference of large terms (S is 1e5 times f at step 20
-  of the reference run), so a relative tolerance on f follows from no rounding: this
-  absolute one, :func:`backends.rounding_tol` of k terms times max S over ``xs``, does.
+  loss: k = n^2 + n m terms, whose absolute values add up to S(x) (:func:`value_size`).
+  Near the quadratic's minimum f is a small difference of large terms (S is 1e5 times f at
+  step 20 of the reference run), so a relative tolerance on f follows from no rounding:
+  this absolute one, :func:`backends.rounding_tol` of k terms times max S over ``xs``, does.
   """
-  A, s, M, y, c = (data[k] for k in ("A", "s", "M", "y", "c"))
-
-  def size(x):  # S(x): the terms' absolute values, summed as f sums them
-    r = np.abs(x - s)
-    softplus = np.logaddexp(0.0, -y * (M @ x)) + np.abs(M) @ np.abs(x)
-    return 0.5 * r @ np.abs(A) @ r + c * np.mean(softplus)
-
-  terms = N * N + N * M_SAMPLES
-  return backends.rounding_tol(terms) * max(size(np.asarray(x)) for x in xs)
+  return backends.rounding_tol(TERMS) * max(value_size(data, np.asarray(x)) for x in xs)
 
 
 def jax_objective(data):
@@ -196,14 +230,57 @@ def run_package(opt, stepper, data, x0, steps, extract, replace=None):
   return recs, state
 
 
-def assert_traj(name, got, want, rtol=RTOL, atol=ATOL):
-  got = np.asarray(got, dtype=np.float64)
-  want = np.asarray(want, dtype=np.float64)
-  assert got.shape == want.shape, (name, got.shape, want.shape)
-  for k in range(got.shape[0]):
-    np.testing.assert_allclose(
-      got[k], want[k], rtol=rtol, atol=atol, err_msg=f"{name} differs at step {k + 1}"
-    )
+class Reference(dict):
+  """A reference loop's records (a dict, as the loop returns them), and ``perturbed``: the
+  same loop's records with :func:`np_oracle`'s perturbed oracles, for the tolerances."""
+
+  perturbed: list
+
+
+def run_reference(loop, data, *args, **kwargs) -> Reference:
+  """``loop(f, grad, *args, **kwargs)`` with the exact NumPy oracle of ``data`` and with
+  PERTURBED_RUNS perturbed ones.
+
+  Every run must take the same branches (the records in DISCRETE): one that takes another
+  sits within rounding of a tie there, where no implementation need reproduce the
+  reference, and the test says so instead of comparing.
+  """
+  want = Reference(loop(*np_oracle(data), *args, **kwargs))
+  want.perturbed = [
+    loop(*np_oracle(data, run), *args, **kwargs) for run in range(1, 1 + PERTURBED_RUNS)
+  ]
+  for run, other in enumerate(want.perturbed, 1):
+    for key in DISCRETE:
+      k = next(
+        (k for k, (a, b) in enumerate(zip(want.get(key, ()), other.get(key, ()))) if a != b), None
+      )
+      if k is not None:
+        pytest.fail(
+          f"rounding tie: with its oracle perturbed at the rounding level (run {run}), the "
+          f"reference takes another branch at step {k + 1} ({key}: {other[key][k]} against "
+          f"{want[key][k]}): no implementation need reproduce this configuration there; "
+          "compare fewer steps or another configuration"
+        )
+  return want
+
+
+def assert_traj(got, want: Reference, *names, tag=""):
+  """The package's per-step records ``got`` against the reference's: the fields ``names``
+  (record ``name``, reference ``name + "s"``) within :func:`backends.spread_tol` (the spread
+  of the perturbed reference runs; the rounding of the N products of a last update), and
+  the accept flags exactly."""
+  for name in names:
+    key = name + "s"
+    tol = backends.spread_tol(want[key], [run[key] for run in want.perturbed], terms=N)
+    ref_traj = backends.per_step(want[key])
+    traj = backends.per_step([r[name] for r in got])
+    assert traj.shape == ref_traj.shape, (tag + name, traj.shape, ref_traj.shape)
+    for k in range(traj.shape[0]):
+      np.testing.assert_allclose(
+        traj[k], ref_traj[k], rtol=0, atol=tol[k], err_msg=f"{tag}{name} differs at step {k + 1}"
+      )
+  if "accepted" in want:
+    assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
 
 
 def assert_moves(name, traj, first, tol=1e-3):
@@ -235,14 +312,10 @@ def _hdm_extract(x, state):
 
 
 def _check_hdm(opt, stepper, ref_kwargs, data, steps, candidate, P1, *, x0=None, replace=None):
-  f, grad = np_oracle(data)
   x0 = x_start() if x0 is None else x0
-  want = ref.hdm_reference(f, grad, x0, steps, candidate=candidate, P1=P1, **ref_kwargs)
+  want = run_reference(ref.hdm_reference, data, x0, steps, candidate=candidate, P1=P1, **ref_kwargs)
   got, _ = run_package(opt, stepper, data, x0, steps, _hdm_extract, replace=replace)
-  assert_traj("P", [r["P"] for r in got], want["Ps"])
-  assert_traj("x", [r["x"] for r in got], want["xs"])
-  assert_traj("value", [r["value"] for r in got], want["values"])
-  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  assert_traj(got, want, "P", "x", "value")
   assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
   return want
 
@@ -372,6 +445,29 @@ def test_hdm_projection_matches_reference(candidate, learner, precond_min, preco
   assert np.all(Ps >= precond_min) and np.all(Ps <= precond_max)
 
 
+@pytest.mark.parametrize("perturbed", ["x0", "P1", "data"])
+def test_the_tolerance_rejects_a_run_perturbed_by_1e6(perturbed):
+  """The rule is not vacuous: a package run from x0, P_1 or the data 1e-6 (relative)
+  away from the reference's fails the comparison. (Same compilation as
+  test_hdm_matches_reference.)"""
+  opt, stepper, kw = _hdm_config("diagonal", "adagrad", True)
+  data, _ = make_problem("quadratic", 0)
+  x0 = x_start()
+  want = run_reference(
+    ref.hdm_reference, data, x0, HDM_STEPS, candidate="diagonal", P1=HDM_P1, **kw
+  )
+  P1 = ref.init_precond("diagonal", N, HDM_P1)
+  if perturbed == "x0":
+    x0 = x0 * (1 + 1e-6)
+  elif perturbed == "P1":
+    P1 = P1 * (1 + 1e-6)
+  else:
+    data = dict(data, A=data["A"] * (1 + 1e-6))
+  got, _ = run_package(opt, stepper, data, x0, HDM_STEPS, _hdm_extract, replace=dict(precond=P1))
+  with pytest.raises(AssertionError, match="differs at step"):
+    assert_traj(got, want, "P", "x", "value")
+
+
 # ---------------------------------------------------------------------------
 # HDM-HB (Algorithm 2)
 # ---------------------------------------------------------------------------
@@ -407,10 +503,9 @@ def _check_hb(config, data, x0):
     init_precond=P1,
     init_momentum=B1,
   )
-  f, grad = np_oracle(data)
-  want = ref.hdm_hb_reference(
-    f,
-    grad,
+  want = run_reference(
+    ref.hdm_hb_reference,
+    data,
     x0,
     HB_STEPS,
     candidate=candidate,
@@ -426,12 +521,7 @@ def _check_hb(config, data, x0):
   assert_moves("P", want["Ps"], ref.init_precond(candidate, N, P1))
   assert_moves("B", want["Bs"], ref.init_precond(momentum_candidate, N, B1))
   got, _ = run_package(opt, stepper, data, x0, HB_STEPS, _hb_extract)
-  assert_traj("P", [r["P"] for r in got], want["Ps"])
-  assert_traj("B", [r["B"] for r in got], want["Bs"])
-  assert_traj("x", [r["x"] for r in got], want["xs"])
-  assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
-  assert_traj("value", [r["value"] for r in got], want["values"])
-  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  assert_traj(got, want, "P", "B", "x", "x_prev", "value")
   return want
 
 
@@ -553,10 +643,10 @@ def _check_agd(candidate, learner, lr, theta, precond_max, L, x0, runs):
   )
   wants = []
   for kind, data, P1 in runs:
-    f, grad = np_oracle(data)
-    want = ref.hdm_agd_reference(
-      f,
-      grad,
+    f, _ = np_oracle(data)
+    want = run_reference(
+      ref.hdm_agd_reference,
+      data,
       x0,
       AGD_STEPS,
       lipschitz=L,
@@ -572,12 +662,7 @@ def _check_agd(candidate, learner, lr, theta, precond_max, L, x0, runs):
     assert want["values"][-1] < f(x0)
     replace = None if P1 == 0.0 else dict(precond=ref.init_precond(candidate, N, P1))
     got, _ = run_package(opt, stepper, data, x0, AGD_STEPS, _agd_extract, replace=replace)
-    tag = f"{kind}:"
-    assert_traj(tag + "P", [r["P"] for r in got], want["Ps"])
-    assert_traj(tag + "x", [r["x"] for r in got], want["xs"])
-    assert_traj(tag + "z", [r["z"] for r in got], want["zs"])
-    assert_traj(tag + "A", [r["A"] for r in got], want["As"])
-    assert_traj(tag + "value", [r["value"] for r in got], want["values"])
+    assert_traj(got, want, "P", "x", "z", "A", "value", tag=f"{kind}:")
     wants.append(want)
   return wants
 
@@ -605,12 +690,12 @@ def _best_extract(x, state):
 def _check_best(kind, seed, steps, horizon, R2=math.inf, vacuity=True):
   data, L = make_problem(kind, seed)
   data, _ = make_problem(kind, seed, R2=R2)
-  f, grad = np_oracle(data)
+  f, _ = np_oracle(data)
   x0 = x_start(5)
   kw = dict(lipschitz=L, precond_lr=0.5 / L, momentum_lr=1.0)
   estimate = hdm_optax.pieces.curvature.running_mean(horizon)
   opt, stepper = compiled(hdm_optax.hdm_best, curvature_estimate=estimate, **kw)
-  want = ref.hdm_best_reference(f, grad, x0, steps, horizon=horizon, **kw)
+  want = run_reference(ref.hdm_best_reference, data, x0, steps, horizon=horizon, **kw)
   # vacuity checks on the reference run first (they do not depend on the package)
   if vacuity:
     k_set = next((k for k, Lh in enumerate(want["L_hats"]) if Lh is not None), None)
@@ -620,18 +705,7 @@ def _check_best(kind, seed, steps, horizon, R2=math.inf, vacuity=True):
   assert_moves("beta", want["betas"], 0.95)
   assert want["values"][-1] < f(x0)
   got, _ = run_package(opt, stepper, data, x0, steps, _best_extract)
-  assert_traj("P", [r["P"] for r in got], want["Ps"])
-  assert_traj("eta_p", [r["eta_p"] for r in got], want["eta_ps"])
-  assert_traj("x", [r["x"] for r in got], want["xs"])
-  assert_traj("x_prev", [r["x_prev"] for r in got], want["x_prevs"])
-  assert_traj("beta", [r["beta"] for r in got], want["betas"])
-  assert_traj("U", [r["U"] for r in got], want["Us"])
-  assert_traj("v", [r["v"] for r in got], want["vs"])
-  assert_traj("value", [r["value"] for r in got], want["values"])
-  assert_traj(
-    "L_hat", [r["L_hat"] for r in got], [0.0 if Lh is None else Lh for Lh in want["L_hats"]]
-  )
-  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  assert_traj(got, want, "P", "eta_p", "x", "x_prev", "beta", "U", "v", "value", "L_hat")
   return want
 
 
@@ -695,16 +769,17 @@ def _check_tuning_free(
   NumPy); ``fields`` are compared as trajectories. probe_size 0.1: with 1e-4
   the probe's gradient difference cancels to 1e-12 relative, which the two
   implementations round differently. P feeds back into itself through the
-  trial point (AdaGrad divides by a running sum): the rounding grows to ~1e-9
-  over 100 steps while every flag and count agrees.
+  trial point (AdaGrad divides by a running sum): on the quadratic the oracle's
+  rounding grows by a factor of about 1e8 in P over 50 steps (the perturbed
+  reference runs measure it) while every flag and count agrees.
   """
   data, _ = make_problem(kind, seed, R2=R2)
-  f, grad = np_oracle(data)
+  f, _ = np_oracle(data)
   x0 = x_start(5)
   opt, stepper = compiled(make, horizon=horizon, seed=3, probe_size=0.1)
-  want = reference(
-    f,
-    grad,
+  want = run_reference(
+    reference,
+    data,
     x0,
     steps,
     directions=[np.asarray(d) for d in directions(jnp.asarray(x0))],
@@ -712,9 +787,7 @@ def _check_tuning_free(
     probe_size=0.1,
   )
   got, _ = run_package(opt, stepper, data, x0, steps, extract)
-  for name in fields:
-    assert_traj(name, [r[name] for r in got], want[name + "s"], rtol=1e-7, atol=1e-10)
-  assert [r["accepted"] for r in got] == want["accepted"], "accepted flags differ"
+  assert_traj(got, want, *fields)
   assert [r["calls"] for r in got] == want["calls"], "oracle counts differ"
   assert want["values"][-1] < f(x0)
   return want
@@ -750,10 +823,11 @@ def test_osgm_best_matches_reference(kind, seed, steps):
 
 
 def test_osgm_best_decay_matches_reference():
-  """horizon 240 (threshold 60): lr_P decays at k = 50 while estimating. (At
-  step 93 one Armijo comparison sits within rounding of its threshold and the
-  two implementations take different branches, so the run stops before.)"""
-  want = _check_osgm("logistic", 5, 90, horizon=240)
+  """horizon 240 (threshold 60): lr_P decays at k = 50 while estimating; L_hat forms at
+  step 73 and the lookahead runs from step 76. (From step 84 on, an Armijo comparison sits
+  within rounding of its threshold: reference runs with a perturbed oracle take another
+  branch there, so the run stops at 80.)"""
+  want = _check_osgm("logistic", 5, 80, horizon=240)
   assert len(set(want["Ls"][3:])) > 1
 
 
@@ -805,9 +879,11 @@ def _auto_extract(x, state):
   )
 
 
-@pytest.mark.parametrize("kind,seed,steps", [("quadratic", 5, 80), ("logistic", 4, 80)])
+@pytest.mark.parametrize("kind,seed,steps", [("quadratic", 5, 80), ("logistic", 4, 70)])
 def test_hdm_auto_matches_reference(kind, seed, steps):
-  """horizon 40: L_hat forms early; the run has null steps (P shrinks)."""
+  """horizon 40: L_hat forms early; the run has null steps (P shrinks). (The logistic run
+  stops at 70: from step 79 on, reference runs with a perturbed oracle take another branch
+  at a null step's comparison.)"""
   want = _check_auto(kind, seed, steps, horizon=40)
   assert len(set(want["Ls"][3:])) > 1, "L_hat never formed: estimator untested"
   assert not all(want["accepted"][3:]), "no null step: the shrink is untested"
