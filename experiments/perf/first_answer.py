@@ -10,7 +10,9 @@ ratio hdm_optax / SciPy of each call (float64, CPU):
 - ``jax``: a JAX logistic regression (4000 x 300), a new objective of the same shapes at
   every call; SciPy's side jits ``value_and_grad`` of each afresh;
 - ``fresh``: the first call in a new process (imports excluded), SciPy's against
-  hdm_optax's with an empty program store and with the store holding the method's program;
+  hdm_optax's with an empty program store and with the store holding the method's program,
+  and against optax's documented L-BFGS loop under ``jax.jit`` (what compiling an L-BFGS
+  program costs a JAX user);
 - ``warm``: the same objective again, after the first calls, on the problems of
   ``experiments.perf.compile`` (a logistic regression, 8000 x 800, the same in a box, and a
   nonnegative least squares, 3000 x 1500; data in ``args``);
@@ -125,19 +127,27 @@ import jax.numpy as jnp, numpy as np, scipy.optimize
 import hdm_optax
 sys.path.insert(0, {root!r})
 from experiments.perf.first_answer import _jax_logistic, _scipy_jax
+from experiments.perf.compile import _optax_loop
 fun, x0 = _jax_logistic(7)
 jnp.zeros(()).block_until_ready()
 start = time.perf_counter()
-out = _scipy_jax(fun, x0) if {scipy!r} else hdm_optax.minimize(fun, x0)
-jax.block_until_ready(out.x)
+side = {side!r}
+if side == "scipy":
+  out = _scipy_jax(fun, x0).x
+elif side == "optax.lbfgs":
+  out = _optax_loop(lambda x: fun(x))(jnp.asarray(x0), ())[0]
+else:
+  out = hdm_optax.minimize(fun, x0).x
+jax.block_until_ready(out)
 print(time.perf_counter() - start)
 """
 
 
-def _fresh(scipy_side: bool, store: str) -> float:
+def _fresh(side: str, store: str) -> float:
+  """Seconds of the first call of ``side`` (scipy, optax.lbfgs, hdm_optax) in a new process."""
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=store)
-  code = _FRESH.format(root=root, scipy=scipy_side)
+  code = _FRESH.format(root=root, side=side)
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
   if out.returncode:
     raise RuntimeError(out.stderr)
@@ -150,15 +160,17 @@ def case_fresh(rounds: int) -> None:
     store = os.path.join(folder, "programs")
     for r in range(1, rounds + 1):
       empty = os.path.join(folder, f"empty{r}")
-      theirs = _fresh(True, empty)
-      cold = _fresh(False, empty)
-      warm = _fresh(False, store if r > 1 else empty)
+      theirs = _fresh("scipy", empty)
+      loop = _fresh("optax.lbfgs", empty)
+      cold = _fresh("hdm_optax", empty)
+      warm = _fresh("hdm_optax", store if r > 1 else empty)
       if r == 1:
-        _fresh(False, store)  # fills the store
-        warm = _fresh(False, store)
+        _fresh("hdm_optax", store)  # fills the store
+        warm = _fresh("hdm_optax", store)
       print(
         f"  round {r}: SciPy {theirs:.3f} s, empty store {cold:.3f} s ({cold / theirs:.2f}x), "
-        f"store holding the program {warm:.3f} s ({warm / theirs:.2f}x)"
+        f"store holding the program {warm:.3f} s ({warm / theirs:.2f}x); "
+        f"optax.lbfgs's jitted loop {loop:.3f} s ({loop / theirs:.2f}x)"
       )
 
 
