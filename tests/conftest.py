@@ -42,7 +42,7 @@ _own_program_store()
 # (65,530 by default) crashes inside XLA's compile when the next mapping fails. A test
 # worker keeps the programs of hundreds of tests alive in JAX's caches, so the caches are
 # released whenever the mappings pass this share of the limit (checked every few tests).
-_MAPS_LIMIT = 0.5
+_MAPS_LIMIT = 0.75
 _MAPS_CHECK_EVERY = 8
 _tests_run = 0
 
