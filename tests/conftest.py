@@ -1,14 +1,16 @@
 """Shared test setup.
 
-float64 is enabled once for the whole suite, and the program store is a temporary
-directory of the session's (the NumPy reference loops of
-``tests/reference.py`` run in float64; float32 tests ask for it explicitly).
+float64 is enabled once for the whole suite (the NumPy reference loops of
+``tests/reference.py`` run in float64; float32 tests ask for it explicitly), each test
+process has a program store of its own, and a process's compiled programs are released
+when its memory mappings near the kernel's limit.
 ``classification_problem`` builds the paper's SVM / logistic objectives on a
 small synthetic dataset; ``cpu_default_device`` runs a test on the CPU device
 (skipped without one, see ``tests/backends.py``).
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -34,6 +36,46 @@ def _own_program_store() -> None:
 
 
 _own_program_store()
+
+# XLA:CPU maps each compiled kernel's code and data separately (about 200 mappings for one
+# of the library's programs), and a process that passes the kernel's vm.max_map_count
+# (65,530 by default) crashes inside XLA's compile when the next mapping fails. A test
+# worker keeps the programs of hundreds of tests alive in JAX's caches, so the caches are
+# released whenever the mappings pass this share of the limit (checked every few tests).
+_MAPS_LIMIT = 0.75
+_MAPS_CHECK_EVERY = 8
+_tests_run = 0
+
+
+def _max_map_count() -> int:
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      return int(f.read())
+  except (OSError, ValueError):  # not Linux
+    return 0
+
+
+def _map_count() -> int:
+  with open("/proc/self/maps", "rb") as f:
+    return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+_MAX_MAPS = _max_map_count()
+
+
+def pytest_runtest_teardown(item, nextitem):
+  """Releases JAX's and the library's compiled programs when this process's memory
+  mappings near vm.max_map_count (see ``_MAPS_LIMIT``)."""
+  global _tests_run
+  _tests_run += 1
+  if not _MAX_MAPS or _tests_run % _MAPS_CHECK_EVERY:
+    return
+  if _map_count() > _MAPS_LIMIT * _MAX_MAPS:
+    import hdm_optax  # pylint: disable=import-outside-toplevel
+
+    hdm_optax.clear_caches()
+    gc.collect()
+
 
 try:  # pytest's default rootdir-relative import (tests/ is not a package)
   import backends

@@ -1,4 +1,5 @@
-"""Smoke test of the Table 1 pipeline on two small LIBSVM datasets."""
+"""Smoke test of the Table 1 pipeline on a small LIBSVM dataset (each dataset's shapes
+compile every algorithm's programs again: one is enough to run the whole pipeline)."""
 
 import csv
 
@@ -10,7 +11,7 @@ from experiments import table1
 from fast_jit import FAST_COMPILE
 from hdm_optax.driver import programs
 
-DATASETS = ("heart_scale", "fourclass_scale")
+DATASETS = ("heart_scale",)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,8 @@ def test_table_lists_the_paper_column(results):
     line = next(ln for ln in text.splitlines() if ln.startswith(f"| {alg} |"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[-2:] == [str(svm), str(logistic)]
-    assert cells[1].endswith("/2") and cells[2].endswith("/2")
+    count = f"/{len(DATASETS)}"
+    assert cells[1].endswith(count) and cells[2].endswith(count)
 
 
 def test_grid_seconds_times_the_hdm_best_grid_alone(tmp_path, capsys):
