@@ -172,6 +172,12 @@ def cache_size() -> int:
 def set_cache_size(size: int) -> None:
   """Keeps at most ``size`` compiled programs (the least recently used go first).
 
+  Each program holds memory mappings of its own: XLA:CPU maps every compiled kernel
+  apart, about 200 mappings for a ``minimize`` or ``solve`` program. A Linux process
+  that passes ``vm.max_map_count`` (65,530 by default) fails inside XLA's next compile,
+  so a size in the hundreds of large programs needs that limit raised, or
+  :func:`hdm_optax.clear_caches` from time to time.
+
   Raises:
     ValueError: ``size`` is not an int >= 1.
   """
