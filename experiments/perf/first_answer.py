@@ -135,7 +135,7 @@ side = {side!r}
 if side == "scipy":
   out = _scipy_jax(fun, x0).x
 elif side == "optax.lbfgs":
-  out = _optax_loop(lambda x: fun(x))(jnp.asarray(x0), ())[0]
+  out = _optax_loop(fun)(jnp.asarray(x0), ())[0]
 else:
   out = hdm_optax.minimize(fun, x0).x
 jax.block_until_ready(out)

@@ -138,11 +138,12 @@ def _stall_notes(status: Status, null_run: int, recent, precond, values=None) ->
   return notes
 
 
-def _precond(state):
-  """One run's ``precond`` entries, all leaves in one vector (None without a precond)."""
+def _precond_rows(state, count: int):
+  """The ``precond`` entries of ``count`` runs' state, all leaves in one row per run
+  (``count`` Nones without a precond)."""
   found = optax.tree.get_all_with_path(state, "precond")
-  leaves = [np.ravel(leaf) for _, p in found for leaf in jax.tree.leaves(p)]
-  return np.concatenate(leaves) if leaves else None
+  leaves = [np.asarray(leaf).reshape(count, -1) for _, p in found for leaf in jax.tree.leaves(p)]
+  return np.concatenate(leaves, axis=1) if leaves else [None] * count
 
 
 def _non_finite_note(value, steps: int) -> str:
@@ -245,20 +246,24 @@ class SolveResult(NamedTuple):
     state_of = lambda i: (
       self.state[i] if per_run else jax.tree.map(lambda a: rows(a)[i], self.state)
     )
+    if per_run:
+      precond = [_precond_rows(state, 1)[0] for state in self.state]
+    else:
+      precond = _precond_rows(self.state, count)
     messages = []
     for i, code in enumerate(codes.ravel()):
-      status, notes, state = Status(int(code)), [], state_of(i)
+      status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
       notes += _stall_notes(
-        status, int(nulls[i]), accepted[i][window], _precond(state), trace_values[i][window]
+        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window]
       )
       head = status.message
       if status == Status.NON_FINITE:
         head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
       if status in (Status.MAX_STEPS, Status.STALLED):
         notes += _huge_gradient_note(gnorm[i], value.dtype)
-        advice = _info.uphill_advice(state)
+        advice = _info.uphill_advice(state_of(i))
         notes += [advice] if advice else []
       messages.append(head + "".join(f"; {n}" for n in notes))
     return messages[0] if codes.ndim == 0 else messages
