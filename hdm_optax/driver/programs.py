@@ -405,11 +405,10 @@ class Closed:
   inner ``jit``-ed functions, the content of the arrays those read.
   """
 
-  def __init__(self, jaxpr, in_avals, out_tree, arrangement, key):
+  def __init__(self, jaxpr, out_tree, key):
     self._jaxpr = jaxpr
-    self._in_avals = in_avals
+    self._in_avals = [v.aval for v in jaxpr.invars]
     self._out_tree = out_tree
-    self._arrangement = arrangement
     self._key = key
 
   def __call__(self, params, *args):
@@ -429,12 +428,6 @@ class Closed:
     as a function of the params and the tuple of ``args``."""
     return lambda params, args: self(params, *args)[0] if has_aux else self(params, *args)
 
-  def full_args(self, args):
-    """``fun_args`` with the static leaves put back (for a host call of ``fun``)."""
-    treedef, statics = self._arrangement
-    given = iter(jax.tree.leaves(list(args)))
-    return jax.tree.unflatten(treedef, [next(given) if s is _ARG else s for s in statics])
-
   def __hash__(self):
     if self._key is None:
       raise TypeError("a Closed without a key (it reads traced values) is not hashable")
@@ -450,11 +443,8 @@ _ARG = object()
 def _abstract(x):
   if isinstance(x, jax.core.Tracer):
     return x
-  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=_weak(x))
-
-
-def _weak(x) -> bool:
-  return isinstance(x, (float, complex)) or bool(getattr(x, "weak_type", False))
+  weak = isinstance(x, (float, complex)) or bool(getattr(x, "weak_type", False))
+  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
 def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed, tuple]:
@@ -494,20 +484,18 @@ def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed
   # A new function each call: jax.make_jaxpr caches traces on the function's identity.
   traced, shape = jax.make_jaxpr(lambda p, d: flat(p, d), return_shape=True)(*abstract)
   inner: list = []
-  key = [_signature(traced.jaxpr, inner), jax.tree.structure(shape)]
+  key = [treedef, _signature(traced.jaxpr, inner), jax.tree.structure(shape)]
   if _user_rules(traced.jaxpr):
     value = lambda p, d: flat(p, d)[0] if isinstance(shape, tuple) else flat(p, d)
     derivative = jax.make_jaxpr(jax.value_and_grad(value))(*abstract)
     key.append(_signature(derivative.jaxpr, inner))
     inner.extend(derivative.consts)
   try:
-    key += [tuple(map(content, inner)), tuple(fingerprint(s) for s in statics if s is not _ARG)]
+    named = tuple(fingerprint(s) for s in statics if s is not _ARG)
+    key = (*key, tuple(map(content, inner)), named)
   except Uncacheable:  # it reads a traced value where no argument reaches: no key
     key = None
-  in_avals = [v.aval for v in traced.jaxpr.invars]
-  key = None if key is None else (treedef, *key)
-  closed = Closed(traced.jaxpr, in_avals, jax.tree.structure(shape), (treedef, statics), key)
-  return closed, (*dynamic, list(traced.consts))
+  return Closed(traced.jaxpr, jax.tree.structure(shape), key), (*dynamic, list(traced.consts))
 
 
 class OptimizerKey:
@@ -701,14 +689,10 @@ def _remember(cache: collections.OrderedDict, key, value, size: int = 64) -> Non
       cache.popitem(last=False)
 
 
-_JITTED: dict = {}
-
-
+@functools.cache
 def jitted(entry):
   """``jax.jit`` of a front door's entry, its first ``entry.num_statics`` arguments static."""
-  if entry not in _JITTED:
-    _JITTED[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
-  return _JITTED[entry]
+  return jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
 
 
 def program_key(entry, statics: tuple, dynamic: tuple):
@@ -719,22 +703,6 @@ def program_key(entry, statics: tuple, dynamic: tuple):
   except TypeError:
     return None
   return (entry, statics, compiled_lib.abstract(dynamic))
-
-
-def _program(entry, statics: tuple, dynamic: tuple, traced: bool, key=None):
-  """``program(*dynamic)``: ``entry``'s program, compiled once per key (``key``, where the
-  caller has made it: :func:`program_key`) and kept in the bounded cache
-  (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key describes,
-  the entry traced into the caller's program."""
-  try:
-    hash(statics)
-  except TypeError:
-    return lambda *args: entry(*statics, *args)
-  if traced or staged() or tracers(dynamic):
-    return lambda *args: jitted(entry)(*statics, *args)
-  options = compiler_options(dynamic)
-  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
-  return compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)
 
 
 # Inputs of at most this many entries in all compile for a short first call.
@@ -768,14 +736,24 @@ def compiled_count() -> int:
 
 def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: bool, key=None):
   """``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes (``key``:
-  the program's :func:`program_key`, where the caller has made it).
+  the program's :func:`program_key`, where the caller has made it) and kept in the bounded
+  cache (:mod:`hdm_optax.driver.compiled`).
 
   ``entry.num_statics`` leading arguments are static: hashable (the cache policy's keys);
   where one cannot be keyed (an optimizer that holds traced values) the entry is traced
-  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument. Where any
-  of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front door,
-  the arrays ``fun`` closes over included) the program is called with XLA's default
-  options: JAX takes ``compiler_options`` only at the top level.
+  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument. In a
+  caller's trace, or where any of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``,
+  ``jax.jvp`` around the front door, the arrays ``fun`` closes over included), the entry's
+  ``jax.jit`` is called with XLA's default options: JAX takes ``compiler_options`` only at
+  the top level.
   """
   dynamic = (handle, *dynamic)
-  return _program(entry, statics, dynamic, traced, key)(*dynamic)
+  try:
+    hash(statics)
+  except TypeError:
+    return entry(*statics, *dynamic)
+  if traced or staged() or tracers(dynamic):
+    return jitted(entry)(*statics, *dynamic)
+  options = compiler_options(dynamic)
+  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
+  return compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)(*dynamic)
