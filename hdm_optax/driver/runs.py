@@ -161,7 +161,7 @@ def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Car
     with _gating.gate(active, old) as gate:
       s = loop_.step(old)
     s = gate.where(s, old)
-  halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
+  halt = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s))
   if halt is not None:  # a finished member is not running: the halt leaves it as it is
     s = loop_.stop(s, halt)
   return _Carry(_without_cached_grad(s), _record(carry.trace, s), carry.hook)
@@ -174,7 +174,7 @@ def _running(carry: _Carry) -> jax.Array:
 def _end(make, program: Program, member, carry: _Carry) -> SolveResult:
   loop_, fun = make(member)
   s = _with_cached_grad(carry.state)
-  halt = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
+  halt = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s), final=True)
   status = loop_.status(s if halt is None else loop_.stop(s, halt))
   num_value_evals, aux = s.num_value_evals, None
   if program.has_aux:  # one more evaluation of f (no gradient) gives aux at params
