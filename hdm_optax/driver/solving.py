@@ -44,9 +44,8 @@ def check_params(params, name: str = "init_params"):
 
 
 def _check_every(check_every) -> int:
-  if not isinstance(check_every, (int, np.integer)) or isinstance(check_every, bool):
-    raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
-  if check_every < 1:
+  integer = isinstance(check_every, (int, np.integer)) and not isinstance(check_every, bool)
+  if not integer or check_every < 1:
     raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
   return int(check_every)
 
