@@ -620,20 +620,6 @@ def staged() -> bool:
   return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
-class _Unkeyed:
-  """An optimizer that holds traced values, as a static that makes :func:`call` trace
-  inline (it is not hashable)."""
-
-  __hash__ = None
-
-  def __init__(self, value):
-    self.value = value
-
-  def build(self, arrays):
-    del arrays
-    return self.value
-
-
 def prepare(optimizer, fun, params, fun_args) -> tuple:
   """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``: a front door's call as
   a program's statics and arguments (:func:`split_optimizer`, :func:`hoist`), and
@@ -644,21 +630,25 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
   named = _init_key(optimizer, params)
-  shape = _INIT_SHAPES.get(named) if named is not None else None
+  shape = _INIT_SHAPES.get(named)  # never None's: no key, no shape kept
   if shape is None:
     shape = jax.eval_shape(optimizer.init, params)
-    _remember(_INIT_SHAPES, named, shape)
+    if named is not None:
+      _INIT_SHAPES[named] = shape
+      while len(_INIT_SHAPES) > _INIT_SHAPES_KEPT:
+        _INIT_SHAPES.popitem(last=False)
   try:
     key, arrays = split_optimizer(optimizer, params)
-  except Uncacheable:
-    key, arrays = _Unkeyed(optimizer), []
+  except Uncacheable:  # a static that is not hashable, so that call traces inline
+    key, arrays = types.SimpleNamespace(build=lambda arrays: optimizer), []
   closed, args = hoist(fun, params, tuple(fun_args))
   return key, arrays, closed, args, shape
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
-# checks read (:func:`_init_key`), the most recent first.
+# checks read (:func:`_init_key`), the oldest first and at most the last 64.
 _INIT_SHAPES: collections.OrderedDict = collections.OrderedDict()
+_INIT_SHAPES_KEPT = 64
 _SMALL_ARGUMENT = 1 << 16
 
 
@@ -680,13 +670,6 @@ def _init_key(optimizer, params):
   except (TypeError, Uncacheable):
     return None
   return key
-
-
-def _remember(cache: collections.OrderedDict, key, value, size: int = 64) -> None:
-  if key is not None:
-    cache[key] = value
-    while len(cache) > size:
-      cache.popitem(last=False)
 
 
 @functools.cache
