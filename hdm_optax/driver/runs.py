@@ -119,10 +119,9 @@ def trace_size(trace: Optional[int], max_steps, *, batch: bool) -> tuple[int, in
   a power of two, so that budgets that round up alike share one program; the result is cut
   to ``max_steps + 1``.
   """
+  size = 0 if batch else DEFAULT_TRACE
   if trace is not None:
     size = int(check_count("trace", trace, 0, "the number of last entries to keep"))
-  else:
-    size = 0 if batch else DEFAULT_TRACE
   if isinstance(max_steps, jax.core.Tracer) or size == 0:
     return size, size
   shown = min(size, int(np.minimum(max_steps, size)) + 1)
@@ -331,6 +330,8 @@ class Staged:
   batch: ClassVar[bool] = True
 
   def __call__(self, steps: Steps, members, batch):
+    stop = jax.vmap(steps.stop, in_axes=(0, 0, None))
+
     def advance(member, carry):
       return steps.body(member, carry, steps.running(carry))
 
@@ -348,7 +349,6 @@ class Staged:
         return jax.vmap(advance)(rows, counted[0]), counted[1] + 1
 
       def halted(rows, counted, halt):  # Ctrl-C: every member still running ends STOPPED
-        stop = jax.vmap(steps.stop, in_axes=(0, 0, None))
         return stop(rows, counted[0], halt), counted[1]
 
       loop = While()
@@ -366,7 +366,7 @@ class Staged:
       part = stage(take(members), take(batch), later, stopped)
       batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
     if self.stop_at_first_converged:  # the members still running end STOPPED
-      batch = jax.vmap(steps.stop, in_axes=(0, 0, None))(members, batch, first(batch))
+      batch = stop(members, batch, first(batch))
     return batch
 
 

@@ -181,6 +181,10 @@ def solve(
   like = (hooks.Handle.like(hook is not None, watch), *dynamic)
   traced = bool(found) or bool(programs.tracers(dynamic))  # the arrays fun reads, too
   named = None if traced else programs.program_key(_solve_entry, statics, like)
+
+  def run(handle):
+    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
+
   make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
   if not traced and separate.chosen(
     _solve_entry, statics, like, key=named, program_=program, host=make_oracle.host
@@ -197,10 +201,6 @@ def solve(
       progress=progress,
       key=key,
     )
-    return runs.cut_trace(result, shown)
-
-  def run(handle):
-    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
-
-  result = hooks.watched(run, callback, progress, watch=watch, key=named)
+  else:
+    result = hooks.watched(run, callback, progress, watch=watch, key=named)
   return runs.cut_trace(result, shown)
