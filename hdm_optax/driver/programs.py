@@ -36,7 +36,7 @@ import functools
 import hashlib
 import inspect
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.core
@@ -59,6 +59,7 @@ __all__ = (
   "compiled_count",
   "compiler_options",
   "configuration_key",
+  "configuration_of",
   "configured",
   "fingerprint",
   "hoist",
@@ -98,17 +99,15 @@ class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
   Otherwise it is the ``optax.GradientTransformationExtraArgs`` of the factory.
   """
 
+  configuration = None  # also after optax's ``_replace``/``_make``, which build the tuple alone
+
   def __new__(cls, init, update, configuration=None):
     self = super().__new__(cls, init, update)
     self.configuration = configuration
     return self
 
-  def _configuration(self):
-    # None after optax's ``_replace``/``_make``, which build the tuple alone.
-    return getattr(self, "configuration", None)
-
   def __eq__(self, other):
-    mine = self._configuration()
+    mine = self.configuration
     theirs = getattr(other, "configuration", None)
     if mine is None or theirs is None:
       return tuple.__eq__(self, other)
@@ -118,12 +117,16 @@ class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
     return not self == other
 
   def __hash__(self):
-    mine = self._configuration()
-    return tuple.__hash__(self) if mine is None else hash(mine)
+    return tuple.__hash__(self) if self.configuration is None else hash(self.configuration)
 
   def __repr__(self):
-    mine = self._configuration()
-    return super().__repr__() if mine is None else repr(mine)
+    return super().__repr__() if self.configuration is None else repr(self.configuration)
+
+
+def configuration_of(optimizer) -> Optional[Any]:
+  """The factory call that built ``optimizer`` (its ``factory`` and ``arguments``), where it
+  is a :class:`ConfiguredTransformation` that knows it; else ``None``."""
+  return optimizer.configuration if isinstance(optimizer, ConfiguredTransformation) else None
 
 
 class _Call:
@@ -235,8 +238,8 @@ def fingerprint(obj, _seen=None) -> Any:
     return ("cycle",)
   seen = seen | {id(obj)}
   walk = lambda x: fingerprint(x, seen)
-  configuration = getattr(obj, "configuration", None)
-  if isinstance(obj, ConfiguredTransformation) and configuration is not None:
+  configuration = configuration_of(obj)
+  if configuration is not None:
     return ("configured", configuration.factory, walk(configuration.arguments))
   if isinstance(obj, functools.partial):
     return ("partial", walk(obj.func), walk(obj.args), walk(obj.keywords))
@@ -511,8 +514,8 @@ class OptimizerKey:
   """
 
   def __init__(self, optimizer, params=None):
-    configuration = getattr(optimizer, "configuration", None)
-    if isinstance(optimizer, ConfiguredTransformation) and configuration is not None:
+    configuration = configuration_of(optimizer)
+    if configuration is not None:
       leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
       self._arrays = [_is_array(x) for x in leaves]
       self._factory = configuration.factory
@@ -657,8 +660,8 @@ def _init_key(optimizer, params):
   factory, its arguments (arrays of at most :data:`_SMALL_ARGUMENT` entries by content) and
   the params' shapes; ``None`` for other transformations and for function arguments (which
   may read state)."""
-  configuration = getattr(optimizer, "configuration", None)
-  if not isinstance(optimizer, ConfiguredTransformation) or configuration is None:
+  configuration = configuration_of(optimizer)
+  if configuration is None:
     return None
   leaves, treedef = jax.tree.flatten(dict(configuration.arguments))
   if any(callable(x) or (_is_array(x) and np.size(x) > _SMALL_ARGUMENT) for x in leaves):
