@@ -117,10 +117,8 @@ def _default_precision_products(fun, params) -> int:
     for eqn in jaxpr.eqns:
       if eqn.primitive.name == "dot_general":
         precision = eqn.params.get("precision")
-        default = precision is None or all(
-          p in (None, jax.lax.Precision.DEFAULT)
-          for p in (precision if isinstance(precision, tuple) else (precision,))
-        )
+        precisions = precision if isinstance(precision, tuple) else (precision,)
+        default = all(p in (None, jax.lax.Precision.DEFAULT) for p in precisions)
         matrix = max(v.aval.ndim for v in eqn.invars) >= 2
         found += default and matrix and any(v.aval.dtype == jnp.float32 for v in eqn.invars)
     return found + sum(count(sub) for sub in jex.subjaxprs(jaxpr))
