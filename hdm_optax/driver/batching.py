@@ -258,7 +258,8 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   groups: dict = {}  # one program per value of the settings held static
   for i, point in enumerate(points):
     groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
-  key, arrays = programs.split_optimizer(optimizer, params_one) if optimizer else (None, [])
+  key = programs.OptimizerKey(optimizer, params_one) if optimizer else None
+  arrays = [] if key is None else key.arrays
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)

@@ -16,7 +16,7 @@ Every front door prepares its call here before it runs a program:
 - In ``fun_args``, arrays and Python floats are arguments; Python ints and bools are
   static, as ``jax.jit``'s ``static_argnums`` (a new value compiles a new program); other
   leaves (functions, strings) are compared as static arguments are.
-- :func:`split_optimizer`: an hdm_optax transformation is rebuilt inside the program from its
+- :class:`OptimizerKey`: an hdm_optax transformation is rebuilt inside the program from its
   factory call (``trial_lbfgs(upper=...)``), with the arrays among its arguments passed as
   arguments (a NumPy array edited in place is read at the next call). Any other optax
   transformation is compared by :func:`fingerprint`: the functions it is made of and what
@@ -66,7 +66,6 @@ __all__ = (
   "jitted",
   "prepare",
   "program_key",
-  "split_optimizer",
 )
 
 # Leaves of fun_args that enter the program as traced values.
@@ -591,13 +590,6 @@ def _is_array(x) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 
 
-def split_optimizer(optimizer, params=None) -> tuple[OptimizerKey, list]:
-  """``(key, arrays)``: the optimizer's key and the arrays that enter the program (with
-  ``params``, the key holds the trace of what the key cannot see: :class:`OptimizerKey`)."""
-  key = OptimizerKey(optimizer, params)
-  return key, key.arrays
-
-
 # --- the compiled programs --------------------------------------------------------------
 
 
@@ -625,7 +617,7 @@ def staged() -> bool:
 
 def prepare(optimizer, fun, params, fun_args) -> tuple:
   """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``: a front door's call as
-  a program's statics and arguments (:func:`split_optimizer`, :func:`hoist`), and
+  a program's statics and arguments (:class:`OptimizerKey`, :func:`hoist`), and
   ``jax.eval_shape`` of ``optimizer.init``.
 
   The optimizer's ``init`` is traced first with its own values, so that its checks of its
@@ -641,11 +633,11 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
       while len(_INIT_SHAPES) > _INIT_SHAPES_KEPT:
         _INIT_SHAPES.popitem(last=False)
   try:
-    key, arrays = split_optimizer(optimizer, params)
+    key = OptimizerKey(optimizer, params)
   except Uncacheable:  # a static that is not hashable, so that call traces inline
-    key, arrays = types.SimpleNamespace(build=lambda arrays: optimizer), []
+    key = types.SimpleNamespace(build=lambda arrays: optimizer, arrays=[])
   closed, args = hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args, shape
+  return key, key.arrays, closed, args, shape
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
