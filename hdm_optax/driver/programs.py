@@ -106,11 +106,10 @@ class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
     return self
 
   def __eq__(self, other):
-    mine = self.configuration
     theirs = getattr(other, "configuration", None)
-    if mine is None or theirs is None:
+    if self.configuration is None or theirs is None:
       return tuple.__eq__(self, other)
-    return mine == theirs
+    return self.configuration == theirs
 
   def __ne__(self, other):
     return not self == other
