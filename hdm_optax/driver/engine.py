@@ -272,8 +272,7 @@ class Loop(NamedTuple):
         s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=self.value_fn
       )
     params = optax.apply_updates(s.params, updates)
-    values, grads = protocol.calls_in_update(s.opt_state, opt_state)
-    return params, opt_state, values, grads
+    return params, opt_state, *protocol.calls_in_update(s.opt_state, opt_state)
 
   def step(self, s: LoopState) -> LoopState:
     """``update``, then f and grad f at the new params (from the optimizer's cache where it

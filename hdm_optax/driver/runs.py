@@ -146,8 +146,7 @@ _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arr
 def _begin(make, program: Program, handle, member, params, opt_state, index) -> _Carry:
   s = make(member)[0].start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  hook = hooks_lib.begin(program.hook, handle.hook, index)
-  return _Carry(_without_cached_grad(s), trace, hook)
+  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle.hook, index))
 
 
 def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Carry:
