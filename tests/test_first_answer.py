@@ -204,6 +204,41 @@ def test_a_new_process_loads_the_method_program_from_the_store(tmp_path):
     assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o077 == 0
 
 
+_EXIT_CHILD = """
+import atexit, threading
+import jax, jax.stages
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp, hdm_optax
+from hdm_optax.driver import compiled
+
+atexit.register(lambda: print("building at exit:", compiled.building()))
+in_xla, compile_ = threading.Event(), jax.stages.Lowered.compile
+
+def compile_in_background(self, *args, **kwargs):
+  if threading.current_thread().name == "hdm_optax compile":
+    in_xla.set()
+  return compile_(self, *args, **kwargs)
+
+jax.stages.Lowered.compile = compile_in_background
+fun = lambda x: jnp.sum(jnp.arange(1.0, 5.0) * jnp.cosh(x - 2.0))
+for _ in range(2):  # the second run starts the fused program's compile in the background
+  hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.zeros(4), max_steps=5)
+assert in_xla.wait(600)  # and the process exits while XLA compiles it
+"""
+
+
+def test_a_process_exits_cleanly_while_the_fused_program_compiles(tmp_path):
+  """The background compile is waited for before the interpreter finalizes: a thread that
+  leaves XLA's compile during finalization aborts the process (SIGABRT, 'exception not
+  rethrown'), so at ``atexit`` no build is under way."""
+  env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=str(tmp_path / "programs"), PYTHONPATH=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-c", _EXIT_CHILD], env=env, capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+  assert out.stdout.strip().endswith("building at exit: False")
+
+
 def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
   target = tmp_path / "real"
   target.mkdir(mode=0o700)
