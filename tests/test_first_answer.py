@@ -19,6 +19,7 @@ import pytest
 import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import separate as separate_lib
 from hdm_optax.driver import solving
 from hdm_optax.driver import store
 
@@ -51,10 +52,19 @@ METHODS = {
 }
 
 
-@pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("tree", [False, True], ids=["array", "pytree"])
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
+# Every pair of (method, layout), (method, dtype) and (layout, dtype): each method in both
+# layouts and both dtypes, half of them as (array, float64) and (pytree, float32), the other
+# half as (array, float32) and (pytree, float64).
+PAIRWISE = [
+  pytest.param(name, tree, dtype, id=f"{name}-{'pytree' if tree else 'array'}-{dtype.__name__}")
+  for i, name in enumerate(METHODS)
+  for tree in (False, True)
+  for dtype in [jnp.float64 if tree == (i % 2 == 1) else jnp.float32]
+]
+
+
+@pytest.mark.parametrize("name, tree, dtype", PAIRWISE)
+def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype, monkeypatch):
   """Same steps, calls and status; the params within the rounding of the few steps that
   XLA may order differently in two programs (eps of the dtype times the steps made)."""
   a = jnp.linspace(1.0, 30.0, 10, dtype=dtype)
@@ -63,8 +73,11 @@ def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
   else:
     fun, x0 = _quadratic, jnp.zeros(10, dtype)
   kw = dict(max_steps=60, tol=1e-3 if dtype == jnp.float32 else 1e-7)
-  compiled_lib.clear_caches()
+  runs, run = [], separate_lib.run
+  monkeypatch.setattr(separate_lib, "SEPARATE_RUNS", 10**9)  # whatever other tests ran
+  monkeypatch.setattr(separate_lib, "run", lambda *args, **kw: runs.append(1) or run(*args, **kw))
   separate = hdm_optax.solve(METHODS[name](), fun, x0, fun_args=(a,), **kw)
+  assert runs == [1]  # the separate path ran (not a fused program another test left)
   fused = _fused(METHODS[name](), fun, x0, (a,), **kw)
   for field in ("num_steps", "num_grad_evals", "num_value_evals", "status"):
     assert int(getattr(separate, field)) == int(getattr(fused, field)), field
