@@ -19,6 +19,7 @@ import pytest
 import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import separate as separate_lib
 from hdm_optax.driver import solving
 from hdm_optax.driver import store
 
@@ -51,10 +52,19 @@ METHODS = {
 }
 
 
-@pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("tree", [False, True], ids=["array", "pytree"])
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
+# Every pair of (method, layout), (method, dtype) and (layout, dtype): each method in both
+# layouts and both dtypes, half of them as (array, float64) and (pytree, float32), the other
+# half as (array, float32) and (pytree, float64).
+PAIRWISE = [
+  pytest.param(name, tree, dtype, id=f"{name}-{'pytree' if tree else 'array'}-{dtype.__name__}")
+  for i, name in enumerate(METHODS)
+  for tree in (False, True)
+  for dtype in [jnp.float64 if tree == (i % 2 == 1) else jnp.float32]
+]
+
+
+@pytest.mark.parametrize("name, tree, dtype", PAIRWISE)
+def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype, monkeypatch):
   """Same steps, calls and status; the params within the rounding of the few steps that
   XLA may order differently in two programs (eps of the dtype times the steps made)."""
   a = jnp.linspace(1.0, 30.0, 10, dtype=dtype)
@@ -63,8 +73,11 @@ def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
   else:
     fun, x0 = _quadratic, jnp.zeros(10, dtype)
   kw = dict(max_steps=60, tol=1e-3 if dtype == jnp.float32 else 1e-7)
-  compiled_lib.clear_caches()
+  runs, run = [], separate_lib.run
+  monkeypatch.setattr(separate_lib, "SEPARATE_RUNS", 10**9)  # whatever other tests ran
+  monkeypatch.setattr(separate_lib, "run", lambda *args, **kw: runs.append(1) or run(*args, **kw))
   separate = hdm_optax.solve(METHODS[name](), fun, x0, fun_args=(a,), **kw)
+  assert runs == [1]  # the separate path ran (not a fused program another test left)
   fused = _fused(METHODS[name](), fun, x0, (a,), **kw)
   for field in ("num_steps", "num_grad_evals", "num_value_evals", "status"):
     assert int(getattr(separate, field)) == int(getattr(fused, field)), field
@@ -202,6 +215,41 @@ def test_a_new_process_loads_the_method_program_from_the_store(tmp_path):
   assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
   for name in os.listdir(folder):
     assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o077 == 0
+
+
+_EXIT_CHILD = """
+import atexit, threading
+import jax, jax.stages
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp, hdm_optax
+from hdm_optax.driver import compiled
+
+atexit.register(lambda: print("building at exit:", compiled.building()))
+in_xla, compile_ = threading.Event(), jax.stages.Lowered.compile
+
+def compile_in_background(self, *args, **kwargs):
+  if threading.current_thread().name == "hdm_optax compile":
+    in_xla.set()
+  return compile_(self, *args, **kwargs)
+
+jax.stages.Lowered.compile = compile_in_background
+fun = lambda x: jnp.sum(jnp.arange(1.0, 5.0) * jnp.cosh(x - 2.0))
+for _ in range(2):  # the second run starts the fused program's compile in the background
+  hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.zeros(4), max_steps=5)
+assert in_xla.wait(600)  # and the process exits while XLA compiles it
+"""
+
+
+def test_a_process_exits_cleanly_while_the_fused_program_compiles(tmp_path):
+  """The background compile is waited for before the interpreter finalizes: a thread that
+  leaves XLA's compile during finalization aborts the process (SIGABRT, 'exception not
+  rethrown'), so at ``atexit`` no build is under way."""
+  env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=str(tmp_path / "programs"), PYTHONPATH=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-c", _EXIT_CHILD], env=env, capture_output=True, text=True, timeout=600
+  )
+  assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+  assert out.stdout.strip().endswith("building at exit: False")
 
 
 def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):

@@ -116,7 +116,11 @@ _PENDING: dict = {}
 
 def prepare(key: Hashable, build: Callable[[], Any]) -> None:
   """Builds the program of ``key`` in a background thread (XLA's compile releases the GIL),
-  unless it is cached or under way; :func:`lookup` of ``key`` then waits for it."""
+  unless it is cached or under way; :func:`lookup` of ``key`` then waits for it.
+
+  The thread is not a daemon: the interpreter waits for a build under way before it
+  finalizes (a thread that leaves XLA's compile during finalization aborts the process), so
+  a process that ends just after starting one exits when the build ends."""
 
   def work():
     try:
@@ -132,7 +136,7 @@ def prepare(key: Hashable, build: Callable[[], Any]) -> None:
   with _CACHE.lock:
     if key in _PENDING or key in _CACHE.entries:
       return
-    thread = threading.Thread(target=work, name="hdm_optax compile", daemon=True)
+    thread = threading.Thread(target=work, name="hdm_optax compile", daemon=False)
     _PENDING[key] = thread
   thread.start()
 

@@ -203,11 +203,18 @@ def _filled(cell) -> bool:
   return True
 
 
+@functools.cache
+def _executable_type() -> type:
+  """The backend's class of loaded executables (compiling a program to see it takes
+  tens of milliseconds: once per process)."""
+  return type(jax.jit(lambda: 0).lower().compile()._executable.xla_executable)  # pylint: disable=protected-access
+
+
 class _Pickler(pickle.Pickler):
   def __init__(self, file, callbacks):
     super().__init__(file)
     self._callbacks = {id(c): i for i, c in enumerate(callbacks)}
-    self._executable = type(jax.jit(lambda: 0).lower().compile()._executable.xla_executable)
+    self._executable = _executable_type()
 
   def persistent_id(self, obj):  # pylint: disable=too-many-return-statements
     if id(obj) in self._callbacks:
