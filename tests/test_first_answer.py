@@ -217,39 +217,68 @@ def test_a_new_process_loads_the_method_program_from_the_store(tmp_path):
     assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o077 == 0
 
 
-_EXIT_CHILD = """
-import atexit, threading
+_EXIT_PREAMBLE = """
+import atexit, os, signal, threading, time
 import jax, jax.stages
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp, hdm_optax
 from hdm_optax.driver import compiled
 
 atexit.register(lambda: print("building at exit:", compiled.building()))
-in_xla, compile_ = threading.Event(), jax.stages.Lowered.compile
+fun = lambda x: jnp.sum(jnp.arange(1.0, 5.0) * jnp.cosh(x - 2.0))
+in_xla, compile_, lookup = threading.Event(), jax.stages.Lowered.compile, compiled.lookup
+"""
 
+_EXIT_DURING_BUILD = """
 def compile_in_background(self, *args, **kwargs):
   if threading.current_thread().name == "hdm_optax compile":
     in_xla.set()
   return compile_(self, *args, **kwargs)
 
 jax.stages.Lowered.compile = compile_in_background
-fun = lambda x: jnp.sum(jnp.arange(1.0, 5.0) * jnp.cosh(x - 2.0))
 for _ in range(2):  # the second run starts the fused program's compile in the background
   hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.zeros(4), max_steps=5)
 assert in_xla.wait(600)  # and the process exits while XLA compiles it
 """
 
+_CTRL_C_WHILE_WAITING = """
+def slow_in_background(self, *args, **kwargs):
+  if threading.current_thread().name == "hdm_optax compile":
+    time.sleep(1.0)
+  return compile_(self, *args, **kwargs)
 
-def test_a_process_exits_cleanly_while_the_fused_program_compiles(tmp_path):
-  """The background compile is waited for before the interpreter finalizes: a thread that
+def interrupted_lookup(key, build):
+  if key in compiled._PENDING:  # Ctrl-C while the caller waits for the method's program
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+  return lookup(key, build)
+
+jax.stages.Lowered.compile, compiled.lookup = slow_in_background, interrupted_lookup
+try:
+  hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.zeros(4), max_steps=5)
+except KeyboardInterrupt:
+  print("interrupted")
+"""
+
+
+@pytest.mark.parametrize(
+  "child", [_EXIT_DURING_BUILD, _CTRL_C_WHILE_WAITING], ids=["exit", "ctrl_c_while_waiting"]
+)
+def test_a_process_exits_cleanly_while_a_program_compiles_in_the_background(child, tmp_path):
+  """The interpreter waits for a background compile before it finalizes: a thread that
   leaves XLA's compile during finalization aborts the process (SIGABRT, 'exception not
-  rethrown'), so at ``atexit`` no build is under way."""
+  rethrown'), so at ``atexit`` no build is under way, also after Ctrl-C interrupted the
+  caller's wait for one (a ``Thread.join`` it interrupts marks the thread as ended)."""
   env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=str(tmp_path / "programs"), PYTHONPATH=ROOT)
   out = subprocess.run(
-    [sys.executable, "-c", _EXIT_CHILD], env=env, capture_output=True, text=True, timeout=600
+    [sys.executable, "-c", _EXIT_PREAMBLE + child],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
-  assert out.stdout.strip().endswith("building at exit: False")
+  assert out.stdout.strip().endswith("building at exit: False"), out.stdout
+  assert ("interrupted" in out.stdout) == (child is _CTRL_C_WHILE_WAITING), out.stdout
 
 
 def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
