@@ -305,6 +305,31 @@ def test_a_stored_program_others_can_write_is_not_loaded(tmp_path):
   assert _child(folder)["counts"] == {"saved": 1, "loaded": 0}
 
 
+def test_a_damaged_stored_program_is_compiled_again_not_run(tmp_path, monkeypatch):
+  """Bytes flipped in a stored program (the object code included: loaded, it crashed the
+  process) fail its digest: the next process warns, compiles and stores it again."""
+  folder = str(tmp_path / "programs")
+  first = _child(folder)
+  (name,) = os.listdir(folder)
+  path = os.path.join(folder, name)
+  with open(path, "rb") as file:
+    data = bytearray(file.read())
+  for where in (0.1, 0.5, 0.9):
+    i = int(len(data) * where)
+    data[i : i + 16] = bytes(b ^ 0x5A for b in data[i : i + 16])
+  with open(path, "wb") as file:
+    file.write(bytes(data))
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE", folder)
+  with pytest.warns(UserWarning, match="stored program is damaged"):
+    assert store.load(name[: -len(".program")]) is None
+  monkeypatch.undo()
+  again = _child(folder)
+  assert again["counts"] == {"saved": 1, "loaded": 0}
+  assert again["x"] == first["x"]
+  with open(path, "rb") as file:
+    assert store._unsealed(file.read()) is not None  # pylint: disable=protected-access
+
+
 def test_a_numpy_funs_error_is_raised_as_itself():
   def fun(x):
     if x[0] > 0.5:

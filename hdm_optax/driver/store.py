@@ -17,7 +17,8 @@ turn the store off), else ``$XDG_CACHE_HOME/hdm_optax/programs``
 (``~/.cache/hdm_optax/programs``). It is created with mode 0700; a directory that is a
 symbolic link, belongs to another user, or that others can write to is refused (a warning,
 and the store is off), since loading a program runs its code. Its files are read only
-after the same checks.
+after the same checks, and each holds the SHA-256 digest of its contents: a file damaged
+on disk (a partial write, a flipped bit) is compiled again, not run.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def counts() -> dict:
 
 
 _SUFFIX = ".program"
+_MAGIC = b"hdm_optax program\n"
 # Modules whose classes a stored program may name (pickle's find_class).
 _TRUSTED = ("jax", "jaxlib", "numpy", "ml_dtypes", "hdm_optax", "optax", "builtins", "collections")
 
@@ -296,13 +298,27 @@ def save(key: Optional[str], compiled) -> bool:
     )
     handle, temporary = tempfile.mkstemp(dir=folder, suffix=".partial")
     with os.fdopen(handle, "wb") as file:
-      file.write(buffer.getvalue())
+      file.write(_sealed(buffer.getvalue()))
     os.replace(temporary, os.path.join(folder, key + _SUFFIX))
     _COUNTS["saved"] += 1
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a program was not stored ({type(error).__name__}: {error}).")
     return False
   return True
+
+
+def _sealed(payload: bytes) -> bytes:
+  return _MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _unsealed(data: bytes) -> Optional[bytes]:
+  """The payload of :func:`_sealed`'s ``data``, or ``None`` where its digest does not
+  match (the file was damaged)."""
+  head = len(_MAGIC) + hashlib.sha256().digest_size
+  payload = data[head:]
+  if data[: len(_MAGIC)] != _MAGIC or hashlib.sha256(payload).digest() != data[len(_MAGIC) : head]:
+    return None
+  return payload
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -336,8 +352,14 @@ def load(key: Optional[str]):
   data = _read(os.path.join(folder, key + _SUFFIX))
   if data is None:
     return None
+  payload = _unsealed(data)
+  if payload is None:
+    warnings.warn(
+      "hdm_optax: a stored program is damaged (its digest does not match); it is compiled again."
+    )
+    return None
   try:
-    file = io.BytesIO(data)
+    file = io.BytesIO(payload)
     callbacks = [_host_entry(site) for site in _Restricted(file).load()]
     unloaded, args_info, in_tree, out_tree, no_kwargs = _Unpickler(file, callbacks).load()
     program = jax.stages.Compiled(
