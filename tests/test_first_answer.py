@@ -330,6 +330,31 @@ def test_a_damaged_stored_program_is_compiled_again_not_run(tmp_path, monkeypatc
     assert store._unsealed(file.read()) is not None  # pylint: disable=protected-access
 
 
+def test_the_store_keeps_the_most_recently_used_programs_within_its_bound(tmp_path, monkeypatch):
+  """Older programs (by modification time) go first once the store passes
+  HDM_OPTAX_PROGRAM_CACHE_MB; a load renews a program's time; other files stay."""
+  folder = tmp_path / "programs"
+  folder.mkdir(mode=0o700)
+  for i, name in enumerate(["old_a", "old_b", "recent"]):
+    (folder / f"{name}.program").write_bytes(bytes(300_000))
+    os.utime(folder / f"{name}.program", (1e9 + i, 1e9 + i))
+  (folder / "notes.txt").write_bytes(bytes(300_000))
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE_MB", "1.2")  # the new program and two more
+  first = _child(str(folder))
+  assert first["counts"] == {"saved": 1, "loaded": 0}
+  kept = sorted(os.listdir(folder))
+  assert "old_a.program" not in kept and {"old_b.program", "recent.program", "notes.txt"} < set(
+    kept
+  )
+  (new,) = [n for n in kept if n not in ("old_b.program", "recent.program", "notes.txt")]
+  os.utime(folder / new, (1e9, 1e9))  # the oldest of all, until loaded
+  assert _child(str(folder))["counts"] == {"saved": 0, "loaded": 1}
+  assert os.stat(folder / new).st_mtime > 1e9 + 100  # renewed by the load
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE_MB", "0")
+  store._trim(str(folder), store._limit_bytes(), keep=new)  # pylint: disable=protected-access
+  assert sorted(os.listdir(folder)) == sorted([new, "notes.txt"])
+
+
 def test_a_numpy_funs_error_is_raised_as_itself():
   def fun(x):
     if x[0] > 0.5:

@@ -19,10 +19,15 @@ symbolic link, belongs to another user, or that others can write to is refused (
 and the store is off), since loading a program runs its code. Its files are read only
 after the same checks, and each holds the SHA-256 digest of its contents: a file damaged
 on disk (a partial write, a flipped bit) is compiled again, not run.
+
+The store holds at most ``$HDM_OPTAX_PROGRAM_CACHE_MB`` megabytes (default
+:data:`DEFAULT_MB`; a program is about 0.5 MB): after each write the least recently used
+programs (by modification time, which a load renews) are removed until it fits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -43,7 +48,7 @@ from hdm_optax._private_dir import private_dir
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import oracle as oracle_lib
 
-__all__ = ("counts", "describe", "directory", "load", "save")
+__all__ = ("DEFAULT_MB", "counts", "describe", "directory", "load", "save")
 
 _COUNTS = {"saved": 0, "loaded": 0}
 
@@ -54,6 +59,7 @@ def counts() -> dict:
 
 
 _SUFFIX = ".program"
+DEFAULT_MB = 512
 _MAGIC = b"hdm_optax program\n"
 # Modules whose classes a stored program may name (pickle's find_class).
 _TRUSTED = ("jax", "jaxlib", "numpy", "ml_dtypes", "hdm_optax", "optax", "builtins", "collections")
@@ -296,15 +302,57 @@ def save(key: Optional[str], compiled) -> bool:
     _Pickler(buffer, callbacks).dump(
       (unloaded, args_info, in_tree, compiled.out_tree, compiled._no_kwargs)  # pylint: disable=protected-access
     )
-    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".partial")
-    with os.fdopen(handle, "wb") as file:
-      file.write(_sealed(buffer.getvalue()))
-    os.replace(temporary, os.path.join(folder, key + _SUFFIX))
+    _write(folder, key + _SUFFIX, _sealed(buffer.getvalue()))
     _COUNTS["saved"] += 1
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a program was not stored ({type(error).__name__}: {error}).")
     return False
+  _trim(folder, _limit_bytes(), keep=key + _SUFFIX)
   return True
+
+
+def _write(folder: str, name: str, data: bytes) -> None:
+  """Writes ``name`` whole or not at all (a temporary file renamed; removed if interrupted)."""
+  handle, temporary = tempfile.mkstemp(dir=folder, suffix=".partial")
+  try:
+    with os.fdopen(handle, "wb") as file:
+      file.write(data)
+    os.replace(temporary, os.path.join(folder, name))
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+
+
+def _limit_bytes() -> int:
+  text = os.environ.get("HDM_OPTAX_PROGRAM_CACHE_MB", "")
+  try:
+    megabytes = float(text) if text else DEFAULT_MB
+  except ValueError:
+    warnings.warn(
+      f"hdm_optax: HDM_OPTAX_PROGRAM_CACHE_MB must be a number of megabytes, got {text!r}; "
+      f"the store keeps the default {DEFAULT_MB} MB."
+    )
+    megabytes = DEFAULT_MB
+  return int(max(megabytes, 0.0) * 2**20)
+
+
+def _trim(folder: str, limit: int, keep: str) -> None:
+  """Removes the least recently used programs of ``folder`` (oldest modification time
+  first) until they hold at most ``limit`` bytes; ``keep``, the one just written, stays."""
+  programs = []
+  for entry in os.scandir(folder):
+    if entry.name.endswith(_SUFFIX) and entry.is_file(follow_symlinks=False):
+      with contextlib.suppress(OSError):
+        info = entry.stat(follow_symlinks=False)
+        programs.append((info.st_mtime, info.st_size, entry.name))
+  total = sum(size for _, size, _ in programs)
+  for _, size, name in sorted(programs):
+    if total <= limit:
+      return
+    if name != keep:
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(folder, name))
+        total -= size
 
 
 def _sealed(payload: bytes) -> bytes:
@@ -349,7 +397,8 @@ def load(key: Optional[str]):
   folder = directory()
   if key is None or folder is None:
     return None
-  data = _read(os.path.join(folder, key + _SUFFIX))
+  path = os.path.join(folder, key + _SUFFIX)
+  data = _read(path)
   if data is None:
     return None
   payload = _unsealed(data)
@@ -366,6 +415,8 @@ def load(key: Optional[str]):
       unloaded.load(), [], in_tree.unflatten(args_info), out_tree, no_kwargs=no_kwargs
     )
     _COUNTS["loaded"] += 1
+    with contextlib.suppress(OSError):
+      os.utime(path)  # recently used: the last the store's bound removes
     return program
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a stored program did not load ({type(error).__name__}: {error}).")
