@@ -19,6 +19,7 @@ import pytest
 import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import separate as separate_lib
 from hdm_optax.driver import solving
 from hdm_optax.driver import store
 
@@ -51,10 +52,19 @@ METHODS = {
 }
 
 
-@pytest.mark.parametrize("name", METHODS)
-@pytest.mark.parametrize("tree", [False, True], ids=["array", "pytree"])
-@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
-def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
+# Every pair of (method, layout), (method, dtype) and (layout, dtype): each method in both
+# layouts and both dtypes, half of them as (array, float64) and (pytree, float32), the other
+# half as (array, float32) and (pytree, float64).
+PAIRWISE = [
+  pytest.param(name, tree, dtype, id=f"{name}-{'pytree' if tree else 'array'}-{dtype.__name__}")
+  for i, name in enumerate(METHODS)
+  for tree in (False, True)
+  for dtype in [jnp.float64 if tree == (i % 2 == 1) else jnp.float32]
+]
+
+
+@pytest.mark.parametrize("name, tree, dtype", PAIRWISE)
+def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype, monkeypatch):
   """Same steps, calls and status; the params within the rounding of the few steps that
   XLA may order differently in two programs (eps of the dtype times the steps made)."""
   a = jnp.linspace(1.0, 30.0, 10, dtype=dtype)
@@ -63,8 +73,11 @@ def test_the_separate_path_gives_the_fused_iterates(name, tree, dtype):
   else:
     fun, x0 = _quadratic, jnp.zeros(10, dtype)
   kw = dict(max_steps=60, tol=1e-3 if dtype == jnp.float32 else 1e-7)
-  compiled_lib.clear_caches()
+  runs, run = [], separate_lib.run
+  monkeypatch.setattr(separate_lib, "SEPARATE_RUNS", 10**9)  # whatever other tests ran
+  monkeypatch.setattr(separate_lib, "run", lambda *args, **kw: runs.append(1) or run(*args, **kw))
   separate = hdm_optax.solve(METHODS[name](), fun, x0, fun_args=(a,), **kw)
+  assert runs == [1]  # the separate path ran (not a fused program another test left)
   fused = _fused(METHODS[name](), fun, x0, (a,), **kw)
   for field in ("num_steps", "num_grad_evals", "num_value_evals", "status"):
     assert int(getattr(separate, field)) == int(getattr(fused, field)), field
@@ -204,6 +217,70 @@ def test_a_new_process_loads_the_method_program_from_the_store(tmp_path):
     assert stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode) & 0o077 == 0
 
 
+_EXIT_PREAMBLE = """
+import atexit, os, signal, threading, time
+import jax, jax.stages
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp, hdm_optax
+from hdm_optax.driver import compiled
+
+atexit.register(lambda: print("building at exit:", compiled.building()))
+fun = lambda x: jnp.sum(jnp.arange(1.0, 5.0) * jnp.cosh(x - 2.0))
+in_xla, compile_, lookup = threading.Event(), jax.stages.Lowered.compile, compiled.lookup
+"""
+
+_EXIT_DURING_BUILD = """
+def compile_in_background(self, *args, **kwargs):
+  if threading.current_thread().name == "hdm_optax compile":
+    in_xla.set()
+  return compile_(self, *args, **kwargs)
+
+jax.stages.Lowered.compile = compile_in_background
+for _ in range(2):  # the second run starts the fused program's compile in the background
+  hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.zeros(4), max_steps=5)
+assert in_xla.wait(600)  # and the process exits while XLA compiles it
+"""
+
+_CTRL_C_WHILE_WAITING = """
+def slow_in_background(self, *args, **kwargs):
+  if threading.current_thread().name == "hdm_optax compile":
+    time.sleep(1.0)
+  return compile_(self, *args, **kwargs)
+
+def interrupted_lookup(key, build):
+  if key in compiled._PENDING:  # Ctrl-C while the caller waits for the method's program
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+  return lookup(key, build)
+
+jax.stages.Lowered.compile, compiled.lookup = slow_in_background, interrupted_lookup
+try:
+  hdm_optax.solve(hdm_optax.hdm_best(), fun, jnp.zeros(4), max_steps=5)
+except KeyboardInterrupt:
+  print("interrupted")
+"""
+
+
+@pytest.mark.parametrize(
+  "child", [_EXIT_DURING_BUILD, _CTRL_C_WHILE_WAITING], ids=["exit", "ctrl_c_while_waiting"]
+)
+def test_a_process_exits_cleanly_while_a_program_compiles_in_the_background(child, tmp_path):
+  """The interpreter waits for a background compile before it finalizes: a thread that
+  leaves XLA's compile during finalization aborts the process (SIGABRT, 'exception not
+  rethrown'), so at ``atexit`` no build is under way, also after Ctrl-C interrupted the
+  caller's wait for one (a ``Thread.join`` it interrupts marks the thread as ended)."""
+  env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=str(tmp_path / "programs"), PYTHONPATH=ROOT)
+  out = subprocess.run(
+    [sys.executable, "-c", _EXIT_PREAMBLE + child],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+  assert out.stdout.strip().endswith("building at exit: False"), out.stdout
+  assert ("interrupted" in out.stdout) == (child is _CTRL_C_WHILE_WAITING), out.stdout
+
+
 def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
   target = tmp_path / "real"
   target.mkdir(mode=0o700)
@@ -226,6 +303,56 @@ def test_a_stored_program_others_can_write_is_not_loaded(tmp_path):
   for name in os.listdir(folder):
     os.chmod(os.path.join(folder, name), 0o666)
   assert _child(folder)["counts"] == {"saved": 1, "loaded": 0}
+
+
+def test_a_damaged_stored_program_is_compiled_again_not_run(tmp_path, monkeypatch):
+  """Bytes flipped in a stored program (the object code included: loaded, it crashed the
+  process) fail its digest: the next process warns, compiles and stores it again."""
+  folder = str(tmp_path / "programs")
+  first = _child(folder)
+  (name,) = os.listdir(folder)
+  path = os.path.join(folder, name)
+  with open(path, "rb") as file:
+    data = bytearray(file.read())
+  for where in (0.1, 0.5, 0.9):
+    i = int(len(data) * where)
+    data[i : i + 16] = bytes(b ^ 0x5A for b in data[i : i + 16])
+  with open(path, "wb") as file:
+    file.write(bytes(data))
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE", folder)
+  with pytest.warns(UserWarning, match="stored program is damaged"):
+    assert store.load(name[: -len(".program")]) is None
+  monkeypatch.undo()
+  again = _child(folder)
+  assert again["counts"] == {"saved": 1, "loaded": 0}
+  assert again["x"] == first["x"]
+  with open(path, "rb") as file:
+    assert store._unsealed(file.read()) is not None  # pylint: disable=protected-access
+
+
+def test_the_store_keeps_the_most_recently_used_programs_within_its_bound(tmp_path, monkeypatch):
+  """Older programs (by modification time) go first once the store passes
+  HDM_OPTAX_PROGRAM_CACHE_MB; a load renews a program's time; other files stay."""
+  folder = tmp_path / "programs"
+  folder.mkdir(mode=0o700)
+  for i, name in enumerate(["old_a", "old_b", "recent"]):
+    (folder / f"{name}.program").write_bytes(bytes(300_000))
+    os.utime(folder / f"{name}.program", (1e9 + i, 1e9 + i))
+  (folder / "notes.txt").write_bytes(bytes(300_000))
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE_MB", "1.2")  # the new program and two more
+  first = _child(str(folder))
+  assert first["counts"] == {"saved": 1, "loaded": 0}
+  kept = sorted(os.listdir(folder))
+  assert "old_a.program" not in kept and {"old_b.program", "recent.program", "notes.txt"} < set(
+    kept
+  )
+  (new,) = [n for n in kept if n not in ("old_b.program", "recent.program", "notes.txt")]
+  os.utime(folder / new, (1e9, 1e9))  # the oldest of all, until loaded
+  assert _child(str(folder))["counts"] == {"saved": 0, "loaded": 1}
+  assert os.stat(folder / new).st_mtime > 1e9 + 100  # renewed by the load
+  monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE_MB", "0")
+  store._trim(str(folder), store._limit_bytes(), keep=new)  # pylint: disable=protected-access
+  assert sorted(os.listdir(folder)) == sorted([new, "notes.txt"])
 
 
 def test_a_numpy_funs_error_is_raised_as_itself():

@@ -1406,6 +1406,8 @@ def test_keyboard_interrupt_and_system_exit_in_a_callback_come_back_as_themselve
     result = result.results
   assert np.all(np.ravel(result.num_steps) == at)
   assert np.all(np.ravel(result.status) == hdm_optax.Status.STOPPED)
+  messages = result.message if isinstance(result.message, list) else [result.message]
+  assert all("callback" in m and "Ctrl-C" in m for m in messages), messages
   params = np.asarray(result.params).reshape(-1, 3)[0]
   if door == "minimize":
     assert isinstance(result, hdm_optax.MinimizeResult) and not result.success

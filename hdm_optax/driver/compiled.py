@@ -99,8 +99,8 @@ def lookup(key: Hashable, build: Callable[[], Any]) -> Any:
     return program
   with _CACHE.lock:
     pending = _PENDING.get(key)
-  if pending is not None:
-    pending.join()
+  if pending is not None and pending[1] is not threading.current_thread():
+    pending[0].wait()
     program = _CACHE.get(key)
     if program is not None:
       return program
@@ -116,24 +116,35 @@ _PENDING: dict = {}
 
 def prepare(key: Hashable, build: Callable[[], Any]) -> None:
   """Builds the program of ``key`` in a background thread (XLA's compile releases the GIL),
-  unless it is cached or under way; :func:`lookup` of ``key`` then waits for it."""
+  unless it is cached or under way; :func:`lookup` of ``key`` then waits for it.
+
+  The thread is not a daemon: the interpreter waits for a build under way before it
+  finalizes (a thread that leaves XLA's compile during finalization aborts the process), so
+  a process that ends just after starting one exits when the build ends. Callers wait for
+  the build's event, never ``Thread.join``: a join that Ctrl-C interrupts marks a running
+  thread as ended (CPython 3.11's ``Thread._wait_for_tstate_lock``), and the interpreter
+  then finalizes without waiting for it."""
+  done = threading.Event()
 
   def work():
+    program = None
     try:
       program = build()
     except Exception:  # pylint: disable=broad-except
-      program = None  # the foreground lookup builds it again and raises what it raises
-    with _CACHE.lock:
-      if program is not None:
-        _CACHE.compiles += 1
-        _CACHE.put(key, program)
-      _PENDING.pop(key, None)
+      pass  # the foreground lookup builds it again and raises what it raises
+    finally:
+      with _CACHE.lock:
+        if program is not None:
+          _CACHE.compiles += 1
+          _CACHE.put(key, program)
+        _PENDING.pop(key, None)
+      done.set()
 
   with _CACHE.lock:
     if key in _PENDING or key in _CACHE.entries:
       return
-    thread = threading.Thread(target=work, name="hdm_optax compile", daemon=True)
-    _PENDING[key] = thread
+    thread = threading.Thread(target=work, name="hdm_optax compile", daemon=False)
+    _PENDING[key] = (done, thread)
   thread.start()
 
 
@@ -150,8 +161,8 @@ def wait() -> None:
       pending = list(_PENDING.values())
     if not pending:
       return
-    for thread in pending:
-      thread.join()
+    for done, _ in pending:
+      done.wait()
 
 
 def peek(key: Hashable) -> Any:

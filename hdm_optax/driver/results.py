@@ -32,8 +32,9 @@ class Status(enum.IntEnum):
     MAX_STEPS: ``max_steps`` updates made, or ``max_grad_evals`` reached, before ``tol``.
     NON_FINITE: f or grad f is not finite at the current iterate.
     STOPPED: stopped before the stopping rule held (by
-      ``sweep(stop_at_first_converged=True)`` when another point converged, or by a
-      ``callback`` that returned True or raised ``StopIteration``).
+      ``sweep(stop_at_first_converged=True)`` when another point converged, by a
+      ``callback`` that returned True or raised ``StopIteration``, or by Ctrl-C: the
+      ``KeyboardInterrupt``'s ``.result``).
     STALLED: ``max_null_steps`` consecutive null steps (updates that left the iterate
       where it was).
     UNBOUNDED: ``f(params) < min_value``: the objective looks unbounded below.
@@ -86,8 +87,8 @@ _MESSAGES = {
   Status.CONVERGED: "converged: ||grad f||_inf <= tol",
   Status.MAX_STEPS: "max_steps or max_grad_evals reached before ||grad f||_inf <= tol",
   Status.NON_FINITE: "f or grad f is not finite at the current iterate",
-  Status.STOPPED: "stopped before the end by sweep(stop_at_first_converged=True) or by the "
-  "callback",
+  Status.STOPPED: "stopped before the end: by the callback, by Ctrl-C (KeyboardInterrupt) or "
+  "by sweep(stop_at_first_converged=True)",
   Status.STALLED: "stalled: max_null_steps consecutive null steps (the iterate did not move)",
   Status.UNBOUNDED: "unbounded: f < min_value (the objective looks unbounded below)",
   Status.CONVERGED_IN_BOX: "converged: ||P(x - grad f) - x||_inf <= tol (the box's projected "

@@ -17,11 +17,17 @@ turn the store off), else ``$XDG_CACHE_HOME/hdm_optax/programs``
 (``~/.cache/hdm_optax/programs``). It is created with mode 0700; a directory that is a
 symbolic link, belongs to another user, or that others can write to is refused (a warning,
 and the store is off), since loading a program runs its code. Its files are read only
-after the same checks.
+after the same checks, and each holds the SHA-256 digest of its contents: a file damaged
+on disk (a partial write, a flipped bit) is compiled again, not run.
+
+The store holds at most ``$HDM_OPTAX_PROGRAM_CACHE_MB`` megabytes (default
+:data:`DEFAULT_MB`; a program is about 0.5 MB): after each write the least recently used
+programs (by modification time, which a load renews) are removed until it fits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -42,7 +48,7 @@ from hdm_optax._private_dir import private_dir
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import oracle as oracle_lib
 
-__all__ = ("counts", "describe", "directory", "load", "save")
+__all__ = ("DEFAULT_MB", "counts", "describe", "directory", "load", "save")
 
 _COUNTS = {"saved": 0, "loaded": 0}
 
@@ -53,6 +59,8 @@ def counts() -> dict:
 
 
 _SUFFIX = ".program"
+DEFAULT_MB = 512
+_MAGIC = b"hdm_optax program\n"
 # Modules whose classes a stored program may name (pickle's find_class).
 _TRUSTED = ("jax", "jaxlib", "numpy", "ml_dtypes", "hdm_optax", "optax", "builtins", "collections")
 
@@ -203,11 +211,18 @@ def _filled(cell) -> bool:
   return True
 
 
+@functools.cache
+def _executable_type() -> type:
+  """The backend's class of loaded executables (compiling a program to see it takes
+  tens of milliseconds: once per process)."""
+  return type(jax.jit(lambda: 0).lower().compile()._executable.xla_executable)  # pylint: disable=protected-access
+
+
 class _Pickler(pickle.Pickler):
   def __init__(self, file, callbacks):
     super().__init__(file)
     self._callbacks = {id(c): i for i, c in enumerate(callbacks)}
-    self._executable = type(jax.jit(lambda: 0).lower().compile()._executable.xla_executable)
+    self._executable = _executable_type()
 
   def persistent_id(self, obj):  # pylint: disable=too-many-return-statements
     if id(obj) in self._callbacks:
@@ -287,15 +302,71 @@ def save(key: Optional[str], compiled) -> bool:
     _Pickler(buffer, callbacks).dump(
       (unloaded, args_info, in_tree, compiled.out_tree, compiled._no_kwargs)  # pylint: disable=protected-access
     )
-    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".partial")
-    with os.fdopen(handle, "wb") as file:
-      file.write(buffer.getvalue())
-    os.replace(temporary, os.path.join(folder, key + _SUFFIX))
+    _write(folder, key + _SUFFIX, _sealed(buffer.getvalue()))
     _COUNTS["saved"] += 1
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a program was not stored ({type(error).__name__}: {error}).")
     return False
+  _trim(folder, _limit_bytes(), keep=key + _SUFFIX)
   return True
+
+
+def _write(folder: str, name: str, data: bytes) -> None:
+  """Writes ``name`` whole or not at all (a temporary file renamed; removed if interrupted)."""
+  handle, temporary = tempfile.mkstemp(dir=folder, suffix=".partial")
+  try:
+    with os.fdopen(handle, "wb") as file:
+      file.write(data)
+    os.replace(temporary, os.path.join(folder, name))
+  finally:
+    with contextlib.suppress(OSError):
+      os.remove(temporary)
+
+
+def _limit_bytes() -> int:
+  text = os.environ.get("HDM_OPTAX_PROGRAM_CACHE_MB", "")
+  try:
+    megabytes = float(text) if text else DEFAULT_MB
+  except ValueError:
+    warnings.warn(
+      f"hdm_optax: HDM_OPTAX_PROGRAM_CACHE_MB must be a number of megabytes, got {text!r}; "
+      f"the store keeps the default {DEFAULT_MB} MB."
+    )
+    megabytes = DEFAULT_MB
+  return int(max(megabytes, 0.0) * 2**20)
+
+
+def _trim(folder: str, limit: int, keep: str) -> None:
+  """Removes the least recently used programs of ``folder`` (oldest modification time
+  first) until they hold at most ``limit`` bytes; ``keep``, the one just written, stays."""
+  programs = []
+  for entry in os.scandir(folder):
+    if entry.name.endswith(_SUFFIX) and entry.is_file(follow_symlinks=False):
+      with contextlib.suppress(OSError):
+        info = entry.stat(follow_symlinks=False)
+        programs.append((info.st_mtime, info.st_size, entry.name))
+  total = sum(size for _, size, _ in programs)
+  for _, size, name in sorted(programs):
+    if total <= limit:
+      return
+    if name != keep:
+      with contextlib.suppress(OSError):
+        os.remove(os.path.join(folder, name))
+        total -= size
+
+
+def _sealed(payload: bytes) -> bytes:
+  return _MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _unsealed(data: bytes) -> Optional[bytes]:
+  """The payload of :func:`_sealed`'s ``data``, or ``None`` where its digest does not
+  match (the file was damaged)."""
+  head = len(_MAGIC) + hashlib.sha256().digest_size
+  payload = data[head:]
+  if data[: len(_MAGIC)] != _MAGIC or hashlib.sha256(payload).digest() != data[len(_MAGIC) : head]:
+    return None
+  return payload
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -326,17 +397,26 @@ def load(key: Optional[str]):
   folder = directory()
   if key is None or folder is None:
     return None
-  data = _read(os.path.join(folder, key + _SUFFIX))
+  path = os.path.join(folder, key + _SUFFIX)
+  data = _read(path)
   if data is None:
     return None
+  payload = _unsealed(data)
+  if payload is None:
+    warnings.warn(
+      "hdm_optax: a stored program is damaged (its digest does not match); it is compiled again."
+    )
+    return None
   try:
-    file = io.BytesIO(data)
+    file = io.BytesIO(payload)
     callbacks = [_host_entry(site) for site in _Restricted(file).load()]
     unloaded, args_info, in_tree, out_tree, no_kwargs = _Unpickler(file, callbacks).load()
     program = jax.stages.Compiled(
       unloaded.load(), [], in_tree.unflatten(args_info), out_tree, no_kwargs=no_kwargs
     )
     _COUNTS["loaded"] += 1
+    with contextlib.suppress(OSError):
+      os.utime(path)  # recently used: the last the store's bound removes
     return program
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a stored program did not load ({type(error).__name__}: {error}).")
