@@ -415,9 +415,7 @@ def _solution_jvp(adjoint, run, objective, batched, primals, tangents):
   # Through the rule itself: the solution inside the tangent is differentiable again.
   result = _solution(adjoint, run, objective, batched, theta, start)
   tangent = functools.partial(_tangent_of, adjoint, objective)
-  if batched is None:
-    x_dot, value_dot = tangent(result, theta, theta_dot)
-  else:
-    x_dot, value_dot = jax.vmap(tangent, in_axes=(0, batched, batched))(result, theta, theta_dot)
-  zero = _zero_tangent(result)
-  return result, zero._replace(params=x_dot, value=value_dot)
+  if batched is not None:  # one solution per member
+    tangent = jax.vmap(tangent, in_axes=(0, batched, batched))
+  x_dot, value_dot = tangent(result, theta, theta_dot)
+  return result, _zero_tangent(result)._replace(params=x_dot, value=value_dot)

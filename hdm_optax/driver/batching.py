@@ -79,11 +79,9 @@ def _batch_entry(
       given = iter(mine)
       mixed = [next(given) if m else x for x, m in zip(flat, theta_mapped)]
       fun = lambda p: closed(p, *jax.tree.unflatten(plan.theta_def, mixed))
-      optimizer = maker.build(arrays, settings)
-      return engine.make_loop(optimizer, fun, limits, program.has_aux), fun
+      return engine.make_loop(maker.build(arrays, settings), fun, limits, program.has_aux), fun
 
-    members = (columns, member_rows)
-    return _run_members(make, program, plan, members, x0, state, handle)
+    return _run_members(make, program, plan, (columns, member_rows), x0, state, handle)
 
   rest = (x0, state, arrays, columns, limits, handle)
   axes = jax.tree.unflatten(plan.theta_def, [0 if m else None for m in theta_mapped])
@@ -221,23 +219,23 @@ def _compact(compact: Optional[bool], problems, adjoint) -> bool:
 
 
 def _layout(batch: _Batch, fun):
-  """``(closed, theta, mapped)``: ``fun`` hoisted at the first problem, the dynamic arguments
-  of the objective (its closed-over arrays last) and, per leaf of ``(init_params, theta)``,
-  whether it is on the batch axis."""
+  """``(closed, theta, mapped, params_one)``: ``fun`` hoisted at the first problem, the
+  dynamic arguments of the objective (its closed-over arrays last), per leaf of
+  ``(init_params, theta)`` whether it is on the batch axis, and the first problem's params."""
   problems = batch.problems
   leaves, treedef = jax.tree.flatten(problems.tree)
   params_one, args_one = jax.tree.unflatten(
     treedef, [a[0] if m else a for a, m in zip(leaves, problems.mapped)]
   )
   closed, theta = programs.hoist(fun, params_one, args_one)
-  args_mapped = problems.mapped[len(jax.tree.leaves(problems.tree[0])) :]
+  params_mapped = problems.mapped[: len(jax.tree.leaves(params_one))]
   args = jax.tree.leaves(problems.tree[1])
+  args_mapped = problems.mapped[len(params_mapped) :]
   if any(m and not programs.is_dynamic(x) for x, m in zip(args, args_mapped)):
     raise ValueError("in_axes maps a leaf of fun_args that is not an array; map arrays only.")
   theta_mapped = [m for x, m in zip(args, args_mapped) if programs.is_dynamic(x)]
   theta = (*[x for x in args if programs.is_dynamic(x)], theta[-1])
-  mapped = tuple(problems.mapped[: len(jax.tree.leaves(problems.tree[0]))]) + tuple(theta_mapped)
-  return closed, theta, mapped + (False,) * len(theta[-1]), params_one
+  return closed, theta, (*params_mapped, *theta_mapped) + (False,) * len(theta[-1]), params_one
 
 
 def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
@@ -258,7 +256,8 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   groups: dict = {}  # one program per value of the settings held static
   for i, point in enumerate(points):
     groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
-  key, arrays = programs.split_optimizer(optimizer, params_one) if optimizer else (None, [])
+  key = programs.OptimizerKey(optimizer, params_one) if optimizer else None
+  arrays = [] if key is None else key.arrays
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)

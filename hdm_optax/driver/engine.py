@@ -117,10 +117,8 @@ def _default_precision_products(fun, params) -> int:
     for eqn in jaxpr.eqns:
       if eqn.primitive.name == "dot_general":
         precision = eqn.params.get("precision")
-        default = precision is None or all(
-          p in (None, jax.lax.Precision.DEFAULT)
-          for p in (precision if isinstance(precision, tuple) else (precision,))
-        )
+        precisions = precision if isinstance(precision, tuple) else (precision,)
+        default = all(p in (None, jax.lax.Precision.DEFAULT) for p in precisions)
         matrix = max(v.aval.ndim for v in eqn.invars) >= 2
         found += default and matrix and any(v.aval.dtype == jnp.float32 for v in eqn.invars)
     return found + sum(count(sub) for sub in jex.subjaxprs(jaxpr))
@@ -274,8 +272,7 @@ class Loop(NamedTuple):
         s.grad, s.opt_state, s.params, value=s.value, grad=s.grad, value_fn=self.value_fn
       )
     params = optax.apply_updates(s.params, updates)
-    values, grads = protocol.calls_in_update(s.opt_state, opt_state)
-    return params, opt_state, values, grads
+    return params, opt_state, *protocol.calls_in_update(s.opt_state, opt_state)
 
   def step(self, s: LoopState) -> LoopState:
     """``update``, then f and grad f at the new params (from the optimizer's cache where it

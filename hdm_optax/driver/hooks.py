@@ -1,8 +1,8 @@
 """Watching a run from the host: a callback after every step, and a progress line.
 
-A front door opens a *session* (:func:`session`) holding the user's callback and the
+A front door opens a *session* (:func:`watched`) holding the user's callback and the
 progress line, and passes its integer handle into the compiled program as an argument. The
-engine (:mod:`hdm_optax.driver.engine`) calls :func:`after_step` after every step: one
+run (:mod:`hdm_optax.driver.runs`) calls :func:`host_call` after every step: one
 ``jax.pure_callback`` to one host dispatcher, which looks the session up by its handle. The
 program is compiled once per :class:`Hook` (whether there is a callback, whether there is a
 progress line), so a new callback object does not compile a new one. Without a callback or
@@ -38,7 +38,6 @@ __all__ = (
   "REFRESH_SECONDS",
   "Snapshot",
   "check_hook",
-  "session",
   "watchable",
   "watched",
 )
@@ -200,41 +199,6 @@ _HANDLES = itertools.count(1)
 _LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def session(
-  callback: Optional[Callable[[Snapshot], Any]],
-  progress: bool,
-  *,
-  staged: bool,
-  view: Optional[Callable[[Any], Any]] = None,
-):
-  """Opens a session; yields its handle (an int32 array) or ``None`` without a hook.
-
-  ``view`` maps the params the program hands the host to the user's layout (the separate
-  path runs on packed params).
-
-  The session closes when the block ends, and an exception the callback raised is raised
-  again there (its own type; the caller attaches the partial result): the program ran
-  inside the block, also under an un-jitted ``jax.grad``, ``jax.vjp`` or ``jax.vmap``
-  (their programs run at once; a host call after the block, such as a checkpointed
-  iteration recomputed in a backward pass, finds no session and leaves the user's callback
-  alone). Where the caller is ``staged`` (inside ``jax.jit``, a ``lax.scan`` body: the
-  program runs later, maybe many times) the session stays open for the life of the
-  process, and the callback's exception propagates from the host call.
-  """
-  if callback is None and not progress:
-    yield None
-    return
-  with _LOCK:
-    handle = next(_HANDLES)
-    _SESSIONS[handle] = _Session(callback, progress, staged, view)
-  try:
-    yield np.int32(handle)
-  finally:
-    if not staged:
-      _SESSIONS.pop(handle, None)
-
-
 def watchable(dynamic) -> bool:
   """Whether a front door's run can be stopped by Ctrl-C (:mod:`~hdm_optax.driver.interrupts`):
   called at the top (nothing of ``dynamic`` traced, not staged out), so that the program
@@ -245,17 +209,31 @@ def watchable(dynamic) -> bool:
 def watched(
   run: Callable[[Any], Any], callback, progress, *, watch: bool = False, key=None, view=None
 ):
-  """``run(handle)`` in a session (:func:`session`) of ``callback`` and ``progress``
-  (``view``: :func:`session`'s).
+  """``run(handle)`` in a session of ``callback`` and ``progress``.
 
-  ``handle`` is a :class:`Handle`. An exception the callback raised is raised again with the
-  partial result as its ``.result``. With ``watch`` (a program whose ``Program.watch`` is
-  on; ``key`` names it and its shapes, :func:`hdm_optax.driver.interrupts.watching`) a
-  SIGINT during the call stops the run and raises ``KeyboardInterrupt`` with the partial
-  result, as does one seen by a callback's or progress line's host call.
+  ``handle`` is a :class:`Handle`: its ``hook`` is the session's (an int32, ``None`` without
+  a callback or progress line). ``view`` maps the params the program hands the host to the
+  user's layout (the separate path runs on packed params).
+
+  An exception the callback raised is raised again with the partial result as its
+  ``.result`` (its own type): the program ran within the call, also under an un-jitted
+  ``jax.grad``, ``jax.vjp`` or ``jax.vmap`` (their programs run at once; a host call after
+  the call, such as a checkpointed iteration recomputed in a backward pass, finds no session
+  and leaves the user's callback alone). Where the caller is staged (inside ``jax.jit``, a
+  ``lax.scan`` body: the program runs later, maybe many times) the session stays open for
+  the life of the process, and the callback's exception propagates from the host call.
+  With ``watch`` (a program whose ``Program.watch`` is on; ``key`` names it and its shapes,
+  :func:`hdm_optax.driver.interrupts.watching`) a SIGINT during the call stops the run and
+  raises ``KeyboardInterrupt`` with the partial result, as does one seen by a callback's or
+  progress line's host call.
   """
   staged = programs.staged()
-  with session(callback, progress, staged=staged, view=view) as hook:
+  hook = None
+  if callback is not None or progress:
+    with _LOCK:
+      hook = np.int32(next(_HANDLES))
+      _SESSIONS[int(hook)] = _Session(callback, progress, staged, view)
+  try:
     with interrupts.catching(not staged and (watch or hook is not None)):
       with interrupts.watching(key) if watch else contextlib.nullcontext() as checks:
         result = run(Handle(hook, checks))
@@ -266,6 +244,9 @@ def watched(
           _raise_with(raised, result, "the callback raised this")
         if interrupts.seen():
           _raise_with(KeyboardInterrupt(), result, "Ctrl-C (SIGINT) during the run")
+  finally:
+    if hook is not None and not staged:
+      _SESSIONS.pop(int(hook), None)
   return result
 
 
@@ -317,10 +298,26 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   return np.full(status.shape, halt)
 
 
-def _call(hook: Hook, final: bool, hs: HookState, s, status) -> jax.Array:
+# --- the program side ----------------------------------------------------------------------
+
+
+def begin(hook: Optional[Hook], handle, member) -> Optional[HookState]:
+  """The hook's state at the start of a run (``None`` without a hook)."""
+  if hook is None:
+    return None
+  return HookState(handle, jnp.asarray(-1 if member is None else member, jnp.int32))
+
+
+def host_call(hook: Optional[Hook], hs: Optional[HookState], s, status, final: bool = False):
+  """The host call after a step: ``halt`` (True: the callback stops the run), or ``None``
+  without a hook. With ``final``, the progress line's summary: a ``halt`` that is False once
+  the line is drawn (the run uses it, so the call stays in the program), or ``None`` without
+  a line."""
+  if hook is None or (final and not hook.progress):
+    return None
   params = s.params if hook.callback and not final else ()
   fields = [getattr(s, name) for name in Snapshot._fields[1:-1]]  # params and status apart
-  return jax.pure_callback(
+  halt = jax.pure_callback(
     lambda *a: _host_step(final, hook.members, *a),
     jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),
     hs.handle,
@@ -330,30 +327,4 @@ def _call(hook: Hook, final: bool, hs: HookState, s, status) -> jax.Array:
     status,
     vmap_method="expand_dims",
   )
-
-
-# --- the program side ----------------------------------------------------------------------
-
-
-def begin(hook: Optional[Hook], handle, member) -> Optional[HookState]:
-  """The hook's state at the start of a run (``None`` without a hook)."""
-  if hook is None:
-    return None
-  member = jnp.asarray(-1 if member is None else member, jnp.int32)
-  return HookState(handle=handle, member=member)
-
-
-def after_step(hook: Optional[Hook], hs: Optional[HookState], s, status) -> Optional[jax.Array]:
-  """The host call after a step: ``halt`` (True: the callback stops the run), or ``None``
-  without a hook."""
-  if hook is None:
-    return None
-  return _call(hook, False, hs, s, status)
-
-
-def at_end(hook: Optional[Hook], hs: Optional[HookState], s, status) -> Optional[jax.Array]:
-  """The progress line's summary: a ``halt`` that is False once the line is drawn (the run
-  uses it, so the call stays in the program), or ``None`` without a line."""
-  if hook is None or not hook.progress:
-    return None
-  return ~_call(hook, True, hs, s, status)
+  return ~halt if final else halt

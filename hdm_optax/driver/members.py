@@ -19,7 +19,6 @@ __all__ = (
   "Problems",
   "column",
   "grid_points",
-  "is_number",
   "plain",
   "problems",
   "static_names",
@@ -103,10 +102,6 @@ def column(name, values, float_dtype) -> jax.Array:
   return column
 
 
-def is_number(value) -> bool:
-  return isinstance(value, (numbers.Number, np.generic, np.ndarray, jax.Array))
-
-
 def static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
   """The settings held static: non-numbers, and integers a trace cannot build (a memory size)."""
 
@@ -117,7 +112,8 @@ def static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
       return False
     return True
 
-  held = [n for n in names if not all(is_number(p[n]) for p in points)]
+  number = (numbers.Number, np.generic, np.ndarray, jax.Array)
+  held = [n for n in names if not all(isinstance(p[n], number) for p in points)]
   traced = {n: column(n, [p[n] for p in points], float_dtype)[0] for n in names if n not in held}
   for name in [n for n in traced if all(isinstance(p[n], numbers.Integral) for p in points)]:
     if builds(traced):

@@ -16,7 +16,7 @@ Every front door prepares its call here before it runs a program:
 - In ``fun_args``, arrays and Python floats are arguments; Python ints and bools are
   static, as ``jax.jit``'s ``static_argnums`` (a new value compiles a new program); other
   leaves (functions, strings) are compared as static arguments are.
-- :func:`split_optimizer`: an hdm_optax transformation is rebuilt inside the program from its
+- :class:`OptimizerKey`: an hdm_optax transformation is rebuilt inside the program from its
   factory call (``trial_lbfgs(upper=...)``), with the arrays among its arguments passed as
   arguments (a NumPy array edited in place is read at the next call). Any other optax
   transformation is compared by :func:`fingerprint`: the functions it is made of and what
@@ -36,7 +36,7 @@ import functools
 import hashlib
 import inspect
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.core
@@ -59,13 +59,13 @@ __all__ = (
   "compiled_count",
   "compiler_options",
   "configuration_key",
+  "configuration_of",
   "configured",
   "fingerprint",
   "hoist",
   "jitted",
   "prepare",
   "program_key",
-  "split_optimizer",
 )
 
 # Leaves of fun_args that enter the program as traced values.
@@ -98,32 +98,33 @@ class ConfiguredTransformation(optax.GradientTransformationExtraArgs):
   Otherwise it is the ``optax.GradientTransformationExtraArgs`` of the factory.
   """
 
+  configuration = None  # also after optax's ``_replace``/``_make``, which build the tuple alone
+
   def __new__(cls, init, update, configuration=None):
     self = super().__new__(cls, init, update)
     self.configuration = configuration
     return self
 
-  def _configuration(self):
-    # None after optax's ``_replace``/``_make``, which build the tuple alone.
-    return getattr(self, "configuration", None)
-
   def __eq__(self, other):
-    mine = self._configuration()
     theirs = getattr(other, "configuration", None)
-    if mine is None or theirs is None:
+    if self.configuration is None or theirs is None:
       return tuple.__eq__(self, other)
-    return mine == theirs
+    return self.configuration == theirs
 
   def __ne__(self, other):
     return not self == other
 
   def __hash__(self):
-    mine = self._configuration()
-    return tuple.__hash__(self) if mine is None else hash(mine)
+    return tuple.__hash__(self) if self.configuration is None else hash(self.configuration)
 
   def __repr__(self):
-    mine = self._configuration()
-    return super().__repr__() if mine is None else repr(mine)
+    return super().__repr__() if self.configuration is None else repr(self.configuration)
+
+
+def configuration_of(optimizer) -> Optional[Any]:
+  """The factory call that built ``optimizer`` (its ``factory`` and ``arguments``), where it
+  is a :class:`ConfiguredTransformation` that knows it; else ``None``."""
+  return optimizer.configuration if isinstance(optimizer, ConfiguredTransformation) else None
 
 
 class _Call:
@@ -235,8 +236,8 @@ def fingerprint(obj, _seen=None) -> Any:
     return ("cycle",)
   seen = seen | {id(obj)}
   walk = lambda x: fingerprint(x, seen)
-  configuration = getattr(obj, "configuration", None)
-  if isinstance(obj, ConfiguredTransformation) and configuration is not None:
+  configuration = configuration_of(obj)
+  if configuration is not None:
     return ("configured", configuration.factory, walk(configuration.arguments))
   if isinstance(obj, functools.partial):
     return ("partial", walk(obj.func), walk(obj.args), walk(obj.keywords))
@@ -405,11 +406,10 @@ class Closed:
   inner ``jit``-ed functions, the content of the arrays those read.
   """
 
-  def __init__(self, jaxpr, in_avals, out_tree, arrangement, key):
+  def __init__(self, jaxpr, out_tree, key):
     self._jaxpr = jaxpr
-    self._in_avals = in_avals
+    self._in_avals = [v.aval for v in jaxpr.invars]
     self._out_tree = out_tree
-    self._arrangement = arrangement
     self._key = key
 
   def __call__(self, params, *args):
@@ -429,12 +429,6 @@ class Closed:
     as a function of the params and the tuple of ``args``."""
     return lambda params, args: self(params, *args)[0] if has_aux else self(params, *args)
 
-  def full_args(self, args):
-    """``fun_args`` with the static leaves put back (for a host call of ``fun``)."""
-    treedef, statics = self._arrangement
-    given = iter(jax.tree.leaves(list(args)))
-    return jax.tree.unflatten(treedef, [next(given) if s is _ARG else s for s in statics])
-
   def __hash__(self):
     if self._key is None:
       raise TypeError("a Closed without a key (it reads traced values) is not hashable")
@@ -450,11 +444,8 @@ _ARG = object()
 def _abstract(x):
   if isinstance(x, jax.core.Tracer):
     return x
-  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=_weak(x))
-
-
-def _weak(x) -> bool:
-  return isinstance(x, (float, complex)) or bool(getattr(x, "weak_type", False))
+  weak = isinstance(x, (float, complex)) or bool(getattr(x, "weak_type", False))
+  return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
 def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed, tuple]:
@@ -494,20 +485,18 @@ def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed
   # A new function each call: jax.make_jaxpr caches traces on the function's identity.
   traced, shape = jax.make_jaxpr(lambda p, d: flat(p, d), return_shape=True)(*abstract)
   inner: list = []
-  key = [_signature(traced.jaxpr, inner), jax.tree.structure(shape)]
+  key = [treedef, _signature(traced.jaxpr, inner), jax.tree.structure(shape)]
   if _user_rules(traced.jaxpr):
     value = lambda p, d: flat(p, d)[0] if isinstance(shape, tuple) else flat(p, d)
     derivative = jax.make_jaxpr(jax.value_and_grad(value))(*abstract)
     key.append(_signature(derivative.jaxpr, inner))
     inner.extend(derivative.consts)
   try:
-    key += [tuple(map(content, inner)), tuple(fingerprint(s) for s in statics if s is not _ARG)]
+    named = tuple(fingerprint(s) for s in statics if s is not _ARG)
+    key = (*key, tuple(map(content, inner)), named)
   except Uncacheable:  # it reads a traced value where no argument reaches: no key
     key = None
-  in_avals = [v.aval for v in traced.jaxpr.invars]
-  key = None if key is None else (treedef, *key)
-  closed = Closed(traced.jaxpr, in_avals, jax.tree.structure(shape), (treedef, statics), key)
-  return closed, (*dynamic, list(traced.consts))
+  return Closed(traced.jaxpr, jax.tree.structure(shape), key), (*dynamic, list(traced.consts))
 
 
 class OptimizerKey:
@@ -523,8 +512,8 @@ class OptimizerKey:
   """
 
   def __init__(self, optimizer, params=None):
-    configuration = getattr(optimizer, "configuration", None)
-    if isinstance(optimizer, ConfiguredTransformation) and configuration is not None:
+    configuration = configuration_of(optimizer)
+    if configuration is not None:
       leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
       self._arrays = [_is_array(x) for x in leaves]
       self._factory = configuration.factory
@@ -600,13 +589,6 @@ def _is_array(x) -> bool:
   return isinstance(x, (jax.Array, np.ndarray))
 
 
-def split_optimizer(optimizer, params=None) -> tuple[OptimizerKey, list]:
-  """``(key, arrays)``: the optimizer's key and the arrays that enter the program (with
-  ``params``, the key holds the trace of what the key cannot see: :class:`OptimizerKey`)."""
-  key = OptimizerKey(optimizer, params)
-  return key, key.arrays
-
-
 # --- the compiled programs --------------------------------------------------------------
 
 
@@ -632,23 +614,9 @@ def staged() -> bool:
   return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
-class _Unkeyed:
-  """An optimizer that holds traced values, as a static that makes :func:`call` trace
-  inline (it is not hashable)."""
-
-  __hash__ = None
-
-  def __init__(self, value):
-    self.value = value
-
-  def build(self, arrays):
-    del arrays
-    return self.value
-
-
 def prepare(optimizer, fun, params, fun_args) -> tuple:
   """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``: a front door's call as
-  a program's statics and arguments (:func:`split_optimizer`, :func:`hoist`), and
+  a program's statics and arguments (:class:`OptimizerKey`, :func:`hoist`), and
   ``jax.eval_shape`` of ``optimizer.init``.
 
   The optimizer's ``init`` is traced first with its own values, so that its checks of its
@@ -656,21 +624,25 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
   named = _init_key(optimizer, params)
-  shape = _INIT_SHAPES.get(named) if named is not None else None
+  shape = _INIT_SHAPES.get(named)  # never None's: no key, no shape kept
   if shape is None:
     shape = jax.eval_shape(optimizer.init, params)
-    _remember(_INIT_SHAPES, named, shape)
+    if named is not None:
+      _INIT_SHAPES[named] = shape
+      while len(_INIT_SHAPES) > _INIT_SHAPES_KEPT:
+        _INIT_SHAPES.popitem(last=False)
   try:
-    key, arrays = split_optimizer(optimizer, params)
-  except Uncacheable:
-    key, arrays = _Unkeyed(optimizer), []
+    key = OptimizerKey(optimizer, params)
+  except Uncacheable:  # a static that is not hashable, so that call traces inline
+    key = types.SimpleNamespace(build=lambda arrays: optimizer, arrays=[])
   closed, args = hoist(fun, params, tuple(fun_args))
-  return key, arrays, closed, args, shape
+  return key, key.arrays, closed, args, shape
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
-# checks read (:func:`_init_key`), the most recent first.
+# checks read (:func:`_init_key`), the oldest first and at most the last 64.
 _INIT_SHAPES: collections.OrderedDict = collections.OrderedDict()
+_INIT_SHAPES_KEPT = 64
 _SMALL_ARGUMENT = 1 << 16
 
 
@@ -679,8 +651,8 @@ def _init_key(optimizer, params):
   factory, its arguments (arrays of at most :data:`_SMALL_ARGUMENT` entries by content) and
   the params' shapes; ``None`` for other transformations and for function arguments (which
   may read state)."""
-  configuration = getattr(optimizer, "configuration", None)
-  if not isinstance(optimizer, ConfiguredTransformation) or configuration is None:
+  configuration = configuration_of(optimizer)
+  if configuration is None:
     return None
   leaves, treedef = jax.tree.flatten(dict(configuration.arguments))
   if any(callable(x) or (_is_array(x) and np.size(x) > _SMALL_ARGUMENT) for x in leaves):
@@ -694,21 +666,10 @@ def _init_key(optimizer, params):
   return key
 
 
-def _remember(cache: collections.OrderedDict, key, value, size: int = 64) -> None:
-  if key is not None:
-    cache[key] = value
-    while len(cache) > size:
-      cache.popitem(last=False)
-
-
-_JITTED: dict = {}
-
-
+@functools.cache
 def jitted(entry):
   """``jax.jit`` of a front door's entry, its first ``entry.num_statics`` arguments static."""
-  if entry not in _JITTED:
-    _JITTED[entry] = jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
-  return _JITTED[entry]
+  return jax.jit(entry, static_argnums=tuple(range(entry.num_statics)))
 
 
 def program_key(entry, statics: tuple, dynamic: tuple):
@@ -719,22 +680,6 @@ def program_key(entry, statics: tuple, dynamic: tuple):
   except TypeError:
     return None
   return (entry, statics, compiled_lib.abstract(dynamic))
-
-
-def _program(entry, statics: tuple, dynamic: tuple, traced: bool, key=None):
-  """``program(*dynamic)``: ``entry``'s program, compiled once per key (``key``, where the
-  caller has made it: :func:`program_key`) and kept in the bounded cache
-  (:mod:`hdm_optax.driver.compiled`); in a caller's trace, or for statics no key describes,
-  the entry traced into the caller's program."""
-  try:
-    hash(statics)
-  except TypeError:
-    return lambda *args: entry(*statics, *args)
-  if traced or staged() or tracers(dynamic):
-    return lambda *args: jitted(entry)(*statics, *args)
-  options = compiler_options(dynamic)
-  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
-  return compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)
 
 
 # Inputs of at most this many entries in all compile for a short first call.
@@ -768,14 +713,24 @@ def compiled_count() -> int:
 
 def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: bool, key=None):
   """``entry(*statics, handle, *dynamic)``, compiled once per ``statics`` and shapes (``key``:
-  the program's :func:`program_key`, where the caller has made it).
+  the program's :func:`program_key`, where the caller has made it) and kept in the bounded
+  cache (:mod:`hdm_optax.driver.compiled`).
 
   ``entry.num_statics`` leading arguments are static: hashable (the cache policy's keys);
   where one cannot be keyed (an optimizer that holds traced values) the entry is traced
-  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument. Where any
-  of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``, ``jax.jvp`` around the front door,
-  the arrays ``fun`` closes over included) the program is called with XLA's default
-  options: JAX takes ``compiler_options`` only at the top level.
+  inline. ``handle`` is the hook's (:mod:`hdm_optax.driver.hooks`), an argument. In a
+  caller's trace, or where any of ``dynamic`` is traced (``jax.grad``, ``jax.vmap``,
+  ``jax.jvp`` around the front door, the arrays ``fun`` closes over included), the entry's
+  ``jax.jit`` is called with XLA's default options: JAX takes ``compiler_options`` only at
+  the top level.
   """
   dynamic = (handle, *dynamic)
-  return _program(entry, statics, dynamic, traced, key)(*dynamic)
+  try:
+    hash(statics)
+  except TypeError:
+    return entry(*statics, *dynamic)
+  if traced or staged() or tracers(dynamic):
+    return jitted(entry)(*statics, *dynamic)
+  options = compiler_options(dynamic)
+  build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
+  return compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)(*dynamic)

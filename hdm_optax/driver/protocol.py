@@ -116,10 +116,11 @@ def with_box_of(fresh, given):
   """``given`` (a state handed back in) with the bounds of ``fresh`` (the optimizer's own).
 
   Raises:
-    ValueError: ``given`` is not a state of this optimizer.
+    ValueError: ``given`` is not a state of this optimizer (another structure, or a leaf of
+      another shape or dtype).
   """
   fresh_bounds = _bounds_or_none(fresh)
-  fresh_leaves, fresh_def = jax.tree.flatten(fresh, is_leaf=fresh_bounds)
+  fresh_paths, fresh_def = jax.tree_util.tree_flatten_with_path(fresh, is_leaf=fresh_bounds)
   given_leaves, given_def = jax.tree.flatten(given, is_leaf=_bounds_or_none(given))
   if fresh_def != given_def:
     raise ValueError(
@@ -128,17 +129,10 @@ def with_box_of(fresh, given):
       f"  init_state:             {jax.tree.structure(given)}\n"
       "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
     )
-  _check_leaves(fresh, given, fresh_bounds)
-  leaves = [f if fresh_bounds(f) else g for f, g in zip(fresh_leaves, given_leaves)]
-  return jax.tree.unflatten(fresh_def, leaves)
-
-
-def _check_leaves(fresh, given, is_bounds) -> None:
-  """Raises where a leaf of ``given`` has another shape or dtype than ``fresh``'s."""
-  fresh_paths = jax.tree_util.tree_flatten_with_path(fresh, is_leaf=is_bounds)[0]
-  given_leaves = jax.tree.leaves(given, is_leaf=_bounds_or_none(given))
+  leaves = []
   for (path, f), g in zip(fresh_paths, given_leaves):
-    if is_bounds(f):
+    if fresh_bounds(f):  # the optimizer's own bounds (or None)
+      leaves.append(f)
       continue
     want, got = (jnp.shape(f), jnp.result_type(f)), (jnp.shape(g), jnp.result_type(g))
     if want != got:
@@ -149,6 +143,8 @@ def _check_leaves(fresh, given, is_bounds) -> None:
         "state of a run on params of this shape and dtype (result.state), or leave "
         "init_state out."
       )
+    leaves.append(g)
+  return jax.tree.unflatten(fresh_def, leaves)
 
 
 def preconditioner(state, free=None) -> Optional[Callable[[Any], Any]]:

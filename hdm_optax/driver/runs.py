@@ -119,10 +119,9 @@ def trace_size(trace: Optional[int], max_steps, *, batch: bool) -> tuple[int, in
   a power of two, so that budgets that round up alike share one program; the result is cut
   to ``max_steps + 1``.
   """
+  size = 0 if batch else DEFAULT_TRACE
   if trace is not None:
     size = int(check_count("trace", trace, 0, "the number of last entries to keep"))
-  else:
-    size = 0 if batch else DEFAULT_TRACE
   if isinstance(max_steps, jax.core.Tracer) or size == 0:
     return size, size
   shown = min(size, int(np.minimum(max_steps, size)) + 1)
@@ -147,8 +146,7 @@ _cut_compiled = jax.jit(_cut, static_argnums=1)  # one dispatch for the five arr
 def _begin(make, program: Program, handle, member, params, opt_state, index) -> _Carry:
   s = make(member)[0].start(params, opt_state)
   trace = jax.tree.map(lambda v: jnp.full((program.trace_size,), v), _trace_entry(s))
-  hook = hooks_lib.begin(program.hook, handle.hook, index)
-  return _Carry(_without_cached_grad(s), trace, hook)
+  return _Carry(_without_cached_grad(s), trace, hooks_lib.begin(program.hook, handle.hook, index))
 
 
 def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Carry:
@@ -161,7 +159,7 @@ def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Car
     with _gating.gate(active, old) as gate:
       s = loop_.step(old)
     s = gate.where(s, old)
-  halt = hooks_lib.after_step(program.hook, carry.hook, s, loop_.status(s))
+  halt = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s))
   if halt is not None:  # a finished member is not running: the halt leaves it as it is
     s = loop_.stop(s, halt)
   return _Carry(_without_cached_grad(s), _record(carry.trace, s), carry.hook)
@@ -174,7 +172,7 @@ def _running(carry: _Carry) -> jax.Array:
 def _end(make, program: Program, member, carry: _Carry) -> SolveResult:
   loop_, fun = make(member)
   s = _with_cached_grad(carry.state)
-  halt = hooks_lib.at_end(program.hook, carry.hook, s, loop_.status(s))
+  halt = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s), final=True)
   status = loop_.status(s if halt is None else loop_.stop(s, halt))
   num_value_evals, aux = s.num_value_evals, None
   if program.has_aux:  # one more evaluation of f (no gradient) gives aux at params
@@ -331,6 +329,8 @@ class Staged:
   batch: ClassVar[bool] = True
 
   def __call__(self, steps: Steps, members, batch):
+    stop = jax.vmap(steps.stop, in_axes=(0, 0, None))
+
     def advance(member, carry):
       return steps.body(member, carry, steps.running(carry))
 
@@ -348,7 +348,6 @@ class Staged:
         return jax.vmap(advance)(rows, counted[0]), counted[1] + 1
 
       def halted(rows, counted, halt):  # Ctrl-C: every member still running ends STOPPED
-        stop = jax.vmap(steps.stop, in_axes=(0, 0, None))
         return stop(rows, counted[0], halt), counted[1]
 
       loop = While()
@@ -366,7 +365,7 @@ class Staged:
       part = stage(take(members), take(batch), later, stopped)
       batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
     if self.stop_at_first_converged:  # the members still running end STOPPED
-      batch = jax.vmap(steps.stop, in_axes=(0, 0, None))(members, batch, first(batch))
+      batch = stop(members, batch, first(batch))
     return batch
 
 

@@ -90,11 +90,11 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
   (a box's sides) is rebuilt from its factory with those arguments packed, and runs on the
   packed params; any other optimizer runs on the params as they are.
   """
-  configuration = getattr(optimizer, "configuration", None)
+  configuration = programs.configuration_of(optimizer)
   layout = Layout(params)
   if not layout.on:
     return optimizer, layout
-  if not isinstance(optimizer, programs.ConfiguredTransformation) or configuration is None:
+  if configuration is None:
     return optimizer, Layout(None)
   arguments = {}
   for name, value in configuration.arguments.items():

@@ -44,9 +44,8 @@ def check_params(params, name: str = "init_params"):
 
 
 def _check_every(check_every) -> int:
-  if not isinstance(check_every, (int, np.integer)) or isinstance(check_every, bool):
-    raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
-  if check_every < 1:
+  integer = isinstance(check_every, (int, np.integer)) and not isinstance(check_every, bool)
+  if not integer or check_every < 1:
     raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
   return int(check_every)
 
@@ -182,6 +181,10 @@ def solve(
   like = (hooks.Handle.like(hook is not None, watch), *dynamic)
   traced = bool(found) or bool(programs.tracers(dynamic))  # the arrays fun reads, too
   named = None if traced else programs.program_key(_solve_entry, statics, like)
+
+  def run(handle):
+    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
+
   make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
   if not traced and separate.chosen(
     _solve_entry, statics, like, key=named, program_=program, host=make_oracle.host
@@ -198,10 +201,6 @@ def solve(
       progress=progress,
       key=key,
     )
-    return runs.cut_trace(result, shown)
-
-  def run(handle):
-    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
-
-  result = hooks.watched(run, callback, progress, watch=watch, key=named)
+  else:
+    result = hooks.watched(run, callback, progress, watch=watch, key=named)
   return runs.cut_trace(result, shown)
