@@ -1,6 +1,7 @@
 """The separate path: the method's program keyed on what the library owns, the objective on
 its own (docs/speed.md, "The first answer"), the bounded program cache and the store."""
 
+import contextlib
 import gc
 import json
 import os
@@ -18,6 +19,7 @@ import pytest
 
 import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
 from hdm_optax.driver import separate as separate_lib
 from hdm_optax.driver import solving
@@ -353,6 +355,30 @@ def test_the_store_keeps_the_most_recently_used_programs_within_its_bound(tmp_pa
   monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE_MB", "0")
   store._trim(str(folder), store._limit_bytes(), keep=new)  # pylint: disable=protected-access
   assert sorted(os.listdir(folder)) == sorted([new, "notes.txt"])
+
+
+def test_each_objective_on_the_separate_path_learns_its_ctrl_c_checks_anew(monkeypatch):
+  """The method's program serves every objective of its shapes, so a cheap objective's long
+  chunk between Ctrl-C checks is no guide to a dear one's (it held a 20 ms objective's
+  Ctrl-C for 9.9 s): each call's first chunk is one step."""
+  firsts, watching = [], interrupts.watching
+
+  @contextlib.contextmanager
+  def spy(key):
+    with watching(key) as watch:
+      firsts.append(int(watch[1]))
+      yield watch
+
+  monkeypatch.setattr(interrupts, "watching", spy)
+  weights = np.arange(1.0, 6.0)
+  for scale in (1.0, 2.0, 3.0):
+    fun = lambda x, s=scale: (
+      float(np.sum(s * weights * (x - 1) ** 4)),
+      4 * s * weights * (x - 1) ** 3,
+    )
+    res = hdm_optax.minimize(fun, np.zeros(5), jac=True)
+    assert res.nit > 2
+  assert firsts == [1, 1, 1]
 
 
 def test_a_numpy_funs_error_is_raised_as_itself():

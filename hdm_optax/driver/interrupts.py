@@ -150,7 +150,9 @@ def watching(key):
 
   ``key`` names the program and its shapes: the chunk size learned by its last call is the
   first chunk of this one (1 for its first call, whose compile hides the extra checks, and
-  where ``key`` is ``None``). The last :data:`_LEARNED_MOST` keys are kept.
+  where ``key`` is ``None``: a program whose steps cost what its caller's objective costs,
+  the separate path's, learns anew at each call). The last :data:`_LEARNED_MOST` keys are
+  kept.
   """
   ident = next(_IDS)
   steps = _LEARNED.get(key, 1) if key is not None else 1

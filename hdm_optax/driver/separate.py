@@ -211,9 +211,9 @@ def run(
         raise
     return _to_user(result, layout, optimizer, x0)
 
-  named = ("method", statics, compiled_lib.abstract(dynamic))
-  watch = program_.watch
-  result = hooks.watched(run_, callback, progress, watch=watch, key=named, view=view)
+  # No key for the Ctrl-C checks' learned chunk: this program serves every objective of its
+  # shapes, and a cheaper one's chunk would leave a dearer one's Ctrl-C unseen for seconds.
+  result = hooks.watched(run_, callback, progress, watch=program_.watch, key=None, view=view)
   _save_unsaved()
   return result
 
