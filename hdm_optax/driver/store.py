@@ -307,7 +307,8 @@ def save(key: Optional[str], compiled) -> bool:
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a program was not stored ({type(error).__name__}: {error}).")
     return False
-  _trim(folder, _limit_bytes(), keep=key + _SUFFIX)
+  with contextlib.suppress(OSError):  # a folder changed under us: trimmed at the next write
+    _trim(folder, _limit_bytes(), keep=key + _SUFFIX)
   return True
 
 
