@@ -305,7 +305,7 @@ def begin(hook: Optional[Hook], handle, member) -> Optional[HookState]:
   """The hook's state at the start of a run (``None`` without a hook)."""
   if hook is None:
     return None
-  return HookState(handle, jnp.asarray(-1 if member is None else member, jnp.int32))
+  return HookState(handle=handle, member=jnp.asarray(-1 if member is None else member, jnp.int32))
 
 
 def host_call(hook: Optional[Hook], hs: Optional[HookState], s, status, final: bool = False):

@@ -213,8 +213,8 @@ def _filled(cell) -> bool:
 
 @functools.cache
 def _executable_type() -> type:
-  """The backend's class of loaded executables (compiling a program to see it takes
-  tens of milliseconds: once per process)."""
+  """The backend's class of loaded executables, seen once per process on a trivial
+  program."""
   return type(jax.jit(lambda: 0).lower().compile()._executable.xla_executable)  # pylint: disable=protected-access
 
 
