@@ -152,6 +152,39 @@ def test_list_x0_and_bad_bounds():
     hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(np.zeros(2), None))
 
 
+@pytest.mark.parametrize("form", ["numpy", "jax"])
+def test_a_gradient_or_value_of_the_wrong_shape_is_named(form):
+  """A ``fun`` whose gradient has the wrong number of entries, or whose value is not a
+  scalar, gets an error that names the gradient and both shapes, on the host (NumPy ``fun``)
+  as when traced."""
+  xp = np if form == "numpy" else jnp
+  short = lambda x: (
+    float(np.sum(np.asarray(x) ** 2)) if form == "numpy" else xp.sum(x**2),
+    2 * x[:-1],
+  )
+  wide = lambda x: (
+    xp.stack([xp.sum(x**2)] * 3) if form == "jax" else np.full(3, np.sum(x**2)),
+    2 * x,
+  )
+  with pytest.raises(ValueError, match=r"the gradient .* has shape \(3,\) for x of shape \(4,\)"):
+    hdm_optax.minimize(short, np.ones(4), jac=True)
+  with pytest.raises(ValueError, match=r"fun must return a scalar .* got shape \(3,\)"):
+    hdm_optax.minimize(wide, np.ones(4), jac=True)
+
+
+def test_scipy_bounds_broadcast_as_scipy_broadcasts_them():
+  """``Bounds(0, 1)`` (one entry a side) bounds every entry, as in SciPy; a side that does
+  not broadcast to x0 is refused with SciPy's words."""
+  fun = lambda x: (np.sum((x - 2.0) ** 2), 2 * (x - 2.0))
+  for bounds in (scipy_optimize.Bounds(0, 1), scipy_optimize.Bounds([0.0], [1.0])):
+    ours = hdm_optax.minimize(fun, np.full(5, 0.5), jac=True, bounds=bounds)
+    theirs = scipy_optimize.minimize(fun, np.full(5, 0.5), jac=True, bounds=bounds)
+    np.testing.assert_allclose(ours.x, theirs.x, atol=1e-8)
+    np.testing.assert_array_equal(ours.x, np.ones(5))
+  with pytest.raises(ValueError, match=r"of shape \(2,\) for x0 of shape \(5,\).*not compatible"):
+    hdm_optax.minimize(fun, np.zeros(5), jac=True, bounds=scipy_optimize.Bounds([0, 0], [1, 1]))
+
+
 def _pair(p):
   return jnp.sum((p[0] - 2.0) ** 2) + jnp.sum((p[1] + 2.0) ** 2)
 

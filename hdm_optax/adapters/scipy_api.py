@@ -130,6 +130,22 @@ def _pairs_to_box(pairs, dtype):
   return side(0, -np.inf), side(1, np.inf)
 
 
+def _bounds_sides(bounds, x0, dtype) -> tuple[Any, Any]:
+  """``scipy.optimize.Bounds``'s ``lb`` and ``ub`` broadcast to x0's shape, as SciPy does
+  (``Bounds(0, 1)`` holds them as arrays of one entry)."""
+  sides = []
+  for side in (bounds.lb, bounds.ub):
+    try:
+      sides.append(np.broadcast_to(np.asarray(side, np.float64), np.shape(x0)))
+    except ValueError:
+      raise ValueError(
+        f"bounds (scipy.optimize.Bounds) of shape {np.shape(side)} for x0 of shape "
+        f"{np.shape(x0)}: The number of bounds is not compatible with the length of `x0`. "
+        "Give lb and ub one entry each, or one per entry of x0."
+      ) from None
+  return jnp.asarray(sides[0], dtype), jnp.asarray(sides[1], dtype)
+
+
 def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
   """``(lower, upper)`` of what ``minimize(bounds=...)`` accepts (``(None, None)`` for None).
 
@@ -144,14 +160,7 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
     return None, None
   dtype = _numerics.params_dtype(x0)
   if hasattr(bounds, "lb") and hasattr(bounds, "ub"):  # scipy.optimize.Bounds
-    for side in (bounds.lb, bounds.ub):
-      if np.ndim(side) and np.shape(side) != np.shape(x0):
-        raise ValueError(
-          f"bounds (scipy.optimize.Bounds) of shape {np.shape(side)} for x0 of shape "
-          f"{np.shape(x0)}: The number of bounds is not compatible with the length of `x0`."
-        )
-    cast = lambda b: jnp.asarray(np.broadcast_to(np.asarray(b, np.float64), np.shape(x0)), dtype)
-    return cast(bounds.lb), cast(bounds.ub)
+    return _bounds_sides(bounds, x0, dtype)
   if _is_pair_list(bounds, x0):
     return _pairs_to_box(bounds, dtype)
   if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
