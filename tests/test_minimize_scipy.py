@@ -56,6 +56,25 @@ def test_positional_signature_and_scipy_fields():
   )
 
 
+def test_the_result_reads_and_prints_as_scipys():
+  """``"x" in res``, ``items``, ``get`` and ``dict(res)`` as for SciPy's result (a dict), and
+  ``print(res)`` a few lines, SciPy's fields first, arrays summarised, also inside ``jit``."""
+  fun = lambda x: (float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0))
+  res = hdm_optax.minimize(fun, np.zeros(300), jac=True)
+  assert "x" in res and "nfev" in res and "hess_inv" not in res and 1.0 not in res
+  assert dict(res)["nit"] == res.nit == res.get("nit") and res.get("hess_inv", 7) == 7
+  assert [name for name, _ in res.items()] == list(res.keys())
+  text = repr(res)
+  assert len(text.splitlines()) <= 14 and len(text) < 1200, text
+  assert text.startswith("message: converged") and "state" in text.splitlines()[-1]
+  assert "    x: [1., 1., 1., ..., 1., 1., 1.]" in text, text
+  seen = []
+  jax.jit(lambda x0: seen.append(repr(hdm_optax.minimize(lambda x: jnp.sum(x**2), x0))))(
+    jnp.ones(3)
+  )
+  assert "message: (known outside jit)" in seen[0]
+
+
 @pytest.mark.parametrize("form", ["jax", "jac_true", "jac_callable", "numpy_jac", "numpy_fd"])
 def test_jac_forms_agree(form):
   """jac=None (JAX's gradient), jac=True, a callable jac, NumPy code with its jac or with

@@ -67,8 +67,9 @@ class MinimizeResult(_MinimizeFields):
   ``status`` a :class:`Status` code: 0 converged, 1 an iteration or call limit, as SciPy's
   L-BFGS-B's 0 and 1; :attr:`message` says what a code means). Then those of
   ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
-  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. ``res["x"]``
-  reads a field by name, as SciPy's result does. SciPy's ``hess_inv`` is absent: the
+  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. As on SciPy's
+  result (a dict), ``res["x"]`` reads a field by name, ``"x" in res`` asks for one, ``keys``,
+  ``items`` and ``get`` read them, and ``print(res)`` shows SciPy's fields. SciPy's ``hess_inv`` is absent: the
   inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
 
   Attributes:
@@ -97,6 +98,47 @@ class MinimizeResult(_MinimizeFields):
   def keys(self) -> tuple:
     """The field names, as ``OptimizeResult.keys()`` (a dict's) lists them."""
     return self._fields
+
+  def items(self) -> tuple:
+    """``(name, value)`` of each field, as ``OptimizeResult.items()``."""
+    return tuple(zip(self._fields, self))
+
+  def get(self, key, default=None):
+    """The field ``key``, else ``default``, as ``OptimizeResult.get``."""
+    return getattr(self, key, default) if key in self._fields else default
+
+  def __contains__(self, key) -> bool:
+    """``"x" in res``: whether ``key`` names a field, as for SciPy's result (a dict)."""
+    return key in self._fields
+
+  def __repr__(self) -> str:
+    """SciPy's fields a line each, arrays summarised as SciPy prints them, then the names of
+    :class:`SolveResult`'s fields (``res.state`` and the others)."""
+    width = max(map(len, _SCIPY_SHOWN))
+    try:
+      message = self.message
+    except (TypeError, jax.errors.ConcretizationTypeError):  # status traced, in jit/vmap
+      message = "(known outside jit)"
+    shown = {"message": message, **{name: getattr(self, name) for name in _SCIPY_SHOWN[1:]}}
+    with np.printoptions(threshold=6, edgeitems=3):
+      lines = [f"{name:>{width}}: {_summary(value, width + 2)}" for name, value in shown.items()]
+    lines.append(f"{'also':>{width}}: {', '.join(SolveResult._fields)}")
+    return "\n".join(lines)
+
+
+# The fields :meth:`MinimizeResult.__repr__` shows, in SciPy's order.
+_SCIPY_SHOWN = ("message", "success", "status", "fun", "x", "nit", "jac", "nfev", "njev")
+
+
+def _summary(value, indent: int) -> str:
+  """A field's value as SciPy's result prints it: a string as it is, an array as NumPy
+  prints it (its lines after the first indented by ``indent``), anything else its repr."""
+  if isinstance(value, str):
+    return value
+  concrete = not isinstance(value, jax.core.Tracer)
+  if concrete and isinstance(value, (jax.Array, np.ndarray, np.generic)):
+    return np.array2string(np.asarray(value), separator=", ", prefix=" " * indent)
+  return repr(value)
 
 
 def _is_number_or_none(value) -> bool:
