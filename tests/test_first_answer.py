@@ -224,9 +224,14 @@ print(json.dumps({"x": [float(v) for v in res.x], "counts": store.counts()}))
 def _child(folder):
   env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=folder, PYTHONPATH=ROOT)
   out = subprocess.run(
-    [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600
+    [sys.executable, "-W", "always::ResourceWarning", "-c", _CHILD],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert out.returncode == 0, out.stderr
+  assert "unclosed" not in out.stderr, out.stderr[-2000:]  # Ctrl-C's wakeup socket is closed
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
