@@ -169,6 +169,11 @@ def test_list_x0_and_bad_bounds():
     hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(0.0, jnp.full(3, jnp.nan)))
   with pytest.raises(ValueError, match="read as a pair"):
     hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(np.zeros(2), None))
+  mixed = {"a": jnp.zeros(3, jnp.float32), "b": jnp.zeros(2, jnp.float64)}
+  with pytest.raises(TypeError, match=r"x0: all params leaves must share one dtype.*cast them"):
+    hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2) + jnp.sum(p["b"] ** 2), mixed)
+  with pytest.raises(TypeError, match="x0: params must be real floating-point"):
+    hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2), {"a": jnp.zeros(3, jnp.int32)})
 
 
 @pytest.mark.parametrize("form", ["numpy", "jax"])
