@@ -75,6 +75,27 @@ def test_the_result_reads_and_prints_as_scipys():
   assert "message: (known outside jit)" in seen[0]
 
 
+def test_hess_inv_is_l_bfgs_b_s_operator_on_the_method_s_pairs():
+  """``res.hess_inv`` is SciPy's ``LbfgsInvHessProduct`` of the run's secant pairs, the
+  newest applied last: it satisfies the newest pair's secant equation H y = s (pairs taken
+  in another order would not), and is ``None`` for a pytree x0."""
+  a = np.random.default_rng(0).normal(size=(20, 5))
+  q = a.T @ a
+  fun = lambda x: (0.5 * x @ q @ x - np.sum(x), q @ x - 1.0)
+  res = hdm_optax.minimize(fun, np.zeros(5), jac=True, options=dict(maxcor=3))
+  h = res.hess_inv
+  assert isinstance(h, scipy_optimize.LbfgsInvHessProduct) and h.shape == (5, 5)
+  assert h.n_corrs == 3 and res.nit > 3  # a full memory, wrapped around
+  memory = res.state.direction.memory
+  newest = (int(memory.head) - 1) % 3
+  s_new, y_new = np.asarray(memory.s[0][newest]), np.asarray(memory.y[0][newest])
+  scale = np.linalg.norm(h.todense(), 2) * np.linalg.norm(y_new)
+  np.testing.assert_allclose(h.matvec(y_new), s_new, atol=100 * np.finfo(float).eps * scale)
+  np.testing.assert_allclose(h.todense(), h.todense().T, atol=100 * np.finfo(float).eps * scale)
+  pytree = hdm_optax.minimize(lambda p: jnp.sum((p["a"] - 1.0) ** 2), {"a": jnp.zeros(2)})
+  assert pytree.hess_inv is None
+
+
 @pytest.mark.parametrize("form", ["jax", "jac_true", "jac_callable", "numpy_jac", "numpy_fd"])
 def test_jac_forms_agree(form):
   """jac=None (JAX's gradient), jac=True, a callable jac, NumPy code with its jac or with

@@ -19,6 +19,7 @@ from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
+from hdm_optax.pieces.lbfgs import memory as memory_lib
 from hdm_optax.methods._trial_lbfgs import trial_lbfgs
 
 __all__ = (
@@ -69,8 +70,8 @@ class MinimizeResult(_MinimizeFields):
   ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
   numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. As on SciPy's
   result (a dict), ``res["x"]`` reads a field by name, ``"x" in res`` asks for one, ``keys``,
-  ``items`` and ``get`` read them, and ``print(res)`` shows SciPy's fields. SciPy's ``hess_inv`` is absent: the
-  inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
+  ``items`` and ``get`` read them, and ``print(res)`` shows SciPy's fields; SciPy's
+  ``hess_inv`` is :attr:`hess_inv`.
 
   Attributes:
     x: the solution (``params``).
@@ -125,6 +126,15 @@ class MinimizeResult(_MinimizeFields):
     lines.append(f"{'also':>{width}}: {', '.join(SolveResult._fields)}")
     return "\n".join(lines)
 
+  @property
+  def hess_inv(self):
+    """SciPy's ``hess_inv`` for an x0 of one flat array, outside ``jit``:
+    ``scipy.optimize.LbfgsInvHessProduct`` of the method's secant pairs, oldest first, as
+    L-BFGS-B builds it from its own (the recursion from the identity; the method's own
+    steps scale it by their ``gamma``). ``None`` for a pytree x0 or a method without pairs.
+    """
+    return _inverse_hessian(self.state, self.x)
+
 
 # The fields :meth:`MinimizeResult.__repr__` shows, in SciPy's order.
 _SCIPY_SHOWN = ("message", "success", "status", "fun", "x", "nit", "jac", "nfev", "njev")
@@ -139,6 +149,26 @@ def _summary(value, indent: int) -> str:
   if concrete and isinstance(value, (jax.Array, np.ndarray, np.generic)):
     return np.array2string(np.asarray(value), separator=", ", prefix=" " * indent)
   return repr(value)
+
+
+def _inverse_hessian(state, x):
+  """``LbfgsInvHessProduct`` of the one :class:`SecantMemory` in ``state`` (``None`` where
+  x is not one flat array or the state holds no single memory)."""
+  is_memory = lambda node: isinstance(node, memory_lib.SecantMemory)
+  memories = [node for node in jax.tree.leaves(state, is_leaf=is_memory) if is_memory(node)]
+  if len(memories) != 1 or not _one_array(x) or np.ndim(x) != 1:
+    return None
+  (memory,) = memories
+  rho = np.asarray(memory.rho)
+  slots = [(int(memory.head) + k) % rho.size for k in range(rho.size)]  # the oldest first
+  kept = [slot for slot in slots if rho[slot] != 0]  # 0 marks an empty slot
+  pairs = [
+    np.concatenate([np.asarray(b).reshape(rho.size, -1) for b in jax.tree.leaves(side)], 1)
+    for side in (memory.s, memory.y)
+  ]
+  from scipy.optimize import LbfgsInvHessProduct  # pylint: disable=import-outside-toplevel
+
+  return LbfgsInvHessProduct(pairs[0][kept], pairs[1][kept])
 
 
 def _is_number_or_none(value) -> bool:
