@@ -189,6 +189,25 @@ def test_the_fused_program_serves_the_runs_after_the_second():
     np.testing.assert_allclose(res.params, results[0].params, rtol=1e-12)
 
 
+def test_params_of_many_leaves_stay_on_the_separate_path(monkeypatch):
+  """Past :data:`FUSED_MAX_LEAVES` leaves every run of an objective takes the separate path
+  and no fused program is built (its compile grows with the leaves); at the bound the third
+  run is fused, as for one array."""
+  spied = []
+  run = separate_lib.run
+  monkeypatch.setattr(separate_lib, "run", lambda *a, **k: spied.append(1) or run(*a, **k))
+  monkeypatch.setattr(separate_lib, "FUSED_MAX_LEAVES", 3)
+  for leaves, separate_runs in ((4, 3), (3, 2)):
+    x0 = {f"w{i}": jnp.zeros(2) for i in range(leaves)}
+    fun = lambda p: sum(jnp.sum(jnp.cosh(v - 0.5)) for v in p.values())
+    spied.clear()
+    for _ in range(3):
+      res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, tol=1e-9)
+      compiled_lib.wait()
+      assert bool(res.converged)
+    assert len(spied) == separate_runs, leaves
+
+
 def test_the_cache_is_bounded_and_clear_caches_releases_the_programs():
   size = hdm_optax.cache_size()
   try:
