@@ -227,7 +227,7 @@ def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:
     init_state = result._replace(params=x, state=layout.to_method(result.state))
   elif layout.on and init_state is not None:
     init_state = layout.to_method(init_state)
-  return resuming.start_of(init_state, x, jax.eval_shape(method.init, x))
+  return resuming.start_of(init_state, x, programs.init_shape(method, x))
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
