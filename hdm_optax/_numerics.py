@@ -30,7 +30,10 @@ def params_dtype(params) -> jnp.dtype:
         "cast them, e.g. jnp.asarray(x, jnp.float32)."
       )
   if len(dtypes) > 1:
-    raise TypeError(f"all params leaves must share one dtype, got {sorted(map(str, dtypes))}.")
+    raise TypeError(
+      f"all params leaves must share one dtype, got {sorted(map(str, dtypes))}; cast them to "
+      "one, e.g. jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)."
+    )
   return dtypes.pop()
 
 

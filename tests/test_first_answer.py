@@ -134,6 +134,29 @@ def test_a_numpy_fun_compiles_nothing_after_the_method_program():
   assert programs.compiled_count() == before
 
 
+@pytest.mark.parametrize("jac", [True, "callable"])
+def test_a_numpy_fun_s_data_is_freed_after_its_call(jac):
+  """The data a NumPy ``fun`` (or ``jac``) reads are freed once the call returns: JAX's
+  trial trace of ``fun``, abandoned when ``fun`` needs concrete values, kept them alive (one
+  copy of the data per call, for the life of the process)."""
+  rng = np.random.default_rng(0)
+  alive = []
+  for _ in range(3):
+    a = rng.normal(size=(40, 5))
+
+    def fun(x, a=a):
+      r = a @ x - 1.0
+      return (float(r @ r), 2 * a.T @ r) if jac is True else float(r @ r)
+
+    gradient = None if jac is True else (lambda x, a=a: 2 * a.T @ (a @ x - 1.0))
+    res = hdm_optax.minimize(fun, np.zeros(5), jac=True if jac is True else gradient)
+    assert res.success
+    alive.append(weakref.ref(a))
+    del a, fun, gradient, res
+  gc.collect()
+  assert [ref() is None for ref in alive] == [True] * 3
+
+
 def test_a_new_jax_objective_compiles_only_the_objective():
   a = jnp.linspace(1.0, 30.0, 10)
   hdm_optax.solve(hdm_optax.trial_lbfgs(), _quadratic, jnp.zeros(10), fun_args=(a,))
@@ -164,6 +187,25 @@ def test_the_fused_program_serves_the_runs_after_the_second():
   for res in results[1:]:
     assert int(res.num_steps) == int(results[0].num_steps)
     np.testing.assert_allclose(res.params, results[0].params, rtol=1e-12)
+
+
+def test_params_of_many_leaves_stay_on_the_separate_path(monkeypatch):
+  """Past :data:`FUSED_MAX_LEAVES` leaves every run of an objective takes the separate path
+  and no fused program is built (its compile grows with the leaves); at the bound the third
+  run is fused, as for one array."""
+  spied = []
+  run = separate_lib.run
+  monkeypatch.setattr(separate_lib, "run", lambda *a, **k: spied.append(1) or run(*a, **k))
+  monkeypatch.setattr(separate_lib, "FUSED_MAX_LEAVES", 3)
+  for leaves, separate_runs in ((4, 3), (3, 2)):
+    x0 = {f"w{i}": jnp.zeros(2) for i in range(leaves)}
+    fun = lambda p: sum(jnp.sum(jnp.cosh(v - 0.5)) for v in p.values())
+    spied.clear()
+    for _ in range(3):
+      res = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, tol=1e-9)
+      compiled_lib.wait()
+      assert bool(res.converged)
+    assert len(spied) == separate_runs, leaves
 
 
 def test_the_cache_is_bounded_and_clear_caches_releases_the_programs():
@@ -201,9 +243,14 @@ print(json.dumps({"x": [float(v) for v in res.x], "counts": store.counts()}))
 def _child(folder):
   env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=folder, PYTHONPATH=ROOT)
   out = subprocess.run(
-    [sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600
+    [sys.executable, "-W", "always::ResourceWarning", "-c", _CHILD],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
   )
   assert out.returncode == 0, out.stderr
+  assert "unclosed" not in out.stderr, out.stderr[-2000:]  # Ctrl-C's wakeup socket is closed
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 

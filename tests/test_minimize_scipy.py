@@ -56,6 +56,46 @@ def test_positional_signature_and_scipy_fields():
   )
 
 
+def test_the_result_reads_and_prints_as_scipys():
+  """``"x" in res``, ``items``, ``get`` and ``dict(res)`` as for SciPy's result (a dict), and
+  ``print(res)`` a few lines, SciPy's fields first, arrays summarised, also inside ``jit``."""
+  fun = lambda x: (float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0))
+  res = hdm_optax.minimize(fun, np.zeros(300), jac=True)
+  assert "x" in res and "nfev" in res and "hess_inv" not in res and 1.0 not in res
+  assert dict(res)["nit"] == res.nit == res.get("nit") and res.get("hess_inv", 7) == 7
+  assert [name for name, _ in res.items()] == list(res.keys())
+  text = repr(res)
+  assert len(text.splitlines()) <= 14 and len(text) < 1200, text
+  assert text.startswith("message: converged") and "state" in text.splitlines()[-1]
+  assert "    x: [1., 1., 1., ..., 1., 1., 1.]" in text, text
+  seen = []
+  jax.jit(lambda x0: seen.append(repr(hdm_optax.minimize(lambda x: jnp.sum(x**2), x0))))(
+    jnp.ones(3)
+  )
+  assert "message: (known outside jit)" in seen[0]
+
+
+def test_hess_inv_is_l_bfgs_b_s_operator_on_the_method_s_pairs():
+  """``res.hess_inv`` is SciPy's ``LbfgsInvHessProduct`` of the run's secant pairs, the
+  newest applied last: it satisfies the newest pair's secant equation H y = s (pairs taken
+  in another order would not), and is ``None`` for a pytree x0."""
+  a = np.random.default_rng(0).normal(size=(20, 5))
+  q = a.T @ a
+  fun = lambda x: (0.5 * x @ q @ x - np.sum(x), q @ x - 1.0)
+  res = hdm_optax.minimize(fun, np.zeros(5), jac=True, options=dict(maxcor=3))
+  h = res.hess_inv
+  assert isinstance(h, scipy_optimize.LbfgsInvHessProduct) and h.shape == (5, 5)
+  assert h.n_corrs == 3 and res.nit > 3  # a full memory, wrapped around
+  memory = res.state.direction.memory
+  newest = (int(memory.head) - 1) % 3
+  s_new, y_new = np.asarray(memory.s[0][newest]), np.asarray(memory.y[0][newest])
+  scale = np.linalg.norm(h.todense(), 2) * np.linalg.norm(y_new)
+  np.testing.assert_allclose(h.matvec(y_new), s_new, atol=100 * np.finfo(float).eps * scale)
+  np.testing.assert_allclose(h.todense(), h.todense().T, atol=100 * np.finfo(float).eps * scale)
+  pytree = hdm_optax.minimize(lambda p: jnp.sum((p["a"] - 1.0) ** 2), {"a": jnp.zeros(2)})
+  assert pytree.hess_inv is None
+
+
 @pytest.mark.parametrize("form", ["jax", "jac_true", "jac_callable", "numpy_jac", "numpy_fd"])
 def test_jac_forms_agree(form):
   """jac=None (JAX's gradient), jac=True, a callable jac, NumPy code with its jac or with
@@ -150,6 +190,44 @@ def test_list_x0_and_bad_bounds():
     hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(0.0, jnp.full(3, jnp.nan)))
   with pytest.raises(ValueError, match="read as a pair"):
     hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), bounds=(np.zeros(2), None))
+  mixed = {"a": jnp.zeros(3, jnp.float32), "b": jnp.zeros(2, jnp.float64)}
+  with pytest.raises(TypeError, match=r"x0: all params leaves must share one dtype.*cast them"):
+    hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2) + jnp.sum(p["b"] ** 2), mixed)
+  with pytest.raises(TypeError, match="x0: params must be real floating-point"):
+    hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2), {"a": jnp.zeros(3, jnp.int32)})
+
+
+@pytest.mark.parametrize("form", ["numpy", "jax"])
+def test_a_gradient_or_value_of_the_wrong_shape_is_named(form):
+  """A ``fun`` whose gradient has the wrong number of entries, or whose value is not a
+  scalar, gets an error that names the gradient and both shapes, on the host (NumPy ``fun``)
+  as when traced."""
+  xp = np if form == "numpy" else jnp
+  short = lambda x: (
+    float(np.sum(np.asarray(x) ** 2)) if form == "numpy" else xp.sum(x**2),
+    2 * x[:-1],
+  )
+  wide = lambda x: (
+    xp.stack([xp.sum(x**2)] * 3) if form == "jax" else np.full(3, np.sum(x**2)),
+    2 * x,
+  )
+  with pytest.raises(ValueError, match=r"the gradient .* has shape \(3,\) for x of shape \(4,\)"):
+    hdm_optax.minimize(short, np.ones(4), jac=True)
+  with pytest.raises(ValueError, match=r"fun must return a scalar .* got shape \(3,\)"):
+    hdm_optax.minimize(wide, np.ones(4), jac=True)
+
+
+def test_scipy_bounds_broadcast_as_scipy_broadcasts_them():
+  """``Bounds(0, 1)`` (one entry a side) bounds every entry, as in SciPy; a side that does
+  not broadcast to x0 is refused with SciPy's words."""
+  fun = lambda x: (np.sum((x - 2.0) ** 2), 2 * (x - 2.0))
+  for bounds in (scipy_optimize.Bounds(0, 1), scipy_optimize.Bounds([0.0], [1.0])):
+    ours = hdm_optax.minimize(fun, np.full(5, 0.5), jac=True, bounds=bounds)
+    theirs = scipy_optimize.minimize(fun, np.full(5, 0.5), jac=True, bounds=bounds)
+    np.testing.assert_allclose(ours.x, theirs.x, atol=1e-8)
+    np.testing.assert_array_equal(ours.x, np.ones(5))
+  with pytest.raises(ValueError, match=r"of shape \(2,\) for x0 of shape \(5,\).*not compatible"):
+    hdm_optax.minimize(fun, np.zeros(5), jac=True, bounds=scipy_optimize.Bounds([0, 0], [1, 1]))
 
 
 def _pair(p):

@@ -19,6 +19,7 @@ from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import SolveResult
 from hdm_optax.pieces import box as box_lib
+from hdm_optax.pieces.lbfgs import memory as memory_lib
 from hdm_optax.methods._trial_lbfgs import trial_lbfgs
 
 __all__ = (
@@ -67,9 +68,10 @@ class MinimizeResult(_MinimizeFields):
   ``status`` a :class:`Status` code: 0 converged, 1 an iteration or call limit, as SciPy's
   L-BFGS-B's 0 and 1; :attr:`message` says what a code means). Then those of
   ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
-  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. ``res["x"]``
-  reads a field by name, as SciPy's result does. SciPy's ``hess_inv`` is absent: the
-  inverse-Hessian operator is the method's secant pairs in ``state``, not L-BFGS-B's.
+  numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. As on SciPy's
+  result (a dict), ``res["x"]`` reads a field by name, ``"x" in res`` asks for one, ``keys``,
+  ``items`` and ``get`` read them, and ``print(res)`` shows SciPy's fields; SciPy's
+  ``hess_inv`` is :attr:`hess_inv`.
 
   Attributes:
     x: the solution (``params``).
@@ -97,6 +99,76 @@ class MinimizeResult(_MinimizeFields):
   def keys(self) -> tuple:
     """The field names, as ``OptimizeResult.keys()`` (a dict's) lists them."""
     return self._fields
+
+  def items(self) -> tuple:
+    """``(name, value)`` of each field, as ``OptimizeResult.items()``."""
+    return tuple(zip(self._fields, self))
+
+  def get(self, key, default=None):
+    """The field ``key``, else ``default``, as ``OptimizeResult.get``."""
+    return getattr(self, key, default) if key in self._fields else default
+
+  def __contains__(self, key) -> bool:
+    """``"x" in res``: whether ``key`` names a field, as for SciPy's result (a dict)."""
+    return key in self._fields
+
+  def __repr__(self) -> str:
+    """SciPy's fields a line each, arrays summarised as SciPy prints them, then the names of
+    :class:`SolveResult`'s fields (``res.state`` and the others)."""
+    width = max(map(len, _SCIPY_SHOWN))
+    try:
+      message = self.message
+    except (TypeError, jax.errors.ConcretizationTypeError):  # status traced, in jit/vmap
+      message = "(known outside jit)"
+    shown = {"message": message, **{name: getattr(self, name) for name in _SCIPY_SHOWN[1:]}}
+    with np.printoptions(threshold=6, edgeitems=3):
+      lines = [f"{name:>{width}}: {_summary(value, width + 2)}" for name, value in shown.items()]
+    lines.append(f"{'also':>{width}}: {', '.join(SolveResult._fields)}")
+    return "\n".join(lines)
+
+  @property
+  def hess_inv(self):
+    """SciPy's ``hess_inv`` for an x0 of one flat array, outside ``jit``:
+    ``scipy.optimize.LbfgsInvHessProduct`` of the method's secant pairs, oldest first, as
+    L-BFGS-B builds it from its own (the recursion from the identity; the method's own
+    steps scale it by their ``gamma``). ``None`` for a pytree x0 or a method without pairs.
+    """
+    return _inverse_hessian(self.state, self.x)
+
+
+# The fields :meth:`MinimizeResult.__repr__` shows, in SciPy's order.
+_SCIPY_SHOWN = ("message", "success", "status", "fun", "x", "nit", "jac", "nfev", "njev")
+
+
+def _summary(value, indent: int) -> str:
+  """A field's value as SciPy's result prints it: a string as it is, an array as NumPy
+  prints it (its lines after the first indented by ``indent``), anything else its repr."""
+  if isinstance(value, str):
+    return value
+  concrete = not isinstance(value, jax.core.Tracer)
+  if concrete and isinstance(value, (jax.Array, np.ndarray, np.generic)):
+    return np.array2string(np.asarray(value), separator=", ", prefix=" " * indent)
+  return repr(value)
+
+
+def _inverse_hessian(state, x):
+  """``LbfgsInvHessProduct`` of the one :class:`SecantMemory` in ``state`` (``None`` where
+  x is not one flat array or the state holds no single memory)."""
+  is_memory = lambda node: isinstance(node, memory_lib.SecantMemory)
+  memories = [node for node in jax.tree.leaves(state, is_leaf=is_memory) if is_memory(node)]
+  if len(memories) != 1 or not _one_array(x) or np.ndim(x) != 1:
+    return None
+  (memory,) = memories
+  rho = np.asarray(memory.rho)
+  slots = [(int(memory.head) + k) % rho.size for k in range(rho.size)]  # the oldest first
+  kept = [slot for slot in slots if rho[slot] != 0]  # 0 marks an empty slot
+  pairs = [
+    np.concatenate([np.asarray(b).reshape(rho.size, -1) for b in jax.tree.leaves(side)], 1)
+    for side in (memory.s, memory.y)
+  ]
+  from scipy.optimize import LbfgsInvHessProduct  # pylint: disable=import-outside-toplevel
+
+  return LbfgsInvHessProduct(pairs[0][kept], pairs[1][kept])
 
 
 def _is_number_or_none(value) -> bool:
@@ -130,6 +202,22 @@ def _pairs_to_box(pairs, dtype):
   return side(0, -np.inf), side(1, np.inf)
 
 
+def _bounds_sides(bounds, x0, dtype) -> tuple[Any, Any]:
+  """``scipy.optimize.Bounds``'s ``lb`` and ``ub`` broadcast to x0's shape, as SciPy does
+  (``Bounds(0, 1)`` holds them as arrays of one entry)."""
+  sides = []
+  for side in (bounds.lb, bounds.ub):
+    try:
+      sides.append(np.broadcast_to(np.asarray(side, np.float64), np.shape(x0)))
+    except ValueError:
+      raise ValueError(
+        f"bounds (scipy.optimize.Bounds) of shape {np.shape(side)} for x0 of shape "
+        f"{np.shape(x0)}: The number of bounds is not compatible with the length of `x0`. "
+        "Give lb and ub one entry each, or one per entry of x0."
+      ) from None
+  return jnp.asarray(sides[0], dtype), jnp.asarray(sides[1], dtype)
+
+
 def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
   """``(lower, upper)`` of what ``minimize(bounds=...)`` accepts (``(None, None)`` for None).
 
@@ -144,14 +232,7 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
     return None, None
   dtype = _numerics.params_dtype(x0)
   if hasattr(bounds, "lb") and hasattr(bounds, "ub"):  # scipy.optimize.Bounds
-    for side in (bounds.lb, bounds.ub):
-      if np.ndim(side) and np.shape(side) != np.shape(x0):
-        raise ValueError(
-          f"bounds (scipy.optimize.Bounds) of shape {np.shape(side)} for x0 of shape "
-          f"{np.shape(x0)}: The number of bounds is not compatible with the length of `x0`."
-        )
-    cast = lambda b: jnp.asarray(np.broadcast_to(np.asarray(b, np.float64), np.shape(x0)), dtype)
-    return cast(bounds.lb), cast(bounds.ub)
+    return _bounds_sides(bounds, x0, dtype)
   if _is_pair_list(bounds, x0):
     return _pairs_to_box(bounds, dtype)
   if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
@@ -511,8 +592,7 @@ def minimize(
   _warn_32_bit(x0, args)
   _unused(hess, hessp, constraints)
   opts = _options(options, tol, max_steps)
-  x0 = _start_point(x0)
-  _numerics.params_dtype(x0)
+  x0 = solving.check_params(_start_point(x0), "x0")
   lower, upper = bounds_to_box(bounds, x0)
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])

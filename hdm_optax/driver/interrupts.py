@@ -17,6 +17,7 @@ at every step, in the same host call. Once a SIGINT is seen the run stops (statu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import signal
@@ -65,6 +66,13 @@ class _Signal:
       pass
     return got
 
+  def close(self) -> None:
+    """Closes the wakeup socket (at exit: it is kept for the process's later calls)."""
+    for end in (self.reader, self.writer):
+      if end is not None:
+        end.close()
+    self.reader = self.writer = None
+
 
 _STATE = _Signal()
 _LOCK = threading.Lock()
@@ -99,6 +107,7 @@ def catching(enabled: bool = True):
     _STATE.seen = False
     if _STATE.reader is None:
       _STATE.reader, _STATE.writer = socket.socketpair()
+      atexit.register(_STATE.close)
       _STATE.reader.setblocking(False)
       _STATE.writer.setblocking(False)
     _STATE.drain()

@@ -63,6 +63,7 @@ __all__ = (
   "configured",
   "fingerprint",
   "hoist",
+  "init_shape",
   "jitted",
   "prepare",
   "program_key",
@@ -623,6 +624,18 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
   arguments against the params (a box's shape, NaN) run before they become traced. An
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
+  shape = init_shape(optimizer, params)
+  try:
+    key = OptimizerKey(optimizer, params)
+  except Uncacheable:  # a static that is not hashable, so that call traces inline
+    key = types.SimpleNamespace(build=lambda arrays: optimizer, arrays=[])
+  closed, args = hoist(fun, params, tuple(fun_args))
+  return key, key.arrays, closed, args, shape
+
+
+def init_shape(optimizer, params):
+  """``jax.eval_shape(optimizer.init, params)``, kept for an hdm_optax transformation by what
+  decides it (:func:`_init_key`)."""
   named = _init_key(optimizer, params)
   shape = _INIT_SHAPES.get(named)  # never None's: no key, no shape kept
   if shape is None:
@@ -631,12 +644,7 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
       _INIT_SHAPES[named] = shape
       while len(_INIT_SHAPES) > _INIT_SHAPES_KEPT:
         _INIT_SHAPES.popitem(last=False)
-  try:
-    key = OptimizerKey(optimizer, params)
-  except Uncacheable:  # a static that is not hashable, so that call traces inline
-    key = types.SimpleNamespace(build=lambda arrays: optimizer, arrays=[])
-  closed, args = hoist(fun, params, tuple(fun_args))
-  return key, key.arrays, closed, args, shape
+  return shape
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its

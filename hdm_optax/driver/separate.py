@@ -227,7 +227,7 @@ def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:
     init_state = result._replace(params=x, state=layout.to_method(result.state))
   elif layout.on and init_state is not None:
     init_state = layout.to_method(init_state)
-  return resuming.start_of(init_state, x, jax.eval_shape(method.init, x))
+  return resuming.start_of(init_state, x, programs.init_shape(method, x))
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
@@ -242,6 +242,12 @@ def _to_user(result, layout: Layout, optimizer, x0):
 # Runs of one objective on the separate path before the fused program serves it (the second
 # compiles the fused program in the background).
 SEPARATE_RUNS = 2
+
+# Params of more leaves stay on the separate path. The fused program runs the method on every
+# leaf, so its compile grows with them (here 0.7 s at 1 leaf, 2.4 s at 30, 15 s at 300, and a
+# process that ends meanwhile waits for it), and it pays that back only after some 200 runs;
+# the separate path's method program packs the leaves.
+FUSED_MAX_LEAVES = 16
 
 
 class _Sightings:
@@ -262,24 +268,25 @@ _SIGHTINGS = _Sightings()
 
 
 def chosen(
-  entry, statics: tuple, dynamic: tuple, *, key, program_: runs.Program, host: bool
+  entry, statics: tuple, dynamic: tuple, *, key, program_: runs.Program, host: bool, params
 ) -> bool:
   """Whether a front door's call runs on the separate path rather than ``entry``'s fused
   program (``entry(*statics, *dynamic)``, ``dynamic`` led by the call's handle (one
   :meth:`~hdm_optax.driver.hooks.Handle.like` it will be); ``key``, its
-  :func:`~hdm_optax.driver.programs.program_key`).
+  :func:`~hdm_optax.driver.programs.program_key`; ``params``, the run's params).
 
   The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device and
-  process, a NumPy ``fun`` (``host``) always does, and a JAX objective does for its first
-  :data:`SEPARATE_RUNS` runs (counted by the fused program's key: the objective's trace, the
-  optimizer, the shapes); the last of them compiles the fused program in the background,
-  which serves the later runs.
+  process, a NumPy ``fun`` (``host``) and params of more than :data:`FUSED_MAX_LEAVES`
+  leaves always do, and a JAX objective does for its first :data:`SEPARATE_RUNS` runs
+  (counted by the fused program's key: the objective's trace, the optimizer, the shapes);
+  the last of them compiles the fused program in the background, which serves the later
+  runs.
   """
   if program_.has_aux or engine.backend() != "cpu" or programs.staged():
     return False
   if key is None or programs.tracers(dynamic) or _spread(dynamic):
     return False
-  if host:
+  if host or len(jax.tree.leaves(params)) > FUSED_MAX_LEAVES:
     return True
   if compiled_lib.peek(key) is not None:
     return False

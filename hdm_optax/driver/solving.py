@@ -187,7 +187,13 @@ def solve(
 
   make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
   if not traced and separate.chosen(
-    _solve_entry, statics, like, key=named, program_=program, host=make_oracle.host
+    _solve_entry,
+    statics,
+    like,
+    key=named,
+    program_=program,
+    host=make_oracle.host,
+    params=init_params,
   ):
     result = separate.run(
       optimizer,
