@@ -555,6 +555,11 @@ def libsvm_instance(
   )
 
 
+def batch_sigma_max_sq(a) -> np.ndarray:
+  """``sigma_max(A_b)^2`` of each matrix of a batch ``a`` (B, m, n): shape (B,)."""
+  return np.linalg.svd(a, compute_uv=False)[..., 0] ** 2
+
+
 def synthetic_logistic(
   m: int,
   n: int,
@@ -581,7 +586,7 @@ def synthetic_logistic(
     shape = (m, n) if batch is None else (batch, m, n)
     a = rng.standard_normal(shape) / np.sqrt(n)
     margin = np.einsum("...ij,...j->...i", a, rng.standard_normal(shape[:-2] + (n,)))
-    sigma2 = np.linalg.svd(a, compute_uv=False)[..., 0] ** 2 if batch else lipschitz_constant(a)
+    sigma2 = batch_sigma_max_sq(a) if batch else lipschitz_constant(a)
     matrix = jnp.asarray(a, dtype)
   else:
     cols = np.sort(rng.integers(0, n, size=(m, nnz_per_row), dtype=np.int32), axis=1)

@@ -16,6 +16,7 @@ compile; ``minimize`` and the bounded cases run ``trial_lbfgs``.
 import functools
 import gc
 import hashlib
+import itertools
 import json
 import lzma
 import os
@@ -1273,10 +1274,31 @@ def _edge_run(door, fun, ftol):
   return r.params, r.status, r.converged, r.grad_norm, r.value
 
 
-@pytest.mark.parametrize("ftol", [2.2e-9, 1e-6, 1e-12])
-@pytest.mark.parametrize("region", ["halfspace", "ball", "slab"])
-@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
-@pytest.mark.parametrize("door", ["minimize", "solve", "hdm_auto", "hdm_best", "loop"])
+_EDGE_DOORS = ("minimize", "solve", "hdm_auto", "hdm_best", "loop")
+_EDGE_REGIONS = ("halfspace", "ball", "slab")
+_EDGE_FTOLS = (2.2e-9, 1e-6, 1e-12)
+_EDGE_BADS = (np.nan, np.inf)
+# Every pair of (door, region, ftol, bad) in 15 cases, not the 90 of the whole grid (each
+# compiles its own program): each door in each region, with ftol and bad following
+# i = door + region, whose residues mod 3 and mod 2 meet every door, region and each other.
+_EDGE_CASES = [
+  (door, _EDGE_BADS[(d + r) % 2], region, _EDGE_FTOLS[(d + r) % 3])
+  for d, door in enumerate(_EDGE_DOORS)
+  for r, region in enumerate(_EDGE_REGIONS)
+]
+_EDGE_LEVELS = (_EDGE_DOORS, _EDGE_BADS, _EDGE_REGIONS, _EDGE_FTOLS)
+for _i, _j in itertools.combinations(range(4), 2):  # the pairs are all there
+  _pairs = set(itertools.product(_EDGE_LEVELS[_i], _EDGE_LEVELS[_j]))
+  assert {(case[_i], case[_j]) for case in _EDGE_CASES} == _pairs, (_i, _j)
+
+
+@pytest.mark.parametrize(
+  "door, bad, region, ftol",
+  [
+    pytest.param(*case, id=f"{case[0]}-{'nan' if np.isnan(case[1]) else 'inf'}-{case[2]}-{case[3]}")
+    for case in _EDGE_CASES
+  ],
+)
 def test_an_ftol_stop_at_the_edge_of_the_finite_region_is_no_success(door, bad, region, ftol):
   """Rule 3: a small decrease right after non-finite trials stops with FTOL_AT_NON_FINITE,
   not a success; f, grad_norm are those at the returned point (a fresh evaluation), and the

@@ -1,6 +1,7 @@
 """Smoke test of the Table 1 pipeline on a small LIBSVM dataset (each dataset's shapes
 compile every algorithm's programs again: one is enough to run the whole pipeline)."""
 
+import contextlib
 import csv
 
 import pytest
@@ -20,14 +21,20 @@ def results(tmp_path_factory):
   if data_dir is None or not all(n in data_lib.list_datasets(data_dir) for n in DATASETS):
     pytest.skip("the shared LIBSVM datasets are not available")
   out = tmp_path_factory.mktemp("results")
-  # Compiling is most of the pipeline's time: the runner's and the front doors' programs
-  # compile without XLA's backend optimisation (the rows' numbers are the program's).
+  with _fast_compile():
+    table1.main(["--datasets", *DATASETS, "--max-grad-calls", "300", "--out", str(out)])
+  return out
+
+
+@contextlib.contextmanager
+def _fast_compile():
+  """Compiling is most of the pipeline's time: the runner's and the front doors' programs
+  compile without XLA's backend optimisation (the rows' numbers are the program's)."""
   options = programs.compiler_options
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
     patch.setattr(programs, "compiler_options", lambda inputs: {**options(inputs), **FAST_COMPILE})
-    table1.main(["--datasets", *DATASETS, "--max-grad-calls", "300", "--out", str(out)])
-  return out
+    yield
 
 
 @pytest.mark.parametrize("problem", ["svm", "logistic"])
@@ -63,7 +70,8 @@ def test_grid_seconds_times_the_hdm_best_grid_alone(tmp_path, capsys):
     pytest.skip("the shared LIBSVM datasets are not available")
   out = tmp_path / "out"
   argv = ["--grid-seconds", "--datasets", "heart_scale", "--problems", "svm"]
-  table1.main([*argv, "--max-grad-calls", "50", "--out", str(out)])
+  with _fast_compile():
+    table1.main([*argv, "--max-grad-calls", "50", "--out", str(out)])
   line = next(ln for ln in capsys.readouterr().out.splitlines() if "HDM-Best grid" in ln)
   assert "warm lockstep" in line and "compact" in line, line
   assert not out.exists()  # no table, no rows: the grid is only timed
