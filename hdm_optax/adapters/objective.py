@@ -222,6 +222,15 @@ def _released_if_abandoned():
     raise
 
 
+def _unfiltered_tracebacks():
+  """JAX's traceback filtering off in this thread: a NumPy ``fun``'s failed trial trace then
+  costs 0.7 ms instead of 1.7 ms (the filtering walks the frames at every API boundary).
+  Where the private switch is gone, a no-op."""
+  state = getattr(getattr(jax, "_src", None), "config", None)
+  state = getattr(state, "traceback_filtering", None)
+  return state("off") if callable(state) else contextlib.nullcontext()
+
+
 def _traceable(fun, x0, args) -> bool:
   """Whether JAX can trace ``fun(x0, *args)`` (Python ints in ``args`` held static); a
   function traced before at these shapes is not traced again."""
@@ -236,11 +245,20 @@ def _traceable(fun, x0, args) -> bool:
     seen, name = set(), None
   if name in seen:
     return True
+  trial = lambda: jax.eval_shape(
+    lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic
+  )
+  failed = False
   try:
-    with _released_if_abandoned():
-      jax.eval_shape(lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic)
+    with _released_if_abandoned(), _unfiltered_tracebacks():
+      trial()
   except _UNTRACEABLE:
     return False
+  except Exception:  # pylint: disable=broad-except
+    failed = True
+  if failed:  # fun's own error: raised again, with the traceback JAX shows for it
+    with _released_if_abandoned():
+      trial()
   if name is not None:
     seen.add(name)
   return True

@@ -17,6 +17,7 @@ appear only in the objective's program. The result comes back in the params' lay
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Optional
 
 import jax
@@ -131,7 +132,7 @@ def program(statics: tuple, dynamic: tuple, options: dict, background: bool = Fa
   compiled (and stored later, :func:`_save_unsaved`). ``background``: start the compile in
   a thread (unless the store holds the program) and return ``None``."""
   key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
-  stored = store.describe(key)
+  stored = _description(key)
 
   def compile_():
     program = _JIT.lower(*statics, *dynamic).compile(options or None)
@@ -143,6 +144,13 @@ def program(statics: tuple, dynamic: tuple, options: dict, background: bool = Fa
   if background:
     return None if store.holds(stored) else compiled_lib.prepare(key, compile_)
   return compiled_lib.lookup(key, lambda: store.load(stored) or compile_())
+
+
+@functools.lru_cache(maxsize=256)
+def _description(key) -> Optional[str]:
+  """The store's key of the method's program ``key`` (:func:`store.describe`), kept: a
+  front door's call asks for it twice, and the same shapes at every call."""
+  return store.describe(key)
 
 
 def _save_unsaved() -> None:
