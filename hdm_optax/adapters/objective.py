@@ -206,9 +206,9 @@ def _released_if_abandoned():
 
   JAX keeps an abandoned trace alive: each array constant's tracer has a ``weakref.finalize``
   whose callback is a method of its trace, and the trace holds the tracer, so neither dies
-  and the constants, the user's data read by a NumPy ``fun``, stay in memory at every call
-  (3 MB a call for a 2000 x 200 problem). When the block raises, the constants' finalizers it
-  created are detached, and the trace is garbage.
+  and the constants, the user's data read by a NumPy ``fun``, stay in memory, one copy per
+  call. When the block raises, the constants' finalizers it created are detached, and the
+  trace is garbage.
   """
   registry = getattr(weakref.finalize, "_registry", None)
   before = set(registry or ())
@@ -223,9 +223,9 @@ def _released_if_abandoned():
 
 
 def _unfiltered_tracebacks():
-  """JAX's traceback filtering off in this thread: a NumPy ``fun``'s failed trial trace then
-  costs 0.7 ms instead of 1.7 ms (the filtering walks the frames at every API boundary).
-  Where the private switch is gone, a no-op."""
+  """JAX's traceback filtering off in this thread, for a trial trace whose failure is
+  expected (the filtering walks the frames at every API boundary). Where the private switch
+  is gone, a no-op."""
   state = getattr(getattr(jax, "_src", None), "config", None)
   state = getattr(state, "traceback_filtering", None)
   return state("off") if callable(state) else contextlib.nullcontext()

@@ -252,9 +252,8 @@ def _to_user(result, layout: Layout, optimizer, x0):
 SEPARATE_RUNS = 2
 
 # Params of more leaves stay on the separate path. The fused program runs the method on every
-# leaf, so its compile grows with them (here 0.7 s at 1 leaf, 2.4 s at 30, 15 s at 300, and a
-# process that ends meanwhile waits for it), and it pays that back only after some 200 runs;
-# the separate path's method program packs the leaves.
+# leaf, so its compile grows with them (a process that ends meanwhile waits for it); the
+# separate path's method program packs the leaves (docs/research/speed.md).
 FUSED_MAX_LEAVES = 16
 
 
