@@ -130,10 +130,8 @@ class Site:
       if entry.error is None:
         entry.error = error
       raise
-    return tuple(
-      np.asarray(out, self.dtype).reshape(shape.shape)
-      for out, shape in zip(outputs, self.out_shapes())
-    )
+    shapes = ((),) if self.kind == "value" else ((), *self.shapes)
+    return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
 
 
 def function(handle, like) -> Callable[[Any], jax.Array]:
@@ -183,16 +181,18 @@ class _HostLayout:
     leaves, self.treedef = jax.tree.flatten(like)
     self.shapes = [np.shape(x) for x in leaves]
     self.groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+    ends = [np.cumsum([0] + [int(np.prod(self.shapes[i])) for i in g]) for g in self.groups]
+    self._spans = [  # (leaf, start, end) in each block
+      list(zip(g, e[:-1].tolist(), e[1:].tolist())) for g, e in zip(self.groups, ends)
+    ]
 
   def params(self, blocks) -> list:
     """The params' leaves (views of ``blocks``)."""
     out = [None] * len(self.shapes)
-    for block, group in zip(blocks, self.groups):
-      start = 0
-      for i in group:
-        size = int(np.prod(self.shapes[i], dtype=np.int64))
-        out[i] = np.ravel(block)[start : start + size].reshape(self.shapes[i])
-        start += size
+    for block, spans in zip(blocks, self._spans):
+      flat = np.ravel(block)
+      for i, start, end in spans:
+        out[i] = flat[start:end].reshape(self.shapes[i])
     return out
 
   def blocks(self, leaves) -> list:
