@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import warnings
@@ -231,9 +232,17 @@ def _unfiltered_tracebacks():
   return state("off") if callable(state) else contextlib.nullcontext()
 
 
-def _traceable(fun, x0, args) -> bool:
+# Code objects of functions JAX could not trace, by the abstract values of their arguments
+# (the last 256; see _traceable's by_code).
+_UNTRACEABLE_CODE: collections.OrderedDict = collections.OrderedDict()
+
+
+def _traceable(fun, x0, args, by_code: bool = False) -> bool:
   """Whether JAX can trace ``fun(x0, *args)`` (Python ints in ``args`` held static); a
-  function traced before at these shapes is not traced again."""
+  function traced before at these shapes is not traced again. ``by_code``: nor is a function
+  whose code (``__code__``) JAX could not trace at these shapes, such as a new closure of the
+  same NumPy function at each call (for a ``fun`` whose gradient is the user's, where the
+  host runs a traceable one to the same values)."""
   leaves, treedef = jax.tree.flatten(tuple(args))
   dynamic = [leaf for leaf in leaves if programs.is_dynamic(leaf)]
   statics = [None if programs.is_dynamic(leaf) else leaf for leaf in leaves]
@@ -245,6 +254,10 @@ def _traceable(fun, x0, args) -> bool:
     seen, name = set(), None
   if name in seen:
     return True
+  code = (getattr(fun, "__code__", None), name) if by_code and name is not None else None
+  if code is not None and code[0] is not None and code in _UNTRACEABLE_CODE:
+    _UNTRACEABLE_CODE.move_to_end(code)
+    return False
   trial = lambda: jax.eval_shape(
     lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic
   )
@@ -253,6 +266,10 @@ def _traceable(fun, x0, args) -> bool:
     with _released_if_abandoned(), _unfiltered_tracebacks():
       trial()
   except _UNTRACEABLE:
+    if code is not None and code[0] is not None:
+      _UNTRACEABLE_CODE[code] = None
+      while len(_UNTRACEABLE_CODE) > 256:
+        _UNTRACEABLE_CODE.popitem(last=False)
     return False
   except Exception:  # pylint: disable=broad-except
     failed = True
@@ -292,9 +309,10 @@ def objective(fun, jac, x0, args, eps=None, has_aux=False) -> tuple[Callable[...
     raise TypeError(f"fun must be callable, got {fun!r}.")
   jac = _check_jac(jac)
   args = tuple(args)
-  host = not _traceable(fun, x0, args)
+  given = jac is True or callable(jac)
+  host = not _traceable(fun, x0, args, by_code=given)
   if not host and callable(jac) and jac is not True:  # NumPy's jac with a JAX-traceable fun
-    host = not _traceable(jac, x0, args)
+    host = not _traceable(jac, x0, args, by_code=True)
   differences = host and jac in (None, "2-point")
   if jac == "2-point" and not host:
     raise ValueError(

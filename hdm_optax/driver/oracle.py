@@ -35,7 +35,12 @@ from hdm_optax import _oracle
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 
-__all__ = ("HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
+try:
+  from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
+except ImportError:  # a JAX before buffer callbacks
+  _buffer_callback = None
+
+__all__ = ("Filler", "HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
 
 
 class Oracle:
@@ -120,7 +125,7 @@ class Site:
     if entry is None:
       raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
     try:
-      leaves = [np.asarray(x) for x in leaves]
+      leaves = [np.asarray(x).copy() for x in leaves]  # a buffer callback's inputs are XLA's
       if self.kind == "value":
         outputs = (entry.oracle.value(leaves),)
       else:
@@ -132,6 +137,40 @@ class Site:
       raise
     shapes = ((),) if self.kind == "value" else ((), *self.shapes)
     return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
+
+
+class Filler:
+  """A :class:`Site` as ``jax.experimental.buffer_callback`` calls it: its outputs written
+  into the program's buffers. A host call of this kind costs a few microseconds, where
+  ``jax.pure_callback`` (which moves its arguments to a device and back first) costs tens
+  (docs/research/speed.md)."""
+
+  __slots__ = ("site", "__weakref__")
+
+  def __init__(self, site: Site):
+    self.site = site
+
+  def __reduce__(self):
+    return (Filler, (self.site,))
+
+  def __eq__(self, other):
+    return isinstance(other, Filler) and other.site == self.site
+
+  def __hash__(self):
+    return hash(("filler", self.site))
+
+  def __call__(self, context, out, handle, *leaves):
+    del context
+    for buffer, value in zip(out, self.site(handle, *leaves)):
+      np.asarray(buffer)[...] = value
+
+
+def _host_call(site: Site) -> Callable[..., tuple]:
+  """``site``'s call from a program: a buffer callback where this JAX has them, else
+  ``jax.pure_callback``."""
+  if _buffer_callback is None:
+    return lambda handle, *leaves: jax.pure_callback(site, site.out_shapes(), handle, *leaves)
+  return _buffer_callback(Filler(site), site.out_shapes())
 
 
 def function(handle, like) -> Callable[[Any], jax.Array]:
@@ -154,7 +193,7 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
     # A caller may evaluate at another precision (optax's line search promotes float32
     # params under x64): the objective was compiled for the params' dtype.
     leaves = [jnp.asarray(v).astype(dtype) for v in jax.tree.leaves(x)]
-    return jax.pure_callback(site, site.out_shapes(), handle, *leaves)
+    return _host_call(site)(jnp.asarray(handle, jnp.int32), *leaves)
 
   @jax.custom_vjp
   def f(x):
@@ -268,9 +307,8 @@ class HostOracle(Oracle):
     self._pair, self._value = pair, value
     self._layout = _HostLayout(like, packed)
 
-  def _params(self, blocks):
-    leaves = [np.array(x) for x in self._layout.params(blocks)]  # copies: fun may write in x
-    return jax.tree.unflatten(self._layout.treedef, leaves)
+  def _params(self, blocks):  # views of the site's copies
+    return jax.tree.unflatten(self._layout.treedef, self._layout.params(blocks))
 
   def value_and_grad(self, leaves):
     value, grad = self._pair(self._params(leaves))

@@ -189,7 +189,8 @@ _LIBRARY_CALLS = (interrupts._poll,)  # pylint: disable=protected-access
 def _site_of(callback, depth: int = 0):
   """The :class:`~hdm_optax.driver.oracle.Site` (or one of :data:`_LIBRARY_CALLS`) a host
   callback of JAX's calls, if any."""
-  if isinstance(callback, oracle_lib.Site) or any(callback is f for f in _LIBRARY_CALLS):
+  sites = (oracle_lib.Site, oracle_lib.Filler)
+  if isinstance(callback, sites) or any(callback is f for f in _LIBRARY_CALLS):
     return callback
   if depth > 6:
     return None
@@ -276,6 +277,10 @@ def _device_list(devices):
 def _host_entry(site):
   """What the backend calls at a stored program's host call: the site (or library call) on
   flat arrays, its outputs as a tuple of arrays."""
+
+  if isinstance(site, oracle_lib.Filler):  # a buffer callback: context, inputs, outputs
+    inputs = 1 + len(site.site.shapes)
+    return lambda context, *args: site(context, args[inputs:], *args[:inputs]) or ()
 
   def entry(*args):
     out = site(*args)
