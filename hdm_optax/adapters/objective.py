@@ -44,27 +44,32 @@ _UNTRACEABLE = (
 def _scalar(value, dtype, xp=jnp):
   """SciPy's scalar: a number or an array of one entry, as ``dtype`` (``xp``: the array
   module, ``np`` on the host)."""
-  if np.size(value) != 1:
+  value = xp.asarray(value)
+  if value.size != 1:
     raise ValueError(
-      f"fun must return a scalar (or an array of one entry), got shape {np.shape(value)}."
+      f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
-  return xp.reshape(xp.asarray(value), ()).astype(dtype)
+  return xp.reshape(value, ()).astype(dtype)
 
 
 def _like(grad, x, xp=jnp):
   """The user's gradient as a pytree of x's leaves' shapes and dtype (``xp`` as for
   :func:`_scalar`)."""
+  if isinstance(x, (jax.Array, np.ndarray)):  # one array (SciPy's x)
+    return _like_leaf(grad, x, xp)
   leaves, treedef = jax.tree.flatten(x)
-  g_leaves = [grad] if isinstance(x, (jax.Array, np.ndarray)) else treedef.flatten_up_to(grad)
-  out = []
-  for g, leaf in zip(g_leaves, leaves):
-    if np.size(g) != np.size(leaf):
-      raise ValueError(
-        f"the gradient (jac's output, or fun's second output with jac=True) has shape "
-        f"{np.shape(g)} for x of shape {np.shape(leaf)}: return one entry per entry of x."
-      )
-    out.append(xp.reshape(xp.asarray(g), np.shape(leaf)).astype(leaf.dtype))
+  out = [_like_leaf(g, leaf, xp) for g, leaf in zip(treedef.flatten_up_to(grad), leaves)]
   return jax.tree.unflatten(treedef, out)
+
+
+def _like_leaf(g, leaf, xp):
+  g = xp.asarray(g)
+  if g.size != leaf.size:
+    raise ValueError(
+      f"the gradient (jac's output, or fun's second output with jac=True) has shape "
+      f"{g.shape} for x of shape {leaf.shape}: return one entry per entry of x."
+    )
+  return xp.reshape(g, leaf.shape).astype(leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +124,9 @@ class _HostPair:
     return jax.pure_callback(self._host, shapes, x, list(args), vmap_method="sequential")
 
   def _host(self, x, args):
-    dtype = jax.tree.leaves(x)[0].dtype
     args = _put_back(self.arrangement, args)
-    x = jax.tree.map(np.array, x)  # copies: fun may write into x
+    x = np.array(x) if isinstance(x, np.ndarray) else jax.tree.map(np.array, x)  # fun may write
+    dtype = jax.tree.leaves(x)[0].dtype
     if self.jac is True:
       value, grad = _pair_of(self.fun(x, *args))
     elif self.jac is not None:

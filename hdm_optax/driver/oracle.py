@@ -121,6 +121,13 @@ class Site:
     return (scalar, *(jax.ShapeDtypeStruct(s, self.dtype) for s in self.shapes))
 
   def __call__(self, handle, *leaves):
+    shapes = ((),) if self.kind == "value" else ((), *self.shapes)
+    outputs = self.outputs(handle, *leaves)
+    return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
+
+  def outputs(self, handle, *leaves) -> tuple:
+    """The oracle's outputs at the params' ``leaves``: the value, then (for
+    ``"value_and_grad"``) the gradient's leaves, as the oracle returns them."""
     entry = _ORACLES.get(int(np.asarray(handle).reshape(-1)[0]))
     if entry is None:
       raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
@@ -135,8 +142,7 @@ class Site:
       if entry.error is None:
         entry.error = error
       raise
-    shapes = ((),) if self.kind == "value" else ((), *self.shapes)
-    return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
+    return outputs
 
 
 class Filler:
@@ -161,8 +167,8 @@ class Filler:
 
   def __call__(self, context, out, handle, *leaves):
     del context
-    for buffer, value in zip(out, self.site(handle, *leaves)):
-      np.asarray(buffer)[...] = value
+    for buffer, value in zip(out, self.site.outputs(handle, *leaves)):
+      np.asarray(buffer)[...] = value  # in the buffer's dtype and shape
 
 
 def _host_call(site: Site) -> Callable[..., tuple]:
@@ -227,6 +233,8 @@ class _HostLayout:
 
   def params(self, blocks) -> list:
     """The params' leaves (views of ``blocks``)."""
+    if len(self.shapes) == 1 and np.shape(blocks[0]) == self.shapes[0]:
+      return [blocks[0]]
     out = [None] * len(self.shapes)
     for block, spans in zip(blocks, self._spans):
       flat = np.ravel(block)
