@@ -10,6 +10,7 @@ one (docs/guide.md, "Resuming a run").
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -125,7 +126,7 @@ def _avals(shape) -> tuple:
 
 def _size(shape) -> int:
   """The entries of a state of ``shape`` (``jax.eval_shape`` of ``init``)."""
-  return sum(int(np.prod(s, dtype=np.int64)) for s, _ in _avals(shape))
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shape))
 
 
 def _placeholder(shape):
