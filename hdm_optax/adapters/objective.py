@@ -7,8 +7,9 @@
   traced at the call (:func:`hdm_optax.driver.programs.hoist`: what ``fun`` and ``jac`` read
   from outside their arguments becomes an argument), and ``f`` is a ``jax.custom_vjp``
   whose gradient is the user's, so one oracle call is one call of ``fun`` (and ``jac``).
-- a ``fun`` JAX cannot trace (NumPy code): ``fun`` (and ``jac``) run on the host through
-  ``jax.pure_callback`` with NumPy arrays, as SciPy calls them; with ``jac=None`` (or
+- a ``fun`` JAX cannot trace (NumPy code): ``fun`` (and ``jac``) run on the host with NumPy
+  arrays, as SciPy calls them (the separate path's oracle, or ``jax.pure_callback`` inside a
+  caller's trace); with ``jac=None`` (or
   ``"2-point"``) the gradient is SciPy's forward difference with absolute step ``eps``,
   ``n + 1`` calls of ``fun`` per gradient (a warning says so).
 """

@@ -34,13 +34,9 @@ from hdm_optax import _blocks
 from hdm_optax import _oracle
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
+from hdm_optax.driver import host
 
-try:
-  from jax.experimental.buffer_callback import buffer_callback as _buffer_callback
-except ImportError:  # a JAX before buffer callbacks
-  _buffer_callback = None
-
-__all__ = ("Filler", "HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
+__all__ = ("HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
 
 
 class Oracle:
@@ -121,13 +117,6 @@ class Site:
     return (scalar, *(jax.ShapeDtypeStruct(s, self.dtype) for s in self.shapes))
 
   def __call__(self, handle, *leaves):
-    shapes = ((),) if self.kind == "value" else ((), *self.shapes)
-    outputs = self.outputs(handle, *leaves)
-    return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
-
-  def outputs(self, handle, *leaves) -> tuple:
-    """The oracle's outputs at the params' ``leaves``: the value, then (for
-    ``"value_and_grad"``) the gradient's leaves, as the oracle returns them."""
     entry = _ORACLES.get(int(np.asarray(handle).reshape(-1)[0]))
     if entry is None:
       raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
@@ -142,41 +131,8 @@ class Site:
       if entry.error is None:
         entry.error = error
       raise
-    return outputs
-
-
-class Filler:
-  """A :class:`Site` as ``jax.experimental.buffer_callback`` calls it: its outputs written
-  into the program's buffers. A host call of this kind costs a few microseconds, where
-  ``jax.pure_callback`` (which moves its arguments to a device and back first) costs tens
-  (docs/research/speed.md)."""
-
-  __slots__ = ("site", "__weakref__")
-
-  def __init__(self, site: Site):
-    self.site = site
-
-  def __reduce__(self):
-    return (Filler, (self.site,))
-
-  def __eq__(self, other):
-    return isinstance(other, Filler) and other.site == self.site
-
-  def __hash__(self):
-    return hash(("filler", self.site))
-
-  def __call__(self, context, out, handle, *leaves):
-    del context
-    for buffer, value in zip(out, self.site.outputs(handle, *leaves)):
-      np.asarray(buffer)[...] = value  # in the buffer's dtype and shape
-
-
-def _host_call(site: Site) -> Callable[..., tuple]:
-  """``site``'s call from a program: a buffer callback where this JAX has them, else
-  ``jax.pure_callback``."""
-  if _buffer_callback is None:
-    return lambda handle, *leaves: jax.pure_callback(site, site.out_shapes(), handle, *leaves)
-  return _buffer_callback(Filler(site), site.out_shapes())
+    shapes = ((),) if self.kind == "value" else ((), *self.shapes)
+    return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
 
 
 def function(handle, like) -> Callable[[Any], jax.Array]:
@@ -199,7 +155,7 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
     # A caller may evaluate at another precision (optax's line search promotes float32
     # params under x64): the objective was compiled for the params' dtype.
     leaves = [jnp.asarray(v).astype(dtype) for v in jax.tree.leaves(x)]
-    return _host_call(site)(jnp.asarray(handle, jnp.int32), *leaves)
+    return host.call(site, site.out_shapes(), jnp.asarray(handle, jnp.int32), *leaves)
 
   @jax.custom_vjp
   def f(x):

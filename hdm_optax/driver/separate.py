@@ -28,6 +28,7 @@ from hdm_optax import _blocks
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
+from hdm_optax.driver import host
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
@@ -125,7 +126,8 @@ def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
   fun = oracle_lib.function(site, x0)
   loop_ = engine.make_loop(key.build(arrays), fun, limits)
   make = lambda member: (loop_, fun)
-  return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
+  with host.buffered():  # a CPU program: its host calls hand over buffers
+    return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
 
 
 _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
