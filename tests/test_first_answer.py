@@ -134,6 +134,65 @@ def test_a_numpy_fun_compiles_nothing_after_the_method_program():
   assert programs.compiled_count() == before
 
 
+def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_device_arrays(monkeypatch):
+  """A NumPy ``fun`` rebuilt at each call (one code, new closures), with ``jac=True``: the
+  first call's trial trace decides, the later ones trace nothing (no trial, no hoist for the
+  fused program); the method's program takes the limits and the fresh start as kept device
+  arrays (a NumPy leaf is a transfer at every call of a program that calls the host), and
+  reaches ``fun`` through buffer callbacks, one per oracle call, where JAX has them."""
+  from hdm_optax.adapters import objective as objective_lib
+  from hdm_optax.driver import host
+  from hdm_optax.driver import oracle as oracle_lib
+
+  def make(seed):
+    a = np.random.default_rng(seed).normal(size=(30, 5))
+
+    def fun(x):
+      r = a @ x - 1.0
+      return float(r @ r), 2 * a.T @ r
+
+    return fun
+
+  counts = {"trial": 0, "hoist": 0, "filler": 0}
+  passed = []
+
+  def spy(name, original):
+    def wrapped(*args, **kwargs):
+      counts[name] += 1
+      return original(*args, **kwargs)
+
+    return wrapped
+
+  monkeypatch.setattr(objective_lib, "_UNTRACEABLE_CODE", type(objective_lib._UNTRACEABLE_CODE)())
+  hdm_optax.minimize(make(0), np.zeros(5), jac=True)
+  monkeypatch.setattr(jax, "eval_shape", spy("trial", jax.eval_shape))
+  monkeypatch.setattr(programs, "hoist", spy("hoist", programs.hoist))
+  filled = host.Filler.__call__
+
+  def fill(self, *args):
+    counts["filler"] += isinstance(self.target, oracle_lib.Site)
+    return filled(self, *args)
+
+  monkeypatch.setattr(host.Filler, "__call__", fill)
+  program = separate_lib.program
+  monkeypatch.setattr(
+    separate_lib,
+    "program",
+    lambda statics, dynamic, *a, **k: passed.append(dynamic) or program(statics, dynamic, *a, **k),
+  )
+  nfev = sum(hdm_optax.minimize(make(seed), np.zeros(5), jac=True).nfev for seed in (1, 2))
+  assert counts["trial"] == 0 and counts["hoist"] == 0
+  start, limits = passed[-1][-2:]
+  assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves((start, limits)))
+  if host._buffer_callback is not None:
+    assert counts["filler"] == nfev
+  counts["trial"] = 0  # with jac=None the trace decides each time (finite differences or JAX's)
+  for seed in (3, 4):
+    with pytest.warns(UserWarning, match="forward difference"):
+      hdm_optax.minimize(lambda x, a=make(seed): a(x)[0], np.zeros(5))
+  assert counts["trial"] == 2
+
+
 @pytest.mark.parametrize("jac", [True, "callable"])
 def test_a_numpy_fun_s_data_is_freed_after_its_call(jac):
   """The data a NumPy ``fun`` (or ``jac``) reads are freed once the call returns: JAX's

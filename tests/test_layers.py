@@ -15,7 +15,7 @@ DRIVER = Path(hdm_optax.__file__).parent / "driver"
 
 # Bottom to top; a module imports only modules of lower layers.
 LAYERS = [
-  {"compiled"},
+  {"compiled", "host"},
   {"limits", "programs", "protocol", "results", "interrupts"},
   {"hooks", "cache", "members", "resuming"},
   {"engine"},

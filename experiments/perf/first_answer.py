@@ -91,7 +91,7 @@ def _timed(call):
 
 def _row(name, ours, theirs, extra=""):
   print(
-    f"  {name:<28} hdm_optax {ours:8.3f} s  SciPy {theirs:8.3f} s  ratio {ours / theirs:6.2f}{extra}"
+    f"  {name:<28} hdm_optax {ours:9.4f} s  SciPy {theirs:9.4f} s  ratio {ours / theirs:6.2f}{extra}"
   )
 
 

@@ -7,14 +7,16 @@
   traced at the call (:func:`hdm_optax.driver.programs.hoist`: what ``fun`` and ``jac`` read
   from outside their arguments becomes an argument), and ``f`` is a ``jax.custom_vjp``
   whose gradient is the user's, so one oracle call is one call of ``fun`` (and ``jac``).
-- a ``fun`` JAX cannot trace (NumPy code): ``fun`` (and ``jac``) run on the host through
-  ``jax.pure_callback`` with NumPy arrays, as SciPy calls them; with ``jac=None`` (or
+- a ``fun`` JAX cannot trace (NumPy code): ``fun`` (and ``jac``) run on the host with NumPy
+  arrays, as SciPy calls them (the separate path's oracle, or ``jax.pure_callback`` inside a
+  caller's trace); with ``jac=None`` (or
   ``"2-point"``) the gradient is SciPy's forward difference with absolute step ``eps``,
   ``n + 1`` calls of ``fun`` per gradient (a warning says so).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import warnings
@@ -43,27 +45,32 @@ _UNTRACEABLE = (
 def _scalar(value, dtype, xp=jnp):
   """SciPy's scalar: a number or an array of one entry, as ``dtype`` (``xp``: the array
   module, ``np`` on the host)."""
-  if np.size(value) != 1:
+  value = xp.asarray(value)
+  if value.size != 1:
     raise ValueError(
-      f"fun must return a scalar (or an array of one entry), got shape {np.shape(value)}."
+      f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
-  return xp.reshape(xp.asarray(value), ()).astype(dtype)
+  return xp.reshape(value, ()).astype(dtype)
 
 
 def _like(grad, x, xp=jnp):
   """The user's gradient as a pytree of x's leaves' shapes and dtype (``xp`` as for
   :func:`_scalar`)."""
+  if isinstance(x, (jax.Array, np.ndarray)):  # one array (SciPy's x)
+    return _like_leaf(grad, x, xp)
   leaves, treedef = jax.tree.flatten(x)
-  g_leaves = [grad] if isinstance(x, (jax.Array, np.ndarray)) else treedef.flatten_up_to(grad)
-  out = []
-  for g, leaf in zip(g_leaves, leaves):
-    if np.size(g) != np.size(leaf):
-      raise ValueError(
-        f"the gradient (jac's output, or fun's second output with jac=True) has shape "
-        f"{np.shape(g)} for x of shape {np.shape(leaf)}: return one entry per entry of x."
-      )
-    out.append(xp.reshape(xp.asarray(g), np.shape(leaf)).astype(leaf.dtype))
+  out = [_like_leaf(g, leaf, xp) for g, leaf in zip(treedef.flatten_up_to(grad), leaves)]
   return jax.tree.unflatten(treedef, out)
+
+
+def _like_leaf(g, leaf, xp):
+  g = xp.asarray(g)
+  if g.size != leaf.size:
+    raise ValueError(
+      f"the gradient (jac's output, or fun's second output with jac=True) has shape "
+      f"{g.shape} for x of shape {leaf.shape}: return one entry per entry of x."
+    )
+  return xp.reshape(g, leaf.shape).astype(leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,9 +125,9 @@ class _HostPair:
     return jax.pure_callback(self._host, shapes, x, list(args), vmap_method="sequential")
 
   def _host(self, x, args):
-    dtype = jax.tree.leaves(x)[0].dtype
     args = _put_back(self.arrangement, args)
-    x = jax.tree.map(np.array, x)  # copies: fun may write into x
+    x = np.array(x) if isinstance(x, np.ndarray) else jax.tree.map(np.array, x)  # fun may write
+    dtype = jax.tree.leaves(x)[0].dtype
     if self.jac is True:
       value, grad = _pair_of(self.fun(x, *args))
     elif self.jac is not None:
@@ -231,9 +238,17 @@ def _unfiltered_tracebacks():
   return state("off") if callable(state) else contextlib.nullcontext()
 
 
-def _traceable(fun, x0, args) -> bool:
+# Code objects of functions JAX could not trace, by the abstract values of their arguments
+# (the last 256; see _traceable's by_code).
+_UNTRACEABLE_CODE: collections.OrderedDict = collections.OrderedDict()
+
+
+def _traceable(fun, x0, args, by_code: bool = False) -> bool:
   """Whether JAX can trace ``fun(x0, *args)`` (Python ints in ``args`` held static); a
-  function traced before at these shapes is not traced again."""
+  function traced before at these shapes is not traced again. ``by_code``: nor is a function
+  whose code (``__code__``) JAX could not trace at these shapes, such as a new closure of the
+  same NumPy function at each call (for a ``fun`` whose gradient is the user's, where the
+  host runs a traceable one to the same values)."""
   leaves, treedef = jax.tree.flatten(tuple(args))
   dynamic = [leaf for leaf in leaves if programs.is_dynamic(leaf)]
   statics = [None if programs.is_dynamic(leaf) else leaf for leaf in leaves]
@@ -245,6 +260,10 @@ def _traceable(fun, x0, args) -> bool:
     seen, name = set(), None
   if name in seen:
     return True
+  code = (getattr(fun, "__code__", None), name) if by_code and name is not None else None
+  if code is not None and code[0] is not None and code in _UNTRACEABLE_CODE:
+    _UNTRACEABLE_CODE.move_to_end(code)
+    return False
   trial = lambda: jax.eval_shape(
     lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic
   )
@@ -253,6 +272,10 @@ def _traceable(fun, x0, args) -> bool:
     with _released_if_abandoned(), _unfiltered_tracebacks():
       trial()
   except _UNTRACEABLE:
+    if code is not None and code[0] is not None:
+      _UNTRACEABLE_CODE[code] = None
+      while len(_UNTRACEABLE_CODE) > 256:
+        _UNTRACEABLE_CODE.popitem(last=False)
     return False
   except Exception:  # pylint: disable=broad-except
     failed = True
@@ -292,9 +315,10 @@ def objective(fun, jac, x0, args, eps=None, has_aux=False) -> tuple[Callable[...
     raise TypeError(f"fun must be callable, got {fun!r}.")
   jac = _check_jac(jac)
   args = tuple(args)
-  host = not _traceable(fun, x0, args)
+  given = jac is True or callable(jac)
+  host = not _traceable(fun, x0, args, by_code=given)
   if not host and callable(jac) and jac is not True:  # NumPy's jac with a JAX-traceable fun
-    host = not _traceable(jac, x0, args)
+    host = not _traceable(jac, x0, args, by_code=True)
   differences = host and jac in (None, "2-point")
   if jac == "2-point" and not host:
     raise ValueError(

@@ -255,9 +255,14 @@ def _strong(x0, lower, upper, *tols):
   typed arrays in ``args`` keep their dtype and lose the weak type). An array of another
   dtype is left for the box's check to refuse.
   """
-  dtype = _numerics.params_dtype(x0)
-  weak = lambda b: isinstance(b, (int, float)) or getattr(b, "weak_type", False)
-  cast = lambda tree: jax.tree.map(lambda b: jnp.asarray(b, dtype) if weak(b) else b, tree)
+  dtype = jax.dtypes.canonicalize_dtype(_numerics.params_dtype(x0))
+
+  def strong(b):
+    if isinstance(b, (int, float)):  # a number: no transfer needed to make it an array
+      return np.asarray(b, dtype)
+    return jnp.asarray(b, dtype) if getattr(b, "weak_type", False) else b
+
+  cast = lambda tree: jax.tree.map(strong, tree)
   return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
 
 

@@ -11,6 +11,7 @@ and JAX's own caches, so that the memory of the executables is returned.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import threading
 from typing import Any, Callable, Hashable
@@ -72,11 +73,19 @@ class _Programs:
 _CACHE = _Programs(_size_from_environment())
 
 
+@functools.lru_cache(maxsize=64)
+def _canonical_name(dtype, x64: bool) -> str:
+  del x64  # a key: canonicalize_dtype reads it
+  return jax.dtypes.canonicalize_dtype(dtype).name
+
+
 def _leaf_key(x) -> tuple:
   if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):  # canonical already
-    return (x.shape, x.dtype.name, x.weak_type)
+    return (x.shape, _canonical_name(x.dtype, True), x.weak_type)
   if isinstance(x, (np.ndarray, np.generic)):
-    return (x.shape, jax.dtypes.canonicalize_dtype(x.dtype).name, False)
+    return (x.shape, _canonical_name(x.dtype, jax.config.jax_enable_x64), False)
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return (x.shape, _canonical_name(x.dtype, jax.config.jax_enable_x64), x.weak_type)
   if isinstance(x, jax.core.Tracer):
     raise TypeError("a traced value has no compiled program of its own")
   weak = isinstance(x, (float, int, complex)) or bool(getattr(x, "weak_type", False))
@@ -212,6 +221,23 @@ def compiles() -> int:
   return _CACHE.compiles
 
 
+# Values kept by :func:`kept`, the most recently used last.
+_KEPT: collections.OrderedDict = collections.OrderedDict()
+_KEPT_SIZE = 32
+
+
+def kept(key: Hashable, make: Callable[[], Any]) -> Any:
+  """``make()``, kept by ``key`` (the last :data:`_KEPT_SIZE` keys; :func:`clear_caches`
+  releases them)."""
+  with _CACHE.lock:
+    value = _KEPT.pop(key, None)
+    value = make() if value is None else value
+    _KEPT[key] = value
+    while len(_KEPT) > _KEPT_SIZE:
+      _KEPT.popitem(last=False)
+  return value
+
+
 def clear_caches() -> None:
   """Releases every compiled program of the library, and JAX's caches (``jax.clear_caches``).
 
@@ -221,4 +247,5 @@ def clear_caches() -> None:
   wait()
   with _CACHE.lock:
     _CACHE.entries.clear()
+    _KEPT.clear()
   jax.clear_caches()

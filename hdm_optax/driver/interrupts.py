@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import host
+
 __all__ = ("ENABLED", "POLL_SECONDS", "catching", "chunked", "seen", "watching")
 
 # A run without a callback asks the host about Ctrl-C about this often.
@@ -227,7 +229,11 @@ def chunked(primitive, steps_of, *, watch):
   return run
 
 
+def _polled(watch, steps) -> tuple:
+  """:func:`_poll`'s answer as a host call's outputs."""
+  return (_poll(watch, steps),)
+
+
 def _ask(watch, steps) -> Any:
-  return jax.pure_callback(
-    _poll, jax.ShapeDtypeStruct((), jnp.int32), watch, steps, vmap_method="expand_dims"
-  )
+  shapes = (jax.ShapeDtypeStruct((), jnp.int32),)
+  return host.call(_polled, shapes, watch, steps, vmap_method="expand_dims")[0]

@@ -34,6 +34,7 @@ from hdm_optax import _blocks
 from hdm_optax import _oracle
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
+from hdm_optax.driver import host
 
 __all__ = ("HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
 
@@ -120,7 +121,7 @@ class Site:
     if entry is None:
       raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
     try:
-      leaves = [np.asarray(x) for x in leaves]
+      leaves = [np.asarray(x).copy() for x in leaves]  # a buffer callback's inputs are XLA's
       if self.kind == "value":
         outputs = (entry.oracle.value(leaves),)
       else:
@@ -130,10 +131,8 @@ class Site:
       if entry.error is None:
         entry.error = error
       raise
-    return tuple(
-      np.asarray(out, self.dtype).reshape(shape.shape)
-      for out, shape in zip(outputs, self.out_shapes())
-    )
+    shapes = ((),) if self.kind == "value" else ((), *self.shapes)
+    return tuple(np.asarray(out, self.dtype).reshape(shape) for out, shape in zip(outputs, shapes))
 
 
 def function(handle, like) -> Callable[[Any], jax.Array]:
@@ -156,7 +155,7 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
     # A caller may evaluate at another precision (optax's line search promotes float32
     # params under x64): the objective was compiled for the params' dtype.
     leaves = [jnp.asarray(v).astype(dtype) for v in jax.tree.leaves(x)]
-    return jax.pure_callback(site, site.out_shapes(), handle, *leaves)
+    return host.call(site, site.out_shapes(), jnp.asarray(handle, jnp.int32), *leaves)
 
   @jax.custom_vjp
   def f(x):
@@ -183,16 +182,20 @@ class _HostLayout:
     leaves, self.treedef = jax.tree.flatten(like)
     self.shapes = [np.shape(x) for x in leaves]
     self.groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+    ends = [np.cumsum([0] + [int(np.prod(self.shapes[i])) for i in g]) for g in self.groups]
+    self._spans = [  # (leaf, start, end) in each block
+      list(zip(g, e[:-1].tolist(), e[1:].tolist())) for g, e in zip(self.groups, ends)
+    ]
 
   def params(self, blocks) -> list:
     """The params' leaves (views of ``blocks``)."""
+    if len(self.shapes) == 1 and np.shape(blocks[0]) == self.shapes[0]:
+      return [blocks[0]]
     out = [None] * len(self.shapes)
-    for block, group in zip(blocks, self.groups):
-      start = 0
-      for i in group:
-        size = int(np.prod(self.shapes[i], dtype=np.int64))
-        out[i] = np.ravel(block)[start : start + size].reshape(self.shapes[i])
-        start += size
+    for block, spans in zip(blocks, self._spans):
+      flat = np.ravel(block)
+      for i, start, end in spans:
+        out[i] = flat[start:end].reshape(self.shapes[i])
     return out
 
   def blocks(self, leaves) -> list:
@@ -268,9 +271,8 @@ class HostOracle(Oracle):
     self._pair, self._value = pair, value
     self._layout = _HostLayout(like, packed)
 
-  def _params(self, blocks):
-    leaves = [np.array(x) for x in self._layout.params(blocks)]  # copies: fun may write in x
-    return jax.tree.unflatten(self._layout.treedef, leaves)
+  def _params(self, blocks):  # views of the site's copies
+    return jax.tree.unflatten(self._layout.treedef, self._layout.params(blocks))
 
   def value_and_grad(self, leaves):
     value, grad = self._pair(self._params(leaves))

@@ -615,10 +615,10 @@ def staged() -> bool:
   return isinstance(jnp.zeros(()), jax.core.Tracer)
 
 
-def prepare(optimizer, fun, params, fun_args) -> tuple:
-  """``(optimizer_key, optimizer_arrays, closed, args, state_shape)``: a front door's call as
-  a program's statics and arguments (:class:`OptimizerKey`, :func:`hoist`), and
-  ``jax.eval_shape`` of ``optimizer.init``.
+def prepare(optimizer, params) -> tuple:
+  """``(optimizer_key, optimizer_arrays, state_shape)``: a front door's optimizer as a
+  program's static and arguments (:class:`OptimizerKey`), and ``jax.eval_shape`` of
+  ``optimizer.init``.
 
   The optimizer's ``init`` is traced first with its own values, so that its checks of its
   arguments against the params (a box's shape, NaN) run before they become traced. An
@@ -629,8 +629,7 @@ def prepare(optimizer, fun, params, fun_args) -> tuple:
     key = OptimizerKey(optimizer, params)
   except Uncacheable:  # a static that is not hashable, so that call traces inline
     key = types.SimpleNamespace(build=lambda arrays: optimizer, arrays=[])
-  closed, args = hoist(fun, params, tuple(fun_args))
-  return key, key.arrays, closed, args, shape
+  return key, key.arrays, shape
 
 
 def init_shape(optimizer, params):
@@ -692,6 +691,25 @@ def program_key(entry, statics: tuple, dynamic: tuple):
 
 # Inputs of at most this many entries in all compile for a short first call.
 SMALL_PROGRAM = 65_536
+
+
+def on_device(key, make: Callable[[], Any]):
+  """``make()`` on the device, kept for the next call with the same ``key``
+  (:func:`hdm_optax.driver.compiled.kept`; ``key`` says all ``make()`` depends on).
+
+  A program that calls the host takes its arguments on JAX's Python path, where each NumPy
+  leaf is a transfer at every call; a kept device array is not. For the values a front
+  door passes alike at every call of some shapes: the limits (:func:`numbers`), a fresh
+  start's zeros.
+  """
+  return compiled_lib.kept(("on device", key), lambda: jax.device_put(make()))
+
+
+def numbers(tree) -> tuple:
+  """``tree``'s numbers as a key: its structure, and each leaf's type, dtype and bytes."""
+  leaves, treedef = jax.tree.flatten(tree)
+  arrays = [np.asarray(leaf) for leaf in leaves]
+  return treedef, tuple((type(x), a.dtype.str, a.tobytes()) for x, a in zip(leaves, arrays))
 
 
 def compiler_options(inputs) -> dict:

@@ -10,12 +10,14 @@ one (docs/guide.md, "Resuming a run").
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
 from hdm_optax.driver.results import SolveResult
@@ -87,9 +89,14 @@ def _counts(result) -> dict:
   )
 
 
-def start_of(init_state, init_params, shape) -> Resume:
+def start_of(init_state, init_params, shape, kept: bool = False) -> Resume:
   """The start of one run: fresh (a placeholder of the state's ``shape``, ``jax.eval_shape``
-  of ``optimizer.init``), a warm start from a state, or a resumed result."""
+  of ``optimizer.init``), a warm start from a state, or a resumed result. ``kept``: a
+  small fresh start is kept on the device (:func:`hdm_optax.driver.programs.on_device`; for
+  a run outside any trace on one device)."""
+  if init_state is None and kept and _size(shape) <= programs.SMALL_PROGRAM:
+    key = ("fresh", compiled_lib.abstract(shape))
+    return programs.on_device(key, lambda: Resume.of(_placeholder(shape), FRESH))
   if init_state is None:
     return Resume.of(_placeholder(shape), FRESH)
   result = result_of(init_state)
@@ -117,11 +124,16 @@ def _avals(shape) -> tuple:
   return tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in jax.tree.leaves(shape))
 
 
+def _size(shape) -> int:
+  """The entries of a state of ``shape`` (``jax.eval_shape`` of ``init``)."""
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shape))
+
+
 def _placeholder(shape):
   """Zeros of the state's shapes: NumPy's for a small state (no program to compile in a new
   process), else made on the device (no transfer)."""
   avals = _avals(shape)
-  if sum(int(np.prod(s, dtype=np.int64)) for s, _ in avals) <= programs.SMALL_PROGRAM:
+  if _size(shape) <= programs.SMALL_PROGRAM:
     return jax.tree.unflatten(jax.tree.structure(shape), [np.zeros(s, d) for s, d in avals])
   return _zeros(jax.tree.structure(shape), avals)
 

@@ -28,6 +28,7 @@ from hdm_optax import _blocks
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import hooks
+from hdm_optax.driver import host
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
@@ -36,7 +37,17 @@ from hdm_optax.driver import runs
 from hdm_optax.driver import store
 from hdm_optax.pieces import box as box_lib
 
-__all__ = ("SEPARATE_RUNS", "Layout", "chosen", "method_optimizer", "oracle_maker", "run")
+__all__ = (
+  "SEPARATE_RUNS",
+  "Layout",
+  "chosen",
+  "host_maker",
+  "jax_maker",
+  "method_optimizer",
+  "open_to",
+  "run",
+  "spread",
+)
 
 
 def _is_box(node) -> bool:
@@ -115,7 +126,8 @@ def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
   fun = oracle_lib.function(site, x0)
   loop_ = engine.make_loop(key.build(arrays), fun, limits)
   make = lambda member: (loop_, fun)
-  return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
+  with host.buffered():  # a CPU program: its host calls hand over buffers
+    return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
 
 
 _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
@@ -200,7 +212,7 @@ def run(
   if key is None or layout.on:
     key = programs.OptimizerKey(method, x)
   start = _start(init_state, layout, method, x0, x)
-  dynamic = (key.arrays, x, start, limits)
+  dynamic = (key.arrays, x, start, programs.on_device(programs.numbers(limits), lambda: limits))
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
   statics, options = (key, program_, primitive), programs.compiler_options((x0, init_state))
   # The method's program builds in a thread while the objective's compiles here.
@@ -235,7 +247,7 @@ def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:
     init_state = result._replace(params=x, state=layout.to_method(result.state))
   elif layout.on and init_state is not None:
     init_state = layout.to_method(init_state)
-  return resuming.start_of(init_state, x, programs.init_shape(method, x))
+  return resuming.start_of(init_state, x, programs.init_shape(method, x), kept=True)
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
@@ -274,26 +286,29 @@ class _Sightings:
 _SIGHTINGS = _Sightings()
 
 
-def chosen(
-  entry, statics: tuple, dynamic: tuple, *, key, program_: runs.Program, host: bool, params
-) -> bool:
-  """Whether a front door's call runs on the separate path rather than ``entry``'s fused
-  program (``entry(*statics, *dynamic)``, ``dynamic`` led by the call's handle (one
-  :meth:`~hdm_optax.driver.hooks.Handle.like` it will be); ``key``, its
+def open_to(has_aux: bool, dynamic) -> bool:
+  """Whether a run of ``dynamic`` (a front door's traced values) may take the separate path:
+  on the CPU, outside a caller's trace, without ``has_aux``, on one device and process."""
+  if has_aux or engine.backend() != "cpu" or programs.staged():
+    return False
+  return not programs.tracers(dynamic) and not spread(dynamic)
+
+
+def chosen(entry, statics: tuple, dynamic: tuple, *, key, program_: runs.Program, params) -> bool:
+  """Whether a front door's call of a JAX objective runs on the separate path rather than
+  ``entry``'s fused program (``entry(*statics, *dynamic)``, ``dynamic`` led by the call's
+  handle (one :meth:`~hdm_optax.driver.hooks.Handle.like` it will be); ``key``, its
   :func:`~hdm_optax.driver.programs.program_key`; ``params``, the run's params).
 
-  The rule: on the CPU, outside a caller's trace, without ``has_aux`` and on one device and
-  process, a NumPy ``fun`` (``host``) and params of more than :data:`FUSED_MAX_LEAVES`
-  leaves always do, and a JAX objective does for its first :data:`SEPARATE_RUNS` runs
-  (counted by the fused program's key: the objective's trace, the optimizer, the shapes);
-  the last of them compiles the fused program in the background, which serves the later
-  runs.
+  The rule: where the path is open (:func:`open_to`), a NumPy ``fun`` (:func:`host_maker`,
+  decided before this) and params of more than :data:`FUSED_MAX_LEAVES` leaves always take
+  it, and a JAX objective does for its first :data:`SEPARATE_RUNS` runs (counted by the
+  fused program's key: the objective's trace, the optimizer, the shapes); the last of them
+  compiles the fused program in the background, which serves the later runs.
   """
-  if program_.has_aux or engine.backend() != "cpu" or programs.staged():
+  if key is None or not open_to(program_.has_aux, dynamic):
     return False
-  if key is None or programs.tracers(dynamic) or _spread(dynamic):
-    return False
-  if host or len(jax.tree.leaves(params)) > FUSED_MAX_LEAVES:
+  if len(jax.tree.leaves(params)) > FUSED_MAX_LEAVES:
     return True
   if compiled_lib.peek(key) is not None:
     return False
@@ -305,7 +320,7 @@ def chosen(
   return runs_so_far <= SEPARATE_RUNS
 
 
-def _spread(tree) -> bool:
+def spread(tree) -> bool:
   """Whether the run spans several devices or processes (the fused program shards it)."""
   if jax.process_count() > 1:
     return True
@@ -318,16 +333,17 @@ def _abstract_value(x):
   return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
-def oracle_maker(fun, closed, args, fun_args, like):
-  """``make_oracle(packed)`` of the objective: the host's own for a NumPy ``fun``
-  (:func:`hdm_optax.minimize`), else ``fun`` compiled on its own; ``make_oracle.host`` says
-  which."""
+def host_maker(fun, fun_args, like):
+  """``make_oracle(packed)`` of a NumPy ``fun`` (:func:`hdm_optax.minimize`): the host's own
+  oracle; ``None`` for a JAX objective."""
   host = getattr(fun, "host_oracle", None)
-  if host is not None and host(fun_args, like, False) is not None:
-    make = lambda packed: host(fun_args, like, packed)
-    make.host = True
-    return make
+  if host is None or host(fun_args, like, False) is None:
+    return None
+  return lambda packed: host(fun_args, like, packed)
+
+
+def jax_maker(closed, args, like):
+  """``make_oracle(packed)`` of a JAX objective (:func:`~hdm_optax.driver.programs.hoist`'s
+  ``closed`` and ``args``): the objective compiled on its own."""
   options = programs.compiler_options((like, args))
-  make = lambda packed: oracle_lib.JaxOracle(closed, args, like, packed, options=options)
-  make.host = False
-  return make
+  return lambda packed: oracle_lib.JaxOracle(closed, args, like, packed, options=options)

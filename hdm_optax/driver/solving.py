@@ -171,29 +171,35 @@ def solve(
   inputs = (init_params, tuple(fun_args), init_state, limits.tol, limits.rtol)
   found = programs.tracers(inputs)
   kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
-  key, arrays, closed, args, shape = programs.prepare(optimizer, fun, init_params, fun_args)
-  start = resuming.start_of(init_state, init_params, shape)
+  key, arrays, shape = programs.prepare(optimizer, init_params)
+  make_oracle = separate.host_maker(fun, fun_args, init_params)
+  on_host = make_oracle is not None and separate.open_to(
+    bool(has_aux), (arrays, init_params, fun_args, init_state, limits)
+  )  # a NumPy fun on the separate path, which makes its own start: no trace, no program
+  closed, args = (None, ()) if on_host else programs.hoist(fun, init_params, tuple(fun_args))
+  traced = bool(found) or bool(programs.tracers((arrays, args, limits)))  # what fun reads, too
+  local = not traced and not on_host and not separate.spread((arrays, init_params, args))
+  if local:  # passed alike at each call: kept on the device
+    limits = programs.on_device(programs.numbers(limits), lambda: limits)
+  start = None if on_host else resuming.start_of(init_state, init_params, shape, kept=local)
   dynamic = (arrays, init_params, args, start, limits)
   watch = hook is None and not isinstance(primitive, runs.Scan) and hooks.watchable(dynamic)
   program = runs.Program(kept, hook, bool(has_aux), watch)
   statics = (key, closed, program, primitive, adjoint)
 
   like = (hooks.Handle.like(hook is not None, watch), *dynamic)
-  traced = bool(found) or bool(programs.tracers(dynamic))  # the arrays fun reads, too
-  named = None if traced else programs.program_key(_solve_entry, statics, like)
+  named = None if traced or on_host else programs.program_key(_solve_entry, statics, like)
 
   def run(handle):
     return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
 
-  make_oracle = separate.oracle_maker(fun, closed, args, fun_args, init_params)
-  if not traced and separate.chosen(
-    _solve_entry,
-    statics,
-    like,
-    key=named,
-    program_=program,
-    host=make_oracle.host,
-    params=init_params,
+  if not on_host:
+    make_oracle = separate.jax_maker(closed, args, init_params)
+  if on_host or (
+    not traced
+    and separate.chosen(
+      _solve_entry, statics, like, key=named, program_=program, params=init_params
+    )
   ):
     result = separate.run(
       optimizer,

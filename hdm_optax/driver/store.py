@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 from hdm_optax._private_dir import private_dir
+from hdm_optax.driver import host
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import oracle as oracle_lib
 
@@ -183,13 +184,15 @@ def describe(*parts) -> Optional[str]:
 
 # The library's own host calls a stored program may make besides the oracle's sites (module
 # functions: a new process binds its own by name).
-_LIBRARY_CALLS = (interrupts._poll,)  # pylint: disable=protected-access
+_LIBRARY_CALLS = (interrupts._polled,)  # pylint: disable=protected-access
 
 
 def _site_of(callback, depth: int = 0):
   """The :class:`~hdm_optax.driver.oracle.Site` (or one of :data:`_LIBRARY_CALLS`) a host
   callback of JAX's calls, if any."""
-  if isinstance(callback, oracle_lib.Site) or any(callback is f for f in _LIBRARY_CALLS):
+  if isinstance(callback, (oracle_lib.Site, host.Filler)) or any(
+    callback is f for f in _LIBRARY_CALLS
+  ):
     return callback
   if depth > 6:
     return None
@@ -276,6 +279,9 @@ def _device_list(devices):
 def _host_entry(site):
   """What the backend calls at a stored program's host call: the site (or library call) on
   flat arrays, its outputs as a tuple of arrays."""
+
+  if isinstance(site, host.Filler):
+    return site.entry()
 
   def entry(*args):
     out = site(*args)
