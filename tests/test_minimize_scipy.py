@@ -173,6 +173,29 @@ def test_callback_both_signatures_and_stop_iteration():
   assert res.nit == 3 and res.status == hdm_optax.Status.STOPPED and not res.success
 
 
+def test_a_callback_may_keep_what_it_is_given():
+  """A NumPy ``fun``'s run (the separate path, whose host calls hand over the program's
+  buffers): the x a callback keeps without copying, and the x ``fun`` keeps, stay the
+  values they were at their call."""
+  kept, copies, points = [], [], []
+
+  def fun(x):
+    points.append((x, np.copy(x)))
+    return float(np.sum((x - 1.0) ** 4)), 4 * (x - 1.0) ** 3
+
+  def callback(intermediate_result):
+    kept.append(intermediate_result.x)
+    copies.append(np.copy(intermediate_result.x))
+
+  res = hdm_optax.minimize(fun, np.zeros(5), jac=True, callback=callback)
+  assert len(kept) == res.nit > 5 and len(points) == res.nfev
+  for x, copy in zip(kept, copies):
+    np.testing.assert_array_equal(x, copy)
+  for x, copy in points:
+    np.testing.assert_array_equal(x, copy)
+  assert len({x.tobytes() for x in copies}) > 1
+
+
 def test_list_x0_and_bad_bounds():
   seen = []
 

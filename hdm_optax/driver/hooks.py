@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import host
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
 from hdm_optax.driver.results import Status
@@ -317,14 +318,14 @@ def host_call(hook: Optional[Hook], hs: Optional[HookState], s, status, final: b
     return None
   params = s.params if hook.callback and not final else ()
   fields = [getattr(s, name) for name in Snapshot._fields[1:-1]]  # params and status apart
-  halt = jax.pure_callback(
-    lambda *a: _host_step(final, hook.members, *a),
-    jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),
+  halt = host.call(
+    lambda *a: (_host_step(final, hook.members, *a),),
+    (jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),),
     hs.handle,
     hs.member,
     params,
     *fields,
     status,
     vmap_method="expand_dims",
-  )
+  )[0]
   return ~halt if final else halt

@@ -40,7 +40,8 @@ def buffered():
 
 class Filler:
   """``target(*inputs)`` as a buffer callback: its outputs (a tuple) written into the
-  program's buffers."""
+  program's buffers. ``inputs`` counts the leaves of the inputs: a stored program's targets
+  (:mod:`hdm_optax.driver.store`) take flat arrays."""
 
   __slots__ = ("target", "inputs", "__weakref__")
 
@@ -58,6 +59,7 @@ class Filler:
 
   def __call__(self, context, out, *inputs):
     del context
+    inputs = jax.tree.map(lambda b: np.asarray(b).copy(), inputs)  # the buffers are XLA's
     for buffer, value in zip(out, self.target(*inputs)):
       np.asarray(buffer)[...] = value  # in the buffer's dtype and shape
 
@@ -70,6 +72,7 @@ def call(target: Callable[..., tuple], shapes: tuple, *args, vmap_method=None) -
   """``target(*args)`` on the host, its outputs of ``shapes`` (a tuple of
   ``jax.ShapeDtypeStruct``): a buffer callback inside :func:`buffered`, else
   ``jax.pure_callback``."""
-  if _BUFFERED.get():
-    return _buffer_callback(Filler(target, len(args)), shapes, vmap_method=vmap_method)(*args)
+  if _BUFFERED.get():  # inputs: the leaves, as a reloaded program passes them
+    filler = Filler(target, len(jax.tree.leaves(args)))
+    return _buffer_callback(filler, shapes, vmap_method=vmap_method)(*args)
   return jax.pure_callback(target, shapes, *args, vmap_method=vmap_method)

@@ -121,7 +121,7 @@ class Site:
     if entry is None:
       raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
     try:
-      leaves = [np.asarray(x).copy() for x in leaves]  # a buffer callback's inputs are XLA's
+      leaves = [np.asarray(x) for x in leaves]
       if self.kind == "value":
         outputs = (entry.oracle.value(leaves),)
       else:

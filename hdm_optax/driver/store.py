@@ -190,9 +190,9 @@ _LIBRARY_CALLS = (interrupts._polled,)  # pylint: disable=protected-access
 def _site_of(callback, depth: int = 0):
   """The :class:`~hdm_optax.driver.oracle.Site` (or one of :data:`_LIBRARY_CALLS`) a host
   callback of JAX's calls, if any."""
-  if isinstance(callback, (oracle_lib.Site, host.Filler)) or any(
-    callback is f for f in _LIBRARY_CALLS
-  ):
+  if isinstance(callback, host.Filler):  # a buffer callback of a site, or of another call
+    return callback if _site_of(callback.target, depth + 1) is callback.target else None
+  if isinstance(callback, oracle_lib.Site) or any(callback is f for f in _LIBRARY_CALLS):
     return callback
   if depth > 6:
     return None
