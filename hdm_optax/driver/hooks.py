@@ -2,8 +2,9 @@
 
 A front door opens a *session* (:func:`watched`) holding the user's callback and the
 progress line, and passes its integer handle into the compiled program as an argument. The
-run (:mod:`hdm_optax.driver.runs`) calls :func:`host_call` after every step: one
-``jax.pure_callback`` to one host dispatcher, which looks the session up by its handle. The
+run (:mod:`hdm_optax.driver.runs`) calls :func:`host_call` after every step: one host call
+(:func:`hdm_optax.driver.host.call`) to one dispatcher, which looks the session up by its
+handle. The
 program is compiled once per :class:`Hook` (whether there is a callback, whether there is a
 progress line), so a new callback object does not compile a new one. Without a callback or
 progress line nothing here is traced.

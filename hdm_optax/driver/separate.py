@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -138,11 +138,12 @@ _JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
 _UNSAVED: list = []
 
 
-def program(statics: tuple, dynamic: tuple, options: dict, background: bool = False):
-  """The method's compiled program for ``statics`` and the abstract values of ``dynamic``:
-  from the cache, the disk (:mod:`hdm_optax.driver.store`, read in the caller's thread) or
-  compiled (and stored later, :func:`_save_unsaved`). ``background``: start the compile in
-  a thread (unless the store holds the program) and return ``None``."""
+def program(statics: tuple, dynamic: tuple, options: dict, meanwhile: Callable[[], Any]):
+  """``(compiled, meanwhile())``: the method's compiled program for ``statics`` and the
+  abstract values of ``dynamic``, from the cache, the disk (:mod:`hdm_optax.driver.store`,
+  read in the caller's thread) or compiled (and stored later, :func:`_save_unsaved`), and
+  what ``meanwhile`` (the objective's compile) returns, run while a compile of the method's
+  program is under way in a thread."""
   key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
   stored = _description(key)
 
@@ -153,9 +154,10 @@ def program(statics: tuple, dynamic: tuple, options: dict, background: bool = Fa
       _UNSAVED.append((stored, program))
     return program
 
-  if background:
-    return None if store.holds(stored) else compiled_lib.prepare(key, compile_)
-  return compiled_lib.lookup(key, lambda: store.load(stored) or compile_())
+  if compiled_lib.peek(key) is None and not store.holds(stored):
+    compiled_lib.prepare(key, compile_)
+  made = meanwhile()
+  return compiled_lib.lookup(key, lambda: store.load(stored) or compile_()), made
 
 
 @functools.lru_cache(maxsize=256)
@@ -215,10 +217,8 @@ def run(
   dynamic = (key.arrays, x, start, programs.on_device(programs.numbers(limits), lambda: limits))
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
   statics, options = (key, program_, primitive), programs.compiler_options((x0, init_state))
-  # The method's program builds in a thread while the objective's compiles here.
-  program(statics, (placeholder, np.int32(0), *dynamic), options, background=True)
-  oracle = make_oracle(layout.on)
-  compiled = program(statics, (placeholder, np.int32(0), *dynamic), options)
+  like = (placeholder, np.int32(0), *dynamic)
+  compiled, oracle = program(statics, like, options, lambda: make_oracle(layout.on))
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
 
   def run_(handle):

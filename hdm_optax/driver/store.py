@@ -10,7 +10,8 @@ JAX's own persistent cache does not keep a program that calls the host (its host
 are Python objects of the process that compiled it), and ``jax.experimental.
 serialize_executable`` cannot pickle them. Here the executable is serialized by the
 backend, the host entry points are written as :class:`~hdm_optax.driver.oracle.Site`
-values, and at load the backend is given this process's entry points.
+values (or :class:`~hdm_optax.driver.host.Filler` of them, a buffer callback), and at load
+the backend is given this process's entry points.
 
 The directory: ``$HDM_OPTAX_PROGRAM_CACHE`` if set (``0``, ``off`` or an empty string
 turn the store off), else ``$XDG_CACHE_HOME/hdm_optax/programs``
