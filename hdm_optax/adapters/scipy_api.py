@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import warnings
@@ -621,11 +622,24 @@ def minimize(
   return _scipy_fields(res, mode, x0, bool(programs.tracers(res)))
 
 
+@functools.lru_cache(maxsize=16)
+def _built(method: str, memory_size) -> Any:
+  """``METHODS[method](memory_size)`` without a box, built once (a call of ``minimize``
+  would otherwise build it each time)."""
+  return METHODS[method](memory_size)
+
+
 def _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords):
   """minimize's run: :func:`hdm_optax.solve` of the method with the box."""
   callback = keywords.pop("callback")
+  unboxed = lower is None and upper is None
+  method = (
+    _built(method, opts["maxcor"])
+    if unboxed
+    else METHODS[method](opts["maxcor"], lower=lower, upper=upper)
+  )
   return solving.solve(
-    METHODS[method](opts["maxcor"], lower=lower, upper=upper),
+    method,
     objective,
     x0,
     fun_args=args,

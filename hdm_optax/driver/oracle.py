@@ -271,7 +271,7 @@ class HostOracle(Oracle):
     self._pair, self._value = pair, value
     self._layout = _HostLayout(like, packed)
 
-  def _params(self, blocks):  # views of the site's copies
+  def _params(self, blocks):  # views: the pair copies x before fun sees it (fun may write)
     return jax.tree.unflatten(self._layout.treedef, self._layout.params(blocks))
 
   def value_and_grad(self, leaves):
