@@ -1,8 +1,8 @@
 """Host calls from a compiled program.
 
-``jax.pure_callback`` moves its arguments to a device and its results back before and after
-the Python call (tens of microseconds on a CPU); ``jax.experimental.buffer_callback`` hands
-the program's buffers to Python (a few microseconds), on the CPU and where this JAX has it.
+``jax.pure_callback`` moves its arguments to a device and its results back around the
+Python call; ``jax.experimental.buffer_callback`` hands the program's buffers to Python,
+which costs far less (docs/research/speed.md), on the CPU and where this JAX has it.
 The separate path's program (:mod:`hdm_optax.driver.separate`), which runs on the CPU only,
 makes its host calls of the second kind (:func:`buffered`); every other program the first.
 The targets are picklable (a :class:`~hdm_optax.driver.oracle.Site`, a module function),
