@@ -104,20 +104,44 @@ def test_a_numpy_array_an_optax_transformation_holds_is_compared_by_content():
 
 
 def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
-  """docs/speed.md: inputs of at most SMALL_PROGRAM entries compile for a short first call;
-  larger ones, and programs staged inside a caller's jit, keep XLA's defaults."""
+  """docs/speed.md: inputs of at most SMALL_PROGRAM entries compile for a short first call,
+  and the separate path's small method program (a host call per iteration) is scheduled
+  depth first; larger ones, and programs staged inside a caller's jit, keep XLA's
+  defaults."""
   if jax.default_backend() != "cpu":
     pytest.skip("the elemental emitters are an XLA:CPU option; other backends keep defaults")
   elemental = {"xla_cpu_use_fusion_emitters": False}
+  depth_first = {**elemental, "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
   small = (jnp.zeros(10), (jnp.ones((100, 10)),))
   large = (jnp.zeros(10), (jnp.ones((programs.SMALL_PROGRAM, 2)),))
   assert programs.compiler_options(small) == elemental
+  assert programs.compiler_options(small, host_loop=True) == depth_first
   assert programs.compiler_options(large) == {}
-  # The front door compiles a small problem's program with them.
+  assert programs.compiler_options(large, host_loop=True) == {}
+  # The front door compiles a small problem's method program (the separate path) with them.
   hdm_optax.clear_caches()
   _solve(lambda x: jnp.sum((x - 4.0) ** 2))
   keys = list(compiled_lib._CACHE.entries)  # pylint: disable=protected-access
-  assert any(key[0] == "method" and key[-1] == tuple(elemental.items()) for key in keys)
+  assert any(key[0] == "method" and key[-1] == tuple(sorted(depth_first.items())) for key in keys)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU option")
+def test_an_xla_that_spells_the_scheduler_otherwise_compiles_with_its_spelling(monkeypatch):
+  """The scheduler's option keeps its key; the compile tries the next spelling where XLA
+  refuses one (older XLAs spell it otherwise), and the next compile starts there."""
+  spellings = ({"xla_cpu_no_such_scheduler": "X"}, *programs._DEPTH_FIRST)  # pylint: disable=protected-access
+  monkeypatch.setattr(programs, "_DEPTH_FIRST", spellings)
+  monkeypatch.setattr(programs, "_SPELLING", [0])
+  options = programs.compiler_options((jnp.zeros(3),), host_loop=True)
+  assert "xla_cpu_no_such_scheduler" in options
+  lowered = jax.jit(lambda x: x * 2.0).lower(jnp.ones(3))
+  compiled = programs.compile_lowered(lowered, options)
+  np.testing.assert_array_equal(compiled(jnp.ones(3)), 2.0)
+  assert programs._SPELLING == [1]  # pylint: disable=protected-access
+  programs.compile_lowered(lowered, options)
+  assert programs._SPELLING == [1]  # pylint: disable=protected-access
+  with pytest.raises(jax.errors.JaxRuntimeError, match="no_such_option"):
+    programs.compile_lowered(lowered, {**options, "xla_cpu_no_such_option": 1})
 
 
 def test_a_solve_staged_in_a_callers_jit_takes_the_callers_options():

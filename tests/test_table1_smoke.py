@@ -33,7 +33,9 @@ def _fast_compile():
   options = programs.compiler_options
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
-    patch.setattr(programs, "compiler_options", lambda inputs: {**options(inputs), **FAST_COMPILE})
+    patch.setattr(
+      programs, "compiler_options", lambda inputs, **kw: {**options(inputs, **kw), **FAST_COMPILE}
+    )
     yield
 
 

@@ -57,7 +57,7 @@ def main(argv=None) -> None:
   )
   args = parser.parse_args(argv)
   if args.options == "xla-defaults":
-    programs.compiler_options = lambda inputs: {}
+    programs.compiler_options = lambda inputs, **kw: {}
   elif args.options == "o0":
     o0 = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
     programs.compiler_options = lambda inputs: o0

@@ -56,6 +56,7 @@ __all__ = (
   "SMALL_PROGRAM",
   "Uncacheable",
   "call",
+  "compile_lowered",
   "compiled_count",
   "compiler_options",
   "configuration_key",
@@ -712,23 +713,57 @@ def numbers(tree) -> tuple:
   return treedef, tuple((type(x), a.dtype.str, a.tobytes()) for x, a in zip(leaves, arrays))
 
 
-def compiler_options(inputs) -> dict:
+def compiler_options(inputs, *, host_loop: bool = False) -> dict:
   """XLA's options for a front door's program, by the size of its ``inputs`` (a pytree).
 
   On the CPU, a problem whose inputs (params, data, state) hold at most
   :data:`SMALL_PROGRAM` entries in all is compiled with XLA's elemental kernel emitters
   (``xla_cpu_use_fusion_emitters=False``), which compile faster; larger problems keep XLA's
-  fusion emitters, whose kernels run faster (docs/speed.md). Other backends get ``{}``.
-  :func:`call` passes no options where the program is staged inside a caller's trace (JAX
-  takes them only at the top level).
+  fusion emitters, whose kernels run faster (docs/speed.md). A small ``host_loop`` program
+  (one that calls the host at every iteration: the separate path's) is also scheduled
+  depth first (XLA's memory-optimized scheduler): its small kernels then run one after
+  another on one thread, where the default schedule hands them between threads around
+  each host call (docs/research/speed.md). Other backends get ``{}``. :func:`call` passes
+  no options where the program is staged inside a caller's trace (JAX takes them only at
+  the top level); :func:`compile_lowered` compiles with them.
 
   Returns:
     The ``compiler_options`` of ``jax.jit``, ``{}`` for XLA's defaults.
   """
   if jax.default_backend() != "cpu":
     return {}
-  entries = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(inputs))
-  return {"xla_cpu_use_fusion_emitters": False} if entries <= SMALL_PROGRAM else {}
+  if sum(int(np.size(leaf)) for leaf in jax.tree.leaves(inputs)) > SMALL_PROGRAM:
+    return {}
+  return {"xla_cpu_use_fusion_emitters": False, **(_DEPTH_FIRST[0] if host_loop else {})}
+
+
+# The depth-first scheduler's option as XLA has spelt it, newest first; an XLA that takes
+# none of them compiles with its default schedule. The first spelling is the cache's key.
+_DEPTH_FIRST = (
+  {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"},
+  {"xla_cpu_enable_concurrency_optimized_scheduler": False},
+  {},
+)
+_SPELLING = [0]  # the index of the spelling this process's XLA took
+
+
+def compile_lowered(lowered, options: dict):
+  """``lowered.compile(options)``, the scheduler's option (:func:`compiler_options`) in the
+  first spelling this XLA takes."""
+  (name,) = _DEPTH_FIRST[0]
+  while True:
+    spelt = dict(options)
+    if spelt.pop(name, None) is not None:
+      spelt.update(_DEPTH_FIRST[_SPELLING[0]])
+    try:
+      return lowered.compile(spelt or None)
+    except jax.errors.JaxRuntimeError as error:
+      refused = "No such compile option" in str(error) and any(
+        f"'{option}'" in str(error) for option in _DEPTH_FIRST[_SPELLING[0]]
+      )
+      if not refused or name not in options:
+        raise
+      _SPELLING[0] += 1
 
 
 def compiled_count() -> int:

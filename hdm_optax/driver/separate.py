@@ -148,7 +148,7 @@ def program(statics: tuple, dynamic: tuple, options: dict, meanwhile: Callable[[
   stored = _description(key)
 
   def compile_():
-    program = _JIT.lower(*statics, *dynamic).compile(options or None)
+    program = programs.compile_lowered(_JIT.lower(*statics, *dynamic), options)
     if stored is not None:
       del _UNSAVED[: max(len(_UNSAVED) - 3, 0)]  # at most 4 wait (not storing one is harmless)
       _UNSAVED.append((stored, program))
@@ -216,7 +216,10 @@ def run(
   start = _start(init_state, layout, method, x0, x)
   dynamic = (key.arrays, x, start, programs.on_device(programs.numbers(limits), lambda: limits))
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
-  statics, options = (key, program_, primitive), programs.compiler_options((x0, init_state))
+  statics, options = (
+    (key, program_, primitive),
+    programs.compiler_options((x0, init_state), host_loop=True),
+  )
   like = (placeholder, np.int32(0), *dynamic)
   compiled, oracle = program(statics, like, options, lambda: make_oracle(layout.on))
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
