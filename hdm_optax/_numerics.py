@@ -11,6 +11,15 @@ import optax
 from hdm_optax import _blocks
 
 
+def _dtype_of(leaf) -> jnp.dtype:
+  """The dtype ``leaf`` has as a JAX array, without making one (a NumPy array's would be a
+  transfer)."""
+  dtype = getattr(leaf, "dtype", None)
+  if dtype is None:
+    return jnp.asarray(leaf).dtype
+  return jax.dtypes.canonicalize_dtype(dtype)
+
+
 def params_dtype(params) -> jnp.dtype:
   """The floating dtype of ``params``; raises for integer, complex or mixed."""
   leaves = jax.tree.leaves(params)
@@ -22,7 +31,7 @@ def params_dtype(params) -> jnp.dtype:
       f"params has no entries (leaves of shapes {shapes}): there is nothing to optimize; "
       "pass params with at least one entry."
     )
-  dtypes = {jnp.asarray(leaf).dtype for leaf in leaves}
+  dtypes = {_dtype_of(leaf) for leaf in leaves}
   for dt in dtypes:
     if not jnp.issubdtype(dt, jnp.floating):
       raise TypeError(

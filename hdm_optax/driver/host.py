@@ -59,13 +59,19 @@ class Filler:
 
   def __call__(self, context, out, *inputs):
     del context
-    inputs = jax.tree.map(lambda b: np.asarray(b).copy(), inputs)  # the buffers are XLA's
+    inputs = [_copied(b) for b in inputs]  # the buffers are XLA's
     for buffer, value in zip(out, self.target(*inputs)):
       np.asarray(buffer)[...] = value  # in the buffer's dtype and shape
 
   def entry(self) -> Callable[..., tuple]:
     """What the backend calls in a reloaded program: the context, the inputs, the outputs."""
     return lambda context, *args: self(context, args[self.inputs :], *args[: self.inputs]) or ()
+
+
+def _copied(node):
+  if isinstance(node, (tuple, list, dict)):
+    return jax.tree.map(_copied, node)
+  return np.asarray(node).copy()
 
 
 def call(target: Callable[..., tuple], shapes: tuple, *args, vmap_method=None) -> Any:
