@@ -248,9 +248,9 @@ def run(
 def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
   """Where the run starts (:func:`hdm_optax.driver.resuming.start_of`), in the method's
   layout (a given state or result with its params-shaped nodes packed), as :func:`_packed`
-  blocks and their layout; a fresh start's blocks are kept on the device."""
+  blocks and their layout; a small fresh start's blocks are kept on the device."""
   shape = programs.init_shape(method, x)
-  if init_state is None:
+  if init_state is None and resuming.small(shape):
     fresh = lambda: _packed(resuming.start_of(None, x, shape), on_device=True)
     return compiled_lib.kept(("fresh blocks", compiled_lib.abstract(shape)), fresh)
   result = resuming.result_of(init_state)
