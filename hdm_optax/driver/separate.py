@@ -268,7 +268,7 @@ def _packed(start, on_device: bool = False) -> tuple[tuple, tuple]:
   Each argument of a program that calls the host costs tens of microseconds on JAX's
   Python path, and a state has tens of leaves."""
   leaves, treedef = jax.tree.flatten(start)
-  spec = (treedef, tuple((np.shape(leaf), jnp.result_type(leaf).str) for leaf in leaves))
+  spec = (treedef, tuple((np.shape(leaf), jnp.result_type(leaf)) for leaf in leaves))
   blocks = []
   for group in _blocks.groups(leaves):
     if len(group) == 1:
