@@ -138,8 +138,9 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_device_arrays(monkeypa
   """A NumPy ``fun`` rebuilt at each call (one code, new closures), with ``jac=True``: the
   first call's trial trace decides, the later ones trace nothing (no trial, no hoist for the
   fused program); the method's program takes the limits and the fresh start as kept device
-  arrays (a NumPy leaf is a transfer at every call of a program that calls the host), and
-  reaches ``fun`` through buffer callbacks, one per oracle call, where JAX has them."""
+  arrays (a NumPy leaf is a transfer at every call of a program that calls the host), the
+  start as a block per dtype (each argument costs on JAX's Python path), and reaches ``fun``
+  through buffer callbacks, one per oracle call, where JAX has them."""
   from hdm_optax.adapters import objective as objective_lib
   from hdm_optax.driver import host
   from hdm_optax.driver import oracle as oracle_lib
@@ -184,6 +185,8 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_device_arrays(monkeypa
   assert counts["trial"] == 0 and counts["hoist"] == 0
   start, limits = passed[-1][-2:]
   assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves((start, limits)))
+  # The start's tens of leaves (trial_lbfgs's state and the counts) as a block per dtype.
+  assert len(jax.tree.leaves(start)) == len({leaf.dtype for leaf in jax.tree.leaves(start)})
   if host._buffer_callback is not None:
     assert counts["filler"] == nfev
   counts["trial"] = 0  # with jac=None the trace decides each time (finite differences or JAX's)
@@ -598,3 +601,24 @@ def test_what_an_optimizer_reads_at_the_call_is_in_its_key(where):
   if where != "schedule":
     np.testing.assert_allclose(first[0], 0.9**3, rtol=1e-12)
     np.testing.assert_allclose(second[0], 0.5**3, rtol=1e-12)
+
+
+def test_only_a_small_fresh_start_is_kept_between_calls(monkeypatch):
+  """The separate path keeps a fresh start's blocks on the device for the next call of the
+  same shapes only where the state is small: a large one (the secant pairs of a big
+  problem) would hold its memory in the cache."""
+
+  def fun(x):
+    return float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0)
+
+  def kept_starts():
+    return [k for k in compiled_lib._KEPT if k[0] == "fresh blocks"]  # pylint: disable=protected-access
+
+  hdm_optax.clear_caches()
+  hdm_optax.minimize(fun, np.zeros(5), jac=True)
+  assert len(kept_starts()) == 1
+  hdm_optax.clear_caches()
+  monkeypatch.setattr(programs, "SMALL_PROGRAM", 10)  # trial_lbfgs's state of 5 has more
+  res = hdm_optax.minimize(fun, np.zeros(5), jac=True)
+  np.testing.assert_allclose(res.x, 1.0, atol=1e-6)
+  assert kept_starts() == []

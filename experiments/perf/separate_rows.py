@@ -60,7 +60,7 @@ def main(argv=None) -> None:
     programs.compiler_options = lambda inputs, **kw: {}
   elif args.options == "o0":
     o0 = {"xla_cpu_use_fusion_emitters": False, "xla_backend_optimization_level": 0}
-    programs.compiler_options = lambda inputs: o0
+    programs.compiler_options = lambda inputs, **kw: o0
   names = args.names.split(",") if args.names else None
   tasks = (
     suites.cutest_tasks(TOL, names)

@@ -721,9 +721,8 @@ def compiler_options(inputs, *, host_loop: bool = False) -> dict:
   (``xla_cpu_use_fusion_emitters=False``), which compile faster; larger problems keep XLA's
   fusion emitters, whose kernels run faster (docs/speed.md). A small ``host_loop`` program
   (one that calls the host at every iteration: the separate path's) is also scheduled
-  depth first (XLA's memory-optimized scheduler): its small kernels then run one after
-  another on one thread, where the default schedule hands them between threads around
-  each host call (docs/research/speed.md). Other backends get ``{}``. :func:`call` passes
+  depth first (XLA's memory-optimized scheduler), under which it runs faster than under
+  the default schedule for concurrency (docs/speed.md). Other backends get ``{}``. :func:`call` passes
   no options where the program is staged inside a caller's trace (JAX takes them only at
   the top level); :func:`compile_lowered` compiles with them.
 

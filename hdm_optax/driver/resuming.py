@@ -30,6 +30,7 @@ __all__ = (
   "batch_start",
   "check_params",
   "result_of",
+  "small",
   "start_of",
 )
 
@@ -94,7 +95,7 @@ def start_of(init_state, init_params, shape, kept: bool = False) -> Resume:
   of ``optimizer.init``), a warm start from a state, or a resumed result. ``kept``: a
   small fresh start is kept on the device (:func:`hdm_optax.driver.programs.on_device`; for
   a run outside any trace on one device)."""
-  if init_state is None and kept and _size(shape) <= programs.SMALL_PROGRAM:
+  if init_state is None and kept and small(shape):
     key = ("fresh", compiled_lib.abstract(shape))
     return programs.on_device(key, lambda: Resume.of(_placeholder(shape), FRESH))
   if init_state is None:
@@ -122,6 +123,11 @@ def batch_start(init_state):
 
 def _avals(shape) -> tuple:
   return tuple((leaf.shape, jnp.dtype(leaf.dtype)) for leaf in jax.tree.leaves(shape))
+
+
+def small(shape) -> bool:
+  """Whether a state of ``shape`` is small enough to keep on the device between calls."""
+  return _size(shape) <= programs.SMALL_PROGRAM
 
 
 def _size(shape) -> int:

@@ -120,9 +120,13 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
   return configuration.factory(**arguments), layout
 
 
-def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
+def _entry(key, program, primitive, spec, handle, site, arrays, x0, start, limits):
   """The method's program: the engine's run with the host oracle (``site``'s) as its
-  objective; ``handle`` is the call's :class:`~hdm_optax.driver.hooks.Handle`."""
+  objective; ``handle`` is the call's :class:`~hdm_optax.driver.hooks.Handle`, ``start``
+  the start's blocks of layout ``spec`` (:func:`_packed`)."""
+  treedef, leaves = spec
+  like = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(*leaf) for leaf in leaves])
+  start = _blocks.unpack(start, like)
   fun = oracle_lib.function(site, x0)
   loop_ = engine.make_loop(key.build(arrays), fun, limits)
   make = lambda member: (loop_, fun)
@@ -130,7 +134,7 @@ def _entry(key, program, primitive, handle, site, arrays, x0, start, limits):
     return runs.run(make, program, None, x0, start, primitive=primitive, handle=handle)
 
 
-_JIT = jax.jit(_entry, static_argnums=(0, 1, 2))
+_JIT = jax.jit(_entry, static_argnums=(0, 1, 2, 3))
 
 
 # Programs compiled here and not yet written to the store (written from the caller's thread
@@ -213,11 +217,11 @@ def run(
   x = _blocks.pack(x0) if layout.on else x0
   if key is None or layout.on:
     key = programs.OptimizerKey(method, x)
-  start = _start(init_state, layout, method, x0, x)
+  start, spec = _start(init_state, layout, method, x0, x)
   dynamic = (key.arrays, x, start, programs.on_device(programs.numbers(limits), lambda: limits))
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
   statics, options = (
-    (key, program_, primitive),
+    (key, program_, primitive, spec),
     programs.compiler_options((x0, init_state), host_loop=True),
   )
   like = (placeholder, np.int32(0), *dynamic)
@@ -241,16 +245,38 @@ def run(
   return result
 
 
-def _start(init_state, layout: Layout, method, x0, x) -> resuming.Resume:
+def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
   """Where the run starts (:func:`hdm_optax.driver.resuming.start_of`), in the method's
-  layout: a given state or result with its params-shaped nodes packed."""
+  layout (a given state or result with its params-shaped nodes packed), as :func:`_packed`
+  blocks and their layout; a small fresh start's blocks are kept on the device."""
+  shape = programs.init_shape(method, x)
+  if init_state is None and resuming.small(shape):
+    fresh = lambda: _packed(resuming.start_of(None, x, shape), on_device=True)
+    return compiled_lib.kept(("fresh blocks", compiled_lib.abstract(shape)), fresh)
   result = resuming.result_of(init_state)
   if layout.on and result is not None:
     resuming.check_params(x0, result.params)  # named in the user's layout
     init_state = result._replace(params=x, state=layout.to_method(result.state))
-  elif layout.on and init_state is not None:
+  elif layout.on:
     init_state = layout.to_method(init_state)
-  return resuming.start_of(init_state, x, programs.init_shape(method, x), kept=True)
+  return _packed(resuming.start_of(init_state, x, shape))
+
+
+def _packed(start, on_device: bool = False) -> tuple[tuple, tuple]:
+  """``(blocks, spec)``: the start's leaves in a block per dtype (:func:`hdm_optax._blocks.pack`'s
+  layout; a large leaf is its own block, as it is), and their treedef, shapes and dtypes.
+  Each argument of a program that calls the host costs tens of microseconds on JAX's
+  Python path, and a state has tens of leaves."""
+  leaves, treedef = jax.tree.flatten(start)
+  spec = (treedef, tuple((np.shape(leaf), jnp.result_type(leaf)) for leaf in leaves))
+  blocks = []
+  for group in _blocks.groups(leaves):
+    if len(group) == 1:
+      blocks.append(leaves[group[0]])
+    else:
+      blocks.append(np.concatenate([np.ravel(np.asarray(leaves[i])) for i in group]))
+  blocks = tuple(blocks)
+  return (jax.device_put(blocks) if on_device else blocks), spec
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
