@@ -4,10 +4,9 @@ A front door opens a *session* (:func:`watched`) holding the user's callback and
 progress line, and passes its integer handle into the compiled program as an argument. The
 run (:mod:`hdm_optax.driver.runs`) calls :func:`host_call` after every step: one host call
 (:func:`hdm_optax.driver.host.call`) to one dispatcher, which looks the session up by its
-handle. The
-program is compiled once per :class:`Hook` (whether there is a callback, whether there is a
-progress line), so a new callback object does not compile a new one. Without a callback or
-progress line nothing here is traced.
+handle. The program is compiled once per :class:`Hook` (whether there is a callback, whether
+there is a progress line), so a new callback object does not compile a new one. Without a
+callback or progress line nothing here is traced.
 
 Under batching (``jax.vmap``, :func:`hdm_optax.sweep`, :func:`hdm_optax.solve_batch`) the
 dispatcher is called once per step of the batched loop with the whole batch
