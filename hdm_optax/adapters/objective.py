@@ -50,7 +50,7 @@ def _scalar(value, dtype, xp=jnp):
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
-  return xp.reshape(value, ()).astype(dtype)
+  return value.reshape(()).astype(dtype)
 
 
 def _like(grad, x, xp=jnp):
@@ -70,7 +70,7 @@ def _like_leaf(g, leaf, xp):
       f"the gradient (jac's output, or fun's second output with jac=True) has shape "
       f"{g.shape} for x of shape {leaf.shape}: return one entry per entry of x."
     )
-  return xp.reshape(g, leaf.shape).astype(leaf.dtype)
+  return g.reshape(leaf.shape).astype(leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +126,12 @@ class _HostPair:
 
   def _host(self, x, args):
     args = _put_back(self.arrangement, args)
-    x = np.array(x) if isinstance(x, np.ndarray) else jax.tree.map(np.array, x)  # fun may write
-    dtype = jax.tree.leaves(x)[0].dtype
+    if isinstance(x, np.ndarray):  # SciPy's x: one array
+      x = np.array(x)  # fun may write
+      dtype = x.dtype
+    else:
+      x = jax.tree.map(np.array, x)
+      dtype = jax.tree.leaves(x)[0].dtype
     if self.jac is True:
       value, grad = _pair_of(self.fun(x, *args))
     elif self.jac is not None:
@@ -189,11 +193,14 @@ class _WithGradient:
     f.defvjp(forward, backward)
     return f(x, list(args))
 
+  @property
+  def on_host(self) -> bool:
+    """Whether the pair is a NumPy one (:meth:`host_oracle` serves it)."""
+    return isinstance(self.pair, _HostPair)
+
   def host_oracle(self, args, like, packed: bool):
-    """The :class:`~hdm_optax.driver.oracle.HostOracle` of a NumPy pair (``None`` for a
-    traced one): the separate path calls it on the host directly."""
-    if not isinstance(self.pair, _HostPair):
-      return None
+    """The :class:`~hdm_optax.driver.oracle.HostOracle` of a NumPy pair (:attr:`on_host`):
+    the separate path calls it on the host directly."""
     return oracle_lib.HostOracle(lambda x: self.pair._host(x, list(args)), None, like, packed)
 
   def __hash__(self):

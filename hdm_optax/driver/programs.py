@@ -613,6 +613,8 @@ def is_batched(tracer) -> bool:
 
 def staged() -> bool:
   """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
+  if type(jex.find_top_trace(())).__name__ == "EvalTrace":  # under no transformation
+    return False
   return isinstance(jax.lax.stop_gradient(0.0), jax.core.Tracer)  # the cheapest bind
 
 
