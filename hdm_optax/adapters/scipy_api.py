@@ -307,6 +307,8 @@ def _int_option(name, value, lower=1) -> int:
 
 def _options(options, tol, max_steps) -> dict:
   """SciPy's L-BFGS-B options, checked, with ``tol`` as SciPy maps it (ftol and gtol)."""
+  if options is None and tol is None and max_steps is None:
+    return dict(_defaults())
   options = dict(options or {})
   unknown = set(options) - set(SCIPY_DEFAULTS) - set(_REFUSED) - {"eps", "disp", "iprint"}
   if unknown:
@@ -339,6 +341,12 @@ def _options(options, tol, max_steps) -> dict:
   merged["maxfun"] = _int_option("maxfun", merged["maxfun"])
   merged["maxcor"] = _int_option("maxcor", merged["maxcor"])
   return merged
+
+
+@functools.cache
+def _defaults() -> dict:
+  """:func:`_options` of no options: L-BFGS-B's defaults, checked once."""
+  return _options({}, None, None)
 
 
 _WARNED_32_BIT = []

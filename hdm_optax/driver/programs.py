@@ -132,12 +132,13 @@ def configuration_of(optimizer) -> Optional[Any]:
 class _Call:
   """A factory and its bound arguments; equal calls are equal keys."""
 
-  __slots__ = ("factory", "arguments", "_key")
+  __slots__ = ("factory", "arguments", "_key", "plain")
 
   def __init__(self, factory, arguments: dict):
     self.factory = factory
     self.arguments = arguments
     self._key = (factory, tuple((k, configuration_key(v)) for k, v in arguments.items()))
+    self.plain = _plain(self._key)  # numbers, strings and None: equal calls build alike
 
   def __eq__(self, other):
     return isinstance(other, _Call) and self._key == other._key
@@ -192,6 +193,13 @@ def content(array) -> tuple:
     array = jax.random.key_data(array)  # a typed key: its bits
   a = np.asarray(array)
   return ("array", a.shape, a.dtype.str, hashlib.blake2b(np.ascontiguousarray(a)).digest())
+
+
+def _plain(key) -> bool:
+  """Whether a :func:`configuration_key` holds no object (numbers, strings, None)."""
+  if isinstance(key, _Held):
+    return False
+  return all(map(_plain, key)) if isinstance(key, tuple) else True
 
 
 class _Held:
@@ -627,6 +635,10 @@ def prepare(optimizer, params) -> tuple:
   arguments against the params (a box's shape, NaN) run before they become traced. An
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
+  return _by_plain_call("prepare", optimizer, params, lambda: _prepare(optimizer, params))
+
+
+def _prepare(optimizer, params) -> tuple:
   shape = init_shape(optimizer, params)
   try:
     key = OptimizerKey(optimizer, params)
@@ -638,6 +650,10 @@ def prepare(optimizer, params) -> tuple:
 def init_shape(optimizer, params):
   """``jax.eval_shape(optimizer.init, params)``, kept for an hdm_optax transformation by what
   decides it (:func:`_init_key`)."""
+  return _by_plain_call("init", optimizer, params, lambda: _init_shape(optimizer, params))
+
+
+def _init_shape(optimizer, params):
   named = _init_key(optimizer, params)
   shape = _INIT_SHAPES.get(named)  # never None's: no key, no shape kept
   if shape is None:
@@ -647,6 +663,24 @@ def init_shape(optimizer, params):
       while len(_INIT_SHAPES) > _INIT_SHAPES_KEPT:
         _INIT_SHAPES.popitem(last=False)
   return shape
+
+
+# prepare()'s and init_shape()'s answers for hdm_optax transformations of plain arguments
+# (numbers, strings, None), which depend on the factory call and the params' shapes alone.
+_BY_PLAIN_CALL: collections.OrderedDict = collections.OrderedDict()
+
+
+def _by_plain_call(kind: str, optimizer, params, make: Callable[[], Any]):
+  configuration = configuration_of(optimizer)
+  if configuration is None or not configuration.plain or tracers(params):
+    return make()
+  key = (kind, configuration, compiled_lib.abstract(params))
+  found = _BY_PLAIN_CALL.get(key)
+  if found is None:
+    found = _BY_PLAIN_CALL[key] = make()
+    while len(_BY_PLAIN_CALL) > _INIT_SHAPES_KEPT:
+      _BY_PLAIN_CALL.popitem(last=False)
+  return found
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
