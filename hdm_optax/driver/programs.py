@@ -138,7 +138,7 @@ class _Call:
     self.factory = factory
     self.arguments = arguments
     self._key = (factory, tuple((k, configuration_key(v)) for k, v in arguments.items()))
-    self.plain = _plain(self._key)  # numbers, strings and None: equal calls build alike
+    self.plain = _plain(self._key)  # equal plain calls build alike
 
   def __eq__(self, other):
     return isinstance(other, _Call) and self._key == other._key
@@ -196,9 +196,13 @@ def content(array) -> tuple:
 
 
 def _plain(key) -> bool:
-  """Whether a :func:`configuration_key` holds no object (numbers, strings, None)."""
+  """Whether a :func:`configuration_key` holds numbers, strings and None only, or the
+  libraries' own named tuples of them (a rule such as ``pairs_diagonal()``): no array, and
+  nothing of the user's."""
   if isinstance(key, _Held):
-    return False
+    obj = key.obj
+    named = isinstance(obj, tuple) and _libraries(obj)
+    return named and _plain(tuple(configuration_key(v) for v in obj))
   return all(map(_plain, key)) if isinstance(key, tuple) else True
 
 
