@@ -62,7 +62,10 @@ class Layout:
     self.packing = _blocks.Packing(params)
     self.on = self.packing.on
     self.blocks = _blocks.pack(params) if self.on else None
-    self._blocks_layout = _blocks.layout(self.blocks)
+
+  @functools.cached_property
+  def _blocks_layout(self) -> tuple:
+    return _blocks.layout(self.blocks)
 
   def _like_blocks(self, node) -> bool:
     return _blocks.shaped_like(node, self._blocks_layout)
@@ -148,7 +151,9 @@ def program(statics: tuple, dynamic: tuple, options: dict, meanwhile: Callable[[
   read in the caller's thread) or compiled (and stored later, :func:`_save_unsaved`), and
   what ``meanwhile`` (the objective's compile) returns, run while a compile of the method's
   program is under way in a thread."""
-  key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
+  *fresh, start, limits = dynamic  # the last two may be kept values
+  shapes = (compiled_lib.abstract(fresh), *map(compiled_lib.abstract_of, (start, limits)))
+  key = ("method", statics, shapes, tuple(sorted(options.items())))
   stored = _description(key)
 
   def compile_():
