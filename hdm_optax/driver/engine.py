@@ -86,15 +86,11 @@ class LoopState(NamedTuple):
   tol: jax.Array
 
 
-def _inf_norm(tree):
-  return optax.tree.norm(tree, ord=jnp.inf)
-
-
 def _stationarity(params, grad, opt_state, norm=None):
   """``||grad||_inf``, or the box's projected gradient's; with ``norm``, that norm of them."""
   box = protocol.box_of(opt_state)
-  norm = _inf_norm if norm is None else norm
-  return norm(grad if box is None else box.projected_gradient(params, grad))
+  measured = grad if box is None else box.projected_gradient(params, grad)
+  return optax.tree.norm(measured, ord=jnp.inf) if norm is None else norm(measured)
 
 
 def check_value_dtype(value, params):

@@ -229,7 +229,7 @@ class _Held:
     return self._by_value and other._by_value and bool(self.obj == other.obj)
 
 
-def fingerprint(obj, _seen=None) -> Any:
+def fingerprint(obj, _seen: frozenset = frozenset()) -> Any:
   """A hashable picture of what ``obj`` computes with: functions by their code, defaults and
   closure cells, containers item by item, NumPy arrays by content, JAX arrays by identity
   (they are immutable), other objects as static arguments are compared.
@@ -237,7 +237,6 @@ def fingerprint(obj, _seen=None) -> Any:
   Raises:
     Uncacheable: ``obj`` holds a traced value.
   """
-  seen = set() if _seen is None else _seen
   if isinstance(obj, jax.core.Tracer):
     raise Uncacheable("a traced value")
   if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, np.generic)):
@@ -246,9 +245,9 @@ def fingerprint(obj, _seen=None) -> Any:
     return content(obj)
   if isinstance(obj, jax.Array):
     return ("jax", _Held(obj))
-  if id(obj) in seen:
+  if id(obj) in _seen:
     return ("cycle",)
-  seen = seen | {id(obj)}
+  seen = _seen | {id(obj)}
   walk = lambda x: fingerprint(x, seen)
   configuration = configuration_of(obj)
   if configuration is not None:

@@ -61,13 +61,10 @@ class OptimizerState(Protocol):
     """Whether the step rule accepted the last update (the trial became the iterate)."""
 
 
-def _speaks(node) -> bool:
-  return isinstance(node, OptimizerState)
-
-
 def _speakers(state) -> list:
   """The states in ``state`` that speak :class:`OptimizerState`, in the tree's order."""
-  return [node for node in jax.tree.leaves(state, is_leaf=_speaks) if _speaks(node)]
+  speaks = lambda node: isinstance(node, OptimizerState)
+  return [node for node in jax.tree.leaves(state, is_leaf=speaks) if speaks(node)]
 
 
 def _said(state, method: str, *args) -> list:
@@ -241,6 +238,4 @@ def cache_at_params(state) -> Optional[Any]:
 
 def caches_anywhere(state) -> bool:
   """Whether some transformation in ``state`` caches ``value`` and ``grad`` (wherever they are)."""
-  return bool(optax.tree.get_all_with_path(state, "value")) and bool(
-    optax.tree.get_all_with_path(state, "grad")
-  )
+  return all(optax.tree.get_all_with_path(state, name) for name in ("value", "grad"))

@@ -243,13 +243,11 @@ class SolveResult(NamedTuple):
     )
     trace = self.trace
     accepted, trace_steps, trace_values = rows(trace.accepted), rows(trace.step), rows(trace.value)
-    per_run = isinstance(self.state, list)  # a sweep's states of other shapes, one per point
-    state_of = lambda i: (
-      self.state[i] if per_run else jax.tree.map(lambda a: rows(a)[i], self.state)
-    )
-    if per_run:
+    if isinstance(self.state, list):  # a sweep's states of other shapes, one per point
+      state_of = self.state.__getitem__
       precond = [_precond_rows(state, 1)[0] for state in self.state]
     else:
+      state_of = lambda i: jax.tree.map(lambda a: rows(a)[i], self.state)
       precond = _precond_rows(self.state, count)
     messages = []
     for i, code in enumerate(codes.ravel()):

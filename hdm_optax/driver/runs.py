@@ -165,10 +165,6 @@ def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Car
   return _Carry(_without_cached_grad(s), _record(carry.trace, s), carry.hook)
 
 
-def _running(carry: _Carry) -> jax.Array:
-  return carry.state.status == RUNNING
-
-
 def _end(make, program: Program, member, carry: _Carry) -> SolveResult:
   loop_, fun = make(member)
   s = _with_cached_grad(carry.state)
@@ -403,7 +399,7 @@ def run(
     The :class:`SolveResult` (a batch's: one row per member).
   """
   steps = Steps(
-    _running,
+    lambda carry: carry.state.status == RUNNING,
     functools.partial(_advance, make, program),
     lambda member, carry, n: make(member)[0].room(carry.state, n),
     lambda member, carry, halt: carry._replace(state=make(member)[0].stop(carry.state, halt)),
