@@ -125,7 +125,10 @@ class _HostPair:
     return jax.pure_callback(self._host, shapes, x, list(args), vmap_method="sequential")
 
   def _host(self, x, args):
-    args = _put_back(self.arrangement, args)
+    return self.at(x, _put_back(self.arrangement, args))
+
+  def at(self, x, args):
+    """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them."""
     if isinstance(x, np.ndarray):  # SciPy's x: one array
       x = np.array(x)  # fun may write
       dtype = x.dtype
@@ -201,7 +204,8 @@ class _WithGradient:
   def host_oracle(self, args, like, packed: bool):
     """The :class:`~hdm_optax.driver.oracle.HostOracle` of a NumPy pair (:attr:`on_host`):
     the separate path calls it on the host directly."""
-    return oracle_lib.HostOracle(lambda x: self.pair._host(x, list(args)), None, like, packed)
+    args = _put_back(self.pair.arrangement, list(args))  # once for the run's calls
+    return oracle_lib.HostOracle(lambda x: self.pair.at(x, args), None, like, packed)
 
   def __hash__(self):
     return hash(self.pair)

@@ -382,10 +382,11 @@ def _abstract_value(x):
   return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
-def host_maker(fun, fun_args, like):
-  """``make_oracle(packed)`` of a NumPy ``fun`` (:func:`hdm_optax.minimize`): the host's own
-  oracle; ``None`` for a JAX objective."""
-  if not getattr(fun, "on_host", False):
+def host_maker(fun, fun_args, like, open_: tuple):
+  """``make_oracle(packed)`` of a NumPy ``fun`` (:func:`hdm_optax.minimize`) where the
+  separate path is open to the call (``open_``: :func:`open_to`'s arguments): the host's own
+  oracle; ``None`` for a JAX objective, or where the path is closed."""
+  if not getattr(fun, "on_host", False) or not open_to(*open_):
     return None
   return lambda packed: fun.host_oracle(fun_args, like, packed)
 
