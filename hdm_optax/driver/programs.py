@@ -668,22 +668,15 @@ def _init_shape(optimizer, params):
   return shape
 
 
-# prepare()'s and init_shape()'s answers for hdm_optax transformations of plain arguments
-# (numbers, strings, None), which depend on the factory call and the params' shapes alone.
-_BY_PLAIN_CALL: collections.OrderedDict = collections.OrderedDict()
-
-
 def _by_plain_call(kind: str, optimizer, params, make: Callable[[], Any]):
+  """``make()`` (:func:`prepare`'s or :func:`init_shape`'s answer), kept
+  (:func:`~hdm_optax.driver.compiled.kept`) for an hdm_optax transformation of plain
+  arguments (numbers, strings, None), which depends on the factory call and the params'
+  shapes alone."""
   configuration = configuration_of(optimizer)
   if configuration is None or not configuration.plain or tracers(params):
     return make()
-  key = (kind, configuration, compiled_lib.abstract(params))
-  found = _BY_PLAIN_CALL.get(key)
-  if found is None:
-    found = _BY_PLAIN_CALL[key] = make()
-    while len(_BY_PLAIN_CALL) > _INIT_SHAPES_KEPT:
-      _BY_PLAIN_CALL.popitem(last=False)
-  return found
+  return compiled_lib.kept((kind, configuration, compiled_lib.abstract(params)), make)
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
