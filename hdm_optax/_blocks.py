@@ -169,7 +169,10 @@ class Packing:
     self.like = params
     self.treedef = jax.tree.structure(params)
     self.on = params is not None and self.treedef.num_leaves > 1
-    self._layout = layout(params)
+
+  @functools.cached_property
+  def _layout(self) -> tuple:
+    return layout(self.like)
 
   def like_params(self, node) -> bool:
     """Whether ``node`` is shaped like the params: their structure, shapes and dtypes (a

@@ -158,3 +158,37 @@ def test_a_solve_staged_in_a_callers_jit_takes_the_callers_options():
   outside = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, X0, fun_args=(jnp.ones(3),)).params
   np.testing.assert_allclose(inside(jnp.ones(3)), outside, atol=1e-6)
   np.testing.assert_allclose(inside_np(), outside, atol=1e-6)
+
+
+def test_staged_answers_as_a_bind_of_a_constant_would():
+  """programs.staged's shortcut outside every transformation agrees with what a constant's
+  bind gives under each transformation (staged only where a trace stages it out)."""
+  bind = lambda: isinstance(jax.lax.stop_gradient(0.0), jax.core.Tracer)
+  seen = []
+
+  def probe(x):
+    seen.append((programs.staged(), bind()))
+    return x
+
+  probe(1.0)
+  jax.jit(probe)(1.0)
+  jax.vmap(probe)(jnp.ones(2))
+  jax.grad(probe)(1.0)
+  jax.jit(jax.vmap(probe))(jnp.ones(2))
+  jax.vmap(jax.jit(probe))(jnp.ones(2))
+  assert [s for s, _ in seen] == [b for _, b in seen]
+  assert [s for s, _ in seen] == [False, True, False, False, True, True]
+
+
+def test_a_transformation_of_plain_arguments_is_prepared_once_per_shapes():
+  """prepare() keeps its answer for a call of numbers, strings and None (the same for the
+  same params' shapes), and works it out again for other shapes and for arrays (which a
+  user may edit in place: tests/test_seams_adversarial.py)."""
+  x, y = jnp.zeros(3), jnp.zeros(4)
+  first = programs.prepare(hdm_optax.trial_lbfgs(), x)
+  assert programs.prepare(hdm_optax.trial_lbfgs(), x) is first
+  assert programs.prepare(hdm_optax.trial_lbfgs(), y) is not first
+  assert programs.prepare(hdm_optax.trial_lbfgs(memory_size=4), x)[2] != first[2]
+  lower = np.zeros(3)
+  boxed = hdm_optax.trial_lbfgs(lower=lower)
+  assert programs.prepare(boxed, x) is not programs.prepare(boxed, x)

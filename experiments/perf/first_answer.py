@@ -1,12 +1,14 @@
 """The first answer: ``minimize`` against SciPy's L-BFGS-B, call by call, in one process.
 
-    python -m experiments.perf.first_answer [--rounds 3] [--only numpy,jax,fresh,warm,leaves,memory]
+    python -m experiments.perf.first_answer [--rounds 3] [--only numpy,numpy_loop,jax,fresh,warm,leaves,memory]
 
 Every case times hdm_optax and SciPy on the same function, interleaved, and prints the
 ratio hdm_optax / SciPy of each call (float64, CPU):
 
 - ``numpy``: a NumPy logistic regression (2000 x 200, ``jac=True``), a new function, new
   data and a new x0 at every call (calls 2 and later: the method's program exists);
+- ``numpy_loop``: the same, ``8 x rounds`` calls in a loop, SciPy's and hdm_optax's
+  interleaved call by call: the medians (the first three calls, which compile, excluded);
 - ``jax``: a JAX logistic regression (4000 x 300), a new objective of the same shapes at
   every call; SciPy's side jits ``value_and_grad`` of each afresh;
 - ``fresh``: the first call in a new process (imports excluded), SciPy's against
@@ -107,6 +109,21 @@ def case_numpy(rounds: int) -> None:
       theirs,
       f"  f {res.fun:.8g} vs {ref.fun:.8g}, nfev {res.nfev} vs {ref.nfev}",
     )
+
+
+def case_numpy_loop(rounds: int) -> None:
+  calls = 8 * rounds
+  print(f"numpy_loop: the numpy case, {calls} calls in a loop, interleaved (medians)")
+  problems = [_numpy_logistic(300 + i) for i in range(calls + 3)]
+  times = {"hdm_optax": [], "SciPy": []}
+  for i, (fun, x0) in enumerate(problems):
+    theirs = _timed(lambda: _scipy_numpy(fun, x0))[0]
+    ours = _timed(lambda: hdm_optax.minimize(fun, x0, jac=True))[0]
+    if i >= 3:
+      times["SciPy"].append(theirs)
+      times["hdm_optax"].append(ours)
+  ours, theirs = (float(np.median(times[k])) for k in ("hdm_optax", "SciPy"))
+  _row(f"calls 4-{calls + 3}, medians", ours, theirs)
 
 
 def case_jax(rounds: int) -> None:
@@ -278,6 +295,7 @@ def case_crossover(rounds: int) -> None:
 
 CASES = {
   "numpy": case_numpy,
+  "numpy_loop": case_numpy_loop,
   "jax": case_jax,
   "fresh": case_fresh,
   "warm": case_warm,

@@ -50,7 +50,7 @@ def _scalar(value, dtype, xp=jnp):
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
-  return xp.reshape(value, ()).astype(dtype)
+  return value.reshape(()).astype(dtype)
 
 
 def _like(grad, x, xp=jnp):
@@ -70,7 +70,7 @@ def _like_leaf(g, leaf, xp):
       f"the gradient (jac's output, or fun's second output with jac=True) has shape "
       f"{g.shape} for x of shape {leaf.shape}: return one entry per entry of x."
     )
-  return xp.reshape(g, leaf.shape).astype(leaf.dtype)
+  return g.reshape(leaf.shape).astype(leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,9 +125,16 @@ class _HostPair:
     return jax.pure_callback(self._host, shapes, x, list(args), vmap_method="sequential")
 
   def _host(self, x, args):
-    args = _put_back(self.arrangement, args)
-    x = np.array(x) if isinstance(x, np.ndarray) else jax.tree.map(np.array, x)  # fun may write
-    dtype = jax.tree.leaves(x)[0].dtype
+    return self.at(x, _put_back(self.arrangement, args))
+
+  def at(self, x, args):
+    """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them."""
+    if isinstance(x, np.ndarray):  # SciPy's x: one array
+      x = np.array(x)  # fun may write
+      dtype = x.dtype
+    else:
+      x = jax.tree.map(np.array, x)
+      dtype = jax.tree.leaves(x)[0].dtype
     if self.jac is True:
       value, grad = _pair_of(self.fun(x, *args))
     elif self.jac is not None:
@@ -189,12 +196,16 @@ class _WithGradient:
     f.defvjp(forward, backward)
     return f(x, list(args))
 
+  @property
+  def on_host(self) -> bool:
+    """Whether the pair is a NumPy one (:meth:`host_oracle` serves it)."""
+    return isinstance(self.pair, _HostPair)
+
   def host_oracle(self, args, like, packed: bool):
-    """The :class:`~hdm_optax.driver.oracle.HostOracle` of a NumPy pair (``None`` for a
-    traced one): the separate path calls it on the host directly."""
-    if not isinstance(self.pair, _HostPair):
-      return None
-    return oracle_lib.HostOracle(lambda x: self.pair._host(x, list(args)), None, like, packed)
+    """The :class:`~hdm_optax.driver.oracle.HostOracle` of a NumPy pair (:attr:`on_host`):
+    the separate path calls it on the host directly."""
+    args = _put_back(self.pair.arrangement, list(args))  # once for the run's calls
+    return oracle_lib.HostOracle(lambda x: self.pair.at(x, args), None, like, packed)
 
   def __hash__(self):
     return hash(self.pair)

@@ -307,6 +307,8 @@ def _int_option(name, value, lower=1) -> int:
 
 def _options(options, tol, max_steps) -> dict:
   """SciPy's L-BFGS-B options, checked, with ``tol`` as SciPy maps it (ftol and gtol)."""
+  if options is None and tol is None and max_steps is None:
+    return dict(_defaults())
   options = dict(options or {})
   unknown = set(options) - set(SCIPY_DEFAULTS) - set(_REFUSED) - {"eps", "disp", "iprint"}
   if unknown:
@@ -341,6 +343,12 @@ def _options(options, tol, max_steps) -> dict:
   return merged
 
 
+@functools.cache
+def _defaults() -> dict:
+  """:func:`_options` of no options: L-BFGS-B's defaults, checked once."""
+  return _options({}, None, None)
+
+
 _WARNED_32_BIT = []
 
 
@@ -369,7 +377,8 @@ def _warn_32_bit(x0, args) -> None:
 
 
 def _start_point(x0):
-  """x0 as SciPy reads it: numbers, lists and NumPy arrays become one float array (1-d at least).
+  """x0 as SciPy reads it: numbers, lists and NumPy arrays become one float NumPy array (1-d at
+  least, a copy in the dtype JAX computes in).
 
   A JAX array or a pytree of arrays (a tuple of arrays, a dict, a model) is kept as it is.
   """
@@ -381,7 +390,7 @@ def _start_point(x0):
     x0 = np.atleast_1d(np.asarray(x0))
     if x0.dtype.kind in "iub":
       x0 = x0.astype(float)
-    return jnp.asarray(x0)
+    return np.array(x0, jax.dtypes.canonicalize_dtype(x0.dtype))  # a copy, as JAX's dtype
   return x0
 
 
@@ -467,8 +476,9 @@ def _check_box(bounds, x0, lower, upper) -> None:
 def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
   """``res`` with SciPy's fields; host values outside a trace."""
   grad = protocol.cache_at_params(res.state).grad
-  size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
-  nfev = res.num_value_evals * (size + 1) if mode == "differences" else res.num_value_evals
+  nfev = res.num_value_evals
+  if mode == "differences":
+    nfev = nfev * (sum(np.size(leaf) for leaf in jax.tree.leaves(x0)) + 1)
   fields = dict(
     x=res.params,
     fun=res.value,
@@ -478,12 +488,13 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
     nfev=nfev,
     njev=res.num_grad_evals,
   )
-  if not traced:
+  if not traced:  # through NumPy: a JAX array's int() costs several times more
     host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
     fields = {
-      k: host[k](v) if k in host else jax.tree.map(np.asarray, v) for k, v in fields.items()
+      k: host[k](np.asarray(v)) if k in host else jax.tree.map(np.asarray, v)
+      for k, v in fields.items()
     }
-    res = res._replace(status=int(res.status))  # SciPy's status is an int
+    res = res._replace(status=int(np.asarray(res.status)))  # SciPy's status is an int
   return MinimizeResult(*res, **fields)
 
 

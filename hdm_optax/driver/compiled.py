@@ -23,6 +23,7 @@ import numpy as np
 __all__ = (
   "DEFAULT_SIZE",
   "abstract",
+  "abstract_of",
   "cache_size",
   "clear_caches",
   "lookup",
@@ -228,14 +229,30 @@ _KEPT_SIZE = 32
 
 def kept(key: Hashable, make: Callable[[], Any]) -> Any:
   """``make()``, kept by ``key`` (the last :data:`_KEPT_SIZE` keys; :func:`clear_caches`
-  releases them)."""
+  releases them). A kept value is never changed: it is passed alike at every call."""
   with _CACHE.lock:
     value = _KEPT.pop(key, None)
     value = make() if value is None else value
     _KEPT[key] = value
     while len(_KEPT) > _KEPT_SIZE:
-      _KEPT.popitem(last=False)
+      _KEPT_ABSTRACT.pop(id(_KEPT.popitem(last=False)[1]), None)
   return value
+
+
+# abstract() of the kept values, by identity (each entry holds its value, so an id stays its own).
+_KEPT_ABSTRACT: dict = {}
+
+
+def abstract_of(value) -> tuple:
+  """:func:`abstract` of ``value``, remembered while ``value`` is kept (:func:`kept`)."""
+  entry = _KEPT_ABSTRACT.get(id(value))
+  if entry is not None and entry[0] is value:
+    return entry[1]
+  result = abstract(value)
+  with _CACHE.lock:
+    if any(v is value for v in _KEPT.values()):
+      _KEPT_ABSTRACT[id(value)] = (value, result)
+  return result
 
 
 def clear_caches() -> None:
@@ -248,4 +265,5 @@ def clear_caches() -> None:
   with _CACHE.lock:
     _CACHE.entries.clear()
     _KEPT.clear()
+    _KEPT_ABSTRACT.clear()
   jax.clear_caches()

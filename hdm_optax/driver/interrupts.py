@@ -189,7 +189,7 @@ def _poll(watch, steps):
   done = max(steps - found.at, 1)
   per_step = (now - found.last) / done
   found.last, found.at = now, steps
-  found.steps = int(np.clip(POLL_SECONDS / max(per_step, 1e-9), 1, _MOST_STEPS))
+  found.steps = int(min(max(POLL_SECONDS / max(per_step, 1e-9), 1), _MOST_STEPS))
   return np.int32(found.steps)
 
 

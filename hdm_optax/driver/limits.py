@@ -112,6 +112,8 @@ _TOLERANCES = (
 
 
 def _concrete(value) -> bool:
+  if isinstance(value, (int, float, np.ndarray, np.generic)):
+    return True
   return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(value))
 
 

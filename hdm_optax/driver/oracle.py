@@ -22,6 +22,7 @@ process (:mod:`hdm_optax.driver.store`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import threading
 from typing import Any, Callable, Optional
@@ -182,10 +183,12 @@ class _HostLayout:
     leaves, self.treedef = jax.tree.flatten(like)
     self.shapes = [np.shape(x) for x in leaves]
     self.groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+
+  @functools.cached_property
+  def _spans(self) -> list:
+    """(leaf, start, end) in each block."""
     ends = [np.cumsum([0] + [int(np.prod(self.shapes[i])) for i in g]) for g in self.groups]
-    self._spans = [  # (leaf, start, end) in each block
-      list(zip(g, e[:-1].tolist(), e[1:].tolist())) for g, e in zip(self.groups, ends)
-    ]
+    return [list(zip(g, e[:-1].tolist(), e[1:].tolist())) for g, e in zip(self.groups, ends)]
 
   def params(self, blocks) -> list:
     """The params' leaves (views of ``blocks``)."""

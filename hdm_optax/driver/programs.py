@@ -132,12 +132,13 @@ def configuration_of(optimizer) -> Optional[Any]:
 class _Call:
   """A factory and its bound arguments; equal calls are equal keys."""
 
-  __slots__ = ("factory", "arguments", "_key")
+  __slots__ = ("factory", "arguments", "_key", "plain")
 
   def __init__(self, factory, arguments: dict):
     self.factory = factory
     self.arguments = arguments
     self._key = (factory, tuple((k, configuration_key(v)) for k, v in arguments.items()))
+    self.plain = _plain(self._key)  # equal plain calls build alike
 
   def __eq__(self, other):
     return isinstance(other, _Call) and self._key == other._key
@@ -192,6 +193,17 @@ def content(array) -> tuple:
     array = jax.random.key_data(array)  # a typed key: its bits
   a = np.asarray(array)
   return ("array", a.shape, a.dtype.str, hashlib.blake2b(np.ascontiguousarray(a)).digest())
+
+
+def _plain(key) -> bool:
+  """Whether a :func:`configuration_key` holds numbers, strings and None only, or the
+  libraries' own named tuples of them (a rule such as ``pairs_diagonal()``): no array, and
+  nothing of the user's."""
+  if isinstance(key, _Held):
+    obj = key.obj
+    named = isinstance(obj, tuple) and _libraries(obj)
+    return named and _plain(tuple(configuration_key(v) for v in obj))
+  return all(map(_plain, key)) if isinstance(key, tuple) else True
 
 
 class _Held:
@@ -612,6 +624,8 @@ def is_batched(tracer) -> bool:
 
 def staged() -> bool:
   """Whether the caller is being staged out (inside ``jax.jit``, a loop body, ...)."""
+  if type(jex.find_top_trace(())).__name__ == "EvalTrace":  # under no transformation
+    return False
   return isinstance(jax.lax.stop_gradient(0.0), jax.core.Tracer)  # the cheapest bind
 
 
@@ -624,6 +638,10 @@ def prepare(optimizer, params) -> tuple:
   arguments against the params (a box's shape, NaN) run before they become traced. An
   optimizer that holds traced values gets a key that makes :func:`call` trace inline.
   """
+  return _by_plain_call("prepare", optimizer, params, lambda: _prepare(optimizer, params))
+
+
+def _prepare(optimizer, params) -> tuple:
   shape = init_shape(optimizer, params)
   try:
     key = OptimizerKey(optimizer, params)
@@ -635,6 +653,10 @@ def prepare(optimizer, params) -> tuple:
 def init_shape(optimizer, params):
   """``jax.eval_shape(optimizer.init, params)``, kept for an hdm_optax transformation by what
   decides it (:func:`_init_key`)."""
+  return _by_plain_call("init", optimizer, params, lambda: _init_shape(optimizer, params))
+
+
+def _init_shape(optimizer, params):
   named = _init_key(optimizer, params)
   shape = _INIT_SHAPES.get(named)  # never None's: no key, no shape kept
   if shape is None:
@@ -644,6 +666,17 @@ def init_shape(optimizer, params):
       while len(_INIT_SHAPES) > _INIT_SHAPES_KEPT:
         _INIT_SHAPES.popitem(last=False)
   return shape
+
+
+def _by_plain_call(kind: str, optimizer, params, make: Callable[[], Any]):
+  """``make()`` (:func:`prepare`'s or :func:`init_shape`'s answer), kept
+  (:func:`~hdm_optax.driver.compiled.kept`) for an hdm_optax transformation of plain
+  arguments (numbers, strings, None), which depends on the factory call and the params'
+  shapes alone."""
+  configuration = configuration_of(optimizer)
+  if configuration is None or not configuration.plain or tracers(params):
+    return make()
+  return compiled_lib.kept((kind, configuration, compiled_lib.abstract(params)), make)
 
 
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its

@@ -62,7 +62,10 @@ class Layout:
     self.packing = _blocks.Packing(params)
     self.on = self.packing.on
     self.blocks = _blocks.pack(params) if self.on else None
-    self._blocks_layout = _blocks.layout(self.blocks)
+
+  @functools.cached_property
+  def _blocks_layout(self) -> tuple:
+    return _blocks.layout(self.blocks)
 
   def _like_blocks(self, node) -> bool:
     return _blocks.shaped_like(node, self._blocks_layout)
@@ -148,7 +151,9 @@ def program(statics: tuple, dynamic: tuple, options: dict, meanwhile: Callable[[
   read in the caller's thread) or compiled (and stored later, :func:`_save_unsaved`), and
   what ``meanwhile`` (the objective's compile) returns, run while a compile of the method's
   program is under way in a thread."""
-  key = ("method", statics, compiled_lib.abstract(dynamic), tuple(sorted(options.items())))
+  *fresh, start, limits = dynamic  # the last two may be kept values
+  shapes = (compiled_lib.abstract(fresh), *map(compiled_lib.abstract_of, (start, limits)))
+  key = ("method", statics, shapes, tuple(sorted(options.items())))
   stored = _description(key)
 
   def compile_():
@@ -252,7 +257,7 @@ def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
   shape = programs.init_shape(method, x)
   if init_state is None and resuming.small(shape):
     fresh = lambda: _packed(resuming.start_of(None, x, shape), on_device=True)
-    return compiled_lib.kept(("fresh blocks", compiled_lib.abstract(shape)), fresh)
+    return compiled_lib.kept(_fresh_key(shape), fresh)
   result = resuming.result_of(init_state)
   if layout.on and result is not None:
     resuming.check_params(x0, result.params)  # named in the user's layout
@@ -260,6 +265,21 @@ def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
   elif layout.on:
     init_state = layout.to_method(init_state)
   return _packed(resuming.start_of(init_state, x, shape))
+
+
+# The fresh start's key by the shape it is made from, which programs.init_shape keeps as one
+# object per optimizer and params; each entry holds its shape, so that an id stays its own.
+_FRESH_KEYS: collections.OrderedDict = collections.OrderedDict()
+
+
+def _fresh_key(shape) -> tuple:
+  entry = _FRESH_KEYS.get(id(shape))
+  if entry is None or entry[0] is not shape:
+    entry = (shape, ("fresh blocks", compiled_lib.abstract(shape)))
+    _FRESH_KEYS[id(shape)] = entry
+    while len(_FRESH_KEYS) > 64:
+      _FRESH_KEYS.popitem(last=False)
+  return entry[1]
 
 
 def _packed(start, on_device: bool = False) -> tuple[tuple, tuple]:
@@ -362,13 +382,13 @@ def _abstract_value(x):
   return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
-def host_maker(fun, fun_args, like):
-  """``make_oracle(packed)`` of a NumPy ``fun`` (:func:`hdm_optax.minimize`): the host's own
-  oracle; ``None`` for a JAX objective."""
-  host = getattr(fun, "host_oracle", None)
-  if host is None or host(fun_args, like, False) is None:
+def host_maker(fun, fun_args, like, open_: tuple):
+  """``make_oracle(packed)`` of a NumPy ``fun`` (:func:`hdm_optax.minimize`) where the
+  separate path is open to the call (``open_``: :func:`open_to`'s arguments): the host's own
+  oracle; ``None`` for a JAX objective, or where the path is closed."""
+  if not getattr(fun, "on_host", False) or not open_to(*open_):
     return None
-  return lambda packed: host(fun_args, like, packed)
+  return lambda packed: fun.host_oracle(fun_args, like, packed)
 
 
 def jax_maker(closed, args, like):

@@ -43,11 +43,18 @@ def check_params(params, name: str = "init_params"):
   return params
 
 
-def _check_every(check_every) -> int:
+def _watch_and_loop(check_every, callback, progress, adjoint, max_steps) -> tuple:
+  """``(hook, adjoint, primitive)``: a call's callback and progress line, and its loop."""
   integer = isinstance(check_every, (int, np.integer)) and not isinstance(check_every, bool)
   if not integer or check_every < 1:
     raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
-  return int(check_every)
+  hook = hooks.check_hook(callback, progress)
+  if hook is not None and check_every != 1:
+    raise ValueError(
+      f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
+    )
+  adjoint = adjoint_lib.check_adjoint(adjoint)
+  return hook, adjoint, adjoint.primitive(int(check_every), max_steps)
 
 
 def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, args, state, limits):
@@ -160,22 +167,15 @@ def solve(
     (True, 'converged: ||grad f||_inf <= tol')
   """
   init_params = check_params(init_params)
-  check_every = _check_every(check_every)
-  hook = hooks.check_hook(callback, progress)
-  if hook is not None and check_every != 1:
-    raise ValueError(
-      f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
-    )
-  adjoint = adjoint_lib.check_adjoint(adjoint)
-  primitive = adjoint.primitive(check_every, limits.max_steps)
-  inputs = (init_params, tuple(fun_args), init_state, limits.tol, limits.rtol)
-  found = programs.tracers(inputs)
+  hook, adjoint, primitive = _watch_and_loop(
+    check_every, callback, progress, adjoint, limits.max_steps
+  )
+  found = programs.tracers((init_params, tuple(fun_args), init_state, limits.tol, limits.rtol))
   kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
   key, arrays, shape = programs.prepare(optimizer, init_params)
-  make_oracle = separate.host_maker(fun, fun_args, init_params)
-  on_host = make_oracle is not None and separate.open_to(
-    bool(has_aux), (arrays, init_params, fun_args, init_state, limits)
-  )  # a NumPy fun on the separate path, which makes its own start: no trace, no program
+  open_ = (bool(has_aux), (arrays, init_params, fun_args, init_state, limits))
+  make_oracle = separate.host_maker(fun, fun_args, init_params, open_)
+  on_host = make_oracle is not None  # it makes its own start: no trace, no program here
   closed, args = (None, ()) if on_host else programs.hoist(fun, init_params, tuple(fun_args))
   traced = bool(found) or bool(programs.tracers((arrays, args, limits)))  # what fun reads, too
   local = not traced and not on_host and not separate.spread((arrays, init_params, args))
@@ -189,30 +189,25 @@ def solve(
 
   like = (hooks.Handle.like(hook is not None, watch), *dynamic)
   named = None if traced or on_host else programs.program_key(_solve_entry, statics, like)
-
-  def run(handle):
-    return programs.call(_solve_entry, statics, dynamic, handle=handle, traced=traced, key=named)
-
-  if not on_host:
-    make_oracle = separate.jax_maker(closed, args, init_params)
-  if on_host or (
-    not traced
-    and separate.chosen(
-      _solve_entry, statics, like, key=named, program_=program, params=init_params
+  chosen = lambda: separate.chosen(
+    _solve_entry, statics, like, key=named, program_=program, params=init_params
+  )
+  if not on_host and (traced or not chosen()):  # the fused program
+    run = lambda h: programs.call(
+      _solve_entry, statics, dynamic, handle=h, traced=traced, key=named
     )
-  ):
-    result = separate.run(
-      optimizer,
-      make_oracle,
-      init_params,
-      limits=limits,
-      program_=program,
-      primitive=primitive,
-      init_state=init_state,
-      callback=callback,
-      progress=progress,
-      key=key,
-    )
-  else:
-    result = hooks.watched(run, callback, progress, watch=watch, key=named)
+    return runs.cut_trace(hooks.watched(run, callback, progress, watch=watch, key=named), shown)
+  make_oracle = make_oracle if on_host else separate.jax_maker(closed, args, init_params)
+  result = separate.run(
+    optimizer,
+    make_oracle,
+    init_params,
+    limits=limits,
+    program_=program,
+    primitive=primitive,
+    init_state=init_state,
+    callback=callback,
+    progress=progress,
+    key=key,
+  )
   return runs.cut_trace(result, shown)
