@@ -671,8 +671,8 @@ def _init_shape(optimizer, params):
 def _by_plain_call(kind: str, optimizer, params, make: Callable[[], Any]):
   """``make()`` (:func:`prepare`'s or :func:`init_shape`'s answer), kept
   (:func:`~hdm_optax.driver.compiled.kept`) for an hdm_optax transformation of plain
-  arguments (numbers, strings, None), which depends on the factory call and the params'
-  shapes alone."""
+  arguments (:func:`_plain`), which depends on the factory call and the params' shapes
+  alone."""
   configuration = configuration_of(optimizer)
   if configuration is None or not configuration.plain or tracers(params):
     return make()

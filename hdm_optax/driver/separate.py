@@ -257,7 +257,7 @@ def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
   shape = programs.init_shape(method, x)
   if init_state is None and resuming.small(shape):
     fresh = lambda: _packed(resuming.start_of(None, x, shape), on_device=True)
-    return compiled_lib.kept(_fresh_key(shape), fresh)
+    return compiled_lib.kept(("fresh blocks", compiled_lib.abstract_of(shape)), fresh)
   result = resuming.result_of(init_state)
   if layout.on and result is not None:
     resuming.check_params(x0, result.params)  # named in the user's layout
@@ -265,21 +265,6 @@ def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
   elif layout.on:
     init_state = layout.to_method(init_state)
   return _packed(resuming.start_of(init_state, x, shape))
-
-
-# The fresh start's key by the shape it is made from, which programs.init_shape keeps as one
-# object per optimizer and params; each entry holds its shape, so that an id stays its own.
-_FRESH_KEYS: collections.OrderedDict = collections.OrderedDict()
-
-
-def _fresh_key(shape) -> tuple:
-  entry = _FRESH_KEYS.get(id(shape))
-  if entry is None or entry[0] is not shape:
-    entry = (shape, ("fresh blocks", compiled_lib.abstract(shape)))
-    _FRESH_KEYS[id(shape)] = entry
-    while len(_FRESH_KEYS) > 64:
-      _FRESH_KEYS.popitem(last=False)
-  return entry[1]
 
 
 def _packed(start, on_device: bool = False) -> tuple[tuple, tuple]:
