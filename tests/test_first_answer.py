@@ -607,15 +607,15 @@ def test_what_an_optimizer_reads_at_the_call_is_in_its_key(where):
 
 
 def test_only_a_small_fresh_start_is_kept_between_calls(monkeypatch):
-  """The separate path keeps a fresh start's blocks on the device for the next call of the
-  same shapes only where the state is small: a large one (the secant pairs of a big
-  problem) would hold its memory in the cache."""
+  """The separate path keeps a fresh start's part of the program's arguments for the next
+  call of the same shapes only where the state is small: a large one (the secant pairs of
+  a big problem) would hold its memory in the cache."""
 
   def fun(x):
     return float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0)
 
   def kept_starts():
-    return [k for k in compiled_lib._KEPT if k[0] == "fresh blocks"]  # pylint: disable=protected-access
+    return [k for k in compiled_lib._KEPT if k[0] == "arguments"]  # pylint: disable=protected-access
 
   hdm_optax.clear_caches()
   hdm_optax.minimize(fun, np.zeros(5), jac=True)

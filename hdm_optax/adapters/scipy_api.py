@@ -490,10 +490,8 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
   )
   if not traced:  # through NumPy: a JAX array's int() costs several times more
     host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
-    fields = {
-      k: host[k](np.asarray(v)) if k in host else jax.tree.map(np.asarray, v)
-      for k, v in fields.items()
-    }
+    arrays = lambda v: np.asarray(v) if isinstance(v, jax.Array) else jax.tree.map(np.asarray, v)
+    fields = {k: host[k](np.asarray(v)) if k in host else arrays(v) for k, v in fields.items()}
     res = res._replace(status=int(np.asarray(res.status)))  # SciPy's status is an int
   return MinimizeResult(*res, **fields)
 

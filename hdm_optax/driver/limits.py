@@ -81,6 +81,11 @@ class Limits(NamedTuple):
       TypeError: a tolerance that is not a number.
       ValueError: a number out of its range; the message names it and the fix.
     """
+    if all(type(v) in _PLAIN for v in self):  # the form is a function of the numbers alone
+      return _checked_plain(tuple((type(v), v) for v in self))
+    return self._checked()
+
+  def _checked(self) -> "Limits":
     for name, meaning, fix in _TOLERANCES:
       check_tolerance(name, getattr(self, name), meaning, fix)
     return self._replace(
@@ -90,6 +95,17 @@ class Limits(NamedTuple):
       min_value=_min_value(self.min_value),
       ftol_on=self.uses_ftol,
     )
+
+
+# Types whose values are checked once per value (:func:`_checked_plain`).
+_PLAIN = (int, float, bool, type(None), np.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_plain(typed: tuple) -> Limits:
+  """:meth:`Limits.checked` of the limits ``typed`` (each field's type and value: 1 and 1.0
+  differ as arguments of a program)."""
+  return Limits(*(value for _, value in typed))._checked()
 
 
 # The numbers are the program's values; the switch is static (in the tree's structure).

@@ -233,7 +233,8 @@ def run(
   def run_(handle):
     with oracle_lib.serving(oracle) as (site, entry):
       try:
-        result = jax.block_until_ready(compiled(*arguments.blocks(fresh(handle, site))))
+        result = compiled(*arguments.blocks(fresh(handle, site)))
+        result.value.block_until_ready()  # one execution's outputs: all ready, or its error
       except jax.errors.JaxRuntimeError:
         if entry.error is not None:
           raise entry.error from None
