@@ -249,7 +249,8 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
 
 
 def _strong(x0, lower, upper, *tols):
-  """x0, the box's numbers and tol as arrays of x0's dtype that are not weakly typed.
+  """x0 and the box's numbers as arrays of x0's dtype that are not weakly typed, and the
+  tolerances ``tols`` as NumPy scalars of that dtype (immutable: checked once per value).
 
   ``jnp.full(3, 2.0)`` or a Python float is weakly typed, another abstract value than
   ``jnp.zeros(3)`` for ``jit``: without this a second call would compile again (weakly
@@ -264,7 +265,8 @@ def _strong(x0, lower, upper, *tols):
     return jnp.asarray(b, dtype) if getattr(b, "weak_type", False) else b
 
   cast = lambda tree: jax.tree.map(strong, tree)
-  return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
+  scalar = lambda t: dtype.type(t) if isinstance(t, (int, float)) else cast(t)  # immutable
+  return (cast(x0), cast(lower), cast(upper), *map(scalar, tols))
 
 
 def _method(method) -> str:

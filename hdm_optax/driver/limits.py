@@ -81,9 +81,14 @@ class Limits(NamedTuple):
       TypeError: a tolerance that is not a number.
       ValueError: a number out of its range; the message names it and the fix.
     """
-    if all(type(v) in _PLAIN for v in self):  # the form is a function of the numbers alone
-      return _checked_plain(tuple((type(v), v) for v in self))
-    return self._checked()
+    typed = self.typed
+    return self._checked() if typed is None else _checked_plain(typed)
+
+  @property
+  def typed(self) -> Optional[tuple]:
+    """Each field's type and value (1 and 1.0 differ as a program's arguments) where every
+    field is an immutable number, else ``None``: a key for what depends on the values."""
+    return tuple((type(v), v) for v in self) if all(isinstance(v, _PLAIN) for v in self) else None
 
   def _checked(self) -> "Limits":
     for name, meaning, fix in _TOLERANCES:
@@ -97,14 +102,13 @@ class Limits(NamedTuple):
     )
 
 
-# Types whose values are checked once per value (:func:`_checked_plain`).
-_PLAIN = (int, float, bool, type(None), np.int32)
+# Types whose values are checked once per value (:func:`_checked_plain`): immutable ones.
+_PLAIN = (int, float, type(None), np.generic)
 
 
 @functools.lru_cache(maxsize=64)
 def _checked_plain(typed: tuple) -> Limits:
-  """:meth:`Limits.checked` of the limits ``typed`` (each field's type and value: 1 and 1.0
-  differ as arguments of a program)."""
+  """:meth:`Limits.checked` of the limits whose :attr:`Limits.typed` is ``typed``."""
   return Limits(*(value for _, value in typed))._checked()
 
 

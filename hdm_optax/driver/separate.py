@@ -256,9 +256,10 @@ def _arguments(fresh, init_state, layout: Layout, method, limits, x0) -> "_Argum
   x = fresh[-1]
   shape = programs.init_shape(method, x)
   if init_state is None and resuming.small(shape):
-    key = ("arguments", compiled_lib.abstract(fresh), compiled_lib.abstract_of(shape))
+    numbers = limits.typed or programs.numbers(limits)
+    key = ("arguments", compiled_lib.abstract(fresh), compiled_lib.abstract_of(shape), numbers)
     make = lambda: _Arguments(fresh, (resuming.start_of(None, x, shape), limits))
-    return compiled_lib.kept((*key, programs.numbers(limits)), make)
+    return compiled_lib.kept(key, make)
   result = resuming.result_of(init_state)
   if layout.on and result is not None:
     resuming.check_params(x0, result.params)  # named in the user's layout
