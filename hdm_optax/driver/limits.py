@@ -72,7 +72,7 @@ class Limits(NamedTuple):
     """The static switch: ``ftol_on``, or on unless ``ftol`` is a Python 0."""
     if self.ftol_on is not None:
       return self.ftol_on
-    return not isinstance(self.ftol, (int, float)) or self.ftol != 0
+    return type(self.ftol) not in (int, float) or self.ftol != 0  # a NumPy 0 is a value
 
   def checked(self) -> "Limits":
     """These limits, each checked (traced values pass), in a program's form.
