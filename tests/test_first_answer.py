@@ -134,13 +134,14 @@ def test_a_numpy_fun_compiles_nothing_after_the_method_program():
   assert programs.compiled_count() == before
 
 
-def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_device_arrays(monkeypatch):
+def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_a_block_per_dtype(monkeypatch):
   """A NumPy ``fun`` rebuilt at each call (one code, new closures), with ``jac=True``: the
   first call's trial trace decides, the later ones trace nothing (no trial, no hoist for the
-  fused program); the method's program takes the limits and the fresh start as kept device
-  arrays (a NumPy leaf is a transfer at every call of a program that calls the host), the
-  start as a block per dtype (each argument costs on JAX's Python path), and reaches ``fun``
-  through buffer callbacks, one per oracle call, where JAX has them."""
+  fused program); the method's program takes its arguments (the handle, the site, x, the
+  start's tens of leaves, the limits) as one block per dtype (each argument costs on JAX's
+  Python path), a block of kept values alone as a kept device array (a NumPy one is a
+  transfer at every call), and reaches ``fun`` through buffer callbacks, one per oracle
+  call, where JAX has them."""
   from hdm_optax.adapters import objective as objective_lib
   from hdm_optax.driver import host
   from hdm_optax.driver import oracle as oracle_lib
@@ -175,18 +176,20 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_device_arrays(monkeypa
     return filled(self, *args)
 
   monkeypatch.setattr(host.Filler, "__call__", fill)
-  program = separate_lib.program
+  blocks = separate_lib._Arguments.blocks
   monkeypatch.setattr(
-    separate_lib,
-    "program",
-    lambda statics, dynamic, *a, **k: passed.append(dynamic) or program(statics, dynamic, *a, **k),
+    separate_lib._Arguments,
+    "blocks",
+    lambda self, fresh: passed.append((self, blocks(self, fresh))) or passed[-1][1],
   )
   nfev = sum(hdm_optax.minimize(make(seed), np.zeros(5), jac=True).nfev for seed in (1, 2))
   assert counts["trial"] == 0 and counts["hoist"] == 0
-  start, limits = passed[-1][-2:]
-  assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves((start, limits)))
-  # The start's tens of leaves (trial_lbfgs's state and the counts) as a block per dtype.
-  assert len(jax.tree.leaves(start)) == len({leaf.dtype for leaf in jax.tree.leaves(start)})
+  arguments, passed_blocks = passed[-1]
+  assert passed[0][0] is arguments  # the kept part is made once
+  treedef, specs, _ = arguments.layout
+  assert len(passed_blocks) == len({dtype for _, dtype in specs}) < len(specs) // 4
+  own = {dtype for _, dtype in specs[: arguments.layout[2]]}  # the call's own leaves' dtypes
+  assert all(isinstance(b, jax.Array) != (b.dtype in own) for b in passed_blocks)
   if host._buffer_callback is not None:
     assert counts["filler"] == nfev
   counts["trial"] = 0  # with jac=None the trace decides each time (finite differences or JAX's)
@@ -604,15 +607,15 @@ def test_what_an_optimizer_reads_at_the_call_is_in_its_key(where):
 
 
 def test_only_a_small_fresh_start_is_kept_between_calls(monkeypatch):
-  """The separate path keeps a fresh start's blocks on the device for the next call of the
-  same shapes only where the state is small: a large one (the secant pairs of a big
-  problem) would hold its memory in the cache."""
+  """The separate path keeps a fresh start's part of the program's arguments for the next
+  call of the same shapes only where the state is small: a large one (the secant pairs of
+  a big problem) would hold its memory in the cache."""
 
   def fun(x):
     return float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0)
 
   def kept_starts():
-    return [k for k in compiled_lib._KEPT if k[0] == "fresh blocks"]  # pylint: disable=protected-access
+    return [k for k in compiled_lib._KEPT if k[0] == "arguments"]  # pylint: disable=protected-access
 
   hdm_optax.clear_caches()
   hdm_optax.minimize(fun, np.zeros(5), jac=True)

@@ -164,3 +164,17 @@ def test_takes_limits_checks_once_and_names_the_keywords():
   limits, extra = door(1, max_steps=None, min_value=None, extra=2)
   assert limits.max_steps == np.iinfo(np.int32).max and limits.min_value == -np.inf
   assert extra == 2 and limits.ftol_on is False
+
+
+def test_plain_limits_are_checked_once_per_typed_value():
+  """Limits of plain numbers are checked once per value and type (1 and 1.0 are different
+  arguments of a program); a bad one is refused every time; arrays are checked each call."""
+  assert Limits(tol=1e-5).checked() is Limits(tol=1e-5).checked()
+  assert type(Limits(tol=1).checked().tol) is int
+  assert type(Limits(tol=1.0).checked().tol) is float
+  for _ in range(2):
+    with pytest.raises(ValueError, match="tol must be a scalar >= 0"):
+      Limits(tol=-1.0).checked()
+  with pytest.raises(ValueError, match="tol must be a scalar >= 0"):
+    Limits(tol=np.asarray([1.0, 2.0])).checked()
+  assert Limits(tol=np.float64(1e-3)).checked().tol == 1e-3

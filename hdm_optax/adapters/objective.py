@@ -50,7 +50,7 @@ def _scalar(value, dtype, xp=jnp):
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
-  return value.reshape(()).astype(dtype)
+  return value.reshape(()).astype(dtype, copy=False)
 
 
 def _like(grad, x, xp=jnp):
@@ -70,7 +70,7 @@ def _like_leaf(g, leaf, xp):
       f"the gradient (jac's output, or fun's second output with jac=True) has shape "
       f"{g.shape} for x of shape {leaf.shape}: return one entry per entry of x."
     )
-  return g.reshape(leaf.shape).astype(leaf.dtype)
+  return g.reshape(leaf.shape).astype(leaf.dtype, copy=False)
 
 
 @dataclasses.dataclass(frozen=True)

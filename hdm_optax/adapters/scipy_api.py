@@ -249,7 +249,8 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
 
 
 def _strong(x0, lower, upper, *tols):
-  """x0, the box's numbers and tol as arrays of x0's dtype that are not weakly typed.
+  """x0 and the box's numbers as arrays of x0's dtype that are not weakly typed, and the
+  tolerances ``tols`` as NumPy scalars of that dtype (immutable: checked once per value).
 
   ``jnp.full(3, 2.0)`` or a Python float is weakly typed, another abstract value than
   ``jnp.zeros(3)`` for ``jit``: without this a second call would compile again (weakly
@@ -264,7 +265,8 @@ def _strong(x0, lower, upper, *tols):
     return jnp.asarray(b, dtype) if getattr(b, "weak_type", False) else b
 
   cast = lambda tree: jax.tree.map(strong, tree)
-  return (cast(x0), cast(lower), cast(upper), *map(cast, tols))
+  scalar = lambda t: dtype.type(t) if isinstance(t, (int, float)) else cast(t)  # immutable
+  return (cast(x0), cast(lower), cast(upper), *map(scalar, tols))
 
 
 def _method(method) -> str:
@@ -490,10 +492,8 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
   )
   if not traced:  # through NumPy: a JAX array's int() costs several times more
     host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
-    fields = {
-      k: host[k](np.asarray(v)) if k in host else jax.tree.map(np.asarray, v)
-      for k, v in fields.items()
-    }
+    arrays = lambda v: np.asarray(v) if isinstance(v, jax.Array) else jax.tree.map(np.asarray, v)
+    fields = {k: host[k](np.asarray(v)) if k in host else arrays(v) for k, v in fields.items()}
     res = res._replace(status=int(np.asarray(res.status)))  # SciPy's status is an int
   return MinimizeResult(*res, **fields)
 

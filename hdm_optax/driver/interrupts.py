@@ -32,6 +32,11 @@ import numpy as np
 
 from hdm_optax.driver import host
 
+try:  # signal's own functions, without its enum conversions (about 10 us a call)
+  import _signal as _raw_signal
+except ImportError:  # pragma: no cover (CPython has it)
+  _raw_signal = signal
+
 __all__ = ("ENABLED", "POLL_SECONDS", "catching", "chunked", "seen", "watching")
 
 # A run without a callback asks the host about Ctrl-C about this often.
@@ -86,7 +91,7 @@ def _record(signum, frame):  # the handler while a call is in progress
 
 
 def _can_install() -> bool:
-  return threading.current_thread() is threading.main_thread() and signal.getsignal(
+  return threading.current_thread() is threading.main_thread() and _raw_signal.getsignal(
     signal.SIGINT
   ) in (signal.default_int_handler, _record)
 
@@ -113,9 +118,11 @@ def catching(enabled: bool = True):
       _STATE.reader.setblocking(False)
       _STATE.writer.setblocking(False)
     _STATE.drain()
-    _STATE.previous = signal.signal(signal.SIGINT, _record)
+    _STATE.previous = _raw_signal.signal(signal.SIGINT, _record)
     try:
-      _STATE.previous_fd = signal.set_wakeup_fd(_STATE.writer.fileno(), warn_on_full_buffer=False)
+      _STATE.previous_fd = _raw_signal.set_wakeup_fd(
+        _STATE.writer.fileno(), warn_on_full_buffer=False
+      )
     except ValueError:  # not the main thread of the main interpreter
       _STATE.previous_fd = None
   try:
@@ -126,8 +133,8 @@ def catching(enabled: bool = True):
       last = _STATE.depth == 0
     if outermost or last:
       if _STATE.previous_fd is not None:
-        signal.set_wakeup_fd(_STATE.previous_fd)
-      signal.signal(signal.SIGINT, _STATE.previous or signal.default_int_handler)
+        _raw_signal.set_wakeup_fd(_STATE.previous_fd)
+      _raw_signal.signal(signal.SIGINT, _STATE.previous or signal.default_int_handler)
 
 
 def seen() -> bool:

@@ -72,7 +72,7 @@ class Limits(NamedTuple):
     """The static switch: ``ftol_on``, or on unless ``ftol`` is a Python 0."""
     if self.ftol_on is not None:
       return self.ftol_on
-    return not isinstance(self.ftol, (int, float)) or self.ftol != 0
+    return type(self.ftol) not in (int, float) or self.ftol != 0  # a NumPy 0 is a value
 
   def checked(self) -> "Limits":
     """These limits, each checked (traced values pass), in a program's form.
@@ -81,6 +81,16 @@ class Limits(NamedTuple):
       TypeError: a tolerance that is not a number.
       ValueError: a number out of its range; the message names it and the fix.
     """
+    typed = self.typed
+    return self._checked() if typed is None else _checked_plain(typed)
+
+  @property
+  def typed(self) -> Optional[tuple]:
+    """Each field's type and value (1 and 1.0 differ as a program's arguments) where every
+    field is an immutable number, else ``None``: a key for what depends on the values."""
+    return tuple((type(v), v) for v in self) if all(isinstance(v, _PLAIN) for v in self) else None
+
+  def _checked(self) -> "Limits":
     for name, meaning, fix in _TOLERANCES:
       check_tolerance(name, getattr(self, name), meaning, fix)
     return self._replace(
@@ -90,6 +100,16 @@ class Limits(NamedTuple):
       min_value=_min_value(self.min_value),
       ftol_on=self.uses_ftol,
     )
+
+
+# Types whose values are checked once per value (:func:`_checked_plain`): immutable ones.
+_PLAIN = (int, float, type(None), np.generic)
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_plain(typed: tuple) -> Limits:
+  """:meth:`Limits.checked` of the limits whose :attr:`Limits.typed` is ``typed``."""
+  return Limits(*(value for _, value in typed))._checked()
 
 
 # The numbers are the program's values; the switch is static (in the tree's structure).

@@ -118,7 +118,7 @@ class Site:
     return (scalar, *(jax.ShapeDtypeStruct(s, self.dtype) for s in self.shapes))
 
   def __call__(self, handle, *leaves):
-    entry = _ORACLES.get(int(np.asarray(handle).reshape(-1)[0]))
+    entry = _ORACLES.get(np.asarray(handle).item())
     if entry is None:
       raise RuntimeError("hdm_optax: the method's program called an oracle that is closed.")
     try:
@@ -174,6 +174,9 @@ def function(handle, like) -> Callable[[Any], jax.Array]:
   return f
 
 
+_ONE_LEAF = jax.tree.structure(0)
+
+
 class _HostLayout:
   """The user's params and the method's leaves on the host: NumPy views of the packed blocks
   as the params' leaves, and the params' leaves concatenated into blocks (``packed``), or the
@@ -183,6 +186,7 @@ class _HostLayout:
     leaves, self.treedef = jax.tree.flatten(like)
     self.shapes = [np.shape(x) for x in leaves]
     self.groups = _blocks.groups(leaves) if packed else tuple((i,) for i in range(len(leaves)))
+    self.single = self.treedef == _ONE_LEAF  # the params are one array (SciPy's x)
 
   @functools.cached_property
   def _spans(self) -> list:
@@ -275,10 +279,14 @@ class HostOracle(Oracle):
     self._layout = _HostLayout(like, packed)
 
   def _params(self, blocks):  # views: the pair copies x before fun sees it (fun may write)
+    if self._layout.single and np.shape(blocks[0]) == self._layout.shapes[0]:
+      return blocks[0]
     return jax.tree.unflatten(self._layout.treedef, self._layout.params(blocks))
 
   def value_and_grad(self, leaves):
     value, grad = self._pair(self._params(leaves))
+    if self._layout.single:
+      return value, [grad]
     return value, self._layout.blocks(self._layout.treedef.flatten_up_to(grad))
 
   def value(self, leaves):

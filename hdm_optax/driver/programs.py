@@ -730,10 +730,9 @@ def on_device(key, make: Callable[[], Any]):
   """``make()`` on the device, kept for the next call with the same ``key``
   (:func:`hdm_optax.driver.compiled.kept`; ``key`` says all ``make()`` depends on).
 
-  A program that calls the host takes its arguments on JAX's Python path, where each NumPy
-  leaf is a transfer at every call; a kept device array is not. For the values a front
-  door passes alike at every call of some shapes: the limits (:func:`numbers`), a fresh
-  start's zeros.
+  A NumPy leaf is a transfer at every call of a program; a kept device array is not. For
+  the values a front door passes alike at every call of some shapes: the limits
+  (:func:`numbers`), a fresh start's zeros.
   """
   return compiled_lib.kept(("on device", key), lambda: jax.device_put(make()))
 

@@ -126,20 +126,17 @@ def _avals(shape) -> tuple:
 
 
 def small(shape) -> bool:
-  """Whether a state of ``shape`` is small enough to keep on the device between calls."""
-  return _size(shape) <= programs.SMALL_PROGRAM
-
-
-def _size(shape) -> int:
-  """The entries of a state of ``shape`` (``jax.eval_shape`` of ``init``)."""
-  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shape))
+  """Whether a state of ``shape`` (``jax.eval_shape`` of ``init``) is small enough to keep
+  on the device between calls (its abstract value is remembered where ``shape`` is kept)."""
+  leaves = compiled_lib.abstract_of(shape)[1]
+  return sum(math.prod(leaf[0]) for leaf in leaves) <= programs.SMALL_PROGRAM
 
 
 def _placeholder(shape):
   """Zeros of the state's shapes: NumPy's for a small state (no program to compile in a new
   process), else made on the device (no transfer)."""
   avals = _avals(shape)
-  if _size(shape) <= programs.SMALL_PROGRAM:
+  if small(shape):
     return jax.tree.unflatten(jax.tree.structure(shape), [np.zeros(s, d) for s, d in avals])
   return _zeros(jax.tree.structure(shape), avals)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 from typing import Any, Callable, Optional
 
 import jax
@@ -123,13 +124,12 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
   return configuration.factory(**arguments), layout
 
 
-def _entry(key, program, primitive, spec, handle, site, arrays, x0, start, limits):
+def _entry(key, program, primitive, layout, *blocks):
   """The method's program: the engine's run with the host oracle (``site``'s) as its
-  objective; ``handle`` is the call's :class:`~hdm_optax.driver.hooks.Handle`, ``start``
-  the start's blocks of layout ``spec`` (:func:`_packed`)."""
-  treedef, leaves = spec
-  like = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(*leaf) for leaf in leaves])
-  start = _blocks.unpack(start, like)
+  objective; ``blocks``, its arguments of layout ``layout`` (:class:`_Arguments`): the
+  call's :class:`~hdm_optax.driver.hooks.Handle`, the site, the optimizer's arrays, x, the
+  start and the limits."""
+  (handle, site, arrays, x0), (start, limits) = _blocks.unpack(blocks, _like(layout))
   fun = oracle_lib.function(site, x0)
   loop_ = engine.make_loop(key.build(arrays), fun, limits)
   make = lambda member: (loop_, fun)
@@ -145,19 +145,17 @@ _JIT = jax.jit(_entry, static_argnums=(0, 1, 2, 3))
 _UNSAVED: list = []
 
 
-def program(statics: tuple, dynamic: tuple, options: dict, meanwhile: Callable[[], Any]):
-  """``(compiled, meanwhile())``: the method's compiled program for ``statics`` and the
-  abstract values of ``dynamic``, from the cache, the disk (:mod:`hdm_optax.driver.store`,
-  read in the caller's thread) or compiled (and stored later, :func:`_save_unsaved`), and
-  what ``meanwhile`` (the objective's compile) returns, run while a compile of the method's
-  program is under way in a thread."""
-  *fresh, start, limits = dynamic  # the last two may be kept values
-  shapes = (compiled_lib.abstract(fresh), *map(compiled_lib.abstract_of, (start, limits)))
-  key = ("method", statics, shapes, tuple(sorted(options.items())))
+def program(statics: tuple, blocks: tuple, options: dict, meanwhile: Callable[[], Any]):
+  """``(compiled, meanwhile())``: the method's compiled program for ``statics`` (its
+  arguments' layout among them) and the abstract ``blocks``, from the cache, the disk
+  (:mod:`hdm_optax.driver.store`, read in the caller's thread) or compiled (and stored later,
+  :func:`_save_unsaved`), and what ``meanwhile`` (the objective's compile) returns, run
+  while a compile of the method's program is under way in a thread."""
+  key = ("method", statics, tuple(sorted(options.items())))
   stored = _description(key)
 
   def compile_():
-    program = programs.compile_lowered(_JIT.lower(*statics, *dynamic), options)
+    program = programs.compile_lowered(_JIT.lower(*statics, *blocks), options)
     if stored is not None:
       del _UNSAVED[: max(len(_UNSAVED) - 3, 0)]  # at most 4 wait (not storing one is harmless)
       _UNSAVED.append((stored, program))
@@ -222,21 +220,21 @@ def run(
   x = _blocks.pack(x0) if layout.on else x0
   if key is None or layout.on:
     key = programs.OptimizerKey(method, x)
-  start, spec = _start(init_state, layout, method, x0, x)
-  dynamic = (key.arrays, x, start, programs.on_device(programs.numbers(limits), lambda: limits))
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
+  fresh = lambda handle, site: (handle, site, key.arrays, x)
+  arguments = _arguments(fresh(placeholder, np.int32(0)), init_state, layout, method, limits, x0)
   statics, options = (
-    (key, program_, primitive, spec),
+    (key, program_, primitive, arguments.layout),
     programs.compiler_options((x0, init_state), host_loop=True),
   )
-  like = (placeholder, np.int32(0), *dynamic)
-  compiled, oracle = program(statics, like, options, lambda: make_oracle(layout.on))
+  compiled, oracle = program(statics, arguments.abstract, options, lambda: make_oracle(layout.on))
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
 
   def run_(handle):
     with oracle_lib.serving(oracle) as (site, entry):
       try:
-        result = jax.block_until_ready(compiled(handle, site, *dynamic))
+        result = compiled(*arguments.blocks(fresh(handle, site)))
+        result.value.block_until_ready()  # one execution's outputs: all ready, or its error
       except jax.errors.JaxRuntimeError:
         if entry.error is not None:
           raise entry.error from None
@@ -250,38 +248,80 @@ def run(
   return result
 
 
-def _start(init_state, layout: Layout, method, x0, x) -> tuple[tuple, tuple]:
-  """Where the run starts (:func:`hdm_optax.driver.resuming.start_of`), in the method's
-  layout (a given state or result with its params-shaped nodes packed), as :func:`_packed`
-  blocks and their layout; a small fresh start's blocks are kept on the device."""
+def _arguments(fresh, init_state, layout: Layout, method, limits, x0) -> "_Arguments":
+  """The run's :class:`_Arguments`: the call's own (``fresh``, shaped as at the call), the
+  start (:func:`hdm_optax.driver.resuming.start_of`; a given state or result with its
+  params-shaped nodes packed) and the limits; kept for the next call where the start is
+  fresh and small."""
+  x = fresh[-1]
   shape = programs.init_shape(method, x)
   if init_state is None and resuming.small(shape):
-    fresh = lambda: _packed(resuming.start_of(None, x, shape), on_device=True)
-    return compiled_lib.kept(("fresh blocks", compiled_lib.abstract_of(shape)), fresh)
+    numbers = limits.typed or programs.numbers(limits)
+    key = ("arguments", compiled_lib.abstract(fresh), compiled_lib.abstract_of(shape), numbers)
+    make = lambda: _Arguments(fresh, (resuming.start_of(None, x, shape), limits))
+    return compiled_lib.kept(key, make)
   result = resuming.result_of(init_state)
   if layout.on and result is not None:
     resuming.check_params(x0, result.params)  # named in the user's layout
     init_state = result._replace(params=x, state=layout.to_method(result.state))
   elif layout.on:
     init_state = layout.to_method(init_state)
-  return _packed(resuming.start_of(init_state, x, shape))
+  return _Arguments(fresh, (resuming.start_of(init_state, x, shape), limits))
 
 
-def _packed(start, on_device: bool = False) -> tuple[tuple, tuple]:
-  """``(blocks, spec)``: the start's leaves in a block per dtype (:func:`hdm_optax._blocks.pack`'s
-  layout; a large leaf is its own block, as it is), and their treedef, shapes and dtypes.
-  Each argument of a program that calls the host costs tens of microseconds on JAX's
-  Python path, and a state has tens of leaves."""
-  leaves, treedef = jax.tree.flatten(start)
-  spec = (treedef, tuple((np.shape(leaf), jnp.result_type(leaf)) for leaf in leaves))
-  blocks = []
-  for group in _blocks.groups(leaves):
-    if len(group) == 1:
-      blocks.append(leaves[group[0]])
-    else:
-      blocks.append(np.concatenate([np.ravel(np.asarray(leaves[i])) for i in group]))
-  blocks = tuple(blocks)
-  return (jax.device_put(blocks) if on_device else blocks), spec
+def _like(layout: tuple):
+  """The arguments of ``layout`` (:attr:`_Arguments.layout`) as abstract values."""
+  treedef, specs, _ = layout
+  return jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(*spec) for spec in specs])
+
+
+class _Arguments:
+  """A run's arguments as the method's program takes them: a block per dtype.
+
+  A program that calls the host takes its arguments on JAX's Python path, where each costs
+  tens of microseconds at every call, and a run has dozens (the state's leaves). Here the
+  leaves of one dtype are one block (:func:`hdm_optax._blocks.groups`: a large leaf is a
+  block of its own): first the call's own leaves (the handle, the site, the optimizer's
+  arrays, x), then the kept ones (the start, the limits), whose part of each block is made
+  once. The program takes the blocks apart (:func:`hdm_optax._blocks.unpack`); the limits'
+  numbers arrive in a block's dtype, which the engine casts to its own.
+
+  Attributes:
+    layout: the tree of ``(fresh, kept)``, each leaf's shape and dtype, and how many leaves
+      are the call's (a program's static argument).
+    abstract: the blocks' abstract values.
+  """
+
+  def __init__(self, fresh, kept):
+    leaves = jax.tree.leaves(fresh)
+    kept_leaves = jax.tree.leaves(kept)
+    specs = tuple((np.shape(x), jnp.result_type(x)) for x in leaves + kept_leaves)
+    self.layout = (jax.tree.structure((fresh, kept)), specs, len(leaves))
+    n, self._parts, abstract = len(leaves), [], []
+    for group in _blocks.groups(jax.tree.leaves(_like(self.layout))):
+      shape, dtype = specs[group[0]]
+      ours, theirs = [i for i in group if i < n], [kept_leaves[i - n] for i in group if i >= n]
+      if len(group) == 1:
+        part = theirs[0] if theirs else None
+      else:
+        shape = (sum(math.prod(specs[i][0]) for i in group),)
+        part = np.concatenate([np.ravel(np.asarray(leaf)) for leaf in theirs] or [[]], dtype=dtype)
+      self._parts.append((ours, dtype, part if ours else jax.device_put(part)))
+      abstract.append(jax.ShapeDtypeStruct(shape, dtype))
+    self.abstract = tuple(abstract)
+
+  def blocks(self, fresh) -> list:
+    """The blocks of a call whose own leaves are ``fresh``'s (shaped as at construction)."""
+    leaves = jax.tree.leaves(fresh)
+    out = []
+    for ours, dtype, part in self._parts:
+      if not ours:
+        out.append(part)
+      elif part is None:
+        out.append(leaves[ours[0]])
+      else:
+        out.append(np.concatenate([*(np.ravel(leaves[i]) for i in ours), part], dtype=dtype))
+    return out
 
 
 def _to_user(result, layout: Layout, optimizer, x0):

@@ -180,7 +180,7 @@ def solve(
   traced = bool(found) or bool(programs.tracers((arrays, args, limits)))  # what fun reads, too
   local = not traced and not on_host and not separate.spread((arrays, init_params, args))
   if local:  # passed alike at each call: kept on the device
-    limits = programs.on_device(programs.numbers(limits), lambda: limits)
+    limits = programs.on_device(limits.typed or programs.numbers(limits), lambda: limits)
   start = None if on_host else resuming.start_of(init_state, init_params, shape, kept=local)
   dynamic = (arrays, init_params, args, start, limits)
   watch = hook is None and not isinstance(primitive, runs.Scan) and hooks.watchable(dynamic)
