@@ -32,7 +32,7 @@ import numpy as np
 
 from hdm_optax.driver import host
 
-try:  # signal's own functions, without its enum conversions (about 10 us a call)
+try:  # signal's own functions, without its conversions of handlers to enums
   import _signal as _raw_signal
 except ImportError:  # pragma: no cover (CPython has it)
   _raw_signal = signal
