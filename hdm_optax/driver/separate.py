@@ -278,8 +278,8 @@ def _like(layout: tuple):
 class _Arguments:
   """A run's arguments as the method's program takes them: a block per dtype.
 
-  A program that calls the host takes its arguments on JAX's Python path, where each costs
-  tens of microseconds at every call, and a run has dozens (the state's leaves). Here the
+  A program that calls the host takes its arguments on JAX's Python path, where each one
+  costs at every call (docs/speed.md), and a run has dozens (the state's leaves). Here the
   leaves of one dtype are one block (:func:`hdm_optax._blocks.groups`: a large leaf is a
   block of its own): first the call's own leaves (the handle, the site, the optimizer's
   arrays, x), then the kept ones (the start, the limits), whose part of each block is made
