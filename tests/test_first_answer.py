@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import weakref
 
 import jax
@@ -189,7 +190,13 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_a_block_per_dtype(monk
   treedef, specs, _ = arguments.layout
   assert len(passed_blocks) == len({dtype for _, dtype in specs}) < len(specs) // 4
   own = {dtype for _, dtype in specs[: arguments.layout[2]]}  # the call's own leaves' dtypes
-  assert all(isinstance(b, jax.Array) != (b.dtype in own) for b in passed_blocks)
+  for block, before in zip(passed_blocks, passed[-2][1]):
+    if block.dtype not in own:  # kept values alone: a kept device array
+      assert isinstance(block, jax.Array) and block is before
+    elif block.size <= separate_lib._REPEATS:  # the handles and a fresh start's counters
+      assert isinstance(block, jax.Array) and block is before  # repeat: no transfer
+    else:  # x, new at each call
+      assert isinstance(block, np.ndarray)
   if host._buffer_callback is not None:
     assert counts["filler"] == nfev
   counts["trial"] = 0  # with jac=None the trace decides each time (finite differences or JAX's)
@@ -197,6 +204,18 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_a_block_per_dtype(monk
     with pytest.warns(UserWarning, match="forward difference"):
       hdm_optax.minimize(lambda x, a=make(seed): a(x)[0], np.zeros(5))
   assert counts["trial"] == 2
+
+
+def test_handles_are_the_lowest_free_keys_so_calls_one_after_another_repeat_them():
+  """A program's handle (its oracle's, its Ctrl-C watch's) is the lowest key not in use:
+  calls one after another pass the same one, a call inside another's a new one."""
+  from hdm_optax.driver import host
+
+  table, lock = {}, threading.Lock()
+  first = host.opened(table, "a", lock)
+  assert first == 1 and host.opened(table, "b", lock) == 2  # open at once: distinct
+  del table[first]
+  assert host.opened(table, "c", lock) == 1 and table == {1: "c", 2: "b"}
 
 
 @pytest.mark.parametrize("jac", [True, "callable"])

@@ -208,7 +208,14 @@ def watchable(dynamic) -> bool:
 
 
 def watched(
-  run: Callable[[Any], Any], callback, progress, *, watch: bool = False, key=None, view=None
+  run: Callable[[Any], Any],
+  callback,
+  progress,
+  *,
+  watch: bool = False,
+  key=None,
+  view=None,
+  ready: bool = False,
 ):
   """``run(handle)`` in a session of ``callback`` and ``progress``.
 
@@ -226,7 +233,7 @@ def watched(
   With ``watch`` (a program whose ``Program.watch`` is on; ``key`` names it and its shapes,
   :func:`hdm_optax.driver.interrupts.watching`) a SIGINT during the call stops the run and
   raises ``KeyboardInterrupt`` with the partial result, as does one seen by a callback's or
-  progress line's host call.
+  progress line's host call. ``ready``: ``run`` returns its result ready (it has waited).
   """
   staged = programs.staged()
   hook = None
@@ -238,7 +245,7 @@ def watched(
     with interrupts.catching(not staged and (watch or hook is not None)):
       with interrupts.watching(key) if watch else contextlib.nullcontext() as checks:
         result = run(Handle(hook, checks))
-        if hook is not None or checks is not None:  # the run is over: its errors are known
+        if not ready and (hook is not None or checks is not None):  # its errors known
           result = jax.block_until_ready(result)
         raised = None if hook is None else _SESSIONS[int(hook)].error
         if raised is not None:

@@ -23,7 +23,7 @@ try:
 except ImportError:  # a JAX before buffer callbacks
   _buffer_callback = None
 
-__all__ = ("Filler", "buffered", "call")
+__all__ = ("Filler", "buffered", "call", "opened")
 
 _BUFFERED = contextvars.ContextVar("hdm_optax_buffered", default=False)
 
@@ -66,6 +66,21 @@ class Filler:
   def entry(self) -> Callable[..., tuple]:
     """What the backend calls in a reloaded program: the context, the inputs, the outputs."""
     return lambda context, *args: self(context, args[self.inputs :], *args[: self.inputs]) or ()
+
+
+def opened(table: dict, value, lock) -> int:
+  """``value`` put in ``table`` under the lowest free key from 1, which is returned.
+
+  A program's host calls find their entry by this key, an argument of the program. Calls
+  one after another then pass the same key, so the argument repeats and its block stays on
+  the device (:class:`hdm_optax.driver.separate._Arguments`).
+  """
+  with lock:
+    key = 1
+    while key in table:
+      key += 1
+    table[key] = value
+  return key
 
 
 def _copied(node):

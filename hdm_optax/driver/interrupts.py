@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import signal
 import socket
 import threading
@@ -156,7 +155,7 @@ class _Watch:
 
 
 _WATCHES: dict = {}
-_IDS = itertools.count(1)
+_WATCHES_LOCK = threading.Lock()
 # The steps between checks that the last call of a program (and shapes) ended with.
 _LEARNED: dict = {}
 _LEARNED_MOST = 256
@@ -172,9 +171,8 @@ def watching(key):
   the separate path's, learns anew at each call). The last :data:`_LEARNED_MOST` keys are
   kept.
   """
-  ident = next(_IDS)
   steps = _LEARNED.get(key, 1) if key is not None else 1
-  _WATCHES[ident] = _Watch(key, steps)
+  ident = host.opened(_WATCHES, _Watch(key, steps), _WATCHES_LOCK)
   try:
     yield np.asarray([ident, steps], np.int32)
   finally:

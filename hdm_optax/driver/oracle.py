@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import threading
 from typing import Any, Callable, Optional
 
@@ -66,7 +65,6 @@ class _Entry:
 
 
 _ORACLES: dict = {}
-_HANDLES = itertools.count(1)
 _LOCK = threading.Lock()
 
 
@@ -79,9 +77,7 @@ def serving(oracle: Oracle):
   and the caller raises this exception instead).
   """
   entry = _Entry(oracle)
-  with _LOCK:
-    handle = next(_HANDLES)
-    _ORACLES[handle] = entry
+  handle = host.opened(_ORACLES, entry, _LOCK)
   try:
     yield np.int32(handle), entry
   finally:

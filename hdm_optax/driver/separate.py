@@ -229,11 +229,12 @@ def run(
   )
   compiled, oracle = program(statics, arguments.abstract, options, lambda: make_oracle(layout.on))
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
+  call = _direct(compiled)
 
   def run_(handle):
     with oracle_lib.serving(oracle) as (site, entry):
       try:
-        result = compiled(*arguments.blocks(fresh(handle, site)))
+        result = call(*arguments.blocks(fresh(handle, site)))
         result.value.block_until_ready()  # one execution's outputs: all ready, or its error
       except jax.errors.JaxRuntimeError:
         if entry.error is not None:
@@ -243,9 +244,22 @@ def run(
 
   # No key for the Ctrl-C checks' learned chunk: this program serves every objective of its
   # shapes, and a cheaper one's chunk would leave a dearer one's Ctrl-C unseen for seconds.
-  result = hooks.watched(run_, callback, progress, watch=program_.watch, key=None, view=view)
+  result = hooks.watched(
+    run_, callback, progress, watch=program_.watch, key=None, view=view, ready=True
+  )
   _save_unsaved()
   return result
+
+
+def _direct(compiled) -> Callable:
+  """``compiled``'s call without JAX's checks of its arguments, which :class:`_Arguments`
+  makes to its abstract values (where this JAX's compiled object has the parts; else
+  ``compiled``)."""
+  params = getattr(compiled, "_params", None)
+  call = getattr(getattr(params, "executable", None), "unsafe_call", None)
+  if call is None or getattr(params, "const_args", None) or getattr(params, "is_high", True):
+    return compiled
+  return lambda *blocks: jax.tree.unflatten(params.out_tree, call(*blocks))
 
 
 def _arguments(fresh, init_state, layout: Layout, method, limits, x0) -> "_Arguments":
@@ -293,6 +307,7 @@ class _Arguments:
   """
 
   def __init__(self, fresh, kept):
+    self._repeated: dict = {}
     leaves = jax.tree.leaves(fresh)
     kept_leaves = jax.tree.leaves(kept)
     specs = tuple((np.shape(x), jnp.result_type(x)) for x in leaves + kept_leaves)
@@ -320,8 +335,23 @@ class _Arguments:
       elif part is None:
         out.append(leaves[ours[0]])
       else:
-        out.append(np.concatenate([*(np.ravel(leaves[i]) for i in ours), part], dtype=dtype))
+        block = np.concatenate([*(np.ravel(leaves[i]) for i in ours), part], dtype=dtype)
+        out.append(self._on_device(len(out), block) if block.size <= _REPEATS else block)
     return out
+
+  def _on_device(self, index: int, block: np.ndarray) -> jax.Array:
+    """A small block, on the device: the one of the last call where the values repeat (the
+    counters of a fresh start, and the handles of calls one after another)."""
+    values = block.tobytes()
+    last = self._repeated.get(index)
+    if last is None or last[0] != values:
+      last = self._repeated[index] = (values, jax.device_put(block))
+    return last[1]
+
+
+# A block of the call's own leaves of at most this many entries is kept on the device while
+# its values repeat (:meth:`_Arguments._on_device`).
+_REPEATS = 64
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
