@@ -266,6 +266,8 @@ def _strong(x0, lower, upper, *tols):
 
   cast = lambda tree: jax.tree.map(strong, tree)
   scalar = lambda t: dtype.type(t) if isinstance(t, (int, float)) else cast(t)  # immutable
+  if isinstance(x0, np.ndarray) and lower is None and upper is None:  # no tree to walk
+    return (x0, None, None, *map(scalar, tols))
   return (cast(x0), cast(lower), cast(upper), *map(scalar, tols))
 
 
@@ -386,9 +388,10 @@ def _start_point(x0):
   """
   if isinstance(x0, jax.Array):
     return x0
-  leaves = jax.tree.leaves(x0)
-  numbers = all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in leaves)
-  if isinstance(x0, np.ndarray) or (isinstance(x0, (list, tuple, int, float)) and numbers):
+  number = lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
+  if isinstance(x0, np.ndarray) or (
+    isinstance(x0, (list, tuple, int, float)) and all(map(number, jax.tree.leaves(x0)))
+  ):
     x0 = np.atleast_1d(np.asarray(x0))
     if x0.dtype.kind in "iub":
       x0 = x0.astype(float)

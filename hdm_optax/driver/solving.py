@@ -30,6 +30,8 @@ def check_params(params, name: str = "init_params"):
   Raises:
     ValueError, TypeError: empty params, or leaves that are not floating point.
   """
+  if isinstance(params, np.ndarray) and params.dtype.kind == "f" and params.size:
+    return params  # one float array with entries: nothing to convert or refuse
   numbers = lambda x: isinstance(x, (int, float, np.number)) and not isinstance(x, bool)
   if isinstance(params, (list, tuple, int, float)) and all(map(numbers, jax.tree.leaves(params))):
     if jax.tree.leaves(params):
