@@ -644,3 +644,23 @@ def test_only_a_small_fresh_start_is_kept_between_calls(monkeypatch):
   res = hdm_optax.minimize(fun, np.zeros(5), jac=True)
   np.testing.assert_allclose(res.x, 1.0, atol=1e-6)
   assert kept_starts() == []
+
+
+def test_a_numpy_fun_that_writes_into_x_changes_nothing_of_the_run():
+  """SciPy's ``fun`` may write into the x it is given; the program's buffers, which a host
+  call reads without copying, are not that x."""
+  a = np.random.default_rng(3).normal(size=(30, 5))
+
+  def clean(x):
+    r = a @ x - 1.0
+    return float(r @ r), 2 * a.T @ r
+
+  def scribbles(x):
+    out = clean(x)
+    x[:] = 1e9  # after computing: a fun that reuses its argument as scratch
+    return out
+
+  want = hdm_optax.minimize(clean, np.zeros(5), jac=True)
+  got = hdm_optax.minimize(scribbles, np.zeros(5), jac=True)
+  np.testing.assert_array_equal(got.x, want.x)
+  assert (got.nfev, got.fun) == (want.nfev, want.fun)

@@ -95,6 +95,10 @@ class Site:
 
   __slots__ = ("kind", "shapes", "dtype")
 
+  # It keeps nothing of its inputs past the call (a NumPy objective gets a copy of x, a JAX
+  # one's program its own buffers): a buffer callback passes it the program's buffers.
+  reads_only = True
+
   def __init__(self, kind: str, shapes: tuple, dtype: str):
     self.kind, self.shapes, self.dtype = kind, tuple(map(tuple, shapes)), str(dtype)
 
