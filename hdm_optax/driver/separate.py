@@ -339,12 +339,17 @@ class _Arguments:
         out.append(self._on_device(len(out), block) if block.size <= _REPEATS else block)
     return out
 
-  def _on_device(self, index: int, block: np.ndarray) -> jax.Array:
-    """A small block, on the device: the one of the last call where the values repeat (the
-    counters of a fresh start, and the handles of calls one after another)."""
+  def _on_device(self, index: int, block: np.ndarray):
+    """A small block as the last call's device array where its values repeat (the counters
+    of a fresh start, and the handles of calls one after another); else as it is, for the
+    call to transfer (a block seen once, as in arguments made for one call, is not put on
+    the device apart)."""
     values = block.tobytes()
     last = self._repeated.get(index)
     if last is None or last[0] != values:
+      self._repeated[index] = (values, None)
+      return block
+    if last[1] is None:
       last = self._repeated[index] = (values, jax.device_put(block))
     return last[1]
 
