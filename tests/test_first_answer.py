@@ -246,6 +246,53 @@ def test_later_calls_take_jax_s_cpp_dispatch_and_still_raise_what_fun_raised(mon
   assert hdm_optax.minimize(make(8), np.zeros(5), jac=True).success  # the program still serves
 
 
+def test_the_fused_program_s_later_calls_take_jax_s_cpp_dispatch_and_keep_its_hooks(monkeypatch):
+  """A repeated JAX objective moves to the fused program, which calls the host for its
+  hooks (Ctrl-C, a callback): after its first call it is called on JAX's C++ dispatch too,
+  and a callback's error there still stops the run with the result so far."""
+  from jax._src.interpreters import pxla
+
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(30, 5)))
+
+  def fun(w, a):
+    return jnp.mean(jnp.logaddexp(0.0, -(a @ w))) + 1e-3 * jnp.sum(w**2)
+
+  def solve(callback=None, tol=0.0):
+    return hdm_optax.solve(
+      hdm_optax.trial_lbfgs(),
+      fun,
+      jnp.zeros(5),
+      fun_args=(a,),
+      max_steps=5,
+      tol=tol,
+      callback=callback,
+    )
+
+  for _ in range(separate_lib.SEPARATE_RUNS + 2):
+    solve()
+  seen = []
+  solve(callback=seen.append)  # the program with a callback, on its checked first call
+  python_path = []
+  execute = pxla.ExecuteReplicated.__call__
+  monkeypatch.setattr(
+    pxla.ExecuteReplicated,
+    "__call__",
+    lambda self, *args: python_path.append(self.name) or execute(self, *args),
+  )
+  assert int(solve().num_steps) == 5
+  if not hasattr(pxla.MeshExecutable, "create_cpp_call"):
+    pytest.skip("this JAX's compiled objects have no C++ call")
+  assert python_path == []
+
+  def halt(snapshot):
+    if int(snapshot.num_steps) == 2:
+      raise RuntimeError("halt on purpose")
+
+  with pytest.raises(RuntimeError, match="on purpose") as raised:
+    solve(callback=halt)
+  assert python_path == [] and int(raised.value.result.num_steps) >= 2
+
+
 def test_handles_are_the_lowest_free_keys_so_calls_one_after_another_repeat_them():
   """A program's handle (its oracle's, its Ctrl-C watch's) is the lowest key not in use:
   calls one after another pass the same one, a call inside another's a new one."""

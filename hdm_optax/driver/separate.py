@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import functools
 import math
-import weakref
 from typing import Any, Callable, Optional
 
 import jax
@@ -230,7 +229,7 @@ def run(
   )
   compiled, oracle = program(statics, arguments.abstract, options, lambda: make_oracle(layout.on))
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
-  call = _direct(compiled)
+  call = compiled_lib.dispatched(compiled)
 
   def run_(handle):
     with oracle_lib.serving(oracle) as (site, entry):
@@ -250,40 +249,6 @@ def run(
   )
   _save_unsaved()
   return result
-
-
-def _direct(compiled) -> Callable:
-  """``compiled``'s call on JAX's C++ dispatch, kept while ``compiled`` lives.
-
-  JAX gives a compiled program that calls the host only its Python path (tens of
-  microseconds an argument, and the callbacks' runtime tokens), though ``jax.jit`` calls
-  such programs on its C++ path. The method's program has no effects (its host calls
-  are pure), and the run waits for its outputs, which come after every host call: the
-  C++ call is made here as for a program without host calls. Its cache keys on the
-  arguments' abstract values, and a new key takes the checked Python path. Where this
-  JAX's compiled object lacks the parts, ``compiled`` itself.
-  """
-  call = _CALLS.get(compiled)
-  if call is None:
-    call = _CALLS[compiled] = _cpp_call(compiled) or compiled
-  return call
-
-
-_CALLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def _cpp_call(compiled) -> Optional[Callable]:
-  executable, params = getattr(compiled, "_executable", None), getattr(compiled, "_params", None)
-  execute = getattr(getattr(params, "executable", None), "unsafe_call", None)
-  if not hasattr(executable, "create_cpp_call") or not hasattr(execute, "has_host_callbacks"):
-    return None
-  if getattr(execute, "ordered_effects", True) or getattr(execute, "has_unordered_effects", True):
-    return None
-  execute.has_host_callbacks = False  # read by create_cpp_call alone
-  try:
-    return executable.create_cpp_call(params)
-  finally:
-    execute.has_host_callbacks = True
 
 
 def _arguments(fresh, init_state, layout: Layout, method, limits, x0) -> "_Arguments":
