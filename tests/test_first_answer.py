@@ -206,6 +206,93 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_a_block_per_dtype(monk
   assert counts["trial"] == 2
 
 
+def test_later_calls_take_jax_s_cpp_dispatch_and_still_raise_what_fun_raised(monkeypatch):
+  """The method's program calls the host, which JAX's compiled objects serve on its Python
+  path alone; calls of the same shapes after the first take the C++ dispatch (which
+  ``jax.jit`` uses for such programs), and an error of ``fun`` on that path is still the
+  user's, named, not XLA's."""
+  from jax._src.interpreters import pxla
+
+  def make(seed, fail_at=None):
+    a = np.random.default_rng(seed).normal(size=(30, 5))
+    calls = []
+
+    def fun(x):
+      calls.append(1)
+      if len(calls) == fail_at:
+        raise ValueError("fun failed on purpose")
+      r = a @ x - 1.0
+      return float(r @ r), 2 * a.T @ r
+
+    return fun
+
+  for seed in range(3):
+    hdm_optax.minimize(make(seed), np.zeros(5), jac=True)
+  python_path = []
+  execute = pxla.ExecuteReplicated.__call__
+  monkeypatch.setattr(
+    pxla.ExecuteReplicated,
+    "__call__",
+    lambda self, *args: python_path.append(self.name) or execute(self, *args),
+  )
+  results = [hdm_optax.minimize(make(seed), np.zeros(5), jac=True) for seed in range(3, 7)]
+  assert all(r.success and r.nfev > 3 for r in results)
+  if not hasattr(pxla.MeshExecutable, "create_cpp_call"):
+    pytest.skip("this JAX's compiled objects have no C++ call")
+  assert python_path == []
+  with pytest.raises(ValueError, match="on purpose"):
+    hdm_optax.minimize(make(7, fail_at=3), np.zeros(5), jac=True)
+  assert python_path == []
+  assert hdm_optax.minimize(make(8), np.zeros(5), jac=True).success  # the program still serves
+
+
+def test_the_fused_program_s_later_calls_take_jax_s_cpp_dispatch_and_keep_its_hooks(monkeypatch):
+  """A repeated JAX objective moves to the fused program, which calls the host for its
+  hooks (Ctrl-C, a callback): after its first call it is called on JAX's C++ dispatch too,
+  and a callback's error there still stops the run with the result so far."""
+  from jax._src.interpreters import pxla
+
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(30, 5)))
+
+  def fun(w, a):
+    return jnp.mean(jnp.logaddexp(0.0, -(a @ w))) + 1e-3 * jnp.sum(w**2)
+
+  def solve(callback=None, tol=0.0):
+    return hdm_optax.solve(
+      hdm_optax.trial_lbfgs(),
+      fun,
+      jnp.zeros(5),
+      fun_args=(a,),
+      max_steps=5,
+      tol=tol,
+      callback=callback,
+    )
+
+  for _ in range(separate_lib.SEPARATE_RUNS + 2):
+    solve()
+  seen = []
+  solve(callback=seen.append)  # the program with a callback, on its checked first call
+  python_path = []
+  execute = pxla.ExecuteReplicated.__call__
+  monkeypatch.setattr(
+    pxla.ExecuteReplicated,
+    "__call__",
+    lambda self, *args: python_path.append(self.name) or execute(self, *args),
+  )
+  assert int(solve().num_steps) == 5
+  if not hasattr(pxla.MeshExecutable, "create_cpp_call"):
+    pytest.skip("this JAX's compiled objects have no C++ call")
+  assert python_path == []
+
+  def halt(snapshot):
+    if int(snapshot.num_steps) == 2:
+      raise RuntimeError("halt on purpose")
+
+  with pytest.raises(RuntimeError, match="on purpose") as raised:
+    solve(callback=halt)
+  assert python_path == [] and int(raised.value.result.num_steps) >= 2
+
+
 def test_handles_are_the_lowest_free_keys_so_calls_one_after_another_repeat_them():
   """A program's handle (its oracle's, its Ctrl-C watch's) is the lowest key not in use:
   calls one after another pass the same one, a call inside another's a new one."""

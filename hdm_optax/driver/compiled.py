@@ -14,6 +14,7 @@ import collections
 import functools
 import os
 import threading
+import weakref
 from typing import Any, Callable, Hashable
 
 import jax
@@ -26,6 +27,7 @@ __all__ = (
   "abstract_of",
   "cache_size",
   "clear_caches",
+  "dispatched",
   "lookup",
   "prepare",
   "set_cache_size",
@@ -97,6 +99,41 @@ def abstract(tree) -> tuple:
   """``tree``'s structure and the abstract value of each leaf, as a key."""
   leaves, treedef = jax.tree.flatten(tree)
   return (treedef, tuple(map(_leaf_key, leaves)))
+
+
+def dispatched(program) -> Callable:
+  """``program``'s call on JAX's C++ dispatch, kept while ``program`` lives.
+
+  JAX calls a compiled program that calls the host on its Python path alone (its
+  arguments handled one by one, tens of microseconds each, and runtime tokens for the host
+  calls), though ``jax.jit`` calls such programs on its C++ path. The front doors'
+  programs make pure host calls (no effects) and their runs wait for their outputs, which
+  come after every host call: their C++ call is made as for a program without host calls.
+  Its cache keys on the arguments' abstract values; a new key takes the checked Python
+  path. A program with effects, or where this JAX's compiled object lacks the parts, is
+  called as it is.
+  """
+  call = _CALLS.get(program)
+  if call is None:
+    call = _CALLS[program] = _cpp_call(program) or program
+  return call
+
+
+_CALLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _cpp_call(program):
+  executable, params = getattr(program, "_executable", None), getattr(program, "_params", None)
+  execute = getattr(getattr(params, "executable", None), "unsafe_call", None)
+  if not hasattr(executable, "create_cpp_call") or not hasattr(execute, "has_host_callbacks"):
+    return None
+  if getattr(execute, "ordered_effects", True) or getattr(execute, "has_unordered_effects", True):
+    return None
+  execute.has_host_callbacks = False  # read by create_cpp_call alone
+  try:
+    return executable.create_cpp_call(params)
+  finally:
+    execute.has_host_callbacks = True
 
 
 def lookup(key: Hashable, build: Callable[[], Any]) -> Any:

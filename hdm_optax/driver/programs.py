@@ -824,4 +824,5 @@ def call(entry: Callable, statics: tuple, dynamic: tuple, *, handle, traced: boo
     return jitted(entry)(*statics, *dynamic)
   options = compiler_options(dynamic)
   build = lambda: jitted(entry).lower(*statics, *dynamic).compile(options or None)
-  return compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)(*dynamic)
+  program = compiled_lib.lookup(key or program_key(entry, statics, dynamic), build)
+  return compiled_lib.dispatched(program)(*dynamic)

@@ -229,7 +229,7 @@ def run(
   )
   compiled, oracle = program(statics, arguments.abstract, options, lambda: make_oracle(layout.on))
   view = (lambda blocks: _blocks.unpack(blocks, x0)) if layout.on else None
-  call = _direct(compiled)
+  call = compiled_lib.dispatched(compiled)
 
   def run_(handle):
     with oracle_lib.serving(oracle) as (site, entry):
@@ -249,17 +249,6 @@ def run(
   )
   _save_unsaved()
   return result
-
-
-def _direct(compiled) -> Callable:
-  """``compiled``'s call without JAX's checks of its arguments, which :class:`_Arguments`
-  makes to its abstract values (where this JAX's compiled object has the parts; else
-  ``compiled``)."""
-  params = getattr(compiled, "_params", None)
-  call = getattr(getattr(params, "executable", None), "unsafe_call", None)
-  if call is None or getattr(params, "const_args", None) or getattr(params, "is_high", True):
-    return compiled
-  return lambda *blocks: jax.tree.unflatten(params.out_tree, call(*blocks))
 
 
 def _arguments(fresh, init_state, layout: Layout, method, limits, x0) -> "_Arguments":
