@@ -293,6 +293,35 @@ def test_the_fused_program_s_later_calls_take_jax_s_cpp_dispatch_and_keep_its_ho
   assert python_path == [] and int(raised.value.result.num_steps) >= 2
 
 
+def test_dispatched_leaves_each_executable_as_it_found_it_and_builds_once_under_threads():
+  """The C++ call is built with the executable's host-call flag set aside: the flag is put
+  back as it was (a program without host calls keeps its own C++ call), and threads that ask
+  at once share one build."""
+  plain = jax.jit(lambda x: x + 1.0).lower(jnp.zeros(3)).compile()
+  sine = lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+  host = jax.jit(sine).lower(jnp.zeros(3)).compile()
+  flags = {}
+  for name, program in (("plain", plain), ("host", host)):
+    execute = getattr(getattr(program._params, "executable", None), "unsafe_call", None)
+    if not hasattr(execute, "has_host_callbacks"):
+      pytest.skip("this JAX's compiled objects have no host-call flag")
+    flags[name] = (execute, execute.has_host_callbacks)
+  assert flags["plain"][1] is False and flags["host"][1] is True
+  calls = []
+  threads = [
+    threading.Thread(target=lambda: calls.append(compiled_lib.dispatched(host))) for _ in range(8)
+  ]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert len(calls) == 8 and all(call is calls[0] for call in calls)
+  np.testing.assert_array_equal(compiled_lib.dispatched(plain)(jnp.zeros(3)), np.ones(3))
+  for _ in range(2):
+    np.testing.assert_allclose(calls[0](jnp.ones(3)), np.sin(np.ones(3)))
+  assert all(execute.has_host_callbacks is flag for execute, flag in flags.values())
+
+
 def test_handles_are_the_lowest_free_keys_so_calls_one_after_another_repeat_them():
   """A program's handle (its oracle's, its Ctrl-C watch's) is the lowest key not in use:
   calls one after another pass the same one, a call inside another's a new one."""

@@ -115,11 +115,15 @@ def dispatched(program) -> Callable:
   """
   call = _CALLS.get(program)
   if call is None:
-    call = _CALLS[program] = _cpp_call(program) or program
+    with _CALLS_LOCK:  # one build per program: the flag below is the executable's own
+      call = _CALLS.get(program)
+      if call is None:
+        call = _CALLS[program] = _cpp_call(program) or program
   return call
 
 
 _CALLS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_CALLS_LOCK = threading.Lock()
 
 
 def _cpp_call(program):
@@ -129,11 +133,11 @@ def _cpp_call(program):
     return None
   if getattr(execute, "ordered_effects", True) or getattr(execute, "has_unordered_effects", True):
     return None
-  execute.has_host_callbacks = False  # read by create_cpp_call alone
+  host_calls, execute.has_host_callbacks = execute.has_host_callbacks, False  # read once, here
   try:
     return executable.create_cpp_call(params)
   finally:
-    execute.has_host_callbacks = True
+    execute.has_host_callbacks = host_calls
 
 
 def lookup(key: Hashable, build: Callable[[], Any]) -> Any:
