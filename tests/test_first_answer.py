@@ -206,12 +206,31 @@ def test_a_numpy_fun_s_later_calls_trace_nothing_and_pass_a_block_per_dtype(monk
   assert counts["trial"] == 2
 
 
+def _python_path_executions(monkeypatch) -> list:
+  """The names of the programs JAX executes on its Python path from now on (a C++ call of
+  a compiled program does not pass there)."""
+  from jax._src.interpreters import pxla
+
+  names, execute = [], pxla.ExecuteReplicated.__call__
+  monkeypatch.setattr(
+    pxla.ExecuteReplicated,
+    "__call__",
+    lambda self, *args: names.append(self.name) or execute(self, *args),
+  )
+  return names
+
+
+def _has_cpp_calls() -> bool:
+  from jax._src.interpreters import pxla
+
+  return hasattr(pxla.MeshExecutable, "create_cpp_call")
+
+
 def test_later_calls_take_jax_s_cpp_dispatch_and_still_raise_what_fun_raised(monkeypatch):
   """The method's program calls the host, which JAX's compiled objects serve on its Python
   path alone; calls of the same shapes after the first take the C++ dispatch (which
   ``jax.jit`` uses for such programs), and an error of ``fun`` on that path is still the
   user's, named, not XLA's."""
-  from jax._src.interpreters import pxla
 
   def make(seed, fail_at=None):
     a = np.random.default_rng(seed).normal(size=(30, 5))
@@ -228,16 +247,10 @@ def test_later_calls_take_jax_s_cpp_dispatch_and_still_raise_what_fun_raised(mon
 
   for seed in range(3):
     hdm_optax.minimize(make(seed), np.zeros(5), jac=True)
-  python_path = []
-  execute = pxla.ExecuteReplicated.__call__
-  monkeypatch.setattr(
-    pxla.ExecuteReplicated,
-    "__call__",
-    lambda self, *args: python_path.append(self.name) or execute(self, *args),
-  )
+  python_path = _python_path_executions(monkeypatch)
   results = [hdm_optax.minimize(make(seed), np.zeros(5), jac=True) for seed in range(3, 7)]
   assert all(r.success and r.nfev > 3 for r in results)
-  if not hasattr(pxla.MeshExecutable, "create_cpp_call"):
+  if not _has_cpp_calls():
     pytest.skip("this JAX's compiled objects have no C++ call")
   assert python_path == []
   with pytest.raises(ValueError, match="on purpose"):
@@ -250,8 +263,6 @@ def test_the_fused_program_s_later_calls_take_jax_s_cpp_dispatch_and_keep_its_ho
   """A repeated JAX objective moves to the fused program, which calls the host for its
   hooks (Ctrl-C, a callback): after its first call it is called on JAX's C++ dispatch too,
   and a callback's error there still stops the run with the result so far."""
-  from jax._src.interpreters import pxla
-
   a = jnp.asarray(np.random.default_rng(0).normal(size=(30, 5)))
 
   def fun(w, a):
@@ -272,15 +283,9 @@ def test_the_fused_program_s_later_calls_take_jax_s_cpp_dispatch_and_keep_its_ho
     solve()
   seen = []
   solve(callback=seen.append)  # the program with a callback, on its checked first call
-  python_path = []
-  execute = pxla.ExecuteReplicated.__call__
-  monkeypatch.setattr(
-    pxla.ExecuteReplicated,
-    "__call__",
-    lambda self, *args: python_path.append(self.name) or execute(self, *args),
-  )
+  python_path = _python_path_executions(monkeypatch)
   assert int(solve().num_steps) == 5
-  if not hasattr(pxla.MeshExecutable, "create_cpp_call"):
+  if not _has_cpp_calls():
     pytest.skip("this JAX's compiled objects have no C++ call")
   assert python_path == []
 

@@ -104,14 +104,13 @@ def abstract(tree) -> tuple:
 def dispatched(program) -> Callable:
   """``program``'s call on JAX's C++ dispatch, kept while ``program`` lives.
 
-  JAX calls a compiled program that calls the host on its Python path alone (its
-  arguments handled one by one, tens of microseconds each, and runtime tokens for the host
-  calls), though ``jax.jit`` calls such programs on its C++ path. The front doors'
-  programs make pure host calls (no effects) and their runs wait for their outputs, which
-  come after every host call: their C++ call is made as for a program without host calls.
-  Its cache keys on the arguments' abstract values; a new key takes the checked Python
-  path. A program with effects, or where this JAX's compiled object lacks the parts, is
-  called as it is.
+  JAX calls a compiled program that calls the host on its Python path alone (each
+  argument handled in Python, and runtime tokens for the host calls), though ``jax.jit``
+  calls such programs on its C++ path. The front doors' programs make pure host calls (no
+  effects) and their runs wait for their outputs, which come after every host call: their
+  C++ call is made as for a program without host calls. Its cache keys on the arguments'
+  abstract values; a new key takes the checked Python path. A program with effects, or
+  where this JAX's compiled object lacks the parts, is called as it is.
   """
   call = _CALLS.get(program)
   if call is None:
