@@ -2,6 +2,7 @@
 its own (docs/speed.md, "The first answer"), the bounded program cache and the store."""
 
 import contextlib
+import contextvars
 import gc
 import json
 import os
@@ -21,6 +22,7 @@ import pytest
 import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import interrupts
+from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import separate as separate_lib
 from hdm_optax.driver import solving
@@ -643,6 +645,74 @@ def test_a_numpy_funs_error_is_raised_as_itself():
     hdm_optax.minimize(fun, np.zeros(3), jac=True)
   res = hdm_optax.minimize(lambda x: (float(np.sum(x**2)), 2 * x), np.ones(3), jac=True)
   assert res.success  # the oracle's table is clean after the error
+
+
+_CALLERS = contextvars.ContextVar("hdm_optax_test_callers", default="unset")
+
+
+def test_a_host_call_from_another_thread_runs_in_the_caller_s_context():
+  """The oracle's host call runs the user's code in the context its run was opened in, from
+  whichever thread XLA makes it; from the calling thread, as it is."""
+  seen = []
+
+  class Recording(oracle_lib.Oracle):
+    def value_and_grad(self, leaves):
+      seen.append((_CALLERS.get(), np.geterr()["over"], threading.get_ident()))
+      return 0.0, [np.zeros_like(x) for x in leaves]
+
+  site = oracle_lib.Site("value_and_grad", ((3,),), "float64")
+  token = _CALLERS.set("the caller's")
+  try:
+    with np.errstate(over="raise"), oracle_lib.serving(Recording()) as (handle, _):
+      site(handle, np.zeros(3))
+      worker = threading.Thread(target=site, args=(handle, np.zeros(3)))
+      worker.start()
+      worker.join()
+  finally:
+    _CALLERS.reset(token)
+  assert [s[:2] for s in seen] == [("the caller's", "raise")] * 2
+  assert seen[0][2] == threading.get_ident() != seen[1][2]
+
+
+def _numpy_quartic(n: int, calls: list):
+  target = np.random.default_rng(0).normal(size=n)
+
+  def fun(x):
+    calls.append((_CALLERS.get(), threading.get_ident()))
+    r = np.asarray(x) - target
+    return 0.5 * float(r @ r) + 0.25 * float(np.sum(r**4)), r + r**3
+
+  return fun
+
+
+# At this size XLA splits the method's kernels over its threads, and the host calls after
+# such a kernel come from one of them (on a machine of two cores or more).
+_SPLIT_OVER_THREADS = 20_000
+
+
+def test_a_numpy_fun_and_callback_see_the_caller_s_context_on_xla_s_threads():
+  """SciPy calls ``fun`` and ``callback`` in the caller's thread: what the caller set in its
+  context (``np.errstate``, a ``ContextVar``) holds in them here too."""
+  calls, seen = [], []
+  fun = _numpy_quartic(_SPLIT_OVER_THREADS, calls)
+  token = _CALLERS.set("the caller's")
+  try:
+    hdm_optax.minimize(
+      fun, np.zeros(_SPLIT_OVER_THREADS), jac=True, callback=lambda r: seen.append(_CALLERS.get())
+    )
+  finally:
+    _CALLERS.reset(token)
+  assert len(calls) > 3 and seen
+  assert {c for c, _ in calls} | set(seen) == {"the caller's"}
+
+  def overflows(x):  # past the trace and the first calls
+    if len(calls) == 8:
+      return np.float64(1e308) * 10.0, np.zeros_like(x)
+    return fun(x)
+
+  calls.clear()
+  with np.errstate(over="raise"), pytest.raises(FloatingPointError, match="overflow"):
+    hdm_optax.minimize(overflows, np.zeros(_SPLIT_OVER_THREADS), jac=True)
 
 
 def test_a_callback_on_the_separate_path_sees_the_params_layout():

@@ -134,6 +134,7 @@ class _Session:
 
   def __init__(self, callback, progress, staged, view):
     self.callback, self.progress, self.staged, self.view = callback, progress, staged, view
+    self.caller = None if staged else host.Caller()  # a staged run's caller is not known
     self.members = 0
     self.table: dict = {}
     self.error: Optional[BaseException] = None
@@ -296,7 +297,10 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   params = jax.tree.map(np.asarray, params if current.view is None else current.view(params))
   snapshot = Snapshot(params=params, **merged)
   try:
-    halt = bool(current.callback(snapshot))
+    caller = current.caller
+    halt = bool(
+      current.callback(snapshot) if caller is None else caller.run(current.callback, snapshot)
+    )
   except StopIteration:
     halt = True
   except BaseException as err:  # pylint: disable=broad-except

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from typing import Any, Callable
 
 import jax
@@ -23,7 +24,7 @@ try:
 except ImportError:  # a JAX before buffer callbacks
   _buffer_callback = None
 
-__all__ = ("Filler", "buffered", "call", "opened")
+__all__ = ("Caller", "Filler", "buffered", "call", "opened")
 
 _BUFFERED = contextvars.ContextVar("hdm_optax_buffered", default=False)
 
@@ -67,6 +68,32 @@ class Filler:
   def entry(self) -> Callable[..., tuple]:
     """What the backend calls in a reloaded program: the context, the inputs, the outputs."""
     return lambda context, *args: self(context, args[self.inputs :], *args[: self.inputs]) or ()
+
+
+class Caller:
+  """The thread that opened a run's host entry (an oracle, a callback's session) and its
+  ``contextvars`` context at that moment.
+
+  XLA makes a program's host calls from whichever of its threads runs the program at that
+  point: the calling thread, or one of its intra-op threads once a kernel has been split
+  over them (large problems). :meth:`run` calls the user's code there in the caller's
+  context, so that what the caller set through context variables (``np.errstate``, a
+  ``decimal`` context, any ``ContextVar``) holds as in the caller's own thread. Values of a
+  ``threading.local`` and objects bound to a thread (a ``sqlite3`` connection) stay the
+  calling thread's.
+  """
+
+  __slots__ = ("thread", "context")
+
+  def __init__(self):
+    self.thread, self.context = threading.get_ident(), contextvars.copy_context()
+
+  def run(self, fn: Callable[..., Any], *args) -> Any:
+    """``fn(*args)``: at once in the calling thread, else in a copy of the caller's context
+    (a copy per call, since XLA may make two calls at once)."""
+    if threading.get_ident() == self.thread:
+      return fn(*args)
+    return self.context.copy().run(fn, *args)
 
 
 def opened(table: dict, value, lock) -> int:

@@ -55,12 +55,13 @@ class Oracle:
 
 
 class _Entry:
-  """An open oracle and the first exception it raised (re-raised by the front door)."""
+  """An open oracle, its :class:`~hdm_optax.driver.host.Caller` and the first exception it
+  raised (re-raised by the front door)."""
 
-  __slots__ = ("oracle", "error")
+  __slots__ = ("oracle", "caller", "error")
 
   def __init__(self, oracle: Oracle):
-    self.oracle = oracle
+    self.oracle, self.caller = oracle, host.Caller()
     self.error: Optional[BaseException] = None
 
 
@@ -124,9 +125,9 @@ class Site:
     try:
       leaves = [np.asarray(x) for x in leaves]
       if self.kind == "value":
-        outputs = (entry.oracle.value(leaves),)
+        outputs = (entry.caller.run(entry.oracle.value, leaves),)
       else:
-        value, grads = entry.oracle.value_and_grad(leaves)
+        value, grads = entry.caller.run(entry.oracle.value_and_grad, leaves)
         outputs = (value, *grads)
     except BaseException as error:  # pylint: disable=broad-except
       if entry.error is None:
