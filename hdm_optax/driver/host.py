@@ -90,7 +90,7 @@ class Caller:
 
   def run(self, fn: Callable[..., Any], *args) -> Any:
     """``fn(*args)``: at once in the calling thread, else in a copy of the caller's context
-    (a copy per call, since XLA may make two calls at once)."""
+    (a copy per call: a context is entered by one thread at a time)."""
     if threading.get_ident() == self.thread:
       return fn(*args)
     return self.context.copy().run(fn, *args)
