@@ -47,8 +47,9 @@ NOT_THE_SAME_CONTRACT = {
   "status_codes": "SciPy's L-BFGS-B status codes and messages (99 and '`callback` raised "
   "`StopIteration`'; 'STOP: TOTAL NO. OF ITERATIONS REACHED LIMIT'): the result's status is "
   "a hdm_optax.Status (STOPPED = 3, MAX_STEPS = 1) with its own message",
-  "thread_local": "the test counts calls in a threading.local: a NumPy fun may run on one "
-  "of XLA's threads, whose counts the test's thread does not see",
+  "thread_local": "the test counts calls in a threading.local, whose counts the test's thread "
+  "does not see where a NumPy fun runs on one of XLA's threads; in the test's thread too the "
+  "count has one call more than nfev: minimize's trace of fun with abstract values",
   "thread_local_sometimes": "the test counts calls in a threading.local: a NumPy fun is "
   "called from the method's program, which XLA may run on another thread than the test's "
   "(some runs pass)",
