@@ -296,7 +296,6 @@ class _Arguments:
   """
 
   def __init__(self, fresh, kept):
-    self._repeated: dict = {}
     leaves = jax.tree.leaves(fresh)
     kept_leaves = jax.tree.leaves(kept)
     specs = tuple((np.shape(x), jnp.result_type(x)) for x in leaves + kept_leaves)
@@ -325,27 +324,8 @@ class _Arguments:
         out.append(leaves[ours[0]])
       else:
         block = np.concatenate([*(np.ravel(leaves[i]) for i in ours), part], dtype=dtype)
-        out.append(self._on_device(len(out), block) if block.size <= _REPEATS else block)
+        out.append(block)
     return out
-
-  def _on_device(self, index: int, block: np.ndarray):
-    """A small block as the last call's device array where its values repeat (the counters
-    of a fresh start, and the handles of calls one after another); else as it is, for the
-    call to transfer (a block seen once, as in arguments made for one call, is not put on
-    the device apart)."""
-    values = block.tobytes()
-    last = self._repeated.get(index)
-    if last is None or last[0] != values:
-      self._repeated[index] = (values, None)
-      return block
-    if last[1] is None:
-      last = self._repeated[index] = (values, jax.device_put(block))
-    return last[1]
-
-
-# A block of the call's own leaves of at most this many entries is kept on the device while
-# its values repeat (:meth:`_Arguments._on_device`).
-_REPEATS = 64
 
 
 def _to_user(result, layout: Layout, optimizer, x0):
