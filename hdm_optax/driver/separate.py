@@ -323,8 +323,7 @@ class _Arguments:
       elif part is None:
         out.append(leaves[ours[0]])
       else:
-        block = np.concatenate([*(np.ravel(leaves[i]) for i in ours), part], dtype=dtype)
-        out.append(block)
+        out.append(np.concatenate([*(np.ravel(leaves[i]) for i in ours), part], dtype=dtype))
     return out
 
 
