@@ -33,6 +33,10 @@ RNG = np.random.default_rng(0)
 A = jnp.asarray(RNG.standard_normal((400, 20)))
 Y = jnp.asarray(np.sign(RNG.standard_normal(400)))
 LONG = 100_000_000
+# A terminal's process: Python's own SIGINT handler. A process started in the background by a
+# non-interactive shell (``pytest ... &``) inherits SIGINT ignored, which the library leaves
+# alone, as it leaves any handler of the user's.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def fun(w, a, y):

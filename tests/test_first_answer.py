@@ -474,6 +474,7 @@ def test_a_new_process_loads_the_method_program_from_the_store(tmp_path):
 
 _EXIT_PREAMBLE = """
 import atexit, os, signal, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (interrupt_worker.py)
 import jax, jax.stages
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp, hdm_optax
