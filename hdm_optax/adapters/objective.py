@@ -150,6 +150,12 @@ def _put_back(arrangement, dynamic):
   return jax.tree.unflatten(treedef, [next(given) if s is None else s for s in statics])
 
 
+def _host_value(value) -> float:
+  """``fun``'s value on the host as a Python float, checked as :func:`_scalar` checks it (a
+  vector gets the same message whatever x0's shape)."""
+  return float(_scalar(value, np.float64, np))
+
+
 def _forward_differences(fun, x, eps):
   """SciPy L-BFGS-B's gradient for ``jac=None``: ``(f(x + h e_i) - f(x)) / h``, h = ``eps``."""
   if not isinstance(x, np.ndarray):
@@ -157,14 +163,14 @@ def _forward_differences(fun, x, eps):
       "finite differences (jac=None with a fun JAX cannot trace) need x0 as one array; "
       "pass jac= or write fun with jax.numpy."
     )
-  value = float(np.asarray(fun(x)).reshape(()))
+  value = _host_value(fun(x))
   grad = np.empty(x.size)
   flat = x.ravel()
   steps = np.broadcast_to(np.asarray(eps, np.float64), flat.shape)
   for i in range(flat.size):
     moved = flat.copy()
     moved[i] += steps[i]
-    grad[i] = (float(np.asarray(fun(moved.reshape(x.shape))).reshape(())) - value) / steps[i]
+    grad[i] = (_host_value(fun(moved.reshape(x.shape))) - value) / steps[i]
   return value, grad.reshape(x.shape)
 
 
