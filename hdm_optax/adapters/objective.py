@@ -157,20 +157,35 @@ def _host_value(value) -> float:
 
 
 def _forward_differences(fun, x, eps):
-  """SciPy L-BFGS-B's gradient for ``jac=None``: ``(f(x + h e_i) - f(x)) / h``, h = ``eps``."""
+  r"""SciPy L-BFGS-B's gradient for ``jac=None``: ``(f(x + h_i e_i) - f(x)) / dx_i``.
+
+  As SciPy's ``approx_derivative``: ``h_i`` is the absolute step ``eps``, or, where that
+  does not move ``x_i`` in x's dtype (a large ``|x_i|``), the relative step
+  :math:`r_i = \sqrt{\epsilon}\max(1, |x_i|)` with ``x_i``'s sign (:math:`\epsilon` of x's
+  dtype); ``dx_i`` is the step as x's dtype holds it. For an x of less than 64 bits (JAX's
+  32-bit mode) ``h_i`` is the larger of ``eps`` and :math:`r_i`: SciPy's ``eps`` is float64's
+  :math:`\sqrt{\epsilon}`, and a step below float32's moves f by less than its rounding, so
+  the difference would read a zero gradient, a false convergence.
+  """
   if not isinstance(x, np.ndarray):
     raise TypeError(
       "finite differences (jac=None with a fun JAX cannot trace) need x0 as one array; "
       "pass jac= or write fun with jax.numpy."
     )
   value = _host_value(fun(x))
-  grad = np.empty(x.size)
   flat = x.ravel()
   steps = np.broadcast_to(np.asarray(eps, np.float64), flat.shape)
+  relative = np.sqrt(np.finfo(flat.dtype).eps) * np.where(flat >= 0, 1.0, -1.0)
+  relative = relative * np.maximum(1.0, np.abs(flat))
+  if flat.dtype.itemsize < 8:
+    steps = np.where(np.abs(steps) < np.abs(relative), relative, steps)
+  steps = np.where((flat + steps).astype(flat.dtype) == flat, relative, steps)
+  grad = np.empty(x.size)
   for i in range(flat.size):
     moved = flat.copy()
     moved[i] += steps[i]
-    grad[i] = (_host_value(fun(moved.reshape(x.shape))) - value) / steps[i]
+    step = float(moved[i]) - float(flat[i])
+    grad[i] = (_host_value(fun(moved.reshape(x.shape))) - value) / step
   return value, grad.reshape(x.shape)
 
 

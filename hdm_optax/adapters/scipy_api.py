@@ -7,7 +7,7 @@ import functools
 import inspect
 import math
 import warnings
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -578,7 +578,7 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
 def minimize(
   fun: Callable[..., Any],
   x0: Any,
-  args: Sequence[Any] = (),
+  args: Any = (),
   method: Optional[str] = None,
   jac: Any = None,
   hess: Any = None,
@@ -635,8 +635,9 @@ def minimize(
     fun: ``fun(x, *args) -> scalar`` (``-> (scalar, gradient)`` with ``jac=True``).
     x0: the start: a JAX array, any pytree of float arrays of one dtype, or (as SciPy)
       a number, list or NumPy array, read as one float array of at least one dimension.
-    args: extra arguments of ``fun`` (and ``jac``); arrays and numbers enter the program
-      as arguments, other values are static (hashable).
+    args: extra arguments of ``fun`` (and ``jac``), a tuple; anything else is one argument,
+      as in SciPy (``args=a`` calls ``fun(x, a)``). Arrays and numbers enter the program as
+      arguments, other values are static (hashable).
     method: ``None``, ``"L-BFGS-B"`` or ``"trial_lbfgs"`` (:data:`METHODS`).
     jac: ``None``, ``True``, a callable, or ``"2-point"`` (a host ``fun`` only).
     hess: not used by L-BFGS-B: must be ``None``.
@@ -652,7 +653,8 @@ def minimize(
       after every iteration, on the host; ``StopIteration`` stops the run. Under
       ``jax.vmap`` it is called once per iteration with the batch.
     options: L-BFGS-B's: ``maxiter`` (15000), ``maxfun`` (15000: each iteration is one
-      call), ``gtol`` (1e-5), ``ftol`` (2.2e-9), ``maxcor`` (10, the memory), ``eps`` (the
+      call; with forward differences, ``fun``'s calls, ``n + 1`` a gradient), ``gtol``
+      (1e-5), ``ftol`` (2.2e-9), ``maxcor`` (10, the memory), ``eps`` (the
       forward-difference step, 1e-8, host ``fun`` with ``jac=None`` only); ``disp`` and
       ``iprint`` have no function (as in SciPy, with a ``DeprecationWarning``); ``maxls``,
       ``finite_diff_rel_step`` and ``workers`` are refused (no line search, no relative or
@@ -685,6 +687,7 @@ def minimize(
     ([1.0, 0.0, 0.5], True)
   """
   method = _method(method)
+  args = args if isinstance(args, tuple) else (args,)  # SciPy's rule
   _warn_32_bit(x0, args)
   _unused(hess, hessp, constraints)
   opts = _options(options, tol, max_steps)
@@ -694,6 +697,9 @@ def minimize(
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
   objective, args, mode = objective_lib.objective(fun, jac, x0, args, opts.get("eps"), has_aux)
+  if mode == "differences":  # maxfun caps fun's calls, n + 1 a gradient (SciPy's nfev)
+    size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
+    opts = {**opts, "maxfun": max(1, opts["maxfun"] // (size + 1))}
   if has_aux and mode != "jax":
     raise ValueError(
       f"has_aux=True with jac={jac!r} is not offered (fun then returns the gradient, or runs "

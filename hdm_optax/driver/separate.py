@@ -236,7 +236,7 @@ def run(
       try:
         result = call(*arguments.blocks(fresh(handle, site)))
         result.value.block_until_ready()  # one execution's outputs: all ready, or its error
-      except jax.errors.JaxRuntimeError:
+      except Exception:  # XLA's error, whose type differs by JAX's dispatch path
         if entry.error is not None:
           raise entry.error from None
         raise

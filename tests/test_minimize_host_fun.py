@@ -1,0 +1,118 @@
+"""SciPy's door with a NumPy ``fun``: forward differences, ``args`` and ``maxfun`` as SciPy has
+them, and the user's own exception from ``fun`` whichever program ran before."""
+
+import warnings
+
+import jax
+import numpy as np
+import pytest
+import scipy.optimize
+
+import hdm_optax
+
+C = np.linspace(1000.0, 1010.0, 5)
+
+
+def _far_quadratic(x):
+  """A NumPy objective (JAX cannot trace ``float()``) whose minimum is far from the start."""
+  return float(np.sum((x - C) ** 2))
+
+
+def _minimize(*args, **kwargs):
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # the forward differences' and 32-bit notes
+    return hdm_optax.minimize(*args, **kwargs)
+
+
+def test_a_float32_start_with_forward_differences_leaves_it_as_scipy_does():
+  """eps = 1e-8 does not move a float32 x of order 1: the difference reads a zero gradient
+  (the run reported a converged x0). SciPy's relative step takes over there, and a 32-bit x
+  gets no step below float32's square-root resolution."""
+  x0 = np.ones(5, np.float32)
+  ours = _minimize(_far_quadratic, x0)
+  theirs = scipy.optimize.minimize(_far_quadratic, x0, method="L-BFGS-B")
+  assert ours.nit > 1 and np.max(np.abs(ours.x - C)) < 1.0, (ours.x, ours.message)
+  assert np.max(np.abs(theirs.x - C)) < 1.0
+  assert ours.fun == np.float32(_far_quadratic(np.asarray(ours.x)))  # f at x, in x's dtype
+
+
+def test_the_difference_divides_by_the_step_as_x_holds_it():
+  """In float64 the gradient is SciPy's: (f(x + h e_i) - f(x)) / ((x_i + h) - x_i)."""
+  from hdm_optax.adapters import objective  # pylint: disable=import-outside-toplevel
+
+  numdiff = pytest.importorskip("scipy.optimize._numdiff", reason="SciPy's differences")
+  x = np.array([0.3, -7.0, 2e9, 0.0])
+  f = lambda x: float(np.sum(np.sin(x) + x**2))
+  _, ours = objective._forward_differences(f, x, 1e-8)
+  theirs = numdiff.approx_derivative(f, x, method="2-point", abs_step=1e-8)
+  np.testing.assert_array_equal(ours, theirs)
+
+
+def test_args_that_are_not_a_tuple_are_one_argument():
+  """SciPy: ``args=a`` calls ``fun(x, a)`` (it was unpacked into ``fun(x, 3.0, 1.0)``)."""
+  a = np.array([3.0, 1.0])
+
+  def fun(x, a, weight=0.0):
+    return float(np.sum((x - a) ** 2) + weight * np.sum(x**2))
+
+  res = _minimize(fun, np.zeros(2), args=a, jac="2-point")
+  np.testing.assert_allclose(res.x, [3.0, 1.0], atol=1e-5)
+
+
+def test_maxfun_caps_the_calls_of_fun_with_forward_differences():
+  calls = []
+
+  def fun(x):
+    calls.append(1)
+    return _far_quadratic(x)
+
+  res = _minimize(fun, np.zeros(5), options={"maxfun": 20})
+  assert res.nfev <= 20 and len(calls) <= 21, (res.nfev, len(calls))  # + the traceability try
+  assert res.status == hdm_optax.Status.MAX_STEPS and not res.success
+
+
+class _Mine(Exception):
+  pass
+
+
+def test_fun_s_own_exception_reaches_the_caller_after_another_objective_ran():
+  """The method's program serves every objective of its shapes; once it has run (JAX then
+  calls it on its C++ dispatch, where XLA's error is another type), an exception of fun's is
+  still the user's own, not XLA's error that quotes it."""
+  jac = lambda x: 2 * (x - 1.0)
+  good = lambda x: float(np.sum((x - 1.0) ** 2))
+
+  def bad(x):
+    if x[0] > 0.5:
+      raise _Mine("fun failed on purpose")
+    return good(x)
+
+  for fun in (good, good, bad, bad):
+    try:
+      assert _minimize(fun, np.zeros(2), jac=jac).success
+    except _Mine:
+      assert fun is bad
+    else:
+      assert fun is good
+
+
+@pytest.mark.skipif(jax.config.jax_enable_x64 is False, reason="the float64 start needs x64")
+def test_scipy_s_float64_steps_are_kept():
+  """Where eps moves x (float64), the step is eps, as SciPy's: the same first calls."""
+  seen = {"ours": [], "scipy": []}
+
+  def logged(name):
+    def fun(x):
+      seen[name].append(np.array(x, np.float64))
+      return _far_quadratic(x)
+
+    return fun
+
+  _minimize(logged("ours"), np.full(5, 0.5), options={"maxiter": 1})
+  scipy.optimize.minimize(
+    logged("scipy"), np.full(5, 0.5), method="L-BFGS-B", options={"maxiter": 1}
+  )
+  ours = [x for x in seen["ours"] if x.shape == (5,)][-6:]  # the start's value and its 5 steps
+  np.testing.assert_array_equal(
+    np.stack(ours[1:]) - ours[0], np.stack(seen["scipy"][1:6]) - seen["scipy"][0]
+  )
