@@ -61,8 +61,8 @@ def test_the_result_reads_and_prints_as_scipys():
   ``print(res)`` a few lines, SciPy's fields first, arrays summarised, also inside ``jit``."""
   fun = lambda x: (float(np.sum((x - 1.0) ** 2)), 2 * (x - 1.0))
   res = hdm_optax.minimize(fun, np.zeros(300), jac=True)
-  assert "x" in res and "nfev" in res and "hess_inv" not in res and 1.0 not in res
-  assert dict(res)["nit"] == res.nit == res.get("nit") and res.get("hess_inv", 7) == 7
+  assert "x" in res and "nfev" in res and "hess_inv" in res and 1.0 not in res
+  assert dict(res)["nit"] == res.nit == res.get("nit") and res.get("x_opt", 7) == 7
   assert [name for name, _ in res.items()] == list(res.keys())
   text = repr(res)
   assert len(text.splitlines()) <= 14 and len(text) < 1200, text
@@ -73,6 +73,44 @@ def test_the_result_reads_and_prints_as_scipys():
     jnp.ones(3)
   )
   assert "message: (known outside jit)" in seen[0]
+
+
+def test_the_result_s_keys_are_its_attributes():
+  """Every SciPy attribute of L-BFGS-B's result is a key, as on SciPy's ``OptimizeResult`` (a
+  dict): ``message`` and ``hess_inv`` too, in ``keys``, ``items``, ``get``, ``in`` and
+  ``dict(res)``; ``hess_inv`` is computed when read, not when the keys are listed."""
+  rosen, rosen_der = scipy_optimize.rosen, scipy_optimize.rosen_der
+  x0 = np.array([-1.2, 1.0, 0.5])
+  ours = hdm_optax.minimize(rosen, x0, method="L-BFGS-B", jac=rosen_der)
+  theirs = scipy_optimize.minimize(rosen, x0, method="L-BFGS-B", jac=rosen_der)
+  assert set(theirs.keys()) <= set(ours.keys()), set(theirs.keys()) - set(ours.keys())
+  for name in theirs.keys():
+    assert name in ours and ours.get(name) is not None, name
+  assert ours.get("message") == ours["message"] == ours.message
+  mapping = dict(ours)
+  assert set(mapping) == set(ours.keys()) and mapping["message"] == ours.message
+  assert isinstance(mapping["hess_inv"], scipy_optimize.LbfgsInvHessProduct)
+  np.testing.assert_allclose(mapping["hess_inv"].todense(), ours.hess_inv.todense())
+  assert [name for name, _ in ours.items()] == list(ours.keys())
+  assert ours.get("not_a_field", 7) == 7 and "not_a_field" not in ours
+  built = []
+  original = hdm_optax.adapters.scipy_api._inverse_hessian
+  try:
+    hdm_optax.adapters.scipy_api._inverse_hessian = lambda *a: built.append(1) or original(*a)
+    assert "hess_inv" in ours and "hess_inv" in ours.keys() and not built  # lazy
+    ours.get("hess_inv")
+    assert built == [1]
+  finally:
+    hdm_optax.adapters.scipy_api._inverse_hessian = original
+  seen = []
+
+  def inside(x0):
+    res = hdm_optax.minimize(lambda x: jnp.sum((x - 1.0) ** 2), x0)
+    seen.append(dict(res))  # inside jit: the keys that have a value there
+    return res.x
+
+  jax.jit(inside)(jnp.zeros(3))
+  assert seen[0]["hess_inv"] is None and "message" not in seen[0]
 
 
 def test_hess_inv_is_l_bfgs_b_s_operator_on_the_method_s_pairs():
@@ -240,6 +278,17 @@ def test_a_gradient_or_value_of_the_wrong_shape_is_named(form):
     hdm_optax.minimize(wide, np.ones(4), jac=True)
 
 
+def test_a_vector_value_is_named_for_a_two_dimensional_x0():
+  """A host ``fun`` that returns a vector (``rosen`` of a 2-D x0 sums over the first axis) gets
+  the message a 1-D x0 gets, also on the forward-difference path (``jac=None``)."""
+  x0 = np.array([[-1.2, 1.0], [0.5, 0.5]])
+  message = r"fun must return a scalar .* got shape \(2,\)"
+  with pytest.raises(ValueError, match=message), pytest.warns(UserWarning, match="cannot trace"):
+    hdm_optax.minimize(scipy_optimize.rosen, x0)
+  with pytest.raises(ValueError, match=message), pytest.warns(UserWarning, match="cannot trace"):
+    hdm_optax.minimize(lambda x: np.asarray(x) ** 2, np.array([1.0, 2.0]))
+
+
 def test_scipy_bounds_broadcast_as_scipy_broadcasts_them():
   """``Bounds(0, 1)`` (one entry a side) bounds every entry, as in SciPy; a side that does
   not broadcast to x0 is refused with SciPy's words."""
@@ -251,6 +300,40 @@ def test_scipy_bounds_broadcast_as_scipy_broadcasts_them():
     np.testing.assert_array_equal(ours.x, np.ones(5))
   with pytest.raises(ValueError, match=r"of shape \(2,\) for x0 of shape \(5,\).*not compatible"):
     hdm_optax.minimize(fun, np.zeros(5), jac=True, bounds=scipy_optimize.Bounds([0, 0], [1, 1]))
+
+
+@pytest.mark.parametrize("n", [3, 2])
+def test_bounds_as_scipy_reads_a_sequence_of_pairs(n):
+  """What SciPy reads as n (min, max) pairs (``zip(*bounds)``): an (n, 2) NumPy array such as
+  ``np.column_stack([lo, hi])`` (for n = 2 too: its rows are the pairs), a list of 1-D arrays
+  of two entries, an iterator such as ``zip(lo, hi)`` (read once), entries of one entry, and an
+  object array with None; each gives SciPy's answer."""
+  fun = lambda x: (np.sum((x - np.arange(n) + 0.5) ** 2), 2 * (x - np.arange(n) + 0.5))
+  lo, hi = np.zeros(n), np.arange(1.0, n + 1) - 0.5
+  forms = {
+    "column_stack": lambda: np.column_stack([lo, hi]),
+    "int array": lambda: np.column_stack([lo, hi + 0.5]).astype(int),
+    "zip": lambda: zip(lo, hi),
+    "generator": lambda: ((a, b) for a, b in zip(lo, hi)),
+    "one-entry arrays": lambda: [(np.array(a), np.array([b])) for a, b in zip(lo, hi)],
+    "object array": lambda: np.array([[None, b] for b in hi], dtype=object),
+  }
+  if n != 2:  # for n = 2 a sequence of two arrays is (lower, upper), see test_bounds.py
+    forms["list of arrays"] = lambda: [np.array([a, b]) for a, b in zip(lo, hi)]
+  x0 = np.full(n, 0.25)
+  for name, bounds in forms.items():
+    ours = hdm_optax.minimize(fun, x0, jac=True, bounds=bounds())
+    theirs = scipy_optimize.minimize(fun, x0, method="L-BFGS-B", jac=True, bounds=bounds())
+    np.testing.assert_allclose(ours.x, theirs.x, atol=1e-8, err_msg=name)
+    assert ours.success, name
+  with pytest.raises(TypeError, match=rf"got ndarray of shape \({n + 1}, 2\)"):
+    hdm_optax.minimize(fun, x0, jac=True, bounds=np.zeros((n + 1, 2)))
+  with pytest.raises(TypeError, match=rf"got ndarray of shape \({n}, 3\)"):
+    hdm_optax.minimize(fun, x0, jac=True, bounds=np.zeros((n, 3)))
+  with pytest.raises(ValueError, match="An upper bound is less than"):
+    hdm_optax.minimize(fun, x0, jac=True, bounds=np.column_stack([hi, lo]))
+  with pytest.raises(TypeError, match=rf"not {n} \(min, max\) pairs"):
+    hdm_optax.minimize(fun, x0, jac=True, bounds=zip(lo[:1], hi[:1]))
 
 
 def _pair(p):

@@ -150,6 +150,12 @@ def _put_back(arrangement, dynamic):
   return jax.tree.unflatten(treedef, [next(given) if s is None else s for s in statics])
 
 
+def _host_value(value) -> float:
+  """``fun``'s value on the host as a Python float, checked as :func:`_scalar` checks it (a
+  vector gets the same message whatever x0's shape)."""
+  return float(_scalar(value, np.float64, np))
+
+
 def _forward_differences(fun, x, eps):
   r"""SciPy L-BFGS-B's gradient for ``jac=None``: ``(f(x + h_i e_i) - f(x)) / dx_i``.
 
@@ -166,7 +172,7 @@ def _forward_differences(fun, x, eps):
       "finite differences (jac=None with a fun JAX cannot trace) need x0 as one array; "
       "pass jac= or write fun with jax.numpy."
     )
-  value = float(np.asarray(fun(x)).reshape(()))
+  value = _host_value(fun(x))
   flat = x.ravel()
   steps = np.broadcast_to(np.asarray(eps, np.float64), flat.shape)
   relative = np.sqrt(np.finfo(flat.dtype).eps) * np.where(flat >= 0, 1.0, -1.0)
@@ -179,7 +185,7 @@ def _forward_differences(fun, x, eps):
     moved = flat.copy()
     moved[i] += steps[i]
     step = float(moved[i]) - float(flat[i])
-    grad[i] = (float(np.asarray(fun(moved.reshape(x.shape))).reshape(())) - value) / step
+    grad[i] = (_host_value(fun(moved.reshape(x.shape))) - value) / step
   return value, grad.reshape(x.shape)
 
 

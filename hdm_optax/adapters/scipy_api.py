@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
 import math
@@ -70,9 +71,13 @@ class MinimizeResult(_MinimizeFields):
   L-BFGS-B's 0 and 1; :attr:`message` says what a code means). Then those of
   ``scipy.optimize.OptimizeResult`` for L-BFGS-B, host values (NumPy arrays, Python
   numbers) outside ``jit``/``vmap`` as SciPy returns them, arrays inside. As on SciPy's
-  result (a dict), ``res["x"]`` reads a field by name, ``"x" in res`` asks for one, ``keys``,
-  ``items`` and ``get`` read them, and ``print(res)`` shows SciPy's fields; SciPy's
-  ``hess_inv`` is :attr:`hess_inv`.
+  result (a dict), every attribute is a key: ``res["x"]`` reads one by name, ``"x" in res``
+  asks for one, ``keys``, ``items``, ``get`` and ``dict(res)`` read them, and
+  ``print(res)`` shows SciPy's fields. The keys are the fields, then :attr:`message` and
+  :attr:`hess_inv`, both computed when read (``"hess_inv" in res`` and ``keys()`` compute
+  neither); inside a trace ``message`` has no value and is not a key. Iterating (``for v in
+  res``, ``*res``) gives the field values, as for any ``NamedTuple``: iterate ``keys()``
+  for the names.
 
   Attributes:
     x: the solution (``params``).
@@ -91,27 +96,28 @@ class MinimizeResult(_MinimizeFields):
 
   def __getitem__(self, key):
     if isinstance(key, str):
-      try:
-        return getattr(self, key)
-      except AttributeError:
-        raise KeyError(key) from None
+      if key not in self.keys():
+        raise KeyError(key)
+      return getattr(self, key)
     return tuple.__getitem__(self, key)
 
   def keys(self) -> tuple:
-    """The field names, as ``OptimizeResult.keys()`` (a dict's) lists them."""
-    return self._fields
+    """The names of the fields, then ``message`` and ``hess_inv``: every attribute of
+    ``OptimizeResult`` for L-BFGS-B (``message`` only outside a trace, where it has a value)."""
+    traced = isinstance(self.status, jax.core.Tracer)
+    return self._fields + (("hess_inv",) if traced else ("message", "hess_inv"))
 
   def items(self) -> tuple:
-    """``(name, value)`` of each field, as ``OptimizeResult.items()``."""
-    return tuple(zip(self._fields, self))
+    """``(name, value)`` of each key, as ``OptimizeResult.items()``."""
+    return tuple((name, getattr(self, name)) for name in self.keys())
 
   def get(self, key, default=None):
-    """The field ``key``, else ``default``, as ``OptimizeResult.get``."""
-    return getattr(self, key, default) if key in self._fields else default
+    """The value of ``key``, else ``default``, as ``OptimizeResult.get``."""
+    return getattr(self, key) if key in self.keys() else default
 
   def __contains__(self, key) -> bool:
-    """``"x" in res``: whether ``key`` names a field, as for SciPy's result (a dict)."""
-    return key in self._fields
+    """``"x" in res``: whether ``key`` is a key, as for SciPy's result (a dict)."""
+    return key in self.keys()
 
   def __repr__(self) -> str:
     """SciPy's fields a line each, arrays summarised as SciPy prints them, then the names of
@@ -132,7 +138,8 @@ class MinimizeResult(_MinimizeFields):
     """SciPy's ``hess_inv`` for an x0 of one flat array, outside ``jit``:
     ``scipy.optimize.LbfgsInvHessProduct`` of the method's secant pairs, oldest first, as
     L-BFGS-B builds it from its own (the recursion from the identity; the method's own
-    steps scale it by their ``gamma``). ``None`` for a pytree x0 or a method without pairs.
+    steps scale it by their ``gamma``). ``None`` for a pytree x0, a method without pairs,
+    or inside a trace.
     """
     return _inverse_hessian(self.state, self.x)
 
@@ -154,11 +161,13 @@ def _summary(value, indent: int) -> str:
 
 def _inverse_hessian(state, x):
   """``LbfgsInvHessProduct`` of the one :class:`SecantMemory` in ``state`` (``None`` where
-  x is not one flat array or the state holds no single memory)."""
+  x is not one flat array, the state holds no single memory, or either is traced)."""
   is_memory = lambda node: isinstance(node, memory_lib.SecantMemory)
   memories = [node for node in jax.tree.leaves(state, is_leaf=is_memory) if is_memory(node)]
   if len(memories) != 1 or not _one_array(x) or np.ndim(x) != 1:
     return None
+  if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((memories, x))):
+    return None  # inside jit/vmap: the pairs are not known yet
   (memory,) = memories
   rho = np.asarray(memory.rho)
   slots = [(int(memory.head) + k) % rho.size for k in range(rho.size)]  # the oldest first
@@ -182,18 +191,55 @@ def _one_array(x0) -> bool:
   return isinstance(x0, (jax.Array, np.ndarray))
 
 
+def _one_value(value):
+  """A side of a SciPy pair as SciPy reads it: a NumPy array of one entry is that entry."""
+  return value.item() if isinstance(value, np.ndarray) and value.size == 1 else value
+
+
+def _as_pair(entry, arrays: bool):
+  """``entry`` as SciPy's ``(min, max)``: two numbers or ``None``; ``None`` if it is not one.
+
+  A list or tuple of two, or (``arrays``) a NumPy array of two entries (a row of an
+  ``(n, 2)`` array, or ``np.array([lo, hi])``)."""
+  if arrays and isinstance(entry, np.ndarray) and entry.shape == (2,):
+    entry = tuple(entry)
+  if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
+    return None
+  pair = tuple(map(_one_value, entry))
+  return pair if all(map(_is_number_or_none, pair)) else None
+
+
+def _scipy_pairs(bounds, x0) -> Optional[list]:
+  """``bounds`` as SciPy's n ``(min, max)`` pairs for a flat x0 of n entries, else ``None``.
+
+  SciPy reads a sequence of pairs with ``zip(*bounds)``: a list or tuple of n pairs (lists,
+  tuples or NumPy arrays of two entries), or an ``(n, 2)`` NumPy array, one row a pair. For
+  n = 2 a list or tuple of two arrays is ``(lower, upper)``, the reading of a pair of arrays
+  for any n; an ``(n, 2)`` array has no other reading, so its rows are pairs for n = 2 too.
+  """
+  if not (_one_array(x0) and np.ndim(x0) == 1):
+    return None
+  if isinstance(bounds, np.ndarray):
+    if bounds.ndim != 2 or bounds.shape != (np.size(x0), 2):
+      return None
+    rows, arrays = list(bounds), True
+  elif isinstance(bounds, (list, tuple)) and len(bounds) == np.size(x0):
+    rows, arrays = bounds, len(bounds) != 2
+  else:
+    return None
+  pairs = [_as_pair(row, arrays) for row in rows]
+  return None if any(pair is None for pair in pairs) else pairs
+
+
 def _is_pair_list(bounds, x0) -> bool:
   """SciPy's sequence of (min, max) pairs, one per entry of a flat x0."""
-  return (
-    isinstance(bounds, (list, tuple))
-    and _one_array(x0)
-    and np.ndim(x0) == 1
-    and len(bounds) == np.size(x0)
-    and all(
-      isinstance(b, (list, tuple)) and len(b) == 2 and all(map(_is_number_or_none, b))
-      for b in bounds
-    )
-  )
+  return _scipy_pairs(bounds, x0) is not None
+
+
+def _once(bounds):
+  """An iterator (``zip(lo, hi)``, a generator), which SciPy accepts as a sequence of pairs,
+  as a list: read once, then read again by the checks."""
+  return list(bounds) if isinstance(bounds, collections.abc.Iterator) else bounds
 
 
 def _pairs_to_box(pairs, dtype):
@@ -224,27 +270,55 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
 
   Accepted: ``None``; a pair ``(lower, upper)`` of numbers, ``None`` or pytrees shaped like
   x0; ``scipy.optimize.Bounds`` (its ``lb``, ``ub``, cast to x0's dtype); and, for a flat x0
-  of n entries, SciPy's sequence of n ``(min, max)`` pairs with ``None`` for an open side.
-  A sequence of n pairs of numbers is read as SciPy's pairs (so for n = 2,
-  ``[[0, 0], [1, 1]]`` means x_0 in [0, 0] and x_1 in [1, 1], as in SciPy); pass arrays
-  or ``scipy.optimize.Bounds`` for (lower, upper) there.
+  of n entries, SciPy's n ``(min, max)`` pairs with ``None`` for an open side: a list or
+  tuple of n pairs (lists, tuples or NumPy arrays of two entries), an iterator of them
+  (``zip(lo, hi)``, read once), or an ``(n, 2)`` NumPy array such as
+  ``np.column_stack([lo, hi])``, one row a pair. A sequence of n pairs of numbers is read as
+  SciPy's pairs (so for n = 2, ``[[0, 0], [1, 1]]`` means x_0 in [0, 0] and x_1 in [1, 1],
+  as in SciPy); for n = 2 a sequence of two arrays is (lower, upper), as is a pair of
+  arrays for any n; ``scipy.optimize.Bounds`` is (lower, upper) without ambiguity.
+
+  Args:
+    bounds: one of the forms above.
+    x0: the start, as :func:`minimize` reads it.
+
+  Returns:
+    ``(lower, upper)``: numbers, ``None``, NumPy arrays of x0's dtype (SciPy's forms) or the
+    pytrees given.
+
+  Raises:
+    TypeError: ``bounds`` of none of these forms (a sequence of another length, an array of
+      another shape), with what it got.
   """
   if bounds is None:
     return None, None
+  bounds = _once(bounds)
   dtype = _numerics.params_dtype(x0)
   if hasattr(bounds, "lb") and hasattr(bounds, "ub"):  # scipy.optimize.Bounds
     return _bounds_sides(bounds, x0, dtype)
-  if _is_pair_list(bounds, x0):
-    return _pairs_to_box(bounds, dtype)
+  pairs = _scipy_pairs(bounds, x0)
+  if pairs is not None:
+    return _pairs_to_box(pairs, dtype)
   if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
     return bounds[0], bounds[1]
+  if isinstance(bounds, (np.ndarray, jax.Array)):
+    flat = _one_array(x0) and np.ndim(x0) == 1
+    need = f"shape ({np.size(x0)}, 2)" if flat else "x0 as one flat array"
+    got = (
+      f"ndarray of shape {np.shape(bounds)} (SciPy's (min, max) rows need {need}; for arrays "
+      "lower and upper pass the tuple (lower, upper))"
+    )
+  else:
+    length = f" of length {len(bounds)}" if hasattr(bounds, "__len__") else ""
+    got = (
+      f"{type(bounds).__name__}{length} (not a pair, and not "
+      f"{np.size(x0) if _one_array(x0) else 'SciPy'} (min, max) pairs"
+      f"{'' if _one_array(x0) else ', which need x0 as one flat array'})"
+    )
   raise TypeError(
     f"bounds must be None, a pair (lower, upper), scipy.optimize.Bounds, or for a flat x0 of "
-    f"{np.size(x0)} entries a sequence of {np.size(x0)} (min, max) pairs; got "
-    f"{type(bounds).__name__}{f' of length {len(bounds)}' if hasattr(bounds, '__len__') else ''}"
-    f" (not a pair, and not {np.size(x0) if _one_array(x0) else 'SciPy'} (min, max) pairs"
-    f"{'' if _one_array(x0) else ', which need x0 as one flat array'}). Pass e.g. "
-    "bounds=(0.0, None) for x >= 0."
+    f"{np.size(x0)} entries a sequence of {np.size(x0)} (min, max) pairs or an "
+    f"({np.size(x0)}, 2) array; got {got}. Pass e.g. bounds=(0.0, None) for x >= 0."
   )
 
 
@@ -570,7 +644,9 @@ def minimize(
     hessp: not used by L-BFGS-B: must be ``None``.
     bounds: ``None``; ``(lower, upper)``, each a number, ``None`` (open) or a pytree shaped
       like x0 (-inf / +inf or ``None`` for an open side); ``scipy.optimize.Bounds``; or, for
-      a flat x0, SciPy's sequence of ``(min, max)`` pairs with ``None`` for an open side.
+      a flat x0, SciPy's ``(min, max)`` pairs with ``None`` for an open side: a sequence or
+      an iterator (``zip(lo, hi)``) of them, or an ``(n, 2)`` array of them
+      (:func:`bounds_to_box`).
     constraints: L-BFGS-B takes none: must be empty.
     tol: SciPy's: the default of ``ftol`` and ``gtol``.
     callback: ``callback(intermediate_result)`` (``.x``, ``.fun``) or ``callback(xk)``,
@@ -616,6 +692,7 @@ def minimize(
   _unused(hess, hessp, constraints)
   opts = _options(options, tol, max_steps)
   x0 = solving.check_params(_start_point(x0), "x0")
+  bounds = _once(bounds)  # read once, here: bounds_to_box and _check_box read it again
   lower, upper = bounds_to_box(bounds, x0)
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
