@@ -224,6 +224,19 @@ def test_infeasible_start_is_projected_and_pytrees_with_scalars():
   assert first == pytest.approx(float(fun({"w": jnp.array([1.0, 0.0, 0.5]), "b": 0.5})))
 
 
+def test_pytree_bounds_of_numbers_per_leaf_from_the_first_call():
+  """Bounds as pytrees of the params' structure whose leaves are all numbers, one per leaf
+  (the separate path packs the params; such bounds have no packed form, so it runs them
+  unpacked): the box from the first call, as under jax.jit and in optax's own loop."""
+  fun = lambda p: jnp.sum((p["a"] - 2.0) ** 2) + (p["b"] - 2.0) ** 2
+  x0 = {"a": jnp.zeros(2), "b": jnp.zeros(())}
+  opt = hdm_optax.trial_lbfgs(lower={"a": 0.0, "b": -1.0}, upper={"a": 1.0, "b": 0.5})
+  for _ in range(2):
+    res = hdm_optax.solve(opt, fun, x0, tol=1e-9)
+    np.testing.assert_array_equal(np.asarray(res.params["a"]), [1.0, 1.0])
+    assert float(res.params["b"]) == 0.5 and res.status == hdm_optax.Status.CONVERGED_IN_BOX
+
+
 @pytest.mark.parametrize(
   "lower, upper, error, match",
   [

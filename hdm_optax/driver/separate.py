@@ -112,14 +112,15 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
     return optimizer, layout
   if configuration is None:
     return optimizer, Layout(None)
-  arguments = {}
+  arguments, structure = {}, jax.tree.structure(params)
   for name, value in configuration.arguments.items():
     numbers = [x for x in jax.tree.leaves(value) if _numeric(x)]
+    per_leaf = bool(numbers) and jax.tree.structure(value) == structure
     if layout.packing.like_params(value):
       arguments[name] = _blocks.pack(value)
-    elif all(np.ndim(x) == 0 for x in numbers):
+    elif all(np.ndim(x) == 0 for x in numbers) and not per_leaf:
       arguments[name] = value
-    else:  # a pytree of per-leaf bounds: no packed counterpart
+    else:  # a pytree of per-leaf values (a box's sides): no packed counterpart
       return optimizer, Layout(None)
   return configuration.factory(**arguments), layout
 
