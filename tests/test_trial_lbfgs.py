@@ -864,3 +864,23 @@ def test_the_batched_row_write_is_the_unbatched_one():
   solve = lambda d: hdm_optax.solve(opt, fun, jnp.zeros(5), fun_args=(d,)).params
   members = np.stack([np.asarray(solve(scales[i])) for i in range(6)])
   np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(solve))(scales)), members)
+
+
+@pytest.mark.parametrize("box", [False, True], ids=["unbounded", "box"])
+def test_a_leaf_a_mask_before_it_holds_stays_where_it_is(box):
+  """optax.masked(optax.set_to_zero(), mask) before trial_lbfgs zeroes the update of the
+  masked leaf; H_m mixes the coordinates, so H_m u would move it anyway. The step keeps it
+  (as optax.lbfgs does), and the other leaf reaches f's minimiser with it fixed."""
+  rng = np.random.default_rng(0)
+  a, b = jnp.asarray(rng.standard_normal((30, 4))), jnp.asarray(rng.standard_normal(30))
+  fun = lambda p: jnp.sum((a[:, :2] @ p["w"] + a[:, 2:] @ p["v"] - b) ** 2)
+  x0 = {"w": jnp.ones(2), "v": jnp.ones(2)}
+  bounds = dict(lower=-10.0, upper=10.0) if box else {}
+  held = optax.masked(optax.set_to_zero(), {"w": True, "v": False})
+  opt = optax.chain(held, hdm_optax.trial_lbfgs(**bounds))
+  res = hdm_optax.solve(opt, fun, x0, max_steps=200, tol=1e-9)
+  np.testing.assert_array_equal(np.asarray(res.params["w"]), [1.0, 1.0])
+  expected = np.linalg.lstsq(np.asarray(a[:, 2:]), np.asarray(b - a[:, :2] @ x0["w"]), rcond=None)[
+    0
+  ]
+  np.testing.assert_allclose(np.asarray(res.params["v"]), expected, rtol=1e-6, atol=1e-8)

@@ -145,6 +145,11 @@ def lbfgs_direction(
   (:func:`hdm_optax.pieces.lbfgs.bounded.free_scaling`). Without bounds the program is the
   unbounded one.
 
+  A coordinate whose incoming update is zero where :math:`\nabla f(x)` is not was held by a
+  transformation before the method (``optax.masked(optax.set_to_zero(), mask)``): the step
+  keeps it, as it keeps a binding variable in a box (:math:`H_m` mixes the coordinates, so
+  :math:`H_m u` would move it). Alone, u is :math:`\nabla f(x)` and no coordinate is held.
+
   The operator, the pair and the memory work on the params packed into a few flat blocks
   (:mod:`hdm_optax._blocks`), so the program does not grow with the number of leaves of
   the params: they are unpacked only into the trial step.
@@ -209,10 +214,22 @@ def _operator(cfg: _Config, memory, gamma, updates):
   return memory_lib.inverse_hessian_product(memory, h0, updates)
 
 
+def _held(ctx):
+  """Where a transformation before the method held a coordinate (u_i = 0, grad_i != 0);
+  ``None`` where u is grad f itself (the method alone or first in a chain: the program then
+  has no test)."""
+  if ctx.updates is ctx.grad:
+    return None
+  return jax.tree.map(lambda u, g: (u == 0) & (g != 0), ctx.updates, ctx.grad)
+
+
 def _propose(cfg: _Config, state, ctx):
   dtype = ctx.value.dtype
   # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
+  held = _held(ctx)
   free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
+  if free is not None and held is not None:
+    free = jax.tree.map(lambda f, h: f & ~h, free, held)
   packed_free = None if free is None else _blocks.pack(free)
   # The operator acts on the incoming updates u (grad f(x) when alone or first in a chain).
   updates = _blocks.pack(ctx.updates)
@@ -224,6 +241,9 @@ def _propose(cfg: _Config, state, ctx):
   )
   if state.box is None:  # x+ = x - alpha H_m u.
     step = optax.tree.scale(-ctx.step_size, _operator(cfg, state.memory, gamma, updates))
+    if held is not None:
+      keep = lambda s, h: jnp.where(h, jnp.zeros_like(s), s)
+      step = jax.tree.map(keep, step, _blocks.pack(held))
     return _blocks.unpack(step, ctx.params), _Proposed(None, step)
   # In a box: P(x - alpha d), H acting on the free variables.
   tol = _numerics.cast(cfg.pair_tol, dtype)
