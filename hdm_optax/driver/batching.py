@@ -361,7 +361,9 @@ def sweep(
 
   Args:
     make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric settings
-      arrive as traced scalars (Python floats in the params' dtype). With ``grid={}``, an
+      arrive as traced scalars (Python floats in the params' dtype); each point is first
+      built once with its own values, so that the factory's checks of its arguments see
+      them (a point it refuses raises its error, naming the point). With ``grid={}``, an
       optimizer itself: the points are then the problems of ``in_axes`` alone.
     grid: keyword -> list of values (their Cartesian product, row-major), or a list of
       points (dicts with the same keys).
@@ -407,6 +409,8 @@ def sweep(
     )
   instance = isinstance(make_optimizer, optax.GradientTransformation)
   _check_factory(make_optimizer, grid, instance)
+  if not instance:  # the factory's checks, with each point's own values (traced, they pass)
+    _blame_point(make_optimizer, grid)
   factory = {"optimizer" if instance else "make_optimizer": make_optimizer}
   try:
     points, results = _run(_batch(locals()), fun, grid, **factory)
@@ -414,8 +418,6 @@ def sweep(
     if isinstance(getattr(error, "result", None), SolveResult):  # stopped: the points run
       part = error.result
       error.result = SweepResult(points=error.points, results=part, best=best_index(part))
-    elif isinstance(error, Exception) and not instance:
-      _blame_point(make_optimizer, grid, error)
     raise
   return SweepResult(points=points, results=results, best=best_index(results))
 
@@ -436,19 +438,25 @@ def _check_factory(make_optimizer, grid, instance: bool) -> None:
     )
 
 
-def _blame_point(make_optimizer, grid, error: Exception) -> None:
-  """Where a run failed because a grid point builds no optimizer, raises that point's error
-  (from ``make_optimizer(**point)`` with the point's own values, not traced ones)."""
+def _blame_point(make_optimizer, grid) -> None:
+  """Raises the error of the first grid point that builds no optimizer, naming the point.
+
+  ``make_optimizer(**point)`` is called with the point's own values, before the run: in the
+  program they arrive traced, where the factory's checks of its arguments cannot see them
+  (a point of ``precond_lr=-1.0`` would run its whole budget stuck at x0). The optimizers
+  built here are dropped; the run builds its own. Building one is cheap (about 0.2 ms for
+  ``hdm_best``: 1000 points take about 0.2 s).
+  """
   try:
     points = members_lib.grid_points(grid)[1]
-  except Exception:  # pylint: disable=broad-except  # the grid's own error is the one to see
+  except Exception:  # pylint: disable=broad-except  # the grid's own error is raised by the run
     return
   for point in points:
     try:
       make_optimizer(**point)
     except Exception as bad:  # pylint: disable=broad-except
       kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
-      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from error
+      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from bad
 
 
 @takes_limits
