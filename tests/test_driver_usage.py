@@ -533,3 +533,15 @@ def test_fun_args_given_one_array_is_refused(door, array):
   if door == "solve":
     out = hdm_optax.minimize(_SQUARE, np.zeros(2), args=np.ones(2), method="trial_lbfgs")
     assert out.success
+
+
+@pytest.mark.parametrize("door", ["solve", "solve_batch"])
+def test_the_factory_instead_of_the_optimizer_is_refused(door):
+  # "'function' object has no attribute 'init'"
+  x0 = jnp.zeros((3, 2)) if door == "solve_batch" else jnp.zeros(2)
+  batch = {"in_axes": (0, None)} if door == "solve_batch" else {}
+  run = getattr(hdm_optax, door)
+  with pytest.raises(TypeError, match=r"optimizer.*trial_lbfgs.*hdm_optax\.trial_lbfgs\(\)"):
+    run(hdm_optax.trial_lbfgs, _SQUARE, x0, fun_args=(jnp.ones(2),), **batch)
+  with pytest.raises(TypeError, match=r"optimizer must be an optax transformation.*got 3"):
+    hdm_optax.solve(3, _SQUARE, jnp.zeros(2), fun_args=(jnp.ones(2),))

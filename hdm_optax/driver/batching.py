@@ -24,6 +24,7 @@ from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import resuming
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
@@ -525,6 +526,7 @@ def solve_batch(
     >>> out.converged.tolist(), out.params.shape
     ([True, True, True], (3, 2))
   """
+  protocol.check_optimizer("solve_batch", optimizer)
   problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if not any(problems.mapped):
     raise ValueError(
