@@ -616,6 +616,10 @@ def test_sweep_refuses_a_grid_point_its_factory_refuses(bad):
   with pytest.raises(ValueError, match=r"grid point \{'precond_lr': (-1\.0|nan|0\.0)\}") as err:
     hdm_optax.sweep(make, {"precond_lr": [0.1, bad]}, quadratic, jnp.ones(3), fun_args=(A,))
   assert str(solo.value) in str(err.value)
+  # A factory that reads its traced settings' dtype is checked as the program builds it.
+  typed = lambda precond_lr: hdm_optax.hdm_best(precond_lr=precond_lr.astype(precond_lr.dtype))
+  with pytest.raises(ValueError, match=r"grid point .*precond_lr must be finite and > 0"):
+    hdm_optax.sweep(typed, {"precond_lr": [0.1, bad]}, quadratic, jnp.ones(3), fun_args=(A,))
   # A grid that differs in a static setting only (a program per value) still runs.
   out = hdm_optax.sweep(
     lambda memory_size, pair_tol: hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol),

@@ -249,6 +249,8 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   static = (
     () if optimizer else members_lib.static_names(make_optimizer, names, points, params_one, dtype)
   )
+  if not optimizer:  # the factory's checks, with each point's own values (traced, they pass)
+    _blame_point(make_optimizer, points, static, dtype)
   if count > 1:
     if "problem" in names:
       raise ValueError('with in_axes every point gets the key "problem": rename that setting')
@@ -410,8 +412,6 @@ def sweep(
     )
   instance = isinstance(make_optimizer, optax.GradientTransformation)
   _check_factory(make_optimizer, grid, instance)
-  if not instance:  # the factory's checks, with each point's own values (traced, they pass)
-    _blame_point(make_optimizer, grid)
   factory = {"optimizer" if instance else "make_optimizer": make_optimizer}
   try:
     points, results = _run(_batch(locals()), fun, grid, **factory)
@@ -439,25 +439,38 @@ def _check_factory(make_optimizer, grid, instance: bool) -> None:
     )
 
 
-def _blame_point(make_optimizer, grid) -> None:
+def _blame_point(make_optimizer, points, static, dtype) -> None:
   """Raises the error of the first grid point that builds no optimizer, naming the point.
 
-  ``make_optimizer(**point)`` is called with the point's own values, before the run: in the
-  program they arrive traced, where the factory's checks of its arguments cannot see them
-  (a point of ``precond_lr=-1.0`` would run its whole budget stuck at x0). The optimizers
-  built here are dropped; the run builds its own. Building one is cheap (about 0.2 ms for
-  ``hdm_best``: 1000 points take about 0.2 s).
+  ``make_optimizer(**point)`` is called once per point before the run, with the point's own
+  values: in the program they arrive traced, where the factory's checks of its arguments
+  cannot see them (a point of ``precond_lr=-1.0`` would run its whole budget stuck at x0).
+  Where the plain values fail, the point is built as the program builds it, the settings
+  not held static as concrete scalars of their column's dtype
+  (:func:`~hdm_optax.driver.members.column`; a factory may read ``.dtype``); a point that
+  fails both ways is refused. The optimizers built here are dropped; the run builds its own.
+  Building one is cheap: 1000 points of ``hdm_best`` take about 0.2 s.
   """
-  try:
-    points = members_lib.grid_points(grid)[1]
-  except Exception:  # pylint: disable=broad-except  # the grid's own error is raised by the run
-    return
-  for point in points:
+  names, columns = list(points[0]), None
+  for i, point in enumerate(points):
     try:
       make_optimizer(**point)
-    except Exception as bad:  # pylint: disable=broad-except
-      kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
-      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from bad
+      continue
+    except Exception as error:  # pylint: disable=broad-except
+      plain = error
+    if columns is None:
+      columns = {
+        n: list(np.asarray(members_lib.column(n, [p[n] for p in points], dtype)))
+        for n in names
+        if n not in static
+      }
+    try:
+      make_optimizer(**{n: columns[n][i] if n in columns else point[n] for n in names})
+      continue
+    except Exception as error:  # pylint: disable=broad-except
+      bad = plain if type(plain) in (ValueError, TypeError) else error
+    kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
+    raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from bad
 
 
 @takes_limits
