@@ -499,3 +499,49 @@ def test_the_threshold_is_reported():
   assert float(res.tol) > 30 * 1e-4 and float(res.grad_norm) > 1e-4
   plain = hdm_optax.solve(hdm_optax.trial_lbfgs(), logistic, w0, max_steps=200, fun_args=(a, y))
   assert float(plain.tol) == np.float32(1e-4) and bool(plain.converged)
+
+
+# ---------------------------------------------------------------------------
+# 6. the common mistakes at the front doors: a clear error naming the argument and the fix
+# ---------------------------------------------------------------------------
+
+
+def _SQUARE(x, a):
+  return jnp.sum((x - a) ** 2)
+
+
+@pytest.mark.parametrize("array", [jnp.ones(2), np.ones(2)])
+@pytest.mark.parametrize("door", ["solve", "solve_batch", "sweep", "loop"])
+def test_fun_args_given_one_array_is_refused(door, array):
+  # tuple(A) unpacked A row by row: "<lambda>() takes 2 positional arguments but 3 were given"
+  x0 = jnp.zeros((3, 2)) if door == "solve_batch" else jnp.zeros(2)
+  calls = {
+    "solve": lambda: hdm_optax.solve(hdm_optax.trial_lbfgs(), _SQUARE, x0, fun_args=array),
+    "solve_batch": lambda: hdm_optax.solve_batch(
+      hdm_optax.trial_lbfgs(), _SQUARE, x0, fun_args=array, in_axes=(0, None)
+    ),
+    "sweep": lambda: hdm_optax.sweep(
+      lambda m: hdm_optax.trial_lbfgs(m), {"m": [3]}, _SQUARE, x0, fun_args=array
+    ),
+    "loop": lambda: hdm_optax.loop(hdm_optax.trial_lbfgs(), _SQUARE, fun_args=array),
+  }
+  with pytest.raises(TypeError, match=r"fun_args.*shape \(2,\).*fun_args=\(A,\)"):
+    calls[door]()
+  # a tuple of one array, and minimize's args (SciPy's rule: one array is one argument), run
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _SQUARE, jnp.zeros(2), fun_args=(array,))
+  assert bool(res.converged)
+  if door == "solve":
+    out = hdm_optax.minimize(_SQUARE, np.zeros(2), args=np.ones(2), method="trial_lbfgs")
+    assert out.success
+
+
+@pytest.mark.parametrize("door", ["solve", "solve_batch"])
+def test_the_factory_instead_of_the_optimizer_is_refused(door):
+  # "'function' object has no attribute 'init'"
+  x0 = jnp.zeros((3, 2)) if door == "solve_batch" else jnp.zeros(2)
+  batch = {"in_axes": (0, None)} if door == "solve_batch" else {}
+  run = getattr(hdm_optax, door)
+  with pytest.raises(TypeError, match=r"optimizer.*trial_lbfgs.*hdm_optax\.trial_lbfgs\(\)"):
+    run(hdm_optax.trial_lbfgs, _SQUARE, x0, fun_args=(jnp.ones(2),), **batch)
+  with pytest.raises(TypeError, match=r"optimizer must be an optax transformation.*got 3"):
+    hdm_optax.solve(3, _SQUARE, jnp.zeros(2), fun_args=(jnp.ones(2),))

@@ -599,3 +599,46 @@ def _warned_of_on_a_gpu(monkeypatch, loop_lib):
   with pytest.warns(UserWarning, match="TF32"):  # under vmap too
     batched = jax.vmap(lambda x: run(x))(jnp.stack([x0, x0 + 1]))
   assert int(res.num_steps) == 4 and batched.num_steps.shape == (2,)
+
+
+# ---------------------------------------------------------------------------
+# sweep: every grid point builds its optimizer with its own values, checked up front
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), 0.0])
+def test_sweep_refuses_a_grid_point_its_factory_refuses(bad):
+  # The grid's values reach the program traced, where the factory's checks cannot see them:
+  # such a point ran its whole budget stuck at x0 and reported MAX_STEPS.
+  make = lambda precond_lr: hdm_optax.hdm_best(precond_lr=precond_lr)
+  with pytest.raises(ValueError, match="precond_lr must be finite and > 0") as solo:
+    make(bad)
+  with pytest.raises(ValueError, match=r"grid point \{'precond_lr': (-1\.0|nan|0\.0)\}") as err:
+    hdm_optax.sweep(make, {"precond_lr": [0.1, bad]}, quadratic, jnp.ones(3), fun_args=(A,))
+  assert str(solo.value) in str(err.value)
+  # A factory that reads its traced settings' dtype is checked as the program builds it.
+  typed = lambda precond_lr: hdm_optax.hdm_best(precond_lr=precond_lr.astype(precond_lr.dtype))
+  with pytest.raises(ValueError, match=r"grid point .*precond_lr must be finite and > 0"):
+    hdm_optax.sweep(typed, {"precond_lr": [0.1, bad]}, quadratic, jnp.ones(3), fun_args=(A,))
+  # A grid that differs in a static setting only (a program per value) still runs.
+  out = hdm_optax.sweep(
+    lambda memory_size, pair_tol: hdm_optax.trial_lbfgs(memory_size, pair_tol=pair_tol),
+    {"memory_size": [3, 5], "pair_tol": [1e-10]},
+    quadratic,
+    jnp.ones(3),
+    fun_args=(A,),
+  )
+  assert out.results.converged.tolist() == [True, True]
+
+
+@pytest.mark.parametrize("values", [0.5, "adam", jnp.asarray(0.5)])
+def test_sweep_grid_values_must_be_a_list(values):
+  with pytest.raises(TypeError, match=r"grid\['precond_lr'\] must be a list of values.*\[") as err:
+    hdm_optax.sweep(
+      lambda precond_lr: hdm_optax.hdm_best(precond_lr=precond_lr),
+      {"precond_lr": values},
+      quadratic,
+      jnp.ones(3),
+      fun_args=(A,),
+    )
+  assert "not iterable" not in str(err.value)

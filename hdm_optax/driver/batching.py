@@ -24,6 +24,7 @@ from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import resuming
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
@@ -248,6 +249,8 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   static = (
     () if optimizer else members_lib.static_names(make_optimizer, names, points, params_one, dtype)
   )
+  if not optimizer:  # the factory's checks, with each point's own values (traced, they pass)
+    _blame_point(make_optimizer, points, static, dtype)
   if count > 1:
     if "problem" in names:
       raise ValueError('with in_axes every point gets the key "problem": rename that setting')
@@ -361,7 +364,9 @@ def sweep(
 
   Args:
     make_optimizer: ``make_optimizer(**point)`` builds the optimizer; numeric settings
-      arrive as traced scalars (Python floats in the params' dtype). With ``grid={}``, an
+      arrive as traced scalars (Python floats in the params' dtype); each point is first
+      built once with its own values, so that the factory's checks of its arguments see
+      them (a point it refuses raises its error, naming the point). With ``grid={}``, an
       optimizer itself: the points are then the problems of ``in_axes`` alone.
     grid: keyword -> list of values (their Cartesian product, row-major), or a list of
       points (dicts with the same keys).
@@ -414,8 +419,6 @@ def sweep(
     if isinstance(getattr(error, "result", None), SolveResult):  # stopped: the points run
       part = error.result
       error.result = SweepResult(points=error.points, results=part, best=best_index(part))
-    elif isinstance(error, Exception) and not instance:
-      _blame_point(make_optimizer, grid, error)
     raise
   return SweepResult(points=points, results=results, best=best_index(results))
 
@@ -436,19 +439,38 @@ def _check_factory(make_optimizer, grid, instance: bool) -> None:
     )
 
 
-def _blame_point(make_optimizer, grid, error: Exception) -> None:
-  """Where a run failed because a grid point builds no optimizer, raises that point's error
-  (from ``make_optimizer(**point)`` with the point's own values, not traced ones)."""
-  try:
-    points = members_lib.grid_points(grid)[1]
-  except Exception:  # pylint: disable=broad-except  # the grid's own error is the one to see
-    return
-  for point in points:
+def _blame_point(make_optimizer, points, static, dtype) -> None:
+  """Raises the error of the first grid point that builds no optimizer, naming the point.
+
+  ``make_optimizer(**point)`` is called once per point before the run, with the point's own
+  values: in the program they arrive traced, where the factory's checks of its arguments
+  cannot see them (a point of ``precond_lr=-1.0`` would run its whole budget stuck at x0).
+  Where the plain values fail, the point is built as the program builds it, the settings
+  not held static as concrete scalars of their column's dtype
+  (:func:`~hdm_optax.driver.members.column`; a factory may read ``.dtype``); a point that
+  fails both ways is refused. The optimizers built here are dropped; the run builds its own.
+  Building one is cheap: 1000 points of ``hdm_best`` take about 0.2 s.
+  """
+  names, columns = list(points[0]), None
+  for i, point in enumerate(points):
     try:
       make_optimizer(**point)
-    except Exception as bad:  # pylint: disable=broad-except
-      kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
-      raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from error
+      continue
+    except Exception as error:  # pylint: disable=broad-except
+      plain = error
+    if columns is None:
+      columns = {
+        n: list(np.asarray(members_lib.column(n, [p[n] for p in points], dtype)))
+        for n in names
+        if n not in static
+      }
+    try:
+      make_optimizer(**{n: columns[n][i] if n in columns else point[n] for n in names})
+      continue
+    except Exception as error:  # pylint: disable=broad-except
+      bad = plain if type(plain) in (ValueError, TypeError) else error
+    kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
+    raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from bad
 
 
 @takes_limits
@@ -517,6 +539,7 @@ def solve_batch(
     >>> out.converged.tolist(), out.params.shape
     ([True, True, True], (3, 2))
   """
+  protocol.check_optimizer("solve_batch", optimizer)
   problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if not any(problems.mapped):
     raise ValueError(

@@ -20,6 +20,7 @@ __all__ = (
   "DEFAULT_MAX_STEPS",
   "Limits",
   "check_count",
+  "check_fun_args",
   "check_tolerance",
   "takes_limits",
 )
@@ -184,7 +185,8 @@ def takes_limits(door: Callable[..., Any]) -> Callable[..., Any]:
   The returned front door takes ``limits=`` (a :class:`Limits`, default ``Limits()``) and
   each field of :class:`Limits` as a keyword (``tol=1e-6``), which replaces that field;
   ``door`` receives ``limits`` checked (:meth:`Limits.checked`). Its signature lists the
-  keywords with their defaults.
+  keywords with their defaults. Every front door that takes ``fun_args`` passes here, so
+  ``fun_args`` is checked here too (:func:`check_fun_args`).
   """
   signature = inspect.signature(door)
   keyword = inspect.Parameter.KEYWORD_ONLY
@@ -205,7 +207,33 @@ def takes_limits(door: Callable[..., Any]) -> Callable[..., Any]:
     if "ftol" in given:  # the switch follows the ftol given
       given["ftol_on"] = None
     limits = (Limits() if limits is None else limits)._replace(**given)
+    if "fun_args" in kwargs:
+      check_fun_args(door.__name__, kwargs["fun_args"])
     return door(*args, limits=limits.checked(), **kwargs)
 
   front_door.__signature__ = signature.replace(parameters=parameters)
   return front_door
+
+
+def check_fun_args(door: str, fun_args) -> None:
+  """Refuses ``fun_args`` given as one array or number instead of a tuple of arguments.
+
+  ``fun(params, *fun_args)`` would unpack an array row by row (``fun`` then gets as many
+  arguments as ``A`` has rows); unlike ``minimize``'s ``args`` (SciPy's rule), a front door
+  does not guess that one array is meant as one argument.
+
+  Raises:
+    TypeError: naming what was given and the fix, ``fun_args=(A,)``.
+  """
+  if isinstance(fun_args, (jax.Array, np.ndarray, np.generic)):
+    kind = "a NumPy array" if isinstance(fun_args, (np.ndarray, np.generic)) else "a jax.Array"
+    shown = f"{kind} of shape {np.shape(fun_args)} and dtype {fun_args.dtype}"
+  elif isinstance(fun_args, numbers.Number):
+    shown = f"the number {fun_args!r}"
+  else:
+    return
+  raise TypeError(
+    f"{door}: fun_args must be a tuple of fun's extra arguments, fun(params, *fun_args), "
+    f"got {shown} (an array would be unpacked row by row); for one array argument A pass "
+    "fun_args=(A,)."
+  )

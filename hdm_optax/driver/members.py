@@ -75,9 +75,11 @@ def problems(init_params, fun_args: tuple, in_axes) -> Problems:
 
 
 def grid_points(grid):
+  """``(names, points)``: the grid's keys and its points (dicts), in the grid's order."""
   if isinstance(grid, Mapping):
     names = list(grid)
-    points = [dict(zip(names, vals)) for vals in itertools.product(*grid.values())]
+    values = [_values(name, grid[name]) for name in names]
+    points = [dict(zip(names, vals)) for vals in itertools.product(*values)]
   else:
     points = [dict(p) for p in grid]
     names = list(points[0]) if points else []
@@ -86,6 +88,19 @@ def grid_points(grid):
   if not points:
     raise ValueError("grid is empty")
   return names, points
+
+
+def _values(name, values) -> list:
+  """A grid key's values as a list; a single value (a number, a string) is refused."""
+  try:
+    if isinstance(values, (str, bytes, Mapping)):
+      raise TypeError
+    return list(values)
+  except TypeError:
+    raise TypeError(
+      f"grid[{name!r}] must be a list of values, got {values!r} ({type(values).__name__}); "
+      f"pass a list, e.g. grid={{{name!r}: [{values!r}]}}."
+    ) from None
 
 
 def column(name, values, float_dtype) -> jax.Array:

@@ -37,11 +37,40 @@ __all__ = (
   "cache_at_params",
   "caches_anywhere",
   "calls_in_update",
+  "check_optimizer",
   "nonfinite_trials",
   "null_steps",
   "preconditioner",
   "with_box_of",
 )
+
+
+def check_optimizer(door: str, optimizer) -> None:
+  """Refuses an ``optimizer`` that is no optax transformation (no ``init`` and ``update``).
+
+  The common case is the factory given instead of what it builds
+  (``solve(hdm_optax.trial_lbfgs, ...)``), which otherwise fails deep in the run with
+  "'function' object has no attribute 'init'".
+
+  Raises:
+    TypeError: naming what was given and the fix (call the factory).
+  """
+  if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+    return
+  if callable(optimizer):
+    name = getattr(optimizer, "__qualname__", None) or type(optimizer).__name__
+    module = (getattr(optimizer, "__module__", None) or "").split(".")[0]
+    call = f"{module}.{name}" if module in ("hdm_optax", "optax") else name
+    call += "()" if module == "hdm_optax" else "(...)"  # hdm_optax's settings have defaults
+    raise TypeError(
+      f"{door}: optimizer must be an optax transformation (with init and update), got "
+      f"{name!r}, a callable without them (the factory?); call it to build the optimizer: "
+      f"{door}({call}, ...)."
+    )
+  raise TypeError(
+    f"{door}: optimizer must be an optax transformation (with init and update), got "
+    f"{optimizer!r} ({type(optimizer).__name__}); pass one, e.g. hdm_optax.trial_lbfgs()."
+  )
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from hdm_optax.driver import engine
 from hdm_optax.driver import runs
 from hdm_optax.driver import hooks
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 from hdm_optax.driver import resuming
 from hdm_optax.driver import separate
 from hdm_optax.driver.limits import Limits
@@ -168,6 +169,7 @@ def solve(
     >>> bool(res.converged), res.message
     (True, 'converged: ||grad f||_inf <= tol')
   """
+  protocol.check_optimizer("solve", optimizer)
   init_params = check_params(init_params)
   hook, adjoint, primitive = _watch_and_loop(
     check_every, callback, progress, adjoint, limits.max_steps
