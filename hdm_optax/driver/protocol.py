@@ -45,18 +45,21 @@ __all__ = (
 )
 
 
-def check_optimizer(door: str, optimizer) -> None:
-  """Refuses an ``optimizer`` that is no optax transformation (no ``init`` and ``update``).
+def check_optimizer(door: str, optimizer):
+  """``optimizer``, refused where it is no optax transformation (no ``init`` and ``update``).
 
   The common case is the factory given instead of what it builds
   (``solve(hdm_optax.trial_lbfgs, ...)``), which otherwise fails deep in the run with
   "'function' object has no attribute 'init'".
 
+  Returns:
+    ``optimizer``.
+
   Raises:
     TypeError: naming what was given and the fix (call the factory).
   """
   if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
-    return
+    return optimizer
   if callable(optimizer):
     name = getattr(optimizer, "__qualname__", None) or type(optimizer).__name__
     module = (getattr(optimizer, "__module__", None) or "").split(".")[0]

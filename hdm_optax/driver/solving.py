@@ -169,14 +169,13 @@ def solve(
     >>> bool(res.converged), res.message
     (True, 'converged: ||grad f||_inf <= tol')
   """
-  protocol.check_optimizer("solve", optimizer)
   init_params = check_params(init_params)
   hook, adjoint, primitive = _watch_and_loop(
     check_every, callback, progress, adjoint, limits.max_steps
   )
   found = programs.tracers((init_params, tuple(fun_args), init_state, limits.tol, limits.rtol))
   kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
-  key, arrays, shape = programs.prepare(optimizer, init_params)
+  key, arrays, shape = programs.prepare(protocol.check_optimizer("solve", optimizer), init_params)
   open_ = (bool(has_aux), (arrays, init_params, fun_args, init_state, limits))
   make_oracle = separate.host_maker(fun, fun_args, init_params, open_)
   on_host = make_oracle is not None  # it makes its own start: no trace, no program here
