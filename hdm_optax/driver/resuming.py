@@ -157,7 +157,12 @@ def resumable(door):
   @functools.wraps(door)
   def front_door(*args, init_state=None, fun_args=(), **kwargs):
     init_state = _checked(init_state, fun_args)
-    result = door(*args, init_state=init_state, fun_args=fun_args, **kwargs)
+    try:
+      result = door(*args, init_state=init_state, fun_args=fun_args, **kwargs)
+    except BaseException as error:  # a partial result (Ctrl-C, a callback's error) resumes too
+      part = getattr(error, "result", None)
+      _ran_on(getattr(part, "results", part), fun_args)
+      raise
     _ran_on(getattr(result, "results", result), fun_args)
     return result
 
