@@ -1736,3 +1736,53 @@ def test_the_fixes_the_refusal_names_give_the_derivative(door):
   # carry that residual, far above float64 rounding.
   np.testing.assert_allclose(via_scan(a), np.full(3, 1 / 1.1), rtol=1e-8)
   np.testing.assert_allclose(implicit(a), np.full(3, 1 / 1.1), rtol=1e-8)
+
+
+@pytest.mark.parametrize("door", ["solve", "solve_batch", "minimize"])
+def test_a_result_resumed_on_other_data_evaluates_f_there(door):
+  """A resumed run takes f and grad f at the params from the optimizer's cache, which
+  belongs to the data its run read. On other data (here 3 A) they are evaluated anew, one
+  counted call: the run reports f of the new data at its params (it reported the old f,
+  and CONVERGED on the old gradient). On the same arrays the cache is taken (no call)."""
+  opt, steps = hdm_optax.trial_lbfgs(), 12
+  new = (3.0 * _A, _Y)
+  f_new = jax.jit(_ridge_logistic)
+
+  def run(fun_args, init_state=None, max_steps=steps):
+    if door == "solve":
+      return hdm_optax.solve(
+        opt,
+        _ridge_logistic,
+        jnp.zeros(8) if init_state is None else init_state.params,
+        fun_args=fun_args,
+        max_steps=max_steps,
+        tol=1e-12,
+        init_state=init_state,
+      )
+    if door == "solve_batch":
+      x0 = jnp.zeros((1, 8)) if init_state is None else init_state.params
+      return hdm_optax.solve_batch(
+        opt,
+        _ridge_logistic,
+        x0,
+        fun_args=fun_args,
+        in_axes=(0, None),
+        max_steps=max_steps,
+        tol=1e-12,
+        init_state=init_state,
+      )
+    x0 = np.zeros(8) if init_state is None else init_state.x
+    options = {"maxiter": max_steps, "gtol": 1e-12, "ftol": 0.0}
+    return hdm_optax.minimize(
+      _ridge_logistic, x0, args=fun_args, options=options, init_state=init_state
+    )
+
+  first = run((_A, _Y))
+  same = run((_A, _Y), first, max_steps=steps + 1)
+  assert int(np.ravel(same.num_value_evals)[0]) == int(np.ravel(first.num_value_evals)[0]) + 1
+  other = run(new, first, max_steps=steps + 1)
+  assert int(np.ravel(other.num_value_evals)[0]) == int(np.ravel(first.num_value_evals)[0]) + 2
+  params = jnp.asarray(other.params if door != "minimize" else other.x).reshape(8)
+  np.testing.assert_allclose(
+    float(np.ravel(other.value)[0]), float(f_new(params, *new)), rtol=1e-14
+  )

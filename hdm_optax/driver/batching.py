@@ -332,6 +332,7 @@ def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta
 
 
 @takes_limits
+@resuming.resumable
 def sweep(
   make_optimizer: Callable[..., optax.GradientTransformation],
   grid: Union[Mapping[str, Sequence[Any]], Sequence[Mapping[str, Any]]],
@@ -474,6 +475,7 @@ def _blame_point(make_optimizer, points, static, dtype) -> None:
 
 
 @takes_limits
+@resuming.resumable
 def solve_batch(
   optimizer: optax.GradientTransformation,
   fun: Callable[..., Any],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any, NamedTuple, Optional
 
 import jax
@@ -29,6 +30,8 @@ __all__ = (
   "Resume",
   "batch_start",
   "check_params",
+  "Reread",
+  "resumable",
   "result_of",
   "small",
   "start_of",
@@ -90,11 +93,88 @@ def _counts(result) -> dict:
   )
 
 
+# id of a result's first state leaf -> the data its run read (see _ran_on), while it lives.
+_RAN_ON: dict = {}
+
+
+def _data(fun_args) -> tuple:
+  """``fun_args``' leaves as :func:`ran_on` keeps them: arrays by identity (weakly), numbers
+  and other values by value."""
+  kept = []
+  for leaf in jax.tree.leaves(fun_args):
+    try:
+      kept.append(weakref.ref(leaf))
+    except TypeError:  # a number, a string
+      kept.append(leaf)
+  return tuple(kept)
+
+
+def _ran_on(result, fun_args) -> None:
+  """Records that ``result``'s run read ``fun_args``, so that a run resuming it on other
+  data evaluates f and grad f instead of taking the optimizer's cache of them
+  (:func:`_checked`). Kept while the result's state lives; nothing inside a trace."""
+  leaves = jax.tree.leaves(getattr(result, "state", None))
+  if not leaves or programs.tracers(leaves[0]):
+    return
+  key = id(leaves[0])
+  try:
+    weakref.finalize(leaves[0], _RAN_ON.pop, key, None)
+  except TypeError:  # a leaf without weak references
+    return
+  _RAN_ON[key] = _data(fun_args)
+
+
+class Reread(SolveResult):
+  """A result to resume whose run read other data: f and grad f at its params are
+  evaluated (one counted call) instead of taken from the optimizer's cache."""
+
+  __slots__ = ()
+
+
+def _checked(init_state, fun_args):
+  """``init_state``, as a :class:`Reread` where it is a result whose run read other
+  ``fun_args`` (other arrays, or other numbers): its cache of f and grad f belongs to those.
+  Where nothing is known of its run (a result loaded from a file, or made in a trace) it is
+  taken as it is (docs/guide.md, "Resuming a run")."""
+  result = result_of(init_state)
+  leaves = jax.tree.leaves(None if result is None else result.state)
+  kept = _RAN_ON.get(id(leaves[0])) if leaves else None
+  if kept is None:
+    return init_state
+  given = jax.tree.leaves(fun_args)
+  same = lambda k, x: k() is x if isinstance(k, weakref.ref) else (type(k) is type(x) and k == x)
+  if len(kept) == len(given) and all(bool(same(k, x)) for k, x in zip(kept, given)):
+    return init_state
+  return Reread(*(result[: len(SolveResult._fields)]))
+
+
+def resumable(door):
+  """``door`` (a front door with ``init_state`` and ``fun_args`` keywords), resuming a result
+  on other data from f and grad f evaluated anew: it records the data each result's run
+  read, and hands ``door`` a :class:`Reread` where ``init_state`` is a result of other data.
+  """
+
+  @functools.wraps(door)
+  def front_door(*args, init_state=None, fun_args=(), **kwargs):
+    init_state = _checked(init_state, fun_args)
+    try:
+      result = door(*args, init_state=init_state, fun_args=fun_args, **kwargs)
+    except BaseException as error:  # a partial result (Ctrl-C, a callback's error) resumes too
+      part = getattr(error, "result", None)
+      _ran_on(getattr(part, "results", part), fun_args)
+      raise
+    _ran_on(getattr(result, "results", result), fun_args)
+    return result
+
+  return front_door
+
+
 def start_of(init_state, init_params, shape, kept: bool = False) -> Resume:
   """The start of one run: fresh (a placeholder of the state's ``shape``, ``jax.eval_shape``
   of ``optimizer.init``), a warm start from a state, or a resumed result. ``kept``: a
   small fresh start is kept on the device (:func:`hdm_optax.driver.programs.on_device`; for
-  a run outside any trace on one device)."""
+  a run outside any trace on one device). A resumed result's f and grad f are the
+  optimizer cache's, unless it is :class:`Reread` (evaluated, the counts going on)."""
   if init_state is None and kept and small(shape):
     key = ("fresh", compiled_lib.abstract(shape))
     return programs.on_device(key, lambda: Resume.of(_placeholder(shape), FRESH))
@@ -106,17 +186,19 @@ def start_of(init_state, init_params, shape, kept: bool = False) -> Resume:
   check_params(init_params, result.params)
   counts = _counts(result)
   counts = {k: v if programs.tracers(v) else np.int32(np.asarray(v)) for k, v in counts.items()}
-  return Resume.of(_like(result.state, shape), RESUME, **counts)
+  mode = WARM if isinstance(result, Reread) else RESUME
+  return Resume.of(_like(result.state, shape), mode, **counts)
 
 
 def batch_start(init_state):
   """A batch's start: ``None``, the members' optimizer states (a warm start), or a batched
-  result whose runs each member resumes (a :class:`Resume` with a row per member)."""
+  result whose runs each member resumes (a :class:`Resume` with a row per member; as in
+  :func:`start_of` for a :class:`Reread` result)."""
   result = result_of(init_state)
   if result is None:
     return init_state
   rows = np.shape(result.num_steps)[0]
-  counts = dict(_counts(result), mode=np.full(rows, RESUME))
+  counts = dict(_counts(result), mode=np.full(rows, WARM if isinstance(result, Reread) else RESUME))
   counts = {k: jnp.broadcast_to(jnp.asarray(v, jnp.int32), (rows,)) for k, v in counts.items()}
   return Resume(opt_state=result.state, **counts)
 

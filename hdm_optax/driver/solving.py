@@ -76,6 +76,7 @@ _solve_entry.num_statics = 5
 
 
 @takes_limits
+@resuming.resumable
 def solve(
   optimizer: optax.GradientTransformation,
   fun: Callable[..., Any],
