@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import optax
 
 
 def require_oracle(name: str, value, grad, value_fn, updates, params=None, state_grad=None):
@@ -83,13 +84,26 @@ def check_like(name: str, what: str, tree, params):
   if t_def != p_def:
     raise ValueError(
       f"{name}.update: {what} does not have the pytree structure of params:\n"
-      f"  params: {p_def}\n  got:    {t_def}"
+      f"  params: {p_def}\n  got:    {t_def}{_masked_hint(name, params)}"
     )
   if t_shapes != p_shapes:
     raise ValueError(
       f"{name}.update: {what} does not have the leaf shapes of params: "
       f"params {p_shapes}, got {t_shapes}"
     )
+
+
+def _masked_hint(name: str, params) -> str:
+  """Where ``params`` hold ``optax.masked``'s placeholders, why and the fix ("" elsewhere)."""
+  masked = lambda node: isinstance(node, optax.MaskedNode)
+  if not any(map(masked, jax.tree.leaves(params, is_leaf=masked))):
+    return ""
+  return (
+    f"\n{name} runs inside optax.masked (or optax.multi_transform), which hands it part of "
+    "the params while value= and grad= are f's over all of them. To hold some params "
+    f"fixed, put the mask before {name}: optax.chain(optax.masked(optax.set_to_zero(), "
+    f"held), {name}(...)) (held: True for the params to keep)."
+  )
 
 
 def _described(out) -> str:

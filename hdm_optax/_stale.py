@@ -253,7 +253,7 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     def checked(
       updates,
       state,
-      params,
+      params=None,
       *,
       value=None,
       grad=None,
@@ -261,6 +261,11 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       value_at_params=False,
       **extra_args,
     ):
+      if params is None:
+        raise TypeError(
+          f"{name}.update needs params, the point where value= and grad= were taken: "
+          f"update(updates, state, params, value=..., grad=..., value_fn=...)."
+        )
       value, received = _oracle.require_oracle(
         name, value, grad, value_fn, updates, params=params, state_grad=state.grad
       )

@@ -545,3 +545,19 @@ def test_the_factory_instead_of_the_optimizer_is_refused(door):
     run(hdm_optax.trial_lbfgs, _SQUARE, x0, fun_args=(jnp.ones(2),), **batch)
   with pytest.raises(TypeError, match=r"optimizer must be an optax transformation.*got 3"):
     hdm_optax.solve(3, _SQUARE, jnp.zeros(2), fun_args=(jnp.ones(2),))
+
+
+def test_the_errors_of_three_common_mistakes_name_the_fix():
+  """An HDM method inside optax.masked, update without params, and in_axes mapping a number
+  (the errors named JAX's internals or a leaf without saying which)."""
+  fun = lambda p: jnp.sum(p["w"] ** 2) + jnp.sum((p["v"] - 1.0) ** 2)
+  x0 = {"w": jnp.ones(2), "v": jnp.zeros(2)}
+  inside = optax.masked(hdm_optax.trial_lbfgs(), {"w": False, "v": True})
+  with pytest.raises(ValueError, match=r"inside optax.masked.*optax.chain\(optax.masked\("):
+    hdm_optax.solve(inside, fun, x0)
+  opt = hdm_optax.trial_lbfgs()
+  with pytest.raises(TypeError, match=r"trial_lbfgs.update needs params"):
+    opt.update(jnp.ones(2), opt.init(jnp.zeros(2)), value=jnp.asarray(1.0), grad=jnp.ones(2))
+  quadratic = lambda x, a, weight: jnp.sum((x - a) ** 2) + weight * jnp.sum(x**2)
+  with pytest.raises(ValueError, match=r"axis 0 of fun_args\[1\], of shape \(\).*None"):
+    hdm_optax.solve_batch(opt, quadratic, jnp.zeros((3, 2)), fun_args=(jnp.ones((3, 2)), 0.1))

@@ -48,12 +48,18 @@ def problems(init_params, fun_args: tuple, in_axes) -> Problems:
       f"leaves (as jax.vmap's), got {in_axes!r} for {jax.tree.structure(tree)}"
     ) from None
   leaves, treedef = jax.tree.flatten(tree)
+  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
   out, sizes = [], set()
-  for leaf, axis in zip(leaves, axes):
+  for leaf, axis, path in zip(leaves, axes, paths):
     if axis is not None:
       leaf = jnp.asarray(leaf)
       if not isinstance(axis, int) or not -leaf.ndim <= axis < leaf.ndim:
-        raise ValueError(f"in_axes: axis {axis!r} for a leaf of shape {leaf.shape}")
+        where = ("init_params", "fun_args")[path[0].idx] + jax.tree_util.keystr(path[1:])
+        raise ValueError(
+          f"in_axes maps axis {axis!r} of {where}, of shape {leaf.shape}, which has no such "
+          "axis; give it None in in_axes (e.g. in_axes=(0, (0, None)) for fun_args=(data, "
+          "number): data mapped, the number shared)."
+        )
       sizes.add(leaf.shape[axis])
       leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
     out.append(leaf)
