@@ -46,7 +46,7 @@ def check_params(params, name: str = "init_params"):
   return params
 
 
-def _watch_and_loop(check_every, callback, progress, adjoint, max_steps) -> tuple:
+def _watch_and_loop(check_every, callback, progress, adjoint, limits) -> tuple:
   """``(hook, adjoint, primitive)``: a call's callback and progress line, and its loop."""
   integer = isinstance(check_every, (int, np.integer)) and not isinstance(check_every, bool)
   if not integer or check_every < 1:
@@ -57,7 +57,7 @@ def _watch_and_loop(check_every, callback, progress, adjoint, max_steps) -> tupl
       f"callback= and progress= watch every step; they need check_every=1, got {check_every}."
     )
   adjoint = adjoint_lib.check_adjoint(adjoint)
-  return hook, adjoint, adjoint.primitive(int(check_every), max_steps)
+  return hook, adjoint, adjoint.primitive(int(check_every), limits.max_steps)
 
 
 def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, args, state, limits):
@@ -171,9 +171,7 @@ def solve(
     (True, 'converged: ||grad f||_inf <= tol')
   """
   init_params = check_params(init_params)
-  hook, adjoint, primitive = _watch_and_loop(
-    check_every, callback, progress, adjoint, limits.max_steps
-  )
+  hook, adjoint, primitive = _watch_and_loop(check_every, callback, progress, adjoint, limits)
   found = programs.tracers((init_params, tuple(fun_args), init_state, limits.tol, limits.rtol))
   kept, shown = runs.trace_size(trace, limits.max_steps, batch=any(map(programs.is_batched, found)))
   key, arrays, shape = programs.prepare(protocol.check_optimizer("solve", optimizer), init_params)
