@@ -116,3 +116,29 @@ def test_scipy_s_float64_steps_are_kept():
   np.testing.assert_array_equal(
     np.stack(ours[1:]) - ours[0], np.stack(seen["scipy"][1:6]) - seen["scipy"][0]
   )
+
+
+def test_the_differences_stay_in_the_box_as_scipy_s_do():
+  """A step that would leave the box is turned as SciPy's approx_derivative turns it (back,
+  or to the farther bound), so fun is read only inside; f = (x - 2)^2 + (1 - x)^1.5 is NaN
+  beyond its bound x <= 1, where the minimum lies."""
+  numdiff = pytest.importorskip("scipy.optimize._numdiff", reason="SciPy's differences")
+  from hdm_optax.adapters import objective  # pylint: disable=import-outside-toplevel
+
+  f = lambda x: float(np.sum(np.sin(x) * x))
+  x = np.array([1.0, 0.0, -1.0, 0.5, 0.25])
+  lower = np.array([-5.0, -5.0, -1.0, 0.5 - 1e-9, -np.inf])
+  upper = np.array([1.0, 5.0, 5.0, 0.5 + 1e-9, np.inf])
+  _, ours = objective._forward_differences(f, x, 1e-8, (lower, upper))
+  theirs = numdiff.approx_derivative(f, x, method="2-point", abs_step=1e-8, bounds=(lower, upper))
+  np.testing.assert_array_equal(ours, theirs)
+
+  def edge(x):
+    with np.errstate(invalid="ignore"):
+      return float(np.sum((x - 2.0) ** 2 + (1.0 - x) ** 1.5))
+
+  bounds = [(None, 1.0)] * 3
+  ours = _minimize(edge, np.zeros(3), bounds=bounds)
+  theirs = scipy.optimize.minimize(edge, np.zeros(3), method="L-BFGS-B", bounds=bounds)
+  np.testing.assert_array_equal(ours.x, [1.0, 1.0, 1.0])
+  assert ours.success and ours.fun == edge(ours.x) and ours.nfev <= 2 * theirs.nfev

@@ -115,6 +115,7 @@ class _HostPair:
   jac: Any
   eps: Any
   arrangement: Any
+  box: Any = None  # forward differences in a box: (lower, upper) as float64 bytes
 
   def __call__(self, x, *args):
     dtype = jax.tree.leaves(x)[0].dtype
@@ -140,7 +141,8 @@ class _HostPair:
     elif self.jac is not None:
       value, grad = self.fun(x, *args), self.jac(x, *args)
     else:
-      value, grad = _forward_differences(lambda x: self.fun(x, *args), x, self.eps)
+      box = None if self.box is None else [np.frombuffer(side) for side in self.box]
+      value, grad = _forward_differences(lambda x: self.fun(x, *args), x, self.eps, box)
     return _scalar(value, dtype, np), _like(grad, x, np)
 
 
@@ -156,7 +158,18 @@ def _host_value(value) -> float:
   return float(_scalar(value, np.float64, np))
 
 
-def _forward_differences(fun, x, eps):
+def _inside(flat, steps, box):
+  """SciPy's one-sided steps in a box (``_adjust_scheme_to_bounds``): a step that leaves the
+  box is taken backward where that fits, else to the farther side's bound."""
+  lower, upper = box
+  below, above = flat - lower, upper - flat
+  leaves = (flat + steps < lower) | (flat + steps > upper)
+  fits = np.abs(steps) <= np.maximum(below, above)
+  steps = np.where(leaves & fits, -steps, steps)
+  return np.where(fits, steps, np.where(above >= below, above, -below))
+
+
+def _forward_differences(fun, x, eps, box=None):
   r"""SciPy L-BFGS-B's gradient for ``jac=None``: ``(f(x + h_i e_i) - f(x)) / dx_i``.
 
   As SciPy's ``approx_derivative``: ``h_i`` is the absolute step ``eps``, or, where that
@@ -165,7 +178,8 @@ def _forward_differences(fun, x, eps):
   dtype); ``dx_i`` is the step as x's dtype holds it. For an x of less than 64 bits (JAX's
   32-bit mode) ``h_i`` is the larger of ``eps`` and :math:`r_i`: SciPy's ``eps`` is float64's
   :math:`\sqrt{\epsilon}`, and a step below float32's moves f by less than its rounding, so
-  the difference would read a zero gradient, a false convergence.
+  the difference would read a zero gradient, a false convergence. In a box (``box``, the
+  flat lower and upper bounds) a step that would leave it is turned as SciPy turns it.
   """
   if not isinstance(x, np.ndarray):
     raise TypeError(
@@ -180,6 +194,8 @@ def _forward_differences(fun, x, eps):
   if flat.dtype.itemsize < 8:
     steps = np.where(np.abs(steps) < np.abs(relative), relative, steps)
   steps = np.where((flat + steps).astype(flat.dtype) == flat, relative, steps)
+  if box is not None:
+    steps = _inside(flat.astype(np.float64), steps, box)
   grad = np.empty(x.size)
   for i in range(flat.size):
     moved = flat.copy()
@@ -187,6 +203,18 @@ def _forward_differences(fun, x, eps):
     step = float(moved[i]) - float(flat[i])
     grad[i] = (_host_value(fun(moved.reshape(x.shape))) - value) / step
   return value, grad.reshape(x.shape)
+
+
+def _box_sides(box, x0) -> Any:
+  """``box`` as flat float64 bytes per side (hashable, for the host pair's key), ``None``
+  without bounds or for a pytree x0 (which forward differences refuse)."""
+  if all(side is None for side in box) or len(jax.tree.leaves(x0)) != 1 or programs.tracers(box):
+    return None  # no box, a pytree x0, or bounds traced (jax.grad of them): steps as given
+  size, sides = np.size(x0), []
+  for side, open_ in zip(box, (-np.inf, np.inf)):
+    side = open_ if side is None else np.asarray(side, np.float64)
+    sides.append(np.ascontiguousarray(np.broadcast_to(side, (size,)), np.float64).tobytes())
+  return tuple(sides)
 
 
 class _WithGradient:
@@ -334,8 +362,13 @@ def _check_jac(jac):
   return None  # SciPy reads a false jac as None
 
 
-def objective(fun, jac, x0, args, eps=None, has_aux=False) -> tuple[Callable[..., Any], tuple, str]:
+def objective(
+  fun, jac, x0, args, eps=None, has_aux=False, box=(None, None)
+) -> tuple[Callable[..., Any], tuple, str]:
   """``(f, args, mode)``: SciPy's ``fun``, ``jac`` and ``args`` as ``f(x, *args)``.
+
+  ``box``: ``(lower, upper)`` of x (``None``, numbers or arrays), which forward differences
+  stay inside.
 
   ``mode`` is ``"jax"`` (JAX's gradient), ``"jac"`` (the user's gradient) or ``"host"``
   (``fun`` on the host; ``"differences"`` where its gradient is SciPy's forward difference).
@@ -380,5 +413,6 @@ def objective(fun, jac, x0, args, eps=None, has_aux=False) -> tuple[Callable[...
   leaves, treedef = jax.tree.flatten(args)
   statics = tuple(None if programs.is_dynamic(leaf) else leaf for leaf in leaves)
   dynamic = tuple(leaf for leaf in leaves if programs.is_dynamic(leaf))
-  host_pair = _HostPair(fun, jac, step, (treedef, statics))
+  sides = _box_sides(box, x0) if differences else None
+  host_pair = _HostPair(fun, jac, step, (treedef, statics), sides)
   return _WithGradient(host_pair), dynamic, "differences" if differences else "host"

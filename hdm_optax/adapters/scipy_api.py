@@ -696,7 +696,8 @@ def minimize(
   lower, upper = bounds_to_box(bounds, x0)
   _check_box(bounds, x0, lower, upper)
   x0, lower, upper, gtol, ftol = _strong(x0, lower, upper, opts["gtol"], opts["ftol"])
-  objective, args, mode = objective_lib.objective(fun, jac, x0, args, opts.get("eps"), has_aux)
+  eps, box = opts.get("eps"), (lower, upper)
+  objective, args, mode = objective_lib.objective(fun, jac, x0, args, eps, has_aux, box)
   if mode == "differences":  # maxfun caps fun's calls, n + 1 a gradient (SciPy's nfev)
     size = sum(np.size(leaf) for leaf in jax.tree.leaves(x0))
     opts = {**opts, "maxfun": max(1, opts["maxfun"] // (size + 1))}
