@@ -142,3 +142,11 @@ def test_the_differences_stay_in_the_box_as_scipy_s_do():
   theirs = scipy.optimize.minimize(edge, np.zeros(3), method="L-BFGS-B", bounds=bounds)
   np.testing.assert_array_equal(ours.x, [1.0, 1.0, 1.0])
   assert ours.success and ours.fun == edge(ours.x) and ours.nfev <= 2 * theirs.nfev
+
+
+def test_the_differences_take_a_box_shaped_like_a_two_dimensional_x0():
+  """Bounds shaped like an x0 of two axes reach the differences flat, as x does."""
+  lower, upper = np.zeros((2, 3)), np.ones((2, 3))
+  res = _minimize(lambda x: float(np.sum((x - 2.0) ** 2)), np.zeros((2, 3)), bounds=(lower, upper))
+  np.testing.assert_array_equal(res.x, upper)
+  assert res.success

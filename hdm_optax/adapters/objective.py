@@ -210,10 +210,10 @@ def _box_sides(box, x0) -> Any:
   without bounds or for a pytree x0 (which forward differences refuse)."""
   if all(side is None for side in box) or len(jax.tree.leaves(x0)) != 1 or programs.tracers(box):
     return None  # no box, a pytree x0, or bounds traced (jax.grad of them): steps as given
-  size, sides = np.size(x0), []
+  sides = []
   for side, open_ in zip(box, (-np.inf, np.inf)):
     side = open_ if side is None else np.asarray(side, np.float64)
-    sides.append(np.ascontiguousarray(np.broadcast_to(side, (size,)), np.float64).tobytes())
+    sides.append(np.broadcast_to(side, np.shape(x0)).ravel().tobytes())
   return tuple(sides)
 
 

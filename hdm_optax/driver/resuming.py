@@ -98,7 +98,7 @@ _RAN_ON: dict = {}
 
 
 def _data(fun_args) -> tuple:
-  """``fun_args``' leaves as :func:`ran_on` keeps them: arrays by identity (weakly), numbers
+  """``fun_args``' leaves as :func:`_ran_on` keeps them: arrays by identity (weakly), numbers
   and other values by value."""
   kept = []
   for leaf in jax.tree.leaves(fun_args):

@@ -25,6 +25,7 @@ import optax
 from hdm_optax import _blocks
 from hdm_optax import _checks
 from hdm_optax import _numerics
+from hdm_optax import _oracle
 from hdm_optax.pieces import box as box_lib
 from hdm_optax.pieces import shell
 from hdm_optax.pieces.lbfgs import bounded
@@ -218,7 +219,7 @@ def _held(ctx):
   """Where a transformation before the method held a coordinate (u_i = 0, grad_i != 0);
   ``None`` where u is grad f itself (the method alone or first in a chain: the program then
   has no test)."""
-  if ctx.updates is ctx.grad:
+  if _oracle.same_leaves(ctx.updates, ctx.grad):
     return None
   return jax.tree.map(lambda u, g: (u == 0) & (g != 0), ctx.updates, ctx.grad)
 
