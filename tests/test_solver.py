@@ -631,6 +631,20 @@ def test_sweep_refuses_a_grid_point_its_factory_refuses(bad):
   assert out.results.converged.tolist() == [True, True]
 
 
+def test_sweep_holds_static_a_float_setting_a_trace_cannot_build():
+  """optax.exponential_decay compares its decay_rate in Python as it is built: the setting
+  gets a program per value, and each point is the solve of its own optimizer."""
+  make = lambda decay_rate: optax.chain(
+    optax.scale_by_schedule(optax.exponential_decay(1.0, 10, decay_rate)), hdm_optax.hdm_auto()
+  )
+  rates = [0.5, 0.9]
+  out = hdm_optax.sweep(make, {"decay_rate": rates}, quadratic, jnp.ones(3), fun_args=(A,))
+  for i, rate in enumerate(rates):
+    solo = hdm_optax.solve(make(rate), quadratic, jnp.ones(3), fun_args=(A,))
+    np.testing.assert_array_equal(out.results.params[i], solo.params)
+    assert int(out.results.num_grad_evals[i]) == int(solo.num_grad_evals)
+
+
 @pytest.mark.parametrize("values", [0.5, "adam", jnp.asarray(0.5)])
 def test_sweep_grid_values_must_be_a_list(values):
   with pytest.raises(TypeError, match=r"grid\['precond_lr'\] must be a list of values.*\[") as err:

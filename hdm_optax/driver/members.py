@@ -124,7 +124,8 @@ def column(name, values, float_dtype) -> jax.Array:
 
 
 def static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
-  """The settings held static: non-numbers, and integers a trace cannot build (a memory size)."""
+  """The settings held static: non-numbers, and numbers a trace cannot build (a memory size,
+  a rate an optax schedule compares in Python); integers are tried first."""
 
   def builds(traced):
     try:
@@ -136,7 +137,8 @@ def static_names(make_optimizer, names, points, params, float_dtype) -> tuple:
   number = (numbers.Number, np.generic, np.ndarray, jax.Array)
   held = [n for n in names if not all(isinstance(p[n], number) for p in points)]
   traced = {n: column(n, [p[n] for p in points], float_dtype)[0] for n in names if n not in held}
-  for name in [n for n in traced if all(isinstance(p[n], numbers.Integral) for p in points)]:
+  integral = lambda n: all(isinstance(p[n], numbers.Integral) for p in points)
+  for name in sorted(traced, key=lambda n: not integral(n)):
     if builds(traced):
       break
     rest = {n: v for n, v in traced.items() if n != name}
