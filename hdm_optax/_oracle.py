@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -55,21 +56,57 @@ def same_leaves(a, b) -> bool:
   return all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def require_untransformed(name: str, updates, grad, reason: str):
-  """Raises a ``ValueError`` unless ``updates`` are the gradient itself (leaf for leaf).
+def untransformed(updates, grad):
+  """Whether ``updates`` are the gradient ``grad`` itself.
+
+  ``True`` for the same leaves (one tree passed twice, at trace time) or no ``grad``.
+  Separate arrays are compared by value: a concrete bool, or a traced one where both are
+  arguments of the program being traced (``jax.jit(opt.update)`` called with the gradient
+  as both): at trace time nothing tells those apart. ``False`` where the updates were
+  computed in the program (a transformation before this one in ``optax.chain``).
+  """
+  if updates is None or grad is None or same_leaves(updates, grad):
+    return True
+  pairs = list(zip(jax.tree.leaves(updates), jax.tree.leaves(grad)))
+  leaves = [leaf for pair in pairs for leaf in pair]
+  if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+    return all(np.array_equal(u, g) for u, g in pairs)
+  if all(_program_input(leaf) for leaf in leaves):
+    return jnp.all(jnp.stack([jnp.all(u == g) for u, g in pairs]))
+  return False
+
+
+def _program_input(leaf) -> bool:
+  """An argument of the program being traced, not a value computed in it: a tracer with
+  no equation behind it (JAX's ``parent``; where a tracer has no such attribute, as under
+  ``vmap``, the answer is no)."""
+  return isinstance(leaf, jax.core.Tracer) and getattr(leaf, "parent", 0) is None
+
+
+def require_untransformed(name: str, same, reason: str):
+  """Raises a ``ValueError`` unless ``same``, :func:`untransformed`'s answer, is true.
 
   For a variant that cannot honour a transformation before it in a chain:
   refusing is better than dropping the user's clipping or weight decay without
-  a word. Identity is checked on the leaves (at trace time), so ``grad`` passed
-  as both ``updates`` and ``grad=``, or through ``optax.identity()``, passes.
+  a word. Where ``same`` is traced (the two were separate arguments of the program),
+  the program raises the error when it runs and they differ.
   """
-  if not same_leaves(updates, grad):
-    raise ValueError(
-      f"{name}.update got updates that differ from grad=: a transformation before "
-      f"{name} in optax.chain changed them, and {name} cannot honour it ({reason}). "
-      f"Put {name} first (or alone) in the chain, or use a variant that steps along the "
-      "incoming updates (hdm, hdm_hb, hdm_best, hdm_auto, osgm_best)."
-    )
+  message = (
+    f"{name}.update got updates that differ from grad=: a transformation before "
+    f"{name} in optax.chain changed them, and {name} cannot honour it ({reason}). "
+    f"Put {name} first (or alone) in the chain, or use a variant that steps along the "
+    "incoming updates (hdm, hdm_hb, hdm_best, hdm_auto, osgm_best)."
+  )
+  if not isinstance(same, jax.core.Tracer):
+    if not same:
+      raise ValueError(message)
+    return
+
+  def refuse(same):
+    if not np.all(same):
+      raise ValueError(message)
+
+  jax.lax.cond(same, lambda: None, lambda: jax.debug.callback(refuse, same))
 
 
 def _shapes(tree):

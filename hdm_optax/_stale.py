@@ -7,7 +7,7 @@ import contextlib
 import contextvars
 import functools
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -206,7 +206,9 @@ def values_at_params():
     _VALUES_AT_PARAMS.reset(token)
 
 
-def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def track_point(
+  name: str, untransformed_only: Optional[str] = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
   """Decorates an ``update_fn``: it never acts on a cache of another point.
 
   A transformation caches f and grad f at ``params + u``, ``u`` the update it
@@ -236,6 +238,9 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
   Args:
     name: the transformation's name, for the warning.
+    untransformed_only: for a transformation that cannot honour updates a transformation
+      before it in ``optax.chain`` changed, why (the reason the refusal gives): updates
+      that are not the received gradient are refused (:func:`_oracle.require_untransformed`).
 
   Returns:
     The decorator.
@@ -269,6 +274,9 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       value, received = _oracle.require_oracle(
         name, value, grad, value_fn, updates, params=params, state_grad=state.grad
       )
+      same = _oracle.untransformed(updates, received)
+      if untransformed_only is not None:
+        _oracle.require_untransformed(name, same, untransformed_only)
       if value_at_params or _VALUES_AT_PARAMS.get():  # the check is off: nothing of it runs
         out, new_state = update_fn(
           updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
@@ -279,8 +287,10 @@ def track_point(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
       value, fresh, stale = _refresh(
         state, params, value, received, value_fn, (point_sum, point_scale), report
       )
-      if updates is None or _oracle.same_leaves(updates, received):
+      if same is True:
         updates = fresh
+      elif same is not False:  # separate arguments of the program: fresh where they are equal
+        updates = jax.tree.map(lambda f, u: jnp.where(same, f, u), fresh, updates)
       out, new_state = update_fn(
         updates, state, params, value=value, grad=fresh, value_fn=value_fn, **extra_args
       )

@@ -243,6 +243,37 @@ def test_transformation_before_hdm_agd_is_refused():
   assert np.isfinite(float(hdm_optax.solve(opt, fun, X0, max_steps=3).value))
 
 
+def test_hdm_agd_runs_in_a_jitted_update_given_the_gradient_twice():
+  """``jax.jit(opt.update)`` called with the gradient as updates and as ``grad=`` (the
+  guide's loop) gets two tracers, which identity cannot tell from a chain's output: the
+  values are compared when the program runs. The loop converges as the unjitted one does;
+  updates that differ from ``grad=`` are refused when the program runs."""
+  fun = lambda w: logistic(w, X, Y)
+  opt = hdm_optax.hdm_agd(lipschitz=LIP)
+  value_and_grad = hdm_optax.value_and_grad_from_state(fun)
+  update = jax.jit(opt.update, static_argnames="value_fn")
+
+  def run(update, steps=30):
+    x, state = X0, opt.init(X0)
+    for _ in range(steps):
+      value, grad = value_and_grad(x, state=state)
+      updates, state = update(grad, state, x, value=value, grad=grad, value_fn=fun)
+      x = optax.apply_updates(x, updates)
+    return x
+
+  jitted, plain = run(update), run(opt.update)
+  # One program against op-by-op dispatch: XLA fuses multiply-adds, an eps of x per step,
+  # which 30 steps of the extrapolation grow to ~1e-8 here.
+  np.testing.assert_allclose(jitted, plain, rtol=1e-6)
+  assert float(fun(jitted)) < float(fun(X0))
+  state = opt.init(X0)
+  value, grad = value_and_grad(X0, state=state)
+  with pytest.raises(Exception, match="hdm_agd cannot honour it"):
+    clipped = jax.tree.map(lambda g: 0.5 * g, grad)
+    out, _ = update(clipped, state, X0, value=value, grad=grad, value_fn=fun)
+    jax.block_until_ready(out)
+
+
 # ---------------------------------------------------------------------------
 # Pytree params
 # ---------------------------------------------------------------------------

@@ -155,7 +155,9 @@ def hdm_agd(
     precond_max=precond_max,
     acceptance=acceptance_lib.resolved_decrease() if acceptance is None else acceptance,
   )
-  update_fn = _stale.track_point("hdm_agd")(functools.partial(_update, c))
+  update_fn = _stale.track_point(
+    "hdm_agd", untransformed_only="it takes every gradient at its extrapolated point y^k"
+  )(functools.partial(_update, c))
   return optax.GradientTransformationExtraArgs(functools.partial(_init, c), update_fn)
 
 
@@ -217,9 +219,6 @@ def _update(c: _AGD, updates, state, params, *, value=None, grad=None, value_fn=
   del extra
   value, grad = _oracle.require_oracle(
     "hdm_agd", value, grad, value_fn, updates, params=params, state_grad=state.grad
-  )
-  _oracle.require_untransformed(
-    "hdm_agd", updates, grad, "it takes every gradient at its extrapolated point y^k"
   )
   # The work on packed vectors (once per block, not per leaf); the state keeps its layout.
   packing = _blocks.Packing(params)
