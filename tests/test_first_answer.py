@@ -553,6 +553,43 @@ def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
   assert store.directory() is None
 
 
+_CHILD_OWN_CLASS = """
+import json, warnings
+import jax
+jax.config.update("jax_enable_x64", True)
+import equinox as eqx, jax.numpy as jnp, hdm_optax
+from hdm_optax.driver import store
+
+class Model(eqx.Module):
+  w: jax.Array
+  idx: jax.Array
+
+params, static = eqx.partition(Model(jnp.zeros(4), jnp.array([0, 2])), eqx.is_inexact_array)
+fun = lambda p: jnp.sum((eqx.combine(p, static).w[static.idx] - 1.0) ** 2) + jnp.sum(p.w**2)
+with warnings.catch_warnings(record=True) as caught:
+  warnings.simplefilter("always")
+  res = hdm_optax.solve(hdm_optax.hdm_auto(), fun, params, max_steps=100)
+print(json.dumps({"counts": store.counts(), "warnings": [str(w.message) for w in caught],
+                  "converged": bool(res.converged)}))
+"""
+
+
+def test_a_program_whose_params_class_the_store_cannot_load_is_not_stored(tmp_path):
+  """``eqx.partition``'s params name a class of equinox's in the program; the store loads
+  classes of JAX, NumPy, optax and the library only, so it does not write such a program
+  (it wrote it, and every later process warned and compiled it again)."""
+  env = dict(os.environ, HDM_OPTAX_PROGRAM_CACHE=str(tmp_path / "programs"), PYTHONPATH=ROOT)
+  for _ in range(2):
+    out = subprocess.run(
+      [sys.executable, "-c", _CHILD_OWN_CLASS], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    child = json.loads(out.stdout.strip().splitlines()[-1])
+    assert child["converged"]
+    assert child["counts"] == {"saved": 0, "loaded": 0}, child
+    assert not [w for w in child["warnings"] if "stored program" in w], child["warnings"]
+
+
 def test_a_stored_program_others_can_write_is_not_loaded(tmp_path):
   folder = str(tmp_path / "programs")
   _child(folder)

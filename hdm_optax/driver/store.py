@@ -222,7 +222,24 @@ def _executable_type() -> type:
   return type(jax.jit(lambda: 0).lower().compile()._executable.xla_executable)  # pylint: disable=protected-access
 
 
-class _Pickler(pickle.Pickler):
+class _Unreadable(pickle.PicklingError):
+  """A program that names a class :class:`_Restricted` does not load (params of a class of
+  the user's own): not stored, where it would warn at every load."""
+
+
+class _Checked(pickle.Pickler):
+  """A pickler of what :class:`_Restricted` loads: a class or function of another module
+  raises :class:`_Unreadable`."""
+
+  def reducer_override(self, obj):
+    if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+      module = getattr(obj, "__module__", None) or ""
+      if module.split(".")[0] not in _TRUSTED:
+        raise _Unreadable(f"{module}.{getattr(obj, '__qualname__', obj)}")
+    return NotImplemented
+
+
+class _Pickler(_Checked):
   def __init__(self, file, callbacks):
     super().__init__(file)
     self._callbacks = {id(c): i for i, c in enumerate(callbacks)}
@@ -305,12 +322,14 @@ def save(key: Optional[str], compiled) -> bool:
       return False
     buffer = io.BytesIO()
     args_info, in_tree = jax.tree.flatten(compiled.args_info)
-    pickle.dump(sites, buffer)  # read first, to give the backend this process's entry points
+    _Checked(buffer).dump(sites)  # read first, to give the backend this process's entry points
     _Pickler(buffer, callbacks).dump(
       (unloaded, args_info, in_tree, compiled.out_tree, compiled._no_kwargs)  # pylint: disable=protected-access
     )
     _write(folder, key + _SUFFIX, _sealed(buffer.getvalue()))
     _COUNTS["saved"] += 1
+  except _Unreadable:
+    return False
   except Exception as error:  # pylint: disable=broad-except
     warnings.warn(f"hdm_optax: a program was not stored ({type(error).__name__}: {error}).")
     return False
