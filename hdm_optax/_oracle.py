@@ -56,6 +56,28 @@ def same_leaves(a, b) -> bool:
   return all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+def held_coordinates(updates, grad):
+  """Where a transformation before the method held a coordinate (u_i = 0, grad_i != 0).
+
+  A step that mixes the coordinates (H_m u, a full P u) would move such a coordinate
+  anyway; :func:`hold` keeps it where it is.
+
+  Returns:
+    A boolean pytree shaped like ``updates``, or ``None`` where ``updates`` are the
+    gradient itself (the method alone or first in a chain: the program then has no test).
+  """
+  if same_leaves(updates, grad):
+    return None
+  return jax.tree.map(lambda u, g: (u == 0) & (g != 0), updates, grad)
+
+
+def hold(step, held):
+  """``step`` with 0 where ``held`` (from :func:`held_coordinates`; ``None``: as it is)."""
+  if held is None:
+    return step
+  return jax.tree.map(lambda s, h: jnp.where(h, jnp.zeros_like(s), s), step, held)
+
+
 def untransformed(updates, grad):
   """Whether ``updates`` are the gradient ``grad`` itself.
 

@@ -233,6 +233,30 @@ def test_transformation_before_hdm_is_honoured(name):
     assert not np.allclose(other.trace.value, plain.trace.value, rtol=1e-6)
 
 
+FULL = {
+  "hdm": lambda lip: hdm_optax.hdm(candidate="full", learner="ogd", precond_lr=1.0 / lip),
+  "hdm_hb": lambda lip: hdm_optax.hdm_hb(candidate="full"),
+}
+
+
+@pytest.mark.parametrize("name", list(FULL))
+def test_a_leaf_a_mask_before_a_full_precond_holds_stays_where_it_is(name):
+  """optax.masked(optax.set_to_zero(), mask) before the variant zeroes the update of the
+  masked leaf; a full P mixes the coordinates, so P u would move it anyway. The step keeps
+  it (as trial_lbfgs's does), and the other leaf reaches f's minimiser with it fixed."""
+  rng = np.random.default_rng(0)
+  a, b = jnp.asarray(rng.standard_normal((30, 4))), jnp.asarray(rng.standard_normal(30))
+  fun = lambda p: 0.5 * jnp.sum((a[:, :2] @ p["w"] + a[:, 2:] @ p["v"] - b) ** 2)
+  x0 = {"w": jnp.ones(2), "v": jnp.ones(2)}
+  held = optax.masked(optax.set_to_zero(), {"w": True, "v": False})
+  opt = optax.chain(held, FULL[name](float(np.linalg.norm(np.asarray(a), 2) ** 2)))
+  res = hdm_optax.solve(opt, fun, x0, max_steps=200, tol=1e-9)
+  np.testing.assert_array_equal(np.asarray(res.params["w"]), [1.0, 1.0])
+  w_part = np.asarray(b - a[:, :2] @ x0["w"])
+  expected = np.linalg.lstsq(np.asarray(a[:, 2:]), w_part, rcond=None)[0]
+  np.testing.assert_allclose(np.asarray(res.params["v"]), expected, rtol=1e-6, atol=1e-8)
+
+
 def test_transformation_before_hdm_agd_is_refused():
   """hdm_agd takes its gradients at its extrapolated point: it refuses transformed updates."""
   fun = lambda w: logistic(w, X, Y)

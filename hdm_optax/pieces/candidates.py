@@ -30,6 +30,7 @@ import optax
 
 from hdm_optax import _blocks
 from hdm_optax import _checks
+from hdm_optax import _oracle
 
 __all__ = ("CANDIDATE_SETS", "CandidateSet", "diagonal", "full", "get", "scalar", "trial_step")
 
@@ -163,8 +164,15 @@ def trial_step(
   momentum_set: Optional[CandidateSet] = None,
   momentum: Any = None,
   momentum_direction: Any = None,
+  held: Any = None,
 ) -> Any:
   r"""The trial step :math:`x^+ - x = -P d + B m`.
+
+  A ``full`` P mixes the coordinates, so :math:`P d` moves a coordinate with
+  :math:`d_i = 0`. Where ``held`` marks a coordinate that a transformation before the
+  method held (:math:`u_i = 0` while :math:`\nabla f(x)_i \neq 0`), :math:`(P d)_i` is
+  0, as a scalar or diagonal P gives it; :math:`B m` is left as it is (B is scalar or
+  diagonal, and m is 0 on a coordinate that has never moved).
 
   Args:
     precond_set: the candidate set of P (its ``apply``).
@@ -173,6 +181,8 @@ def trial_step(
     momentum_set: the candidate set of B (``None``: no momentum term).
     momentum: B.
     momentum_direction: m, shaped like the params (usually s (x - x^-)).
+    held: a boolean pytree shaped like ``direction``, or ``None`` (no coordinate held:
+      the program has no test).
 
   Returns:
     The step, a pytree shaped like ``direction``.
@@ -186,7 +196,7 @@ def trial_step(
     >>> [float(v) for v in step]
     [-0.5, -1.0]
   """
-  step = optax.tree.scale(-1.0, precond_set.apply(precond, direction))
+  step = _oracle.hold(optax.tree.scale(-1.0, precond_set.apply(precond, direction)), held)
   if momentum_set is None:
     return step
   return optax.tree.add(step, momentum_set.apply(momentum, momentum_direction))

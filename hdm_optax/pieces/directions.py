@@ -27,6 +27,7 @@ import optax
 
 from hdm_optax import _blocks
 from hdm_optax import _numerics
+from hdm_optax import _oracle
 from hdm_optax.pieces import candidates as candidates_lib
 from hdm_optax.pieces import hypergradient as hypergradient_lib
 from hdm_optax.pieces import shell
@@ -105,6 +106,13 @@ def preconditioned(precond: Learnable) -> shell.Direction:
   (:func:`hdm_optax.pieces.step_control.kept_scale`). A non-finite trial
   leaves P and the learner as they are.
 
+  A coordinate that a transformation before the method held (:math:`u_i = 0` while
+  :math:`\nabla f(x)_i \neq 0`, e.g. ``optax.masked(optax.set_to_zero(), mask)``) takes
+  no step, also with a ``full`` P, which mixes the coordinates
+  (:func:`hdm_optax.pieces.candidates.trial_step`). P learns from the hypergradient
+  along u as it is: the rows of a full P at the held coordinates learn but step nothing
+  (the learners act entry by entry, so the other entries learn as without them).
+
   Args:
     precond: P as a :class:`Learnable`.
 
@@ -127,7 +135,8 @@ def preconditioned(precond: Learnable) -> shell.Direction:
   def propose(state, ctx):
     # Algorithm 1, line 3: the trial point x^k - P_k grad f(x^k), damped by s.
     direction = optax.tree.scale(ctx.step_size, ctx.updates)
-    return candidates_lib.trial_step(precond.candidate, state.precond, direction), None
+    held = _oracle.held_coordinates(ctx.updates, ctx.grad)
+    return candidates_lib.trial_step(precond.candidate, state.precond, direction, held=held), None
 
   def learn(state, trial, verdict, ctx):
     del verdict
@@ -178,7 +187,9 @@ def heavy_ball(
 
   at the damped (sP, sB) of the trial. The acceptance test compares the
   potential :math:`\psi(x, x^-) = f(x) + \frac{\omega}{2}\|x - x^-\|^2`
-  (line 6), and x^- moves only with an accepted trial.
+  (line 6), and x^- moves only with an accepted trial. A coordinate held before the
+  method takes no step along :math:`P u` (and none along :math:`B (x - x^-)` while it has
+  not moved), as in :func:`preconditioned`, which says how P learns there.
 
   Args:
     precond: P as a :class:`Learnable`.
@@ -213,8 +224,15 @@ def heavy_ball(
       optax.tree.scale(ctx.step_size, diff),
     )
     # Algorithm 2, line 3: x^{k+1/2} = x^k - P_k grad f(x^k) + B_k (x^k - x^{k-1}).
+    held = _oracle.held_coordinates(ctx.updates, ctx.grad)
     step = candidates_lib.trial_step(
-      precond.candidate, state.precond, direction, momentum.candidate, state.momentum, s_diff
+      precond.candidate,
+      state.precond,
+      direction,
+      momentum.candidate,
+      state.momentum,
+      s_diff,
+      held=held,
     )
     return step, None
 

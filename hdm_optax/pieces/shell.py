@@ -285,10 +285,13 @@ def _packed_context(packing: _blocks.Packing, ctx: Context) -> Context:
   """``ctx`` with x, u and grad f(x) packed, and an oracle that takes and gives blocks."""
   if not packing.on:
     return ctx
+  grad = packing.pack(ctx.grad)
+  # u that is grad f(x) stays grad f(x) packed, so the slots can tell (held_coordinates).
+  updates = grad if _oracle.same_leaves(ctx.updates, ctx.grad) else packing.pack(ctx.updates)
   return ctx._replace(
     params=packing.pack(ctx.params),
-    updates=packing.pack(ctx.updates),
-    grad=packing.pack(ctx.grad),
+    updates=updates,
+    grad=grad,
     value_and_grad=packing.oracle(ctx.value_and_grad),
   )
 

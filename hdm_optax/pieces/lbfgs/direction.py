@@ -215,19 +215,10 @@ def _operator(cfg: _Config, memory, gamma, updates):
   return memory_lib.inverse_hessian_product(memory, h0, updates)
 
 
-def _held(ctx):
-  """Where a transformation before the method held a coordinate (u_i = 0, grad_i != 0);
-  ``None`` where u is grad f itself (the method alone or first in a chain: the program then
-  has no test)."""
-  if _oracle.same_leaves(ctx.updates, ctx.grad):
-    return None
-  return jax.tree.map(lambda u, g: (u == 0) & (g != 0), ctx.updates, ctx.grad)
-
-
 def _propose(cfg: _Config, state, ctx):
   dtype = ctx.value.dtype
   # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
-  held = _held(ctx)
+  held = _oracle.held_coordinates(ctx.updates, ctx.grad)
   free = None if state.box is None else box_lib.free_mask(state.box, ctx.params, ctx.updates)
   if free is not None and held is not None:
     free = jax.tree.map(lambda f, h: f & ~h, free, held)
@@ -243,8 +234,7 @@ def _propose(cfg: _Config, state, ctx):
   if state.box is None:  # x+ = x - alpha H_m u.
     step = optax.tree.scale(-ctx.step_size, _operator(cfg, state.memory, gamma, updates))
     if held is not None:
-      keep = lambda s, h: jnp.where(h, jnp.zeros_like(s), s)
-      step = jax.tree.map(keep, step, _blocks.pack(held))
+      step = _oracle.hold(step, _blocks.pack(held))
     return _blocks.unpack(step, ctx.params), _Proposed(None, step)
   # In a box: P(x - alpha d), H acting on the free variables.
   tol = _numerics.cast(cfg.pair_tol, dtype)
