@@ -1198,6 +1198,16 @@ BAD_ARGUMENTS = {
   ),
   "aux_triple": (_aux(lambda v: (v, v, v)), TypeError, "got a tuple of length 3"),
   "aux_in_a_dict": (_aux(lambda v: {"value": v}), TypeError, r"got a dict with 1 array"),
+  "value_an_int": (
+    lambda: hdm_optax.solve(SGD, lambda x: jnp.sum(x).astype(jnp.int32), jnp.zeros(3)),
+    TypeError,
+    r"fun's value has dtype int32, which has no gradient; return a real floating value",
+  ),
+  "value_none": (
+    lambda: hdm_optax.solve(SGD, lambda x: None, jnp.zeros(3)),
+    TypeError,
+    r"fun's value is None, not a scalar.*without a return statement",
+  ),
 }
 
 

@@ -42,13 +42,20 @@ _UNTRACEABLE = (
 )
 
 
-def _scalar(value, dtype, xp=jnp):
+def _scalar(value, dtype, xp=jnp, differentiated=False):
   """SciPy's scalar: a number or an array of one entry, as ``dtype`` (``xp``: the array
-  module, ``np`` on the host)."""
+  module, ``np`` on the host). ``differentiated``: JAX differentiates the cast, so a value
+  that is not floating (whose gradient would read zero) is refused."""
   value = xp.asarray(value)
   if value.size != 1:
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
+    )
+  if differentiated and not jnp.issubdtype(value.dtype, jnp.floating):
+    raise TypeError(
+      f"fun's value has dtype {value.dtype}, which has no gradient (JAX's would read zero and "
+      "the run stop at x0); return a real floating value: drop the cast to an integer or "
+      "bool, or compute in x0's dtype."
     )
   return value.reshape(()).astype(dtype, copy=False)
 
@@ -82,7 +89,9 @@ class _Scalar:
 
   def __call__(self, x, *args):
     out, dtype = self.fun(x, *args), jax.tree.leaves(x)[0].dtype
-    return (_scalar(out[0], dtype), out[1]) if self.has_aux else _scalar(out, dtype)
+    if self.has_aux:
+      return _scalar(out[0], dtype, differentiated=True), out[1]
+    return _scalar(out, dtype, differentiated=True)
 
 
 def _pair_of(out):
