@@ -1,6 +1,8 @@
 """hdm_optax.minimize as SciPy's minimize(method="L-BFGS-B"): signature, jac, options,
 callback, the result's fields, x0 as SciPy reads it, bounds (NaN, pytrees, models)."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -274,6 +276,20 @@ def test_a_jax_value_that_is_not_floating_is_refused_not_converged_at_x0(dtype, 
     hdm_optax.minimize(fun, np.zeros(3, np.float32), has_aux=has_aux)
   with pytest.raises(TypeError, match=message):
     hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(3), has_aux=has_aux)
+
+
+@pytest.mark.parametrize("form", ["numpy", "jax"])
+def test_a_pair_returned_without_jac_or_has_aux_names_both(form):
+  """``fun`` returning ``(f, aux)`` or ``(f, grad)`` with neither flag read as a value of
+  shape (2,); the message says what to pass."""
+  if form == "numpy":
+    fun = lambda x: (float(np.sum((np.asarray(x) - 1.0) ** 2)), 2 * (np.asarray(x) - 1.0))
+  else:
+    fun = lambda x: (jnp.sum((x - 1.0) ** 2), 1.0)
+  message = r"fun returned a tuple of length 2, not a scalar: .*pass jac=True.*pass has_aux=True"
+  with pytest.raises(TypeError, match=message), warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # the forward differences' note
+    hdm_optax.minimize(fun, np.zeros(3, np.float32))
 
 
 @pytest.mark.parametrize("form", ["numpy", "jax"])

@@ -46,7 +46,23 @@ def _scalar(value, dtype, xp=jnp, differentiated=False):
   """SciPy's scalar: a number or an array of one entry, as ``dtype`` (``xp``: the array
   module, ``np`` on the host). ``differentiated``: JAX differentiates the cast, so a value
   that is not floating (whose gradient would read zero) is refused."""
+  if isinstance(value, (tuple, list)) and len(value) == 2:
+    raise TypeError(
+      f"fun returned a {type(value).__name__} of length 2, not a scalar: if it "
+      "returns (value, gradient), pass jac=True; if it returns (value, aux) (a JAX fun), "
+      "pass has_aux=True; else return the value alone."
+    )
+  if value is None:
+    raise TypeError(
+      "fun returned None, not a number: return its value (a number or an array of one "
+      "entry); a function without a return statement returns None."
+    )
   value = xp.asarray(value)
+  if not (jnp.issubdtype(value.dtype, jnp.number) or jnp.issubdtype(value.dtype, jnp.bool_)):
+    raise TypeError(
+      f"fun returned a value of dtype {value.dtype}, not a number: return a float (a "
+      "number or an array of one entry)."
+    )
   if value.size != 1:
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
