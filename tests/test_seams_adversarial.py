@@ -1122,6 +1122,22 @@ _STATE_5 = hdm_optax.trial_lbfgs().init(jnp.zeros(5))
 _STATE_F32 = hdm_optax.trial_lbfgs().init(jnp.zeros(3, jnp.float32))
 _CPU = jax.devices("cpu")[0]
 
+
+_MLP = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+_MODEL_LEAF = (
+  r"a params leaf of type custom_jvp is not an array: pass only the arrays, .*"
+  r"eqx.partition\(model, eqx.is_array\)"
+)
+
+
+def _model_loss(model):
+  return jnp.sum(model(jnp.ones(2)) ** 2)
+
+
+def _batch_loss(model, scale):
+  return _model_loss(model) * scale
+
+
 BAD_ARGUMENTS = {
   "batch_of_none": (_no_batch((0, 0), jnp.zeros((0, 3)), jnp.zeros((0, 3))), ValueError, "size 0"),
   "batch_of_none_in_data": (
@@ -1207,6 +1223,28 @@ BAD_ARGUMENTS = {
     lambda: hdm_optax.solve(SGD, lambda x: None, jnp.zeros(3)),
     TypeError,
     r"fun's value is None, not a scalar.*without a return statement",
+  ),
+  "model_leaves_init": (lambda: hdm_optax.hdm_auto().init(_MLP), TypeError, _MODEL_LEAF),
+  "model_leaves_loop": (
+    lambda: hdm_optax.loop(hdm_optax.hdm_auto(), _model_loss).start(_MLP),
+    TypeError,
+    _MODEL_LEAF,
+  ),
+  "model_leaves_solve_batch": (
+    lambda: hdm_optax.solve_batch(
+      hdm_optax.hdm_auto(),
+      lambda m, d: _model_loss(m) * d,
+      _MLP,
+      fun_args=(jnp.ones(2),),
+      in_axes=(None, 0),
+    ),
+    TypeError,
+    "init_params: " + _MODEL_LEAF,
+  ),
+  "model_leaves_minibatch_step": (
+    lambda: hdm_optax.minibatch_step(hdm_optax.hdm_auto(), _batch_loss, jit=False)(_MLP, None, 1.0),
+    TypeError,
+    _MODEL_LEAF,
   ),
 }
 
