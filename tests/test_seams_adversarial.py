@@ -1123,6 +1123,14 @@ _STATE_F32 = hdm_optax.trial_lbfgs().init(jnp.zeros(3, jnp.float32))
 _CPU = jax.devices("cpu")[0]
 
 
+def _str_aux(x):
+  return _half_square(x, _ONES), "note"
+
+
+_STR_AUX = (
+  r"fun's aux is a str \('note'\), which a compiled program cannot return: .* must hold "
+  r"arrays or numbers only; keep strings .* outside fun"
+)
 _MLP = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
 _MODEL_LEAF = (
   r"a params leaf of type custom_jvp is not an array: pass only the arrays, .*"
@@ -1214,6 +1222,31 @@ BAD_ARGUMENTS = {
   ),
   "aux_triple": (_aux(lambda v: (v, v, v)), TypeError, "got a tuple of length 3"),
   "aux_in_a_dict": (_aux(lambda v: {"value": v}), TypeError, r"got a dict with 1 array"),
+  "aux_a_str": (_aux(lambda v: (v, "note")), TypeError, _STR_AUX),
+  "aux_a_str_in_a_dict": (
+    _aux(lambda v: (v, {"ok": v, "why": "note"})),
+    TypeError,
+    r"fun's aux\['why'\] is a str \('note'\).*arrays or numbers",
+  ),
+  "aux_a_str_solve_batch": (
+    lambda: hdm_optax.solve_batch(
+      SGD, _str_aux, jnp.zeros((2, 3)), has_aux=True, in_axes=(0, None), max_steps=2
+    ),
+    TypeError,
+    _STR_AUX,
+  ),
+  "aux_a_str_sweep": (
+    lambda: hdm_optax.sweep(
+      lambda m: hdm_optax.trial_lbfgs(m), {"m": [3, 4]}, _str_aux, X0, has_aux=True
+    ),
+    TypeError,
+    _STR_AUX,
+  ),
+  "aux_a_str_minimize": (
+    lambda: hdm_optax.minimize(_str_aux, X0, has_aux=True),
+    TypeError,
+    _STR_AUX,
+  ),
   "value_an_int": (
     lambda: hdm_optax.solve(SGD, lambda x: jnp.sum(x).astype(jnp.int32), jnp.zeros(3)),
     TypeError,

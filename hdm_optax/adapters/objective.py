@@ -349,9 +349,13 @@ def _traceable(fun, x0, args, by_code: bool = False) -> bool:
   if code is not None and code[0] is not None and code in _UNTRACEABLE_CODE:
     _UNTRACEABLE_CODE.move_to_end(code)
     return False
-  trial = lambda: jax.eval_shape(
-    lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic
-  )
+
+  def returned(x, d):
+    out = fun(x, *_put_back((treedef, statics), d))
+    programs.check_returned(out)
+    return out
+
+  trial = lambda: jax.eval_shape(returned, x0, dynamic)
   failed = False
   try:
     with _released_if_abandoned(), _unfiltered_tracebacks():
