@@ -1257,6 +1257,14 @@ BAD_ARGUMENTS = {
     TypeError,
     r"fun's value is None, not a scalar.*without a return statement",
   ),
+  "callback_returns_an_array": (
+    lambda: hdm_optax.solve(
+      SGD, _closed(_ONES), jnp.zeros(3), callback=lambda s: np.array([False, True])
+    ),
+    TypeError,
+    r"callback's return value, of type ndarray .* is neither true nor false: return None or "
+    r"False to go on, True",
+  ),
   "model_leaves_init": (lambda: hdm_optax.hdm_auto().init(_MLP), TypeError, _MODEL_LEAF),
   "model_leaves_loop": (
     lambda: hdm_optax.loop(hdm_optax.hdm_auto(), _model_loss).start(_MLP),
