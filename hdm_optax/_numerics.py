@@ -11,12 +11,26 @@ import optax
 from hdm_optax import _blocks
 
 
-def _dtype_of(leaf) -> jnp.dtype:
+def shown(obj) -> str:
+  """`` (repr)`` of ``obj`` for a message, or nothing where the repr is long."""
+  text = repr(obj)
+  return f" ({text})" if len(text) <= 60 else ""
+
+
+def dtype_of(leaf) -> jnp.dtype:
   """The dtype ``leaf`` has as a JAX array, without making one (a NumPy array's would be a
   transfer)."""
   dtype = getattr(leaf, "dtype", None)
   if dtype is None:
-    return jnp.asarray(leaf).dtype
+    try:
+      return jnp.asarray(leaf).dtype
+    except TypeError:
+      raise TypeError(
+        f"a params leaf of type {type(leaf).__name__}{shown(leaf)} is not an array: pass "
+        "only the arrays, e.g. for an equinox model params, static = "
+        "eqx.partition(model, eqx.is_array), with eqx.combine(params, static) inside the "
+        "objective."
+      ) from None
   return jax.dtypes.canonicalize_dtype(dtype)
 
 
@@ -31,7 +45,7 @@ def params_dtype(params) -> jnp.dtype:
       f"params has no entries (leaves of shapes {shapes}): there is nothing to optimize; "
       "pass params with at least one entry."
     )
-  dtypes = {_dtype_of(leaf) for leaf in leaves}
+  dtypes = {dtype_of(leaf) for leaf in leaves}
   for dt in dtypes:
     if not jnp.issubdtype(dt, jnp.floating):
       raise TypeError(

@@ -175,6 +175,27 @@ def _described(out) -> str:
   return f"a {type(out).__name__} with {len(leaves)} array(s)"
 
 
+def _check_value(value, name: str) -> None:
+  """A ``TypeError`` where ``value`` (what ``name`` returned as f) is not a real floating
+  scalar, whose gradient JAX takes."""
+  if value is None:
+    raise TypeError(
+      f"{name}'s value is None, not a scalar: return it (a function without a return "
+      "statement returns None)."
+    )
+  if jnp.ndim(value) != 0:
+    raise TypeError(
+      f"{name} must return a scalar, got an array of shape {jnp.shape(value)}; return e.g. "
+      f"jnp.sum(...) or value[0]."
+    )
+  if not jnp.issubdtype(jnp.result_type(value), jnp.floating):
+    raise TypeError(
+      f"{name}'s value has dtype {jnp.result_type(value)}, which has no gradient; return a "
+      "real floating value: drop the cast to an integer or bool, or compute in the "
+      "params' dtype (e.g. jnp.asarray(value, jnp.float32))."
+    )
+
+
 def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = False, name="value_fn"):
   """One oracle call, like ``jax.value_and_grad``; checks what ``value_fn`` returns.
 
@@ -206,11 +227,7 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
       )
     else:
       value = out
-    if jnp.ndim(value) != 0:
-      raise TypeError(
-        f"{name} must return a scalar, got an array of shape {jnp.shape(value)}; return e.g. "
-        f"jnp.sum(...) or value[0]."
-      )
+    _check_value(value, name)
     return out
 
   return jax.value_and_grad(checked_fn, has_aux=has_aux)(params)

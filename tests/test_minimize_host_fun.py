@@ -150,3 +150,35 @@ def test_the_differences_take_a_box_shaped_like_a_two_dimensional_x0():
   res = _minimize(lambda x: float(np.sum((x - 2.0) ** 2)), np.zeros((2, 3)), bounds=(lower, upper))
   np.testing.assert_array_equal(res.x, upper)
   assert res.success
+
+
+def _forgot_return(x):
+  float(np.sum((np.asarray(x) - 1.0) ** 2))  # the value is computed, not returned
+
+
+@pytest.mark.parametrize("jac", [None, "given"])
+def test_a_fun_that_returns_none_is_named_not_read_as_nan(jac):
+  """A NumPy fun without its return statement returns None; it was read as NaN and reported
+  as "f is not finite at x0". SciPy raises a TypeError, and so does minimize, naming it."""
+  jac = None if jac is None else (lambda x: 2 * (x - 1.0))
+  with pytest.raises(TypeError, match=r"fun returned None, not a number.*return statement"):
+    _minimize(_forgot_return, np.zeros(3), jac=jac)
+
+
+def test_a_fun_that_returns_none_only_past_x0_stops_the_run_with_the_reason():
+  """Where fun returns None only in part of the domain, the run does not go on reading NaN
+  there (it ran to max_steps): the first None raises."""
+
+  def fun(x):
+    if x[0] < 0.5:
+      return float(np.sum((x - 1.0) ** 2))
+    return _forgot_return(x)
+
+  with pytest.raises(TypeError, match=r"fun returned None"):
+    _minimize(fun, np.zeros(3), jac=lambda x: 2 * (x - 1.0))
+
+
+@pytest.mark.parametrize("value", [{"f": 1.0}, "3.0"], ids=["dict", "str"])
+def test_a_fun_that_returns_no_number_is_named(value):
+  with pytest.raises(TypeError, match=r"fun returned a value of dtype \S+, not a number"):
+    _minimize(lambda x: value if float(np.sum(x)) >= 0 else 0.0, np.zeros(3))

@@ -1,6 +1,8 @@
 """hdm_optax.minimize as SciPy's minimize(method="L-BFGS-B"): signature, jac, options,
 callback, the result's fields, x0 as SciPy reads it, bounds (NaN, pytrees, models)."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -256,6 +258,38 @@ def test_list_x0_and_bad_bounds():
     hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2) + jnp.sum(p["b"] ** 2), mixed)
   with pytest.raises(TypeError, match="x0: params must be real floating-point"):
     hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2), {"a": jnp.zeros(3, jnp.int32)})
+
+
+_CENTER = np.array([1.0, 2.0, 3.0], np.float32)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+@pytest.mark.parametrize("has_aux", [False, True])
+def test_a_jax_value_that_is_not_floating_is_refused_not_converged_at_x0(dtype, has_aux):
+  """An integer (or bool) value of a JAX fun was cast to x0's dtype inside the differentiated
+  function: its gradient read zero, and the run reported success at x0 (the minimiser is
+  _CENTER). The value's dtype is refused by name; solve refuses it with the same words."""
+  value = lambda x: jnp.sum((x - _CENTER) ** 2).astype(dtype)
+  fun = (lambda x: (value(x), x)) if has_aux else value
+  message = rf"fun's value has dtype {jnp.dtype(dtype)}, which has no gradient.*floating value"
+  with pytest.raises(TypeError, match=message):
+    hdm_optax.minimize(fun, np.zeros(3, np.float32), has_aux=has_aux)
+  with pytest.raises(TypeError, match=message):
+    hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, jnp.zeros(3), has_aux=has_aux)
+
+
+@pytest.mark.parametrize("form", ["numpy", "jax"])
+def test_a_pair_returned_without_jac_or_has_aux_names_both(form):
+  """``fun`` returning ``(f, aux)`` or ``(f, grad)`` with neither flag read as a value of
+  shape (2,); the message says what to pass."""
+  if form == "numpy":
+    fun = lambda x: (float(np.sum((np.asarray(x) - 1.0) ** 2)), 2 * (np.asarray(x) - 1.0))
+  else:
+    fun = lambda x: (jnp.sum((x - 1.0) ** 2), 1.0)
+  message = r"fun returned a tuple of length 2, not a scalar: .*pass jac=True.*pass has_aux=True"
+  with pytest.raises(TypeError, match=message), warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # the forward differences' note
+    hdm_optax.minimize(fun, np.zeros(3, np.float32))
 
 
 @pytest.mark.parametrize("form", ["numpy", "jax"])

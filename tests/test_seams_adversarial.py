@@ -1122,6 +1122,30 @@ _STATE_5 = hdm_optax.trial_lbfgs().init(jnp.zeros(5))
 _STATE_F32 = hdm_optax.trial_lbfgs().init(jnp.zeros(3, jnp.float32))
 _CPU = jax.devices("cpu")[0]
 
+
+def _str_aux(x):
+  return _half_square(x, _ONES), "note"
+
+
+_STR_AUX = (
+  r"fun's aux is a str \('note'\), which a compiled program cannot return: .* must hold "
+  r"arrays or numbers only; keep strings .* outside fun"
+)
+_MLP = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+_MODEL_LEAF = (
+  r"a params leaf of type custom_jvp is not an array: pass only the arrays, .*"
+  r"eqx.partition\(model, eqx.is_array\)"
+)
+
+
+def _model_loss(model):
+  return jnp.sum(model(jnp.ones(2)) ** 2)
+
+
+def _batch_loss(model, scale):
+  return _model_loss(model) * scale
+
+
 BAD_ARGUMENTS = {
   "batch_of_none": (_no_batch((0, 0), jnp.zeros((0, 3)), jnp.zeros((0, 3))), ValueError, "size 0"),
   "batch_of_none_in_data": (
@@ -1198,6 +1222,71 @@ BAD_ARGUMENTS = {
   ),
   "aux_triple": (_aux(lambda v: (v, v, v)), TypeError, "got a tuple of length 3"),
   "aux_in_a_dict": (_aux(lambda v: {"value": v}), TypeError, r"got a dict with 1 array"),
+  "aux_a_str": (_aux(lambda v: (v, "note")), TypeError, _STR_AUX),
+  "aux_a_str_in_a_dict": (
+    _aux(lambda v: (v, {"ok": v, "why": "note"})),
+    TypeError,
+    r"fun's aux\['why'\] is a str \('note'\).*arrays or numbers",
+  ),
+  "aux_a_str_solve_batch": (
+    lambda: hdm_optax.solve_batch(
+      SGD, _str_aux, jnp.zeros((2, 3)), has_aux=True, in_axes=(0, None), max_steps=2
+    ),
+    TypeError,
+    _STR_AUX,
+  ),
+  "aux_a_str_sweep": (
+    lambda: hdm_optax.sweep(
+      lambda m: hdm_optax.trial_lbfgs(m), {"m": [3, 4]}, _str_aux, X0, has_aux=True
+    ),
+    TypeError,
+    _STR_AUX,
+  ),
+  "aux_a_str_minimize": (
+    lambda: hdm_optax.minimize(_str_aux, X0, has_aux=True),
+    TypeError,
+    _STR_AUX,
+  ),
+  "value_an_int": (
+    lambda: hdm_optax.solve(SGD, lambda x: jnp.sum(x).astype(jnp.int32), jnp.zeros(3)),
+    TypeError,
+    r"fun's value has dtype int32, which has no gradient; return a real floating value",
+  ),
+  "value_none": (
+    lambda: hdm_optax.solve(SGD, lambda x: None, jnp.zeros(3)),
+    TypeError,
+    r"fun's value is None, not a scalar.*without a return statement",
+  ),
+  "callback_returns_an_array": (
+    lambda: hdm_optax.solve(
+      SGD, _closed(_ONES), jnp.zeros(3), callback=lambda s: np.array([False, True])
+    ),
+    TypeError,
+    r"callback's return value, of type ndarray .* is neither true nor false: return None or "
+    r"False to go on, True",
+  ),
+  "model_leaves_init": (lambda: hdm_optax.hdm_auto().init(_MLP), TypeError, _MODEL_LEAF),
+  "model_leaves_loop": (
+    lambda: hdm_optax.loop(hdm_optax.hdm_auto(), _model_loss).start(_MLP),
+    TypeError,
+    _MODEL_LEAF,
+  ),
+  "model_leaves_solve_batch": (
+    lambda: hdm_optax.solve_batch(
+      hdm_optax.hdm_auto(),
+      lambda m, d: _model_loss(m) * d,
+      _MLP,
+      fun_args=(jnp.ones(2),),
+      in_axes=(None, 0),
+    ),
+    TypeError,
+    "init_params: " + _MODEL_LEAF,
+  ),
+  "model_leaves_minibatch_step": (
+    lambda: hdm_optax.minibatch_step(hdm_optax.hdm_auto(), _batch_loss, jit=False)(_MLP, None, 1.0),
+    TypeError,
+    _MODEL_LEAF,
+  ),
 }
 
 

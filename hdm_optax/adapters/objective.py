@@ -42,13 +42,36 @@ _UNTRACEABLE = (
 )
 
 
-def _scalar(value, dtype, xp=jnp):
+def _scalar(value, dtype, xp=jnp, differentiated=False):
   """SciPy's scalar: a number or an array of one entry, as ``dtype`` (``xp``: the array
-  module, ``np`` on the host)."""
+  module, ``np`` on the host). ``differentiated``: JAX differentiates the cast, so a value
+  that is not floating (whose gradient would read zero) is refused."""
+  if isinstance(value, (tuple, list)) and len(value) == 2:
+    raise TypeError(
+      f"fun returned a {type(value).__name__} of length 2, not a scalar: if it "
+      "returns (value, gradient), pass jac=True; if it returns (value, aux) (a JAX fun), "
+      "pass has_aux=True; else return the value alone."
+    )
+  if value is None:
+    raise TypeError(
+      "fun returned None, not a number: return its value (a number or an array of one "
+      "entry); a function without a return statement returns None."
+    )
   value = xp.asarray(value)
+  if not (jnp.issubdtype(value.dtype, jnp.number) or jnp.issubdtype(value.dtype, jnp.bool_)):
+    raise TypeError(
+      f"fun returned a value of dtype {value.dtype}, not a number: return a float (a "
+      "number or an array of one entry)."
+    )
   if value.size != 1:
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
+    )
+  if differentiated and not jnp.issubdtype(value.dtype, jnp.floating):
+    raise TypeError(
+      f"fun's value has dtype {value.dtype}, which has no gradient (JAX's would read zero and "
+      "the run stop at x0); return a real floating value: drop the cast to an integer or "
+      "bool, or compute in x0's dtype."
     )
   return value.reshape(()).astype(dtype, copy=False)
 
@@ -82,7 +105,9 @@ class _Scalar:
 
   def __call__(self, x, *args):
     out, dtype = self.fun(x, *args), jax.tree.leaves(x)[0].dtype
-    return (_scalar(out[0], dtype), out[1]) if self.has_aux else _scalar(out, dtype)
+    if self.has_aux:
+      return _scalar(out[0], dtype, differentiated=True), out[1]
+    return _scalar(out, dtype, differentiated=True)
 
 
 def _pair_of(out):
@@ -324,9 +349,13 @@ def _traceable(fun, x0, args, by_code: bool = False) -> bool:
   if code is not None and code[0] is not None and code in _UNTRACEABLE_CODE:
     _UNTRACEABLE_CODE.move_to_end(code)
     return False
-  trial = lambda: jax.eval_shape(
-    lambda x, d: fun(x, *_put_back((treedef, statics), d)), x0, dynamic
-  )
+
+  def returned(x, d):
+    out = fun(x, *_put_back((treedef, statics), d))
+    programs.check_returned(out)
+    return out
+
+  trial = lambda: jax.eval_shape(returned, x0, dynamic)
   failed = False
   try:
     with _released_if_abandoned(), _unfiltered_tracebacks():

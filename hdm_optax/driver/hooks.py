@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax import _numerics
 from hdm_optax.driver import host
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
@@ -279,6 +280,20 @@ def _raise_with(error_: BaseException, result, why: str) -> None:
   raise error_
 
 
+def _halts(returned) -> bool:
+  """Whether what the callback returned stops the run (its truth value), refused where it
+  has none (an array of several entries)."""
+  try:
+    return bool(returned)
+  except (ValueError, TypeError):
+    raise TypeError(
+      f"the callback's return value, of type {type(returned).__name__}"
+      f"{_numerics.shown(returned)}, is neither true nor false: return None or False to go "
+      "on, True (or raise StopIteration) to stop the run; for an array, reduce it (e.g. "
+      "bool(flags.any()))."
+    ) from None
+
+
 def _host_step(final: bool, members: int, handle, member, params, *fields):
   status = np.asarray(fields[-1])
   current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
@@ -298,7 +313,7 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   snapshot = Snapshot(params=params, **merged)
   try:
     caller = current.caller
-    halt = bool(
+    halt = _halts(
       current.callback(snapshot) if caller is None else caller.run(current.callback, snapshot)
     )
   except StopIteration:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax import _numerics
 from hdm_optax.driver import programs
 
 __all__ = (
@@ -47,6 +48,11 @@ def problems(init_params, fun_args: tuple, in_axes) -> Problems:
       f"in_axes must be a pytree prefix of (init_params, fun_args) with ints or None at its "
       f"leaves (as jax.vmap's), got {in_axes!r} for {jax.tree.structure(tree)}"
     ) from None
+  for leaf in jax.tree.leaves(init_params):
+    try:
+      _numerics.dtype_of(leaf)
+    except TypeError as err:
+      raise TypeError(f"init_params: {err}") from None
   leaves, treedef = jax.tree.flatten(tree)
   paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
   out, sizes = [], set()

@@ -461,6 +461,34 @@ def _abstract(x):
   return jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=weak)
 
 
+def _returnable(leaf) -> bool:
+  """Whether a traced function may return ``leaf``: an array or a number (JAX's types)."""
+  if isinstance(leaf, (jax.Array, bool, int, float, complex)) or hasattr(leaf, "__jax_array__"):
+    return True
+  if not isinstance(leaf, (np.ndarray, np.generic)):
+    return False
+  return jnp.issubdtype(leaf.dtype, jnp.number) or jnp.issubdtype(leaf.dtype, jnp.bool_)
+
+
+def check_returned(out) -> None:
+  """A ``TypeError`` naming the leaf of ``fun``'s output (its value, or the aux of a pair
+  ``(value, aux)``) that a compiled program cannot return, such as a string."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(out)[0]:
+    if _returnable(leaf):
+      continue
+    pair = isinstance(out, (tuple, list)) and len(out) == 2
+    if pair and path[0] == jax.tree_util.SequenceKey(1):
+      where = f"aux{jax.tree_util.keystr(path[1:])}"
+    else:
+      where = f"output{jax.tree_util.keystr(path)}"
+    raise TypeError(
+      f"fun's {where} is a {type(leaf).__name__}{_numerics.shown(leaf)}, which a compiled "
+      "program cannot return: the value and the aux (has_aux=True) must hold arrays or "
+      "numbers only; keep strings and other Python objects outside fun (e.g. in a dict "
+      "beside it), or drop them from aux."
+    )
+
+
 def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed, tuple]:
   """``fun`` traced at this call, with what it reads from outside its arguments as arguments.
 
@@ -492,7 +520,9 @@ def hoist(fun: Callable[..., Any], params: Any, fun_args: tuple) -> tuple[Closed
   def flat(params, dynamic):
     given = iter(dynamic)
     full = [next(given) if s is _ARG else s for s in statics]
-    return fun(params, *jax.tree.unflatten(treedef, full))
+    out = fun(params, *jax.tree.unflatten(treedef, full))
+    check_returned(out)
+    return out
 
   abstract = jax.tree.map(_abstract, (params, dynamic))
   # A new function each call: jax.make_jaxpr caches traces on the function's identity.
