@@ -425,6 +425,44 @@ def test_float32_solve_runs_in_float32():
   assert bool(res.converged)
 
 
+FLOAT16_REFUSED = {
+  "hdm": lambda: hdm_optax.hdm(),
+  "hdm_hb": lambda: hdm_optax.hdm_hb(),
+  "hdm_auto": lambda: hdm_optax.hdm_auto(),
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=2.0),
+  "osgm_best": lambda: hdm_optax.osgm_best(),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOAT16_REFUSED))
+def test_float16_params_are_refused_where_the_constants_underflow(name):
+  # Their constants (AdaGrad's eps 1e-12, P's bounds 1e-30 and 1e10) round to 0 or inf in
+  # float16: the state went inf, then NaN, and the run never left x0.
+  opt = FLOAT16_REFUSED[name]()
+  x0 = jnp.zeros(3, jnp.float16)
+  message = rf"{name} cannot run on params of dtype float16.*float32 or bfloat16"
+  with pytest.raises(ValueError, match=message):
+    opt.init(x0)
+  fun = lambda x: jnp.sum((x - 1.0) ** 2)
+  with pytest.raises(ValueError, match=message):
+    hdm_optax.solve(opt, fun, x0, max_steps=5)
+  # bfloat16 resolves 1 to 2^-7, so a tol of 5e-2 on 2 (x - 1)
+  result = hdm_optax.solve(opt, fun, x0.astype(jnp.bfloat16), max_steps=200, tol=5e-2)
+  assert result.params.dtype == jnp.bfloat16 and bool(result.converged)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [hdm_optax.trial_lbfgs, lambda: hdm_optax.hdm_agd(lipschitz=2.0)],
+  ids=["trial_lbfgs", "hdm_agd"],
+)
+def test_float16_params_run_where_the_constants_fit(make):
+  fun = lambda x: jnp.sum((x - 1.0) ** 2)
+  result = hdm_optax.solve(make(), fun, jnp.zeros(3, jnp.float16), max_steps=200, tol=1e-2)
+  assert result.params.dtype == jnp.float16 and bool(result.converged)
+  np.testing.assert_allclose(np.asarray(result.params, np.float32), 1.0, atol=1e-2)
+
+
 # ---------------------------------------------------------------------------
 # Compilation caching
 # ---------------------------------------------------------------------------
