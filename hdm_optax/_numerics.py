@@ -60,6 +60,17 @@ def params_dtype(params) -> jnp.dtype:
   return dtypes.pop()
 
 
+def refuse_float16(name: str, dtype) -> None:
+  """Raises where ``dtype`` is float16, for a method whose constants are outside its range."""
+  if dtype == jnp.float16:
+    raise ValueError(
+      f"{name} cannot run on params of dtype float16: its constants (such as 1e-12) "
+      "are outside float16's range, where they round to 0 or inf and the method stalls; "
+      "cast the params to float32 or bfloat16, e.g. "
+      "jax.tree.map(lambda x: x.astype(jnp.float32), params)."
+    )
+
+
 def cast(value, dtype) -> jax.Array:
   """A hyper-parameter as a 0-d array of the params dtype (no promotion)."""
   return jnp.asarray(value).astype(dtype)

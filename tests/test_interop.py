@@ -142,6 +142,55 @@ def test_inject_hyperparams_matches_plain():
   assert float(jnp.max(jnp.abs(x_m - x_p))) > 1e-6
 
 
+def _badly_scaled(x):
+  """A quadratic of 12 coordinates scaled over four decades: trial_lbfgs's pairs diagonal
+  takes over H_0 on it."""
+  return jnp.sum(jnp.logspace(0.0, 4.0, x.size) * (x - 1.0) ** 2)
+
+
+def test_inject_hyperparams_trial_lbfgs_needs_no_static_args():
+  # optax takes a callable argument for a schedule and injects numbers as arrays: the
+  # default diagonal rule passes through as it is, and the default memory_size is no number.
+  injected = optax.inject_hyperparams(hdm_optax.trial_lbfgs)()
+  x0 = jnp.zeros(12)
+  got = hdm_optax.solve(injected, _badly_scaled, x0, max_steps=200)
+  want = hdm_optax.solve(hdm_optax.trial_lbfgs(), _badly_scaled, x0, max_steps=200)
+  assert bool(want.converged)
+  np.testing.assert_array_equal(got.params, want.params)
+  np.testing.assert_array_equal(got.value, want.value)
+  assert int(got.num_grad_evals) == int(want.num_grad_evals)
+  assert int(got.status) == int(want.status)
+  assert set(got.state.hyperparams) == {"pair_tol"}
+  pair_tol = got.state.hyperparams["pair_tol"]
+  assert pair_tol.dtype == x0.dtype and float(pair_tol) == float(jnp.asarray(1e-10, x0.dtype))
+  assert hdm_optax.trial_lbfgs() == hdm_optax.trial_lbfgs(memory_size=10)
+
+
+def test_inject_hyperparams_trial_lbfgs_memory_size():
+  # A number given is injected: an init under jit (solve's) cannot read it as a shape and
+  # says which static_args to pass; an init outside jit reads it, and the jitted update
+  # takes m from the state's pairs.
+  fun, x0 = _badly_scaled, jnp.zeros(12)
+  injected = optax.inject_hyperparams(hdm_optax.trial_lbfgs)(memory_size=5)
+  with pytest.raises(ValueError, match=r'static_args=\("memory_size",\)'):
+    hdm_optax.solve(injected, fun, x0, max_steps=5)
+  static = optax.inject_hyperparams(hdm_optax.trial_lbfgs, static_args=("memory_size",))
+  got = hdm_optax.solve(static(memory_size=5), fun, x0, max_steps=200)
+  want = hdm_optax.solve(hdm_optax.trial_lbfgs(memory_size=5), fun, x0, max_steps=200)
+  np.testing.assert_array_equal(got.params, want.params)
+
+  state = injected.init(x0)
+  assert int(state.hyperparams["memory_size"]) == 5
+  assert state.inner_state.direction.memory.rho.shape == (5,)
+  value, grad = jax.value_and_grad(fun)(x0)
+  update = jax.jit(injected.update, static_argnames="value_fn")
+  _, state = update(grad, state, x0, value=value, grad=grad, value_fn=fun)
+  assert state.inner_state.direction.memory.rho.shape == (5,)
+  state.hyperparams["memory_size"] = jnp.asarray(4)
+  with pytest.raises(ValueError, match="memory_size=4, but the state holds 5 pairs"):
+    injected.update(grad, state, x0, value=value, grad=grad, value_fn=fun)
+
+
 def test_inject_hyperparams_precond_lr_change_changes_run():
   # hdm_best reads eta_p0 = precond_lr at every update (the state keeps only
   # the decay factor), so changing the injected value after init takes effect.
@@ -429,6 +478,44 @@ def test_float32_solve_runs_in_float32():
   assert res.params.dtype == jnp.float32 and res.value.dtype == jnp.float32
   assert _float_dtypes(res.state) == {jnp.dtype(jnp.float32)}
   assert bool(res.converged)
+
+
+FLOAT16_REFUSED = {
+  "hdm": lambda: hdm_optax.hdm(),
+  "hdm_hb": lambda: hdm_optax.hdm_hb(),
+  "hdm_auto": lambda: hdm_optax.hdm_auto(),
+  "hdm_best": lambda: hdm_optax.hdm_best(lipschitz=2.0),
+  "osgm_best": lambda: hdm_optax.osgm_best(),
+}
+
+
+@pytest.mark.parametrize("name", list(FLOAT16_REFUSED))
+def test_float16_params_are_refused_where_the_constants_underflow(name):
+  # Their constants (AdaGrad's eps 1e-12, P's bounds 1e-30 and 1e10) round to 0 or inf in
+  # float16: the state went inf, then NaN, and the run never left x0.
+  opt = FLOAT16_REFUSED[name]()
+  x0 = jnp.zeros(3, jnp.float16)
+  message = rf"{name} cannot run on params of dtype float16.*float32 or bfloat16"
+  with pytest.raises(ValueError, match=message):
+    opt.init(x0)
+  fun = lambda x: jnp.sum((x - 1.0) ** 2)
+  with pytest.raises(ValueError, match=message):
+    hdm_optax.solve(opt, fun, x0, max_steps=5)
+  # bfloat16 resolves 1 to 2^-7, so a tol of 5e-2 on 2 (x - 1)
+  result = hdm_optax.solve(opt, fun, x0.astype(jnp.bfloat16), max_steps=200, tol=5e-2)
+  assert result.params.dtype == jnp.bfloat16 and bool(result.converged)
+
+
+@pytest.mark.parametrize(
+  "make",
+  [hdm_optax.trial_lbfgs, lambda: hdm_optax.hdm_agd(lipschitz=2.0)],
+  ids=["trial_lbfgs", "hdm_agd"],
+)
+def test_float16_params_run_where_the_constants_fit(make):
+  fun = lambda x: jnp.sum((x - 1.0) ** 2)
+  result = hdm_optax.solve(make(), fun, jnp.zeros(3, jnp.float16), max_steps=200, tol=1e-2)
+  assert result.params.dtype == jnp.float16 and bool(result.converged)
+  np.testing.assert_allclose(np.asarray(result.params, np.float32), 1.0, atol=1e-2)
 
 
 # ---------------------------------------------------------------------------

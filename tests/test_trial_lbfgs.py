@@ -144,7 +144,7 @@ def test_pairs_diagonal_in_float32_under_strict_promotion():
   x0 = jnp.asarray(x0, jnp.float32)
   with jax.numpy_dtype_promotion("strict"):
     (x, state), (_, values, _) = _run(hdm_optax.trial_lbfgs(3), fun, x0, 28)
-    _, on = tl.pairs_diagonal()(state.direction.memory, state.direction.gamma)
+    _, on = tl.pairs_diagonal().apply(state.direction.memory, state.direction.gamma)
   assert bool(on) and x.dtype == jnp.float32
   floats = [leaf for leaf in jax.tree.leaves(state) if jnp.issubdtype(leaf.dtype, jnp.floating)]
   assert {leaf.dtype for leaf in floats} == {jnp.dtype(jnp.float32)}
@@ -717,13 +717,13 @@ def test_a_diagonal_that_does_not_predict_the_next_pair_stays_out():
   ss, yy = (sum(v * v for v in vs) for vs in zip(*isotropic))
   h = np.sqrt(ss / yy)
   assert h.max() > 1e3 * h.min()  # the spread alone would open the gate
-  _, on = tl.pairs_diagonal()(_memory_of(isotropic, 10), 1.0)
+  _, on = tl.pairs_diagonal().apply(_memory_of(isotropic, 10), 1.0)
   assert not bool(on)
   scaled = [(s, np.geomspace(1e-2, 1e2, n) * s) for s in steps]
-  _, on = tl.pairs_diagonal()(_memory_of(scaled, 10), 1.0)
+  _, on = tl.pairs_diagonal().apply(_memory_of(scaled, 10), 1.0)
   assert bool(on)
   # With the memory full the spread is the evidence, as before the test on the newest pair.
-  _, on = tl.pairs_diagonal()(_memory_of(isotropic, 3), 1.0)
+  _, on = tl.pairs_diagonal().apply(_memory_of(isotropic, 3), 1.0)
   assert bool(on)
 
 

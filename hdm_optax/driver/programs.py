@@ -151,7 +151,11 @@ class _Call:
     return f"{self.factory.__name__}({shown})"
 
 
-def configured(factory: Callable[..., optax.GradientTransformation]):
+def configured(
+  factory: Optional[Callable[..., optax.GradientTransformation]] = None,
+  *,
+  none_means: Optional[dict[str, Any]] = None,
+):
   """Decorates a factory: its transformations carry their configuration.
 
   The factory returns a :class:`ConfiguredTransformation` that compares equal to
@@ -159,19 +163,31 @@ def configured(factory: Callable[..., optax.GradientTransformation]):
   ``!= trial_lbfgs(memory_size=5)``).
 
   Args:
-    factory: a function returning an ``optax.GradientTransformationExtraArgs``.
+    factory: a function returning an ``optax.GradientTransformationExtraArgs``; left out,
+      ``configured(none_means=...)`` is the decorator.
+    none_means: the values that ``None`` stands for, by argument name (a default of
+      ``None`` that ``optax.inject_hyperparams`` leaves as it is, where a number would be
+      injected as an array): ``None`` and the value are one configuration
+      (``trial_lbfgs() == trial_lbfgs(memory_size=10)``).
 
   Returns:
     The factory, with its name, docstring and signature.
   """
+  if factory is None:
+    return functools.partial(configured, none_means=none_means)
   signature = inspect.signature(factory)
+  means = dict(none_means or {})
 
   @functools.wraps(factory)
   def build(*args, **kwargs):
     transformation = factory(*args, **kwargs)
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
-    configuration = _Call(build, dict(bound.arguments))
+    arguments = dict(bound.arguments)
+    for name, value in means.items():
+      if arguments[name] is None:
+        arguments[name] = value
+    configuration = _Call(build, arguments)
     return ConfiguredTransformation(transformation.init, transformation.update, configuration)
 
   return build

@@ -124,4 +124,5 @@ def hdm(
     "hdm",
     direction,
     step_rule=step_control_lib.damping(acceptance if null_step else acceptance_lib.always()),
+    float16=False,
   )

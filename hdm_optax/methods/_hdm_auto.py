@@ -143,4 +143,5 @@ def hdm_auto(
     "hdm_auto",
     direction,
     step_rule=step_control_lib.damping(acceptance_lib.resolved_decrease()),
+    float16=False,
   )

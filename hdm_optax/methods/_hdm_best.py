@@ -197,6 +197,7 @@ def hdm_best(
     step_rule=step_control_lib.damping(
       acceptance_lib.resolved_decrease() if acceptance is None else acceptance
     ),
+    float16=False,
   )
 
 

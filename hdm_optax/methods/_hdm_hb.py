@@ -125,4 +125,6 @@ def hdm_hb(
     omega=omega,
     denominator=hypergradient_lib.fixed_tau(tau),
   )
-  return shell.iteration("hdm_hb", direction, step_rule=step_control_lib.damping(acceptance))
+  return shell.iteration(
+    "hdm_hb", direction, step_rule=step_control_lib.damping(acceptance), float16=False
+  )

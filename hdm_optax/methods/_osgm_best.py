@@ -138,4 +138,5 @@ def osgm_best(
     "osgm_best",
     direction,
     step_rule=step_control_lib.damping(acceptance_lib.resolved_decrease()),
+    float16=False,
   )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import optax
 
@@ -14,16 +14,18 @@ from hdm_optax.pieces.lbfgs import step_rule as step_rule_lib
 
 __all__ = ("trial_lbfgs",)
 
+_MEMORY_SIZE = 10
 
-@programs.configured
+
+@programs.configured(none_means={"memory_size": _MEMORY_SIZE})
 def trial_lbfgs(
-  memory_size: int = 10,
+  memory_size: Optional[int] = None,
   *,
   pair_tol: Any = 1e-10,
   step_rule: Optional[shell.StepRule] = None,
   lower: Any = None,
   upper: Any = None,
-  diagonal: Optional[Callable[..., tuple[Any, Any]]] = memory_lib.pairs_diagonal(),
+  diagonal: Any = memory_lib.pairs_diagonal(),
 ) -> optax.GradientTransformationExtraArgs:
   r"""L-BFGS directions at HDM's cost: one trial point, one oracle call, a null step.
 
@@ -81,7 +83,11 @@ def trial_lbfgs(
   nothing but alpha.
 
   Args:
-    memory_size: m, the number of pairs kept.
+    memory_size: m, the number of pairs kept; ``None``: 10 (a default that
+      ``optax.inject_hyperparams`` leaves as it is). It sets the state's shapes: a number given
+      to ``optax.inject_hyperparams(trial_lbfgs)`` is injected as an array, which an
+      ``init`` under ``jax.jit`` (as in ``hdm_optax.solve``) cannot read; name it in
+      ``static_args=("memory_size",)``.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
     step_rule: a :class:`hdm_optax.pieces.shell.StepRule` (default
       :func:`hdm_optax.pieces.lbfgs.step_rule.evidence_step` ``()``: its arguments set the
@@ -89,11 +95,13 @@ def trial_lbfgs(
     lower: the box's lower bound l: ``None`` (none), a number, or a pytree shaped like the
       params (leaves: numbers, ``None`` or arrays of the params' dtype); -inf for an open side.
     upper: the upper bound u, like ``lower``.
-    diagonal: :math:`H_0`'s diagonal where the pairs call for one,
-      ``diagonal(memory, gamma) -> (h, on)`` (default
-      :func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal` ``()``); ``None``:
-      :math:`H_0 = \gamma I` always. Not used in a box, nor where the params have fewer
-      entries than ``memory_size``.
+    diagonal: :math:`H_0`'s diagonal where the pairs call for one: a rule with a method
+      ``rule.apply(memory, gamma) -> (h, on)`` (default
+      :func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal` ``()``) or a function
+      ``diagonal(memory, gamma) -> (h, on)``; ``None``: :math:`H_0 = \gamma I` always. Not
+      used in a box, nor where the params have fewer entries than ``memory_size``.
+      ``optax.inject_hyperparams`` takes a function for a schedule: name a function of your
+      own in ``static_args=("diagonal",)`` (a rule is not callable and passes through).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -123,6 +131,8 @@ def trial_lbfgs(
     SIAM J. Control Optim. 20(2), 1982 and Kim, Sra, Dhillon, SIAM J. Sci. Comput. 32(6),
     2010 (the bounded step).
   """
+  if memory_size is None:
+    memory_size = _MEMORY_SIZE
   direction = direction_lib.lbfgs_direction(
     memory_size, pair_tol=pair_tol, lower=lower, upper=upper, diagonal=diagonal
   )

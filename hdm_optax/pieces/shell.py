@@ -297,7 +297,12 @@ def _packed_context(packing: _blocks.Packing, ctx: Context) -> Context:
 
 
 def iteration(
-  name: str, direction: Direction, *, step_rule: StepRule, pack_params: bool = True
+  name: str,
+  direction: Direction,
+  *,
+  step_rule: StepRule,
+  pack_params: bool = True,
+  float16: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The one-call iteration with its two slots filled.
 
@@ -308,6 +313,8 @@ def iteration(
       trial's secant pair may be kept.
     pack_params: whether the slots see the vectors packed (:class:`Context`); ``False`` for a
       direction that packs what it needs itself and reads the params' layout otherwise.
+    float16: whether the method runs on float16 params; ``False``: ``init`` refuses them
+      (a method whose constants, such as AdaGrad's eps 1e-12, round to 0 or inf in float16).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs``; ``update`` needs ``value``,
@@ -327,7 +334,7 @@ def iteration(
     True
   """
 
-  parts = _Parts(name, direction, step_rule, pack_params)
+  parts = _Parts(name, direction, step_rule, pack_params, float16)
   update_fn = _stale.track_point(name)(functools.partial(_update, parts))
   return optax.GradientTransformationExtraArgs(functools.partial(_init, parts), update_fn)
 
@@ -339,10 +346,13 @@ class _Parts(NamedTuple):
   direction: Direction
   step_rule: StepRule
   pack_params: bool
+  float16: bool
 
 
 def _init(parts: _Parts, params) -> IterationState:
   dtype = _numerics.params_dtype(params)
+  if not parts.float16:
+    _numerics.refuse_float16(parts.name, dtype)
   return IterationState(
     **_info.oracle_fields(params, dtype),
     direction=parts.direction.init(params),

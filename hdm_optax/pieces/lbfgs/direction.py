@@ -102,17 +102,40 @@ def _first_gamma(updates) -> jax.Array:
   return jnp.where(grad_norm > 0, first, 1).astype(grad_norm.dtype)
 
 
-def _check(memory_size, pair_tol, diagonal, lower, upper):
+def _pairs_count(memory_size) -> Optional[int]:
+  """``memory_size`` as an int; ``None`` where it is traced (``optax.inject_hyperparams``
+  injects it as an array, traced in a jitted update: the state's pairs then fix m)."""
+  dtype = getattr(memory_size, "dtype", None)
+  if dtype is not None and jnp.issubdtype(dtype, jnp.integer) and jnp.shape(memory_size) == ():
+    if isinstance(memory_size, jax.core.Tracer):
+      return None
+    memory_size = int(memory_size)
   if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
     raise ValueError(
       f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
     )
+  return memory_size
+
+
+def _diagonal_rule(diagonal) -> Optional[Callable[..., tuple[Any, jax.Array]]]:
+  """``diagonal``'s ``(memory, gamma) -> (h, on)``: a rule's ``apply`` (such as
+  :func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal`'s), or the function itself."""
+  if diagonal is None:
+    return None
+  apply = getattr(diagonal, "apply", None)
+  if callable(apply):
+    return apply
+  if callable(diagonal):
+    return diagonal
+  raise ValueError(
+    f"diagonal must be None, a rule with a method apply(memory, gamma) -> (h, on) or a "
+    f"function (memory, gamma) -> (h, on), got {diagonal!r}; "
+    "pass e.g. diagonal=hdm_optax.pieces.lbfgs.memory.pairs_diagonal()."
+  )
+
+
+def _check(pair_tol, lower, upper):
   _checks.check_interval("pair_tol", pair_tol, 0, 1, hi_open=True)
-  if diagonal is not None and not callable(diagonal):
-    raise ValueError(
-      f"diagonal must be None or a function (memory, gamma) -> (h, on), got {diagonal!r}; "
-      "pass e.g. diagonal=hdm_optax.pieces.lbfgs.memory.pairs_diagonal()."
-    )
   box_lib.check_order(lower, upper)
 
 
@@ -122,7 +145,7 @@ def lbfgs_direction(
   pair_tol: Any = 1e-10,
   lower: Any = None,
   upper: Any = None,
-  diagonal: Optional[Callable[..., tuple[Any, jax.Array]]] = None,
+  diagonal: Any = None,
 ) -> shell.Direction:
   r"""The L-BFGS operator of the trials' secant pairs: :math:`-\alpha H_m u`.
 
@@ -156,15 +179,19 @@ def lbfgs_direction(
   the params: they are unpacked only into the trial step.
 
   Args:
-    memory_size: m, the number of pairs kept.
+    memory_size: m, the number of pairs kept: an int, or a 0-d integer array (as
+      ``optax.inject_hyperparams`` injects it), concrete where the state is built; traced in
+      ``update``, the state's pairs fix m.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
     upper: the upper bound, like ``lower``.
-    diagonal: ``None`` (:math:`H_0 = \gamma I`) or ``diagonal(memory, gamma) -> (h, on)``
-      (:func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal`): :math:`H_0 =
-      \operatorname{diag}(h)` where ``on``. Not used in a box, nor where the params have
-      fewer entries than ``memory_size`` (there the pairs determine the operator).
+    diagonal: ``None`` (:math:`H_0 = \gamma I`), a rule with a method
+      ``rule.apply(memory, gamma) -> (h, on)``
+      (:func:`hdm_optax.pieces.lbfgs.memory.pairs_diagonal`) or a function
+      ``diagonal(memory, gamma) -> (h, on)``: :math:`H_0 = \operatorname{diag}(h)` where
+      ``on``. Not used in a box, nor where the params have fewer entries than
+      ``memory_size`` (there the pairs determine the operator).
 
   Returns:
     A :class:`hdm_optax.pieces.shell.Direction` (its state a :class:`LBFGSState`).
@@ -179,8 +206,9 @@ def lbfgs_direction(
     >>> state.memory.rho.shape, float(state.gamma)
     ((5,), 0.0)
   """
-  _check(memory_size, pair_tol, diagonal, lower, upper)
-  cfg = _Config(memory_size, pair_tol, diagonal, lower, upper)
+  count, rule = _pairs_count(memory_size), _diagonal_rule(diagonal)
+  _check(pair_tol, lower, upper)
+  cfg = _Config(count, pair_tol, rule, lower, upper)
   part = lambda f: functools.partial(f, cfg)
   return shell.Direction(
     init=part(_init), propose=part(_propose), learn=part(_learn), observe=part(_observe)
@@ -188,16 +216,23 @@ def lbfgs_direction(
 
 
 class _Config(NamedTuple):
-  """:func:`lbfgs_direction`'s arguments, as its parts read them."""
+  """:func:`lbfgs_direction`'s arguments, as its parts read them: ``memory_size`` an int
+  (``None`` where traced), ``diagonal`` the function ``(memory, gamma) -> (h, on)``."""
 
-  memory_size: int
+  memory_size: Optional[int]
   pair_tol: Any
-  diagonal: Any
+  diagonal: Optional[Callable[..., tuple[Any, jax.Array]]]
   lower: Any
   upper: Any
 
 
 def _init(cfg: _Config, params):
+  if cfg.memory_size is None:
+    raise ValueError(
+      "memory_size is traced where the state is built, but it sets the state's shapes: pass "
+      "it as a Python int (under optax.inject_hyperparams, "
+      'static_args=("memory_size",)).'
+    )
   memory = memory_lib.secant_memory(params, cfg.memory_size)
   dtype = _numerics.params_dtype(params)
   box = box_lib.make_box(params, cfg.lower, cfg.upper)
@@ -206,7 +241,7 @@ def _init(cfg: _Config, params):
 
 def _operator(cfg: _Config, memory, gamma, updates):
   n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(updates))
-  if cfg.diagonal is None or n < cfg.memory_size:  # fewer dimensions than pairs: gamma I
+  if cfg.diagonal is None or n < memory.rho.shape[0]:  # fewer dimensions than pairs: gamma I
     return memory_lib.inverse_hessian_product(memory, gamma, updates)
   # H_0 = diag(h) where the rule says so, gamma I elsewhere: one program, no branch (a
   # lax.cond over the pairs made XLA copy them at every update).
@@ -216,6 +251,12 @@ def _operator(cfg: _Config, memory, gamma, updates):
 
 
 def _propose(cfg: _Config, state, ctx):
+  held_pairs = state.memory.rho.shape[0]
+  if cfg.memory_size not in (None, held_pairs):
+    raise ValueError(
+      f"memory_size={cfg.memory_size}, but the state holds {held_pairs} pairs: the pairs' "
+      "number is set where the state is built; build the state with this memory_size."
+    )
   dtype = ctx.value.dtype
   # The free set of this update, once: the proposal, H_0's first scale and gamma use it.
   held = _oracle.held_coordinates(ctx.updates, ctx.grad)

@@ -573,14 +573,16 @@ def _predicts_newest(memory: SecantMemory, full) -> jax.Array:
 
 
 class PairsDiagonal(NamedTuple):
-  """:func:`pairs_diagonal`'s rule: ``rule(memory, gamma) -> (h, on)``; equal for equal
+  """:func:`pairs_diagonal`'s rule: ``rule.apply(memory, gamma) -> (h, on)``; equal for equal
   ``gate`` and ``bound`` (so ``trial_lbfgs(diagonal=pairs_diagonal())`` built twice is one
-  configuration, one compiled program)."""
+  configuration, one compiled program). It is not callable: ``optax.inject_hyperparams``
+  takes a callable argument for a schedule, and passes this one through as it is."""
 
   gate: Any
   bound: Any
 
-  def __call__(self, memory: SecantMemory, gamma) -> tuple[Any, jax.Array]:
+  def apply(self, memory: SecantMemory, gamma) -> tuple[Any, jax.Array]:
+    """H_0's diagonal from the pairs of ``memory`` around ``gamma``, and whether it is used."""
     gate, bound = self.gate, self.bound
     full = memory.rho != 0
     ss, yy = _square_sums(memory.s, full), _square_sums(memory.y, full)
@@ -629,7 +631,7 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
     bound: the clip of h around gamma, >= 1.
 
   Returns:
-    A :class:`PairsDiagonal`, ``rule(memory, gamma) -> (h, on)``: h packed as the pairs
+    A :class:`PairsDiagonal`, ``rule.apply(memory, gamma) -> (h, on)``: h packed as the pairs
     are (a tuple of blocks like ``memory.s`` without its leading axis) and whether it is used, for :func:`hdm_optax.pieces.lbfgs.direction.lbfgs_direction`'s ``diagonal=``.
 
   Examples:
@@ -638,7 +640,7 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
     >>> mem = memory.secant_memory(jnp.zeros(2), 3)
     >>> for s in ([1.0, 1.0], [1.0, -1.0]):
     ...   mem = memory.secant_record(mem, jnp.array(s), jnp.array([1e4, 1.0]) * jnp.array(s), True)
-    >>> h, on = memory.pairs_diagonal(gate=1e3)(mem, 1.0)
+    >>> h, on = memory.pairs_diagonal(gate=1e3).apply(mem, 1.0)
     >>> [round(float(v), 6) for v in h[0]], bool(on)
     ([0.0001, 1.0], True)
   """
