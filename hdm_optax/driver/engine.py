@@ -226,6 +226,7 @@ class Loop(NamedTuple):
     (its box is replaced by the optimizer's)."""
     _warn_tf32(self.value_fn, params)
     fresh = self.optimizer.init(params)
+    protocol.check_state(fresh)
     resume = opt_state if isinstance(opt_state, Resume) else Resume.of(opt_state)
     if resume.opt_state is None:
       opt_state = fresh

@@ -38,6 +38,7 @@ __all__ = (
   "caches_anywhere",
   "calls_in_update",
   "check_optimizer",
+  "check_state",
   "nonfinite_trials",
   "null_steps",
   "preconditioner",
@@ -74,6 +75,42 @@ def check_optimizer(door: str, optimizer):
     f"{door}: optimizer must be an optax transformation (with init and update), got "
     f"{optimizer!r} ({type(optimizer).__name__}); pass one, e.g. hdm_optax.trial_lbfgs()."
   )
+
+
+# Counters of the oracle calls an update makes (:func:`calls_in_update`).
+_CALL_COUNTERS = ("num_value_evals", "num_grad_evals", "num_linesearch_steps")
+
+
+def _nodes(state, kind) -> list:
+  """The nodes of ``state`` that are ``kind``, in the tree's order."""
+  is_kind = lambda node: isinstance(node, kind)
+  return [node for node in jax.tree.leaves(state, is_leaf=is_kind) if is_kind(node)]
+
+
+def check_state(state) -> None:
+  """Refuses the optax wrappers a driver cannot run, found in the structure of ``state``
+  (an optimizer's ``init``, or its ``jax.eval_shape``): no cost at run time.
+
+  - ``optax.MultiSteps`` around a transformation that calls the oracle in its update (an
+    hdm_optax method, ``optax.lbfgs``): MultiSteps runs the inner update, calls included, on
+    every mini-step but keeps its state only on the k-th, so the mini-steps' calls would
+    escape ``num_grad_evals`` and ``max_grad_evals``. Around other transformations it runs.
+
+  Raises:
+    TypeError: naming the wrapper, why, and the fix.
+  """
+  for multi in _nodes(state, optax.MultiStepsState):
+    calls = [k for k in _CALL_COUNTERS if optax.tree.get_all_with_path(multi.inner_opt_state, k)]
+    if calls:
+      raise TypeError(
+        "optimizer: optax.MultiSteps(...) around a transformation that calls f in its update "
+        f"(its state counts {', '.join(calls)}: an hdm_optax method, optax.lbfgs) is refused. "
+        "MultiSteps runs the inner update, with its oracle calls, on every mini-step but "
+        "keeps the inner state only every k-th, so the mini-steps' calls would escape "
+        "num_grad_evals and max_grad_evals, and their trials would be wasted. Pass the "
+        "method alone (e.g. solve(hdm_optax.trial_lbfgs(), ...)); for minibatch gradients, "
+        "use hdm_optax.minibatch_step."
+      )
 
 
 @runtime_checkable
