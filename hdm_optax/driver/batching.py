@@ -540,7 +540,7 @@ def solve_batch(
     >>> out.converged.tolist(), out.params.shape
     ([True, True, True], (3, 2))
   """
-  protocol.check_optimizer("solve_batch", optimizer)
+  optimizer = protocol.check_optimizer("solve_batch", optimizer)
   problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if not any(problems.mapped):
     raise ValueError(

@@ -408,7 +408,7 @@ def loop(
     >>> int(compiled(jnp.ones(2)).num_steps) == int(s.num_steps)
     True
   """
-  protocol.check_optimizer("loop", optimizer)
+  optimizer = protocol.check_optimizer("loop", optimizer)
   if norm is not None and not callable(norm):
     raise TypeError(f"norm must be callable (pytree -> scalar) or None, got {norm!r}.")
   fun_args = tuple(fun_args)

@@ -54,12 +54,17 @@ def check_optimizer(door: str, optimizer):
   "'function' object has no attribute 'init'".
 
   Returns:
-    ``optimizer``.
+    ``optimizer``; a plain ``optax.GradientTransformation`` (whose ``update`` takes no
+    extra arguments) wrapped by ``optax.with_extra_args_support``, which drops the
+    ``value``, ``grad`` and ``value_fn`` a driver passes.
 
   Raises:
     TypeError: naming what was given and the fix (call the factory).
   """
   if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+    plain = not isinstance(optimizer, optax.GradientTransformationExtraArgs)
+    if plain and isinstance(optimizer, optax.GradientTransformation):
+      return optax.with_extra_args_support(optimizer)
     return optimizer
   if callable(optimizer):
     name = getattr(optimizer, "__qualname__", None) or type(optimizer).__name__
@@ -95,6 +100,7 @@ def check_state(state) -> None:
     hdm_optax method, ``optax.lbfgs``): MultiSteps runs the inner update, calls included, on
     every mini-step but keeps its state only on the k-th, so the mini-steps' calls would
     escape ``num_grad_evals`` and ``max_grad_evals``. Around other transformations it runs.
+  - ``optax.lookahead``: its params are ``optax.LookaheadParams``, a driver's plain.
 
   Raises:
     TypeError: naming the wrapper, why, and the fix.
@@ -111,6 +117,13 @@ def check_state(state) -> None:
         "method alone (e.g. solve(hdm_optax.trial_lbfgs(), ...)); for minibatch gradients, "
         "use hdm_optax.minibatch_step."
       )
+  if _nodes(state, optax.LookaheadState):
+    raise TypeError(
+      "optimizer: optax.lookahead(...) is refused: its update reads params.fast and "
+      "params.slow (optax.LookaheadParams), but a driver holds plain params and evaluates f "
+      "at them. Pass the fast optimizer alone (e.g. solve(optax.sgd(0.1), ...)), or run "
+      "lookahead in an optax loop of your own on LookaheadParams."
+    )
 
 
 @runtime_checkable
