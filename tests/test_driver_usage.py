@@ -605,3 +605,19 @@ def test_multisteps_around_a_transformation_without_calls_runs_and_counts():
   jax.effects_barrier()
   assert bool(res.converged)
   assert int(res.num_grad_evals) == int(res.num_steps) + 1 == len(calls)
+
+
+def test_sweep_takes_every_optimizer_solve_takes_with_an_empty_grid():
+  # "make_optimizer must be a factory ... (or an optimizer, with grid={})" with grid={}
+  rows = jnp.array([[1.0, 2.0], [3.0, 4.0]])
+  opt = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)  # no GradientTransformation
+  out = hdm_optax.sweep(opt, {}, _SQUARE, jnp.zeros(2), fun_args=(rows,), in_axes=(None, (0,)))
+  for b in range(2):
+    res = hdm_optax.solve(opt, _SQUARE, jnp.zeros(2), fun_args=(rows[b],))
+    np.testing.assert_allclose(out.results.params[b], res.params, rtol=1e-6)
+    assert int(out.results.num_grad_evals[b]) == int(res.num_grad_evals)
+  with pytest.raises(ValueError, match=r"make_optimizer is an optimizer \(MultiSteps\)"):
+    hdm_optax.sweep(opt, {"k": [2, 3]}, _SQUARE, jnp.zeros(2), fun_args=(rows[0],))
+  with pytest.raises(TypeError, match=r"optax.MultiSteps.*minibatch_step"):
+    method = optax.MultiSteps(hdm_optax.trial_lbfgs(), 2)
+    hdm_optax.sweep(method, {}, _SQUARE, jnp.zeros(2), fun_args=(rows[0],))

@@ -411,8 +411,10 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  instance = isinstance(make_optimizer, optax.GradientTransformation)
+  instance = protocol.is_optimizer(make_optimizer)
   _check_factory(make_optimizer, grid, instance)
+  if instance:
+    make_optimizer = protocol.check_optimizer("sweep", make_optimizer)
   factory = {"optimizer" if instance else "make_optimizer": make_optimizer}
   try:
     points, results = _run(_batch(locals()), fun, grid, **factory)

@@ -39,11 +39,18 @@ __all__ = (
   "calls_in_update",
   "check_optimizer",
   "check_state",
+  "is_optimizer",
   "nonfinite_trials",
   "null_steps",
   "preconditioner",
   "with_box_of",
 )
+
+
+def is_optimizer(obj) -> bool:
+  """Whether ``obj`` is an optax transformation: it has ``init`` and ``update`` (duck typed:
+  ``optax.MultiSteps`` is no ``optax.GradientTransformation``)."""
+  return callable(getattr(obj, "init", None)) and callable(getattr(obj, "update", None))
 
 
 def check_optimizer(door: str, optimizer):
@@ -61,7 +68,7 @@ def check_optimizer(door: str, optimizer):
   Raises:
     TypeError: naming what was given and the fix (call the factory).
   """
-  if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+  if is_optimizer(optimizer):
     plain = not isinstance(optimizer, optax.GradientTransformationExtraArgs)
     if plain and isinstance(optimizer, optax.GradientTransformation):
       return optax.with_extra_args_support(optimizer)
