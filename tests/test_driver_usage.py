@@ -12,7 +12,7 @@ import pytest
 
 import hdm_optax
 
-from helpers import Compilations, logistic, logistic_problem, python_blocks
+from helpers import Compilations, counting, logistic, logistic_problem, python_blocks
 from hdm_optax.driver import engine
 from hdm_optax.driver import limits as limits_lib
 from hdm_optax.driver import programs
@@ -561,3 +561,63 @@ def test_the_errors_of_three_common_mistakes_name_the_fix():
   quadratic = lambda x, a, weight: jnp.sum((x - a) ** 2) + weight * jnp.sum(x**2)
   with pytest.raises(ValueError, match=r"axis 0 of fun_args\[1\], of shape \(\).*None"):
     hdm_optax.solve_batch(opt, quadratic, jnp.zeros((3, 2)), fun_args=(jnp.ones((3, 2)), 0.1))
+
+
+def _doors(optimizer):
+  """Every front door that takes an optimizer, called with ``optimizer`` on ``_SQUARE``."""
+  a, batch = jnp.ones(2), jnp.ones((3, 2))
+
+  def optimistix():
+    optx = pytest.importorskip("optimistix")
+    from hdm_optax.optimistix_adapter import HDMMinimiser  # pylint: disable=import-outside-toplevel
+
+    return optx.minimise(_SQUARE, HDMMinimiser(optimizer), jnp.zeros(2), a, max_steps=50)
+
+  return {
+    "solve": lambda: hdm_optax.solve(optimizer, _SQUARE, jnp.zeros(2), fun_args=(a,)),
+    "solve_batch": lambda: hdm_optax.solve_batch(
+      optimizer, _SQUARE, jnp.zeros(2), fun_args=(batch,), in_axes=(None, 0)
+    ),
+    "sweep": lambda: hdm_optax.sweep(lambda: optimizer, {}, _SQUARE, jnp.zeros(2), fun_args=(a,)),
+    "loop": lambda: hdm_optax.loop(optimizer, _SQUARE, fun_args=(a,)).start(jnp.zeros(2)),
+    "optimistix": optimistix,
+  }
+
+
+@pytest.mark.parametrize("door", ["solve", "solve_batch", "sweep", "loop", "optimistix"])
+@pytest.mark.parametrize(
+  "inner", [hdm_optax.trial_lbfgs, hdm_optax.hdm_auto, optax.lbfgs], ids=lambda f: f.__name__
+)
+def test_multisteps_around_a_method_that_calls_f_is_refused(door, inner):
+  # MultiSteps kept the inner state of 1 mini-step in 3: 2 of 3 calls escaped the count
+  calls = _doors(optax.MultiSteps(inner(), every_k_schedule=3))
+  with pytest.raises(TypeError, match=r"optimizer: optax.MultiSteps.*alone.*minibatch_step"):
+    calls[door]()
+  within = optax.chain(optax.clip(1.0), optax.MultiSteps(inner(), 2).gradient_transformation())
+  with pytest.raises(TypeError, match=r"optax.MultiSteps"):
+    _doors(within)[door]()
+
+
+def test_multisteps_around_a_transformation_without_calls_runs_and_counts():
+  fun, calls = counting(_SQUARE)
+  opt = optax.MultiSteps(optax.sgd(0.3), every_k_schedule=2)
+  res = hdm_optax.solve(opt, fun, jnp.zeros(2), fun_args=(jnp.ones(2),), check_every=1)
+  jax.effects_barrier()
+  assert bool(res.converged)
+  assert int(res.num_grad_evals) == int(res.num_steps) + 1 == len(calls)
+
+
+def test_sweep_takes_every_optimizer_solve_takes_with_an_empty_grid():
+  # "make_optimizer must be a factory ... (or an optimizer, with grid={})" with grid={}
+  rows = jnp.array([[1.0, 2.0], [3.0, 4.0]])
+  opt = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)  # no GradientTransformation
+  out = hdm_optax.sweep(opt, {}, _SQUARE, jnp.zeros(2), fun_args=(rows,), in_axes=(None, (0,)))
+  for b in range(2):
+    res = hdm_optax.solve(opt, _SQUARE, jnp.zeros(2), fun_args=(rows[b],))
+    np.testing.assert_allclose(out.results.params[b], res.params, rtol=1e-6)
+    assert int(out.results.num_grad_evals[b]) == int(res.num_grad_evals)
+  with pytest.raises(ValueError, match=r"make_optimizer is an optimizer \(MultiSteps\)"):
+    hdm_optax.sweep(opt, {"k": [2, 3]}, _SQUARE, jnp.zeros(2), fun_args=(rows[0],))
+  with pytest.raises(TypeError, match=r"optax.MultiSteps.*minibatch_step"):
+    method = optax.MultiSteps(hdm_optax.trial_lbfgs(), 2)
+    hdm_optax.sweep(method, {}, _SQUARE, jnp.zeros(2), fun_args=(rows[0],))

@@ -647,3 +647,45 @@ def test_solve_with_adam_and_lbfgs():
   assert int(lbfgs.num_grad_evals) >= steps + 1
   assert int(lbfgs.num_grad_evals) <= 3 * steps + 1
   assert len(calls) == int(lbfgs.num_grad_evals)  # the count is the real one
+
+
+def _plain_sgd(rate):
+  """A plain optax.GradientTransformation, written as optax documents it (no extra args)."""
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda g: -rate * g, updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def test_a_transformation_without_extra_args_runs_at_every_door():
+  # update() got an unexpected keyword argument 'value'
+  fun, calls = counting(logistic)
+  res = hdm_optax.solve(
+    _plain_sgd(0.5 / LIP), fun, X0, max_steps=40, tol=0.0, fun_args=(X, Y), **EVERY_STEP
+  )
+  jax.effects_barrier()
+  ref = hdm_optax.solve(optax.sgd(0.5 / LIP), logistic, X0, max_steps=40, tol=0.0, fun_args=(X, Y))
+  np.testing.assert_allclose(res.params, ref.params, rtol=1e-6)
+  assert int(res.num_grad_evals) == 41 == len(calls)
+  run = hdm_optax.loop(_plain_sgd(0.5 / LIP), logistic, fun_args=(X, Y), max_steps=40, tol=0.0)
+  s = jax.jit(lambda x: jax.lax.while_loop(lambda s: ~run.done(s), run.step, run.start(x)))(X0)
+  np.testing.assert_allclose(s.params, ref.params, rtol=1e-6)
+  batch = hdm_optax.solve_batch(
+    _plain_sgd(0.5 / LIP), logistic, jnp.stack([X0, X0]), fun_args=(X, Y), in_axes=(0, None)
+  )
+  out = hdm_optax.sweep(_plain_sgd, {"rate": [0.5 / LIP]}, logistic, X0, fun_args=(X, Y))
+  assert float(batch.value[0]) == pytest.approx(float(out.results.value[0]), rel=1e-6)
+
+
+@pytest.mark.parametrize("fast", [lambda: optax.sgd(0.1), hdm_optax.hdm_auto], ids=["sgd", "hdm"])
+@pytest.mark.parametrize("door", ["solve", "loop"])
+def test_lookahead_is_refused_naming_why(door, fast):
+  # its params must be optax.LookaheadParams: update_fn() got an unexpected keyword 'value'
+  opt = optax.lookahead(fast(), sync_period=5, slow_step_size=0.5)
+  with pytest.raises(TypeError, match=r"optax.lookahead.*LookaheadParams.*fast optimizer alone"):
+    if door == "solve":
+      hdm_optax.solve(opt, logistic, X0, fun_args=(X, Y))
+    else:
+      hdm_optax.loop(opt, logistic, fun_args=(X, Y)).start(X0)

@@ -411,8 +411,10 @@ def sweep(
       f"points solve {problems.count} different problems; sweep one problem at a time, or "
       "drop stop_at_first_converged."
     )
-  instance = isinstance(make_optimizer, optax.GradientTransformation)
+  instance = protocol.is_optimizer(make_optimizer)
   _check_factory(make_optimizer, grid, instance)
+  if instance:
+    make_optimizer = protocol.check_optimizer("sweep", make_optimizer)
   factory = {"optimizer" if instance else "make_optimizer": make_optimizer}
   try:
     points, results = _run(_batch(locals()), fun, grid, **factory)
@@ -540,7 +542,7 @@ def solve_batch(
     >>> out.converged.tolist(), out.params.shape
     ([True, True, True], (3, 2))
   """
-  protocol.check_optimizer("solve_batch", optimizer)
+  optimizer = protocol.check_optimizer("solve_batch", optimizer)
   problems = members_lib.problems(init_params, tuple(fun_args), in_axes)
   if not any(problems.mapped):
     raise ValueError(

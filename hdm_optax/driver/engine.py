@@ -226,6 +226,7 @@ class Loop(NamedTuple):
     (its box is replaced by the optimizer's)."""
     _warn_tf32(self.value_fn, params)
     fresh = self.optimizer.init(params)
+    protocol.check_state(fresh)
     resume = opt_state if isinstance(opt_state, Resume) else Resume.of(opt_state)
     if resume.opt_state is None:
       opt_state = fresh
@@ -407,7 +408,7 @@ def loop(
     >>> int(compiled(jnp.ones(2)).num_steps) == int(s.num_steps)
     True
   """
-  protocol.check_optimizer("loop", optimizer)
+  optimizer = protocol.check_optimizer("loop", optimizer)
   if norm is not None and not callable(norm):
     raise TypeError(f"norm must be callable (pytree -> scalar) or None, got {norm!r}.")
   fun_args = tuple(fun_args)

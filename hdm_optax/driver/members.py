@@ -14,6 +14,7 @@ import numpy as np
 
 from hdm_optax import _numerics
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 
 __all__ = (
   "Maker",
@@ -171,7 +172,7 @@ class Maker:
   def build(self, arrays, columns):
     if self.optimizer_key is not None:
       return self.optimizer_key.build(arrays)
-    return self.make_optimizer(**dict(self.settings), **columns)
+    return protocol.check_optimizer("sweep", self.make_optimizer(**dict(self.settings), **columns))
 
   def __hash__(self):
     return hash(self._key)

@@ -48,6 +48,7 @@ import optax
 
 from hdm_optax import _numerics
 from hdm_optax.driver import compiled as compiled_lib
+from hdm_optax.driver import protocol
 
 __all__ = (
   "Closed",
@@ -633,6 +634,7 @@ def update_signature(optimizer, params) -> tuple:
 
   def run(params):
     state = optimizer.init(params)
+    protocol.check_state(state)  # before its update is traced
     value = jnp.zeros((), _numerics.params_dtype(params))
     return optimizer.update(
       params, state, params, value=value, grad=params, value_fn=_placeholder_objective

@@ -38,11 +38,19 @@ __all__ = (
   "caches_anywhere",
   "calls_in_update",
   "check_optimizer",
+  "check_state",
+  "is_optimizer",
   "nonfinite_trials",
   "null_steps",
   "preconditioner",
   "with_box_of",
 )
+
+
+def is_optimizer(obj) -> bool:
+  """Whether ``obj`` is an optax transformation: it has ``init`` and ``update`` (duck typed:
+  ``optax.MultiSteps`` is no ``optax.GradientTransformation``)."""
+  return callable(getattr(obj, "init", None)) and callable(getattr(obj, "update", None))
 
 
 def check_optimizer(door: str, optimizer):
@@ -53,12 +61,17 @@ def check_optimizer(door: str, optimizer):
   "'function' object has no attribute 'init'".
 
   Returns:
-    ``optimizer``.
+    ``optimizer``; a plain ``optax.GradientTransformation`` (whose ``update`` takes no
+    extra arguments) wrapped by ``optax.with_extra_args_support``, which drops the
+    ``value``, ``grad`` and ``value_fn`` a driver passes.
 
   Raises:
     TypeError: naming what was given and the fix (call the factory).
   """
-  if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+  if is_optimizer(optimizer):
+    plain = not isinstance(optimizer, optax.GradientTransformationExtraArgs)
+    if plain and isinstance(optimizer, optax.GradientTransformation):
+      return optax.with_extra_args_support(optimizer)
     return optimizer
   if callable(optimizer):
     name = getattr(optimizer, "__qualname__", None) or type(optimizer).__name__
@@ -74,6 +87,50 @@ def check_optimizer(door: str, optimizer):
     f"{door}: optimizer must be an optax transformation (with init and update), got "
     f"{optimizer!r} ({type(optimizer).__name__}); pass one, e.g. hdm_optax.trial_lbfgs()."
   )
+
+
+# Counters of the oracle calls an update makes (:func:`calls_in_update`).
+_CALL_COUNTERS = ("num_value_evals", "num_grad_evals", "num_linesearch_steps")
+
+
+def _nodes(state, kind) -> list:
+  """The nodes of ``state`` that are ``kind``, in the tree's order."""
+  is_kind = lambda node: isinstance(node, kind)
+  return [node for node in jax.tree.leaves(state, is_leaf=is_kind) if is_kind(node)]
+
+
+def check_state(state) -> None:
+  """Refuses the optax wrappers a driver cannot run, found in the structure of ``state``
+  (an optimizer's ``init``, or its ``jax.eval_shape``): no cost at run time.
+
+  - ``optax.MultiSteps`` around a transformation that calls the oracle in its update (an
+    hdm_optax method, ``optax.lbfgs``): MultiSteps runs the inner update, calls included, on
+    every mini-step but keeps its state only on the k-th, so the mini-steps' calls would
+    escape ``num_grad_evals`` and ``max_grad_evals``. Around other transformations it runs.
+  - ``optax.lookahead``: its params are ``optax.LookaheadParams``, a driver's plain.
+
+  Raises:
+    TypeError: naming the wrapper, why, and the fix.
+  """
+  for multi in _nodes(state, optax.MultiStepsState):
+    calls = [k for k in _CALL_COUNTERS if optax.tree.get_all_with_path(multi.inner_opt_state, k)]
+    if calls:
+      raise TypeError(
+        "optimizer: optax.MultiSteps(...) around a transformation that calls f in its update "
+        f"(its state counts {', '.join(calls)}: an hdm_optax method, optax.lbfgs) is refused. "
+        "MultiSteps runs the inner update, with its oracle calls, on every mini-step but "
+        "keeps the inner state only every k-th, so the mini-steps' calls would escape "
+        "num_grad_evals and max_grad_evals, and their trials would be wasted. Pass the "
+        "method alone (e.g. solve(hdm_optax.trial_lbfgs(), ...)); for minibatch gradients, "
+        "use hdm_optax.minibatch_step."
+      )
+  if _nodes(state, optax.LookaheadState):
+    raise TypeError(
+      "optimizer: optax.lookahead(...) is refused: its update reads params.fast and "
+      "params.slow (optax.LookaheadParams), but a driver holds plain params and evaluates f "
+      "at them. Pass the fast optimizer alone (e.g. solve(optax.sgd(0.1), ...)), or run "
+      "lookahead in an optax loop of your own on LookaheadParams."
+    )
 
 
 @runtime_checkable
