@@ -15,8 +15,8 @@ DRIVER = Path(hdm_optax.__file__).parent / "driver"
 
 # Bottom to top; a module imports only modules of lower layers.
 LAYERS = [
-  {"compiled", "host"},
-  {"limits", "programs", "protocol", "results", "interrupts"},
+  {"compiled", "host", "protocol"},  # protocol: what a driver reads of an optimizer
+  {"limits", "programs", "results", "interrupts"},
   {"hooks", "cache", "members", "resuming"},
   {"engine"},
   {"runs", "oracle"},
