@@ -203,6 +203,16 @@ def test_cache_at_params_reads_the_structure():
   assert hdm_optax.driver.protocol.cache_at_params(cached[4].init(x)) is None  # sgd caches nothing
 
 
+def test_a_named_chain_with_the_method_last_is_warned_of_as_what_it_is():
+  """A named chain's state (a dict, rebuilt in sorted key order) does not say which link is
+  last: f is evaluated again at every step, and the warning says a named chain pays that
+  call where "put it last" would not help."""
+  fun = lambda x: jnp.sum((x - 1.0) ** 2)
+  opt = optax.named_chain(("clip", optax.clip_by_global_norm(1.0)), ("m", hdm_optax.hdm_best()))
+  with pytest.warns(UserWarning, match="optax.named_chain, whose state does not say"):
+    hdm_optax.solve(opt, fun, jnp.zeros(3), max_steps=5)
+
+
 def test_value_and_grad_from_state_never_returns_a_stale_cache():
   opt = optax.chain(hdm_optax.hdm_best(lipschitz=200.0), optax.scale(0.5))
   x = jnp.ones(3)
