@@ -342,7 +342,7 @@ def _at_new_params(p: Loop, params, opt_state):
       "the optimizer caches f and grad f, but a later transformation may change its "
       "update, so the cache is not known to be at the new params: f is evaluated again "
       "at every step (one more oracle call). Put the caching transformation (hdm_*, "
-      "optax.lbfgs) last in an optax.chain; an optax.named_chain, whose state does not "
+      "optax.lbfgs) last in the chain (optax.chain); an optax.named_chain, whose state does not "
       "say which link is last, and wrappers other than optax.inject_hyperparams and "
       "optax.apply_if_finite always pay this call.",
       stacklevel=4,
