@@ -163,6 +163,14 @@ def configured(
   every other one built by an equal call (``trial_lbfgs() == trial_lbfgs()``,
   ``!= trial_lbfgs(memory_size=5)``).
 
+  What it holds: the arguments as they were at the call, their dicts, lists and tuples (the
+  containers compared item by item) copied, so that the factory, the configuration and
+  every program built from it (:class:`OptimizerKey`) see one value for the
+  transformation's whole life: a later edit of the caller's dict or list
+  (``upper["a"] = 2.0``) reaches none of them (build a new transformation for new
+  values). The leaves are held as they are: an array is read at each call of a front door,
+  so a NumPy array edited in place is seen.
+
   Args:
     factory: a function returning an ``optax.GradientTransformationExtraArgs``; left out,
       ``configured(none_means=...)`` is the decorator.
@@ -181,9 +189,14 @@ def configured(
 
   @functools.wraps(factory)
   def build(*args, **kwargs):
-    transformation = factory(*args, **kwargs)
-    bound = signature.bind(*args, **kwargs)
+    try:
+      bound = signature.bind(*args, **kwargs)
+    except TypeError:  # the factory's own message names it
+      return factory(*args, **kwargs)
     bound.apply_defaults()
+    for name, value in bound.arguments.items():
+      bound.arguments[name] = _copied(value)
+    transformation = factory(*bound.args, **bound.kwargs)
     arguments = dict(bound.arguments)
     for name, value in means.items():
       if arguments[name] is None:
@@ -192,6 +205,16 @@ def configured(
     return ConfiguredTransformation(transformation.init, transformation.update, configuration)
 
   return build
+
+
+def _copied(value):
+  """``value`` with its dicts, lists and tuples (those :func:`configuration_key` compares
+  item by item) copied, its other values the same objects."""
+  if type(value) in (tuple, list):  # pylint: disable=unidiomatic-typecheck
+    return type(value)(map(_copied, value))
+  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+    return {k: _copied(v) for k, v in value.items()}
+  return value
 
 
 class Uncacheable(Exception):
