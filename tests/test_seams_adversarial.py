@@ -1875,3 +1875,77 @@ def test_a_result_resumed_on_other_data_evaluates_f_there(door):
   np.testing.assert_allclose(
     float(np.ravel(other.value)[0]), float(f_new(params, *new)), rtol=1e-14
   )
+
+
+def _run_door(door, fun, x0, init_state=None, max_steps=200):
+  """``fun`` minimized from ``x0`` through ``door`` (two problems of ``x0`` for the batch
+  doors), to ||grad f||_inf <= 1e-10; ``init_state`` as the door takes it."""
+  opt, limits = hdm_optax.trial_lbfgs(), dict(max_steps=max_steps, tol=1e-10)
+  if door == "solve":
+    return hdm_optax.solve(opt, fun, x0, init_state=init_state, **limits)
+  if door == "solve_batch":
+    return hdm_optax.solve_batch(opt, fun, x0, in_axes=(0, None), init_state=init_state, **limits)
+  if door == "sweep":
+    return hdm_optax.sweep(opt, {}, fun, x0, in_axes=(0, None), init_state=init_state, **limits)
+  options = {"maxiter": max_steps, "gtol": 1e-10, "ftol": 0.0}
+  return hdm_optax.minimize(fun, x0, options=options, init_state=init_state)
+
+
+_RESUMING_DOORS = ("solve", "minimize", "solve_batch", "sweep")
+
+
+def _x0(door):
+  return jnp.zeros(3) if door in ("solve", "minimize") else jnp.zeros((2, 3))
+
+
+@pytest.mark.parametrize("change", ["closed_array", "closed_number", "another_function"])
+@pytest.mark.parametrize("door", _RESUMING_DOORS)
+def test_a_result_resumed_with_another_objective_evaluates_f_there(door, change):
+  """The optimizer's cache of f and grad f belongs to the objective its run ran: resumed
+  after the array or the number ``fun`` closes over was rebound, or with another ``fun``,
+  the run evaluates f and grad f at the params (one counted call, as a warm start from
+  ``result.state`` does) and goes on to the new optimum. It reported f = 0 and CONVERGED at
+  the old optimum, where the new f is 48."""
+  c, k = jnp.full(3, 1.0), 1.0
+  fun = {
+    "closed_array": lambda x: jnp.sum((x - c) ** 2),
+    "closed_number": lambda x: jnp.sum((x - k) ** 2),
+    "another_function": lambda x: jnp.sum((x - 1.0) ** 2),
+  }[change]
+  out = _run_door(door, fun, _x0(door))
+  first = getattr(out, "results", out)
+  assert bool(np.all(first.converged))
+  c, k = jnp.full(3, 5.0), 5.0
+  if change == "another_function":
+    fun = lambda x: 0.5 * jnp.sum((x - 5.0) ** 2) + 1.0
+  rest = _run_door(door, fun, first.params, init_state=out)
+  rest = getattr(rest, "results", rest)
+  warm = _run_door(door, fun, first.params, init_state=first.state)
+  warm = getattr(warm, "results", warm)
+  params = np.reshape(rest.params, (-1, 3))
+  # f at its minimum 0 or 1, evaluated in float64 by the program and here: rounding alone.
+  fresh = [float(fun(jnp.asarray(x))) for x in params]
+  np.testing.assert_allclose(np.ravel(rest.value), fresh, rtol=1e-14, atol=1e-14)
+  np.testing.assert_allclose(params, np.full_like(params, 5.0), rtol=0, atol=1e-9)
+  assert bool(np.all(rest.converged))
+  for count in ("num_value_evals", "num_grad_evals", "num_steps"):
+    resumed, parts = getattr(rest, count), (getattr(first, count), getattr(warm, count))
+    np.testing.assert_array_equal(np.ravel(resumed), np.ravel(parts[0]) + np.ravel(parts[1]))
+
+
+@pytest.mark.parametrize("door", _RESUMING_DOORS)
+def test_a_result_resumed_with_the_same_objective_makes_no_extra_call(door):
+  """The same objective (a new function object of the same code, reading the same array and
+  number, and a NumPy constant that ``fun`` makes anew at each trace): the resumed run
+  takes f and grad f from the cache and is the run that never stopped, call for call."""
+  c, k = jnp.asarray([1.0, -2.0, 3.0]), 0.5
+  make = lambda: lambda x: jnp.sum(np.linspace(1.0, 3.0, 3) * (x - c) ** 2) + k * jnp.sum(x**4)
+  whole = _run_door(door, make(), _x0(door))
+  out = _run_door(door, make(), _x0(door), max_steps=3)
+  first = getattr(out, "results", out)
+  rest = _run_door(door, make(), first.params, init_state=out)
+  whole, rest = getattr(whole, "results", whole), getattr(rest, "results", rest)
+  assert int(np.ravel(whole.num_steps)[0]) > 3  # the split happened inside the run
+  for count in ("num_value_evals", "num_grad_evals", "num_steps"):
+    np.testing.assert_array_equal(getattr(rest, count), getattr(whole, count))
+  np.testing.assert_allclose(rest.params, whole.params, rtol=1e-12, atol=1e-15)

@@ -9,6 +9,7 @@ one (docs/guide.md, "Resuming a run").
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import weakref
@@ -32,6 +33,7 @@ __all__ = (
   "check_params",
   "Reread",
   "resumable",
+  "resumed_on",
   "result_of",
   "small",
   "start_of",
@@ -93,77 +95,142 @@ def _counts(result) -> dict:
   )
 
 
-# id of a result's first state leaf -> the data its run read (see _ran_on), while it lives.
+# id of a result's first state leaf -> what its run read (see _ran_on), while it lives.
 _RAN_ON: dict = {}
 
-
-def _data(fun_args) -> tuple:
-  """``fun_args``' leaves as :func:`_ran_on` keeps them: arrays by identity (weakly), numbers
-  and other values by value."""
-  kept = []
-  for leaf in jax.tree.leaves(fun_args):
-    try:
-      kept.append(weakref.ref(leaf))
-    except TypeError:  # a number, a string
-      kept.append(leaf)
-  return tuple(kept)
+# A NumPy constant of the objective's trace of at most this many entries is kept by its
+# content: fun may make it anew at each trace (``np.linspace`` in its body).
+_BY_CONTENT = 1024
 
 
-def _ran_on(result, fun_args) -> None:
-  """Records that ``result``'s run read ``fun_args``, so that a run resuming it on other
-  data evaluates f and grad f instead of taking the optimizer's cache of them
-  (:func:`_checked`). Kept while the result's state lives; nothing inside a trace."""
+class _Content(tuple):
+  """A small NumPy constant of the objective's trace, kept by its content
+  (:func:`hdm_optax.driver.programs.content`)."""
+
+  __slots__ = ()
+
+
+class _Reading:
+  """What one call of a front door reads (:func:`resumable`): ``fun_args``, and, once the
+  door holds them (:func:`resumed_on`), the objective it runs and the arrays that objective
+  reads from outside its arguments."""
+
+  __slots__ = ("fun_args", "objective", "consts")
+
+  def __init__(self, fun_args):
+    self.fun_args, self.objective, self.consts = fun_args, None, None
+
+  def leaves(self) -> list:
+    """The leaves of ``fun_args``, then those of the objective's arrays."""
+    return jax.tree.leaves((self.fun_args, self.consts))
+
+
+_READING: contextvars.ContextVar = contextvars.ContextVar("hdm_optax_reading", default=None)
+
+
+def _kept(leaf, constant: bool):
+  """``leaf`` as :func:`_ran_on` keeps it: an array by identity (weakly), a number and other
+  values by value, a small NumPy ``constant`` of the objective's trace by content."""
+  if constant and isinstance(leaf, np.ndarray) and leaf.size <= _BY_CONTENT:
+    return _Content(programs.content(leaf))
+  try:
+    return weakref.ref(leaf)
+  except TypeError:  # a number, a string
+    return leaf
+
+
+def _same(kept, leaf) -> bool:
+  """Whether ``leaf`` is the value :func:`_kept` kept as ``kept``."""
+  if isinstance(kept, weakref.ref):
+    return kept() is leaf
+  if isinstance(kept, _Content):
+    return isinstance(leaf, np.ndarray) and kept == programs.content(leaf)
+  return type(kept) is type(leaf) and bool(kept == leaf)
+
+
+def _ran_on(result, reading: _Reading) -> None:
+  """Records what ``result``'s run read (``reading``), so that a run resuming it on other
+  data or another objective evaluates f and grad f instead of taking the optimizer's cache
+  of them (:func:`_checked`). Kept while the result's state lives; nothing inside a trace,
+  nor where the door ended before it held its objective."""
   leaves = jax.tree.leaves(getattr(result, "state", None))
-  if not leaves or programs.tracers(leaves[0]):
+  if reading.consts is None or not leaves or programs.tracers(leaves[0]):
     return
   key = id(leaves[0])
   try:
     weakref.finalize(leaves[0], _RAN_ON.pop, key, None)
   except TypeError:  # a leaf without weak references
     return
-  _RAN_ON[key] = _data(fun_args)
+  data = [_kept(leaf, False) for leaf in jax.tree.leaves(reading.fun_args)]
+  data += [_kept(leaf, True) for leaf in jax.tree.leaves(reading.consts)]
+  _RAN_ON[key] = (reading.objective, tuple(data))
 
 
 class Reread(SolveResult):
-  """A result to resume whose run read other data: f and grad f at its params are
-  evaluated (one counted call) instead of taken from the optimizer's cache."""
+  """A result to resume whose run read other data, or ran another objective: f and grad f
+  at its params are evaluated (one counted call) instead of taken from the optimizer's
+  cache."""
 
   __slots__ = ()
 
 
-def _checked(init_state, fun_args):
-  """``init_state``, as a :class:`Reread` where it is a result whose run read other
-  ``fun_args`` (other arrays, or other numbers): its cache of f and grad f belongs to those.
-  Where nothing is known of its run (a result loaded from a file, or made in a trace) it is
-  taken as it is (docs/guide.md, "Resuming a run")."""
+def _checked(init_state, reading: _Reading):
+  """``init_state``, as a :class:`Reread` where it is a result whose run read other data
+  than ``reading`` (other arrays, or other numbers, in ``fun_args`` or among the arrays the
+  objective reads from outside its arguments) or ran another objective: its cache of f and
+  grad f belongs to those. Where nothing is known of its run (a result loaded from a file,
+  or made in a trace) it is taken as it is (docs/guide.md, "Resuming a run")."""
   result = result_of(init_state)
   leaves = jax.tree.leaves(None if result is None else result.state)
-  kept = _RAN_ON.get(id(leaves[0])) if leaves else None
-  if kept is None:
+  ran_on = _RAN_ON.get(id(leaves[0])) if leaves else None
+  if ran_on is None:
     return init_state
-  given = jax.tree.leaves(fun_args)
-  same = lambda k, x: k() is x if isinstance(k, weakref.ref) else (type(k) is type(x) and k == x)
-  if len(kept) == len(given) and all(bool(same(k, x)) for k, x in zip(kept, given)):
+  objective, kept = ran_on
+  given = reading.leaves()
+  same = len(kept) == len(given) and all(_same(k, x) for k, x in zip(kept, given))
+  if same and (objective is reading.objective or objective == reading.objective):
     return init_state
   return Reread(*(result[: len(SolveResult._fields)]))
 
 
+def resumed_on(init_state, objective, consts) -> Any:
+  """``init_state`` as a front door (:func:`resumable`) runs it, once the door holds its
+  objective: a result whose run read other data or ran another objective becomes a
+  :class:`Reread`.
+
+  Args:
+    init_state: the door's ``init_state``.
+    objective: what the door runs: :func:`~hdm_optax.driver.programs.hoist`'s ``Closed``
+      (compared by its key, as the program cache compares it), or ``fun`` itself where the
+      host calls it.
+    consts: the arrays ``objective`` reads from outside its arguments (the last of
+      ``hoist``'s args), compared as ``fun_args`` are.
+  """
+  reading = _READING.get()
+  reading.objective, reading.consts = objective, consts
+  return _checked(init_state, reading)
+
+
 def resumable(door):
-  """``door`` (a front door with ``init_state`` and ``fun_args`` keywords), resuming a result
-  on other data from f and grad f evaluated anew: it records the data each result's run
-  read, and hands ``door`` a :class:`Reread` where ``init_state`` is a result of other data.
+  """``door`` (a front door with ``init_state`` and ``fun_args`` keywords, which calls
+  :func:`resumed_on` once it holds its objective), resuming a result on other data, or with
+  another objective, from f and grad f evaluated anew: it records what each result's run
+  read, and the door runs a :class:`Reread` where ``init_state`` is a result of another.
   """
 
   @functools.wraps(door)
   def front_door(*args, init_state=None, fun_args=(), **kwargs):
-    init_state = _checked(init_state, fun_args)
+    reading = _Reading(fun_args)
+    token = _READING.set(reading)
     try:
       result = door(*args, init_state=init_state, fun_args=fun_args, **kwargs)
     except BaseException as error:  # a partial result (Ctrl-C, a callback's error) resumes too
       part = getattr(error, "result", None)
-      _ran_on(getattr(part, "results", part), fun_args)
+      _ran_on(getattr(part, "results", part), reading)
       raise
-    _ran_on(getattr(result, "results", result), fun_args)
+    finally:
+      _READING.reset(token)
+    _ran_on(getattr(result, "results", result), reading)
     return result
 
   return front_door

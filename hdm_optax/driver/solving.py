@@ -131,7 +131,8 @@ def solve(
       optimizer on this problem (``result``, or an exception's ``.result``) to resume the
       run: ``init_params`` must be its params, the counts go on from its own (``max_steps``
       and ``max_grad_evals`` count the whole run) and f and grad f at the params are the
-      result's (no call); or an optimizer state (``result.state``): a warm start from
+      result's (no call; one counted call where ``fun`` or the data it reads are not its
+      run's); or an optimizer state (``result.state``): a warm start from
       ``init_params``, the counts from 0. A state's box is replaced by the optimizer's. The
       three share one compiled program (docs/guide.md, "Resuming a run").
     fun_args: extra arguments of ``fun`` (e.g. the data).
@@ -179,6 +180,8 @@ def solve(
   make_oracle = separate.host_maker(fun, fun_args, init_params, open_)
   on_host = make_oracle is not None  # it makes its own start: no trace, no program here
   closed, args = (None, ()) if on_host else programs.hoist(fun, init_params, tuple(fun_args))
+  objective, consts = (fun, []) if on_host else (closed, args[-1])
+  init_state = resuming.resumed_on(init_state, objective, consts)
   traced = bool(found) or bool(programs.tracers((arrays, args, limits)))  # what fun reads, too
   local = not traced and not on_host and not separate.spread((arrays, init_params, args))
   if local:  # passed alike at each call: kept on the device
