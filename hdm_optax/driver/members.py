@@ -161,13 +161,27 @@ def plain(value):
 class Maker:
   """How a member's optimizer is built inside the program (static).
 
-  ``make_optimizer(**settings, **columns)`` for a sweep (keyed on what ``make_optimizer``
-  computes), or a given optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey`.
+  ``make_optimizer(**settings, **columns)`` for a sweep, keyed on what it computes: the
+  optimizer it builds from a member's values of ``columns``, traced
+  (:func:`~hdm_optax.driver.programs.built_signature`), so that a module global or an
+  object's attribute it reads is in the key; or a given optimizer's
+  :class:`~hdm_optax.driver.programs.OptimizerKey`.
+
+  Args:
+    make_optimizer: the sweep's factory, or ``None`` with ``key``.
+    settings: the settings held static, ``(name, value)`` pairs.
+    key: the given optimizer's key, or ``None``.
+    columns: the settings traced, name -> column (one value per member).
+    params: the params of a member (the first problem's).
   """
 
-  def __init__(self, make_optimizer, settings, key):
+  def __init__(self, make_optimizer, settings, key, columns, params):
     self.make_optimizer, self.settings, self.optimizer_key = make_optimizer, settings, key
     self._key = (key, programs.fingerprint((make_optimizer, settings)))
+    if key is None:
+      member = {n: jax.ShapeDtypeStruct(c.shape[1:], c.dtype) for n, c in columns.items()}
+      built = programs.built_signature(lambda s: self.build([], s), member, params)
+      self._key += (built,)
 
   def build(self, arrays, columns):
     if self.optimizer_key is not None:
