@@ -136,7 +136,7 @@ def _solved(make_optimizer):
 
 def test_a_global_make_optimizer_reads_is_read_at_each_sweep(monkeypatch):
   """A module global read by make_optimizer, changed between two sweeps: each sweep runs the
-  optimizer built now (main ran the first sweep's, whichever came first)."""
+  optimizer built now."""
   for scale in (1.0, 0.0, 1.0):
     monkeypatch.setitem(globals(), "SCALE", scale)
     np.testing.assert_allclose(_swept(_scaled_sgd), _solved(_scaled_sgd), rtol=1e-12)
@@ -160,6 +160,13 @@ def test_an_unchanged_make_optimizer_reuses_the_sweeps_program():
   for make in (_scaled_sgd, config.make, hdm_best()):
     _swept(make)
   assert programs.compiled_count() == before
+
+
+def test_a_make_optimizer_that_reads_a_traced_value_runs_inline():
+  """make_optimizer closing over a caller's jit's tracer: no key, so the sweep is traced
+  inline, as solve is."""
+  inside = jax.jit(lambda scale: _swept(lambda learning_rate: optax.sgd(learning_rate * scale)))
+  np.testing.assert_allclose(inside(0.5), _solved(lambda rate: optax.sgd(rate * 0.5)), rtol=1e-12)
 
 
 def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
