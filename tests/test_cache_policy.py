@@ -258,3 +258,23 @@ def test_a_transformation_of_plain_arguments_is_prepared_once_per_shapes():
   lower = np.zeros(3)
   boxed = hdm_optax.trial_lbfgs(lower=lower)
   assert programs.prepare(boxed, x) is not programs.prepare(boxed, x)
+
+
+def test_a_dict_of_bounds_edited_after_the_build_is_not_seen_on_any_call():
+  """The transformation holds its arguments' dicts as they were when it was built: every
+  call, on the separate path and on the fused program alike, answers as the transformation
+  built with the original dict does (an edit does not reach it)."""
+  fun = lambda p: (p["a"] - 3.0) ** 2 + (p["b"] + 3.0) ** 2
+  x0 = {"a": jnp.zeros(()), "b": jnp.zeros(())}
+  lower, upper = {"a": -1.0, "b": -1.0}, {"a": 1.0, "b": 1.0}
+  optimizer = hdm_optax.trial_lbfgs(lower=lower, upper=upper)
+  fresh = hdm_optax.trial_lbfgs(lower=dict(lower), upper=dict(upper))
+  expected = hdm_optax.solve(fresh, fun, x0, tol=1e-8)
+  upper["a"] = 2.0
+  answers = []
+  for _ in range(5):
+    res = hdm_optax.solve(optimizer, fun, x0, tol=1e-8)
+    compiled_lib.wait()  # the fused program serves the third call on
+    answers.append((float(res.params["a"]), float(res.value)))
+  assert optimizer == fresh
+  assert answers == [(float(expected.params["a"]), float(expected.value))] * 5

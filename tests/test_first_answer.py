@@ -436,6 +436,33 @@ def test_the_cache_is_bounded_and_clear_caches_releases_the_programs():
     hdm_optax.set_cache_size(0)
 
 
+def _shifted(c):
+  inner = jax.jit(lambda x: x - c)  # c: a constant of the inner jit's jaxpr
+  return lambda x: jnp.sum(inner(x) ** 2)
+
+
+def test_no_table_keeps_a_calls_bounds_or_its_inner_jit_constants():
+  """The tables keyed on a call (the runs each fused program was asked for, the programs,
+  the learned Ctrl-C chunks) hold what the call is compared by, not its arrays: a minimize
+  with new bounds and a new objective at each call keeps none of them once the call has
+  returned, and clear_caches empties every table."""
+  x0, held = np.zeros(8), []
+  for i in range(6):
+    c = jnp.full(8, 0.25 + 0.01 * i)
+    lower, upper = np.full(8, -1.0), np.full(8, 1.0)
+    res = hdm_optax.minimize(_shifted(c), x0, bounds=(lower, upper))
+    np.testing.assert_allclose(res.x, c, atol=1e-6)
+    held += [weakref.ref(lower), weakref.ref(upper), weakref.ref(c)]
+    del c, lower, upper, res
+  compiled_lib.wait()
+  gc.collect()
+  assert [ref() is None for ref in held] == [True] * len(held)
+  hdm_optax.clear_caches()
+  assert not separate_lib._SIGHTINGS.counts  # pylint: disable=protected-access
+  assert separate_lib._description.cache_info().currsize == 0  # pylint: disable=protected-access
+  assert not interrupts._LEARNED and not programs._INIT_SHAPES  # pylint: disable=protected-access
+
+
 _CHILD = """
 import json, jax
 jax.config.update("jax_enable_x64", True)

@@ -290,6 +290,7 @@ class _WithGradient:
 
 # Functions JAX traced, by the abstract values of their arguments (while they live).
 _TRACED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+compiled.releases(_TRACED.clear)
 
 
 @contextlib.contextmanager
@@ -326,6 +327,7 @@ def _unfiltered_tracebacks():
 # Code objects of functions JAX could not trace, by the abstract values of their arguments
 # (the last 256; see _traceable's by_code).
 _UNTRACEABLE_CODE: collections.OrderedDict = collections.OrderedDict()
+compiled.releases(_UNTRACEABLE_CODE.clear)
 
 
 def _traceable(fun, x0, args, by_code: bool = False) -> bool:

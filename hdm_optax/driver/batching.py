@@ -260,7 +260,7 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   for i, point in enumerate(points):
     groups.setdefault(tuple((n, members_lib.plain(point[n])) for n in static), []).append(i)
   key = programs.OptimizerKey(optimizer, params_one) if optimizer else None
-  arrays = [] if key is None else key.arrays
+  arrays = [] if key is None else programs.arrays_of(optimizer)
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)

@@ -30,6 +30,7 @@ __all__ = (
   "dispatched",
   "lookup",
   "prepare",
+  "releases",
   "set_cache_size",
 )
 
@@ -295,15 +296,30 @@ def abstract_of(value) -> tuple:
   return result
 
 
+# What clear_caches also calls: the other modules' tables (:func:`releases`).
+_RELEASES: list = []
+
+
+def releases(clear: Callable[[], Any]) -> None:
+  """Makes :func:`clear_caches` call ``clear``: a table's of another module that holds what
+  the user's calls were keyed on or read."""
+  _RELEASES.append(clear)
+
+
 def clear_caches() -> None:
-  """Releases every compiled program of the library, and JAX's caches (``jax.clear_caches``).
+  """Releases every compiled program of the library, every table it keeps of the user's
+  calls (what they were keyed on, how often each was run), and JAX's caches
+  (``jax.clear_caches``).
 
   The memory the executables held is returned; the next call of a front door compiles its
-  program again (or loads it from the disk cache, :mod:`hdm_optax.driver.store`).
+  program again (or loads it from the disk cache, :mod:`hdm_optax.driver.store`), and a JAX
+  objective runs on the separate path again before its fused program serves it.
   """
   wait()
   with _CACHE.lock:
     _CACHE.entries.clear()
     _KEPT.clear()
     _KEPT_ABSTRACT.clear()
+    for clear in _RELEASES:
+      clear()
   jax.clear_caches()

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hdm_optax.driver import compiled
 from hdm_optax.driver import host
 
 try:  # signal's own functions, without its conversions of handlers to enums
@@ -159,6 +160,7 @@ _WATCHES_LOCK = threading.Lock()
 # The steps between checks that the last call of a program (and shapes) ended with.
 _LEARNED: dict = {}
 _LEARNED_MOST = 256
+compiled.releases(_LEARNED.clear)
 
 
 @contextlib.contextmanager

@@ -35,6 +35,7 @@ from hdm_optax import _oracle
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import engine
 from hdm_optax.driver import host
+from hdm_optax.driver import programs
 
 __all__ = ("HostOracle", "JaxOracle", "Oracle", "Site", "function", "serving")
 
@@ -246,7 +247,7 @@ class JaxOracle(Oracle):
 
     leaves = [jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(like)]
     options_key = tuple(sorted(self._options.items()))
-    key = (closed, compiled_lib.abstract((leaves, args)), options_key)
+    key = (programs.compared(closed), compiled_lib.abstract((leaves, args)), options_key)
     self._key, self._leaves, self._objective = key, leaves, objective
     self._pair = self._program("value_and_grad", pair)
     self._value = None

@@ -59,10 +59,12 @@ __all__ = (
   "OptimizerKey",
   "SMALL_PROGRAM",
   "Uncacheable",
+  "arrays_of",
   "built_signature",
   "call",
   "compile_lowered",
   "compiled_count",
+  "compared",
   "compiler_options",
   "configuration_key",
   "configuration_of",
@@ -167,6 +169,14 @@ def configured(
   every other one built by an equal call (``trial_lbfgs() == trial_lbfgs()``,
   ``!= trial_lbfgs(memory_size=5)``).
 
+  What it holds: the arguments as they were at the call, their dicts, lists and tuples (the
+  containers compared item by item) copied, so that the factory, the configuration and
+  every program built from it (:class:`OptimizerKey`) see one value for the
+  transformation's whole life: a later edit of the caller's dict or list
+  (``upper["a"] = 2.0``) reaches none of them (build a new transformation for new
+  values). The leaves are held as they are: an array is read at each call of a front door,
+  so a NumPy array edited in place is seen.
+
   Args:
     factory: a function returning an ``optax.GradientTransformationExtraArgs``; left out,
       ``configured(none_means=...)`` is the decorator.
@@ -185,9 +195,14 @@ def configured(
 
   @functools.wraps(factory)
   def build(*args, **kwargs):
-    transformation = factory(*args, **kwargs)
-    bound = signature.bind(*args, **kwargs)
+    try:
+      bound = signature.bind(*args, **kwargs)
+    except TypeError:  # the factory's own message names it
+      return factory(*args, **kwargs)
     bound.apply_defaults()
+    for name, value in bound.arguments.items():
+      bound.arguments[name] = _copied(value)
+    transformation = factory(*bound.args, **bound.kwargs)
     arguments = dict(bound.arguments)
     for name, value in means.items():
       if arguments[name] is None:
@@ -196,6 +211,16 @@ def configured(
     return ConfiguredTransformation(transformation.init, transformation.update, configuration)
 
   return build
+
+
+def _copied(value):
+  """``value`` with its dicts, lists and tuples (those :func:`configuration_key` compares
+  item by item) copied, its other values the same objects."""
+  if type(value) in (tuple, list):  # pylint: disable=unidiomatic-typecheck
+    return type(value)(map(_copied, value))
+  if type(value) is dict:  # pylint: disable=unidiomatic-typecheck
+    return {k: _copied(v) for k, v in value.items()}
+  return value
 
 
 class Uncacheable(Exception):
@@ -573,9 +598,10 @@ class OptimizerKey:
   of objects they hold; an hdm_optax transformation given a function of the user's, such as
   a schedule), it also holds the trace of ``init`` and ``update`` at the params' shapes
   (:func:`update_signature`): what those read at this call is in the key, as ``fun``'s is.
+  The key holds the avals of the arrays, not the arrays: those are the program's arguments
+  (:func:`arrays_of`), so a table keyed on it keeps none of them.
 
   Attributes:
-    arrays: the optimizer's array arguments, which :meth:`build` takes.
     opaque: the key alone does not see all the optimizer computes with (it needs the trace).
   """
 
@@ -589,18 +615,17 @@ class OptimizerKey:
       avals = tuple((np.shape(x), jnp.result_type(x)) for x in leaves if _is_array(x))
       self._key = ("configured", self._factory, self._treedef, fingerprint(self._statics), avals)
       self._optimizer = None
-      self.arrays = [x for x, a in zip(leaves, self._arrays) if a]
       self.opaque = any(callable(x) and not _libraries(x) for x in self._statics)
     else:
       self._key = ("fingerprint", fingerprint(optimizer))
       self._optimizer = optimizer
-      self.arrays = []
       self.opaque = True
     if self.opaque and params is not None:
       self._key += (update_signature(optimizer, params),)
 
   def build(self, arrays):
-    """The optimizer, with ``arrays`` (traced inside the program) for its array arguments."""
+    """The optimizer, with ``arrays`` (:func:`arrays_of`'s, traced inside the program) for its
+    array arguments."""
     if self._optimizer is not None:
       return self._optimizer
     given, held = iter(arrays), iter(self._statics)
@@ -619,6 +644,15 @@ class OptimizerKey:
 
   def __eq__(self, other):
     return isinstance(other, OptimizerKey) and other._key == self._key
+
+
+def arrays_of(optimizer) -> list:
+  """The arrays among an hdm_optax transformation's arguments, in the order
+  :meth:`OptimizerKey.build` takes them; ``[]`` for any other transformation."""
+  configuration = configuration_of(optimizer)
+  if configuration is None:
+    return []
+  return [x for x in jax.tree.leaves(dict(configuration.arguments)) if _is_array(x)]
 
 
 def _libraries(fn) -> bool:
@@ -657,9 +691,10 @@ def built_signature(build: Callable[[Any], Any], settings, params) -> tuple:
   seen = []
 
   def arguments(settings):
-    key = _whole_key(build(settings))
+    optimizer = build(settings)
+    key = _whole_key(optimizer)
     seen.append(key)
-    return [] if key is None else key.arrays
+    return [] if key is None else arrays_of(optimizer)
 
   traced = jax.make_jaxpr(arguments)(settings)
   if seen[0] is None:
@@ -747,10 +782,9 @@ def prepare(optimizer, params) -> tuple:
 def _prepare(optimizer, params) -> tuple:
   shape = init_shape(optimizer, params)
   try:
-    key = OptimizerKey(optimizer, params)
+    return OptimizerKey(optimizer, params), arrays_of(optimizer), shape
   except Uncacheable:  # a static that is not hashable, so that call traces inline
-    key = types.SimpleNamespace(build=lambda arrays: optimizer, arrays=[])
-  return key, key.arrays, shape
+    return types.SimpleNamespace(build=lambda arrays: optimizer), [], shape
 
 
 def init_shape(optimizer, params):
@@ -785,6 +819,7 @@ def _by_plain_call(kind: str, optimizer, params, make: Callable[[], Any]):
 # ``jax.eval_shape`` of an hdm_optax transformation's ``init`` by what decides it and what its
 # checks read (:func:`_init_key`), the oldest first and at most the last 64.
 _INIT_SHAPES: collections.OrderedDict = collections.OrderedDict()
+compiled_lib.releases(_INIT_SHAPES.clear)
 _INIT_SHAPES_KEPT = 64
 _SMALL_ARGUMENT = 1 << 16
 
@@ -817,12 +852,26 @@ def jitted(entry):
 
 def program_key(entry, statics: tuple, dynamic: tuple):
   """The cache key of ``entry``'s program for ``statics`` and the abstract ``dynamic`` (what
-  names a program and its inputs' shapes; ``None`` where ``statics`` cannot be keyed)."""
+  names a program and its inputs' shapes; ``None`` where ``statics`` cannot be keyed).
+
+  The key holds what the statics are compared by (:func:`compared`), not the statics, so
+  that the tables keyed on it (the programs, the runs each was asked for) keep no more of
+  the user's than the comparison reads.
+  """
   try:
     hash(statics)
   except TypeError:
     return None
-  return (entry, statics, compiled_lib.abstract(dynamic))
+  return (entry, tuple(map(compared, statics)), compiled_lib.abstract(dynamic))
+
+
+def compared(static):
+  """``static`` as it is compared: a :class:`Closed` or an :class:`OptimizerKey` by its key
+  alone, without what it is built from (a trace's jaxpr holds the constants of the
+  objective's inner ``jax.jit`` functions)."""
+  if isinstance(static, (Closed, OptimizerKey)):
+    return (type(static), static._key)
+  return static
 
 
 # Inputs of at most this many entries in all compile for a short first call.

@@ -182,6 +182,10 @@ def _save_unsaved() -> None:
     store.save(*_UNSAVED.pop())
 
 
+compiled_lib.releases(_description.cache_clear)
+compiled_lib.releases(_save_unsaved)
+
+
 def _box_of(optimizer, params) -> Optional[box_lib.Box]:
   configuration = getattr(optimizer, "configuration", None)
   arguments = {} if configuration is None else configuration.arguments
@@ -222,7 +226,8 @@ def run(
   if key is None or layout.on:
     key = programs.OptimizerKey(method, x)
   placeholder = hooks.Handle.like(program_.hook is not None, program_.watch)
-  fresh = lambda handle, site: (handle, site, key.arrays, x)
+  arrays = programs.arrays_of(method)
+  fresh = lambda handle, site: (handle, site, arrays, x)
   arguments = _arguments(fresh(placeholder, np.int32(0)), init_state, layout, method, limits, x0)
   statics, options = (
     (key, program_, primitive, arguments.layout),
@@ -362,6 +367,7 @@ class _Sightings:
 
 
 _SIGHTINGS = _Sightings()
+compiled_lib.releases(_SIGHTINGS.counts.clear)
 
 
 def open_to(has_aux: bool, dynamic) -> bool:
