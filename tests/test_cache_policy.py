@@ -103,6 +103,72 @@ def test_a_numpy_array_an_optax_transformation_holds_is_compared_by_content():
   assert float(first.params[1]) == 0.0 and float(second.params[1]) != 0.0
 
 
+# --- sweep's make_optimizer: compared by the optimizer it builds ----------------------------
+
+SCALE = 1.0  # a module global that _scaled_sgd reads
+_RATES = (0.01, 0.02)
+_WEIGHTED = lambda x: jnp.sum(jnp.array([1.0, 10.0, 3.0]) * (x - 1.0) ** 2)  # noqa: E731
+
+
+def _scaled_sgd(learning_rate):
+  return optax.sgd(learning_rate * SCALE)
+
+
+class _Config:
+  """A bound method's object: ``make`` reads ``momentum`` when it builds."""
+
+  momentum = None
+
+  def make(self, learning_rate):
+    return optax.sgd(learning_rate, momentum=self.momentum)
+
+
+def _swept(make_optimizer):
+  grid = {"learning_rate": list(_RATES)}
+  return hdm_optax.sweep(make_optimizer, grid, _WEIGHTED, X0, max_steps=5, tol=0.0).results.params
+
+
+def _solved(make_optimizer):
+  """Each grid point's own solve, with the optimizer ``make_optimizer`` builds now."""
+  run = lambda rate: hdm_optax.solve(make_optimizer(rate), _WEIGHTED, X0, max_steps=5, tol=0.0)
+  return np.stack([run(rate).params for rate in _RATES])
+
+
+def test_a_global_make_optimizer_reads_is_read_at_each_sweep(monkeypatch):
+  """A module global read by make_optimizer, changed between two sweeps: each sweep runs the
+  optimizer built now."""
+  for scale in (1.0, 0.0, 1.0):
+    monkeypatch.setitem(globals(), "SCALE", scale)
+    np.testing.assert_allclose(_swept(_scaled_sgd), _solved(_scaled_sgd), rtol=1e-12)
+
+
+def test_a_bound_make_optimizer_reads_its_objects_attributes_at_each_sweep():
+  config = _Config()
+  for momentum in (None, 0.9, None):
+    config.momentum = momentum
+    np.testing.assert_allclose(_swept(config.make), _solved(config.make), rtol=1e-12)
+
+
+def test_an_unchanged_make_optimizer_reuses_the_sweeps_program():
+  """The same factory again, a bound method of the same unchanged object and an hdm_optax
+  factory built anew compile nothing new."""
+  config = _Config()
+  hdm_best = lambda: lambda learning_rate: hdm_optax.hdm_best(precond_lr=learning_rate)  # noqa: E731
+  for make in (_scaled_sgd, config.make, hdm_best()):
+    _swept(make)
+  before = programs.compiled_count()
+  for make in (_scaled_sgd, config.make, hdm_best()):
+    _swept(make)
+  assert programs.compiled_count() == before
+
+
+def test_a_make_optimizer_that_reads_a_traced_value_runs_inline():
+  """make_optimizer closing over a caller's jit's tracer: no key, so the sweep is traced
+  inline, as solve is."""
+  inside = jax.jit(lambda scale: _swept(lambda learning_rate: optax.sgd(learning_rate * scale)))
+  np.testing.assert_allclose(inside(0.5), _solved(lambda rate: optax.sgd(rate * 0.5)), rtol=1e-12)
+
+
 def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
   """docs/speed.md: inputs of at most SMALL_PROGRAM entries compile for a short first call,
   and the separate path's small method program (a host call per iteration) is scheduled

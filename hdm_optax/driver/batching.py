@@ -265,12 +265,12 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   parts = []
   for settings, indices in groups.items():
     indices = np.asarray(indices)
-    maker = members_lib.Maker(make_optimizer, settings, key)
     columns = {
       n: members_lib.column(n, [points[i][n] for i in indices], dtype)
       for n in names
       if n not in static
     }
+    maker = members_lib.Maker(make_optimizer, settings, key, columns, params_one)
     try:
       part = _run_part(batch, maker, arrays, columns, indices, pid[indices], closed, theta, mapped)
     except BaseException as error:  # a callback's error or Ctrl-C: the members run so far

@@ -161,13 +161,31 @@ def plain(value):
 class Maker:
   """How a member's optimizer is built inside the program (static).
 
-  ``make_optimizer(**settings, **columns)`` for a sweep (keyed on what ``make_optimizer``
-  computes), or a given optimizer's :class:`~hdm_optax.driver.programs.OptimizerKey`.
+  ``make_optimizer(**settings, **columns)`` for a sweep, keyed on what it computes: the
+  optimizer it builds from a member's values of ``columns``, traced
+  (:func:`~hdm_optax.driver.programs.built_signature`), so that a module global or an
+  object's attribute it reads is in the key; or a given optimizer's
+  :class:`~hdm_optax.driver.programs.OptimizerKey`. A maker that reads a traced value from
+  outside its arguments has no key (it is not hashable): its program is traced inline.
+
+  Args:
+    make_optimizer: the sweep's factory, or ``None`` with ``key``.
+    settings: the settings held static, ``(name, value)`` pairs.
+    key: the given optimizer's key, or ``None``.
+    columns: the settings traced, name -> column (one value per member).
+    params: the params of a member (the first problem's).
   """
 
-  def __init__(self, make_optimizer, settings, key):
+  def __init__(self, make_optimizer, settings, key, columns, params):
     self.make_optimizer, self.settings, self.optimizer_key = make_optimizer, settings, key
-    self._key = (key, programs.fingerprint((make_optimizer, settings)))
+    try:
+      self._key = (key, programs.fingerprint((make_optimizer, settings)))
+      if key is None:
+        member = {n: jax.ShapeDtypeStruct(c.shape[1:], c.dtype) for n, c in columns.items()}
+        built = programs.built_signature(lambda s: self.build([], s), member, params)
+        self._key += (built,)
+    except programs.Uncacheable:
+      self._key = None
 
   def build(self, arrays, columns):
     if self.optimizer_key is not None:
@@ -175,7 +193,9 @@ class Maker:
     return protocol.check_optimizer("sweep", self.make_optimizer(**dict(self.settings), **columns))
 
   def __hash__(self):
+    if self._key is None:
+      raise TypeError("a Maker that reads traced values is not hashable")
     return hash(self._key)
 
   def __eq__(self, other):
-    return isinstance(other, Maker) and other._key == self._key
+    return isinstance(other, Maker) and self._key is not None and other._key == self._key

@@ -21,6 +21,9 @@ Every front door prepares its call here before it runs a program:
   arguments (a NumPy array edited in place is read at the next call). Any other optax
   transformation is compared by :func:`fingerprint`: the functions it is made of and what
   they close over (NumPy arrays by content).
+- :func:`built_signature`: ``sweep``'s ``make_optimizer`` is keyed on the optimizer it
+  builds from a grid point's values, traced: what it reads at the call (a module global, an
+  object's attribute) is in the key.
 - What a front door cannot key (an optimizer holding traced values) runs without a cache,
   traced inline (:class:`Uncacheable`).
 
@@ -57,6 +60,7 @@ __all__ = (
   "SMALL_PROGRAM",
   "Uncacheable",
   "arrays_of",
+  "built_signature",
   "call",
   "compile_lowered",
   "compiled_count",
@@ -596,6 +600,9 @@ class OptimizerKey:
   (:func:`update_signature`): what those read at this call is in the key, as ``fun``'s is.
   The key holds the avals of the arrays, not the arrays: those are the program's arguments
   (:func:`arrays_of`), so a table keyed on it keeps none of them.
+
+  Attributes:
+    opaque: the key alone does not see all the optimizer computes with (it needs the trace).
   """
 
   def __init__(self, optimizer, params=None):
@@ -608,12 +615,12 @@ class OptimizerKey:
       avals = tuple((np.shape(x), jnp.result_type(x)) for x in leaves if _is_array(x))
       self._key = ("configured", self._factory, self._treedef, fingerprint(self._statics), avals)
       self._optimizer = None
-      opaque = any(callable(x) and not _libraries(x) for x in self._statics)
+      self.opaque = any(callable(x) and not _libraries(x) for x in self._statics)
     else:
       self._key = ("fingerprint", fingerprint(optimizer))
       self._optimizer = optimizer
-      opaque = True
-    if opaque and params is not None:
+      self.opaque = True
+    if self.opaque and params is not None:
       self._key += (update_signature(optimizer, params),)
 
   def build(self, arrays):
@@ -665,9 +672,53 @@ def update_signature(optimizer, params) -> tuple:
   Raises:
     Uncacheable: they read a traced value.
   """
-  params = jax.tree.map(_abstract, params)
+  return _update_trace(lambda _: optimizer, params, ())
 
-  def run(params):
+
+def built_signature(build: Callable[[Any], Any], settings, params) -> tuple:
+  """The optimizer ``build(settings)`` as a key, ``settings`` (a pytree of
+  ``jax.ShapeDtypeStruct``) traced as a program traces them: what the optimizer computes from
+  them, and what it reads elsewhere at this call (module globals, an object's attributes).
+
+  An hdm_optax transformation whose :class:`OptimizerKey` sees all it computes with is keyed
+  on that key and the trace of its array arguments from ``settings``; any other optimizer on
+  the trace of ``build``, ``init`` and ``update`` at the params' shapes
+  (:func:`update_signature`).
+
+  Raises:
+    Uncacheable: the optimizer reads a traced value from outside ``settings``.
+  """
+  seen = []
+
+  def arguments(settings):
+    optimizer = build(settings)
+    key = _whole_key(optimizer)
+    seen.append(key)
+    return [] if key is None else arrays_of(optimizer)
+
+  traced = jax.make_jaxpr(arguments)(settings)
+  if seen[0] is None:
+    return _update_trace(build, params, settings)
+  return ("arguments", seen[0]._key, _trace_key(traced))  # the key, not its traced arrays
+
+
+def _whole_key(optimizer) -> Optional[OptimizerKey]:
+  """``optimizer``'s :class:`OptimizerKey` where it sees all ``optimizer`` computes with (an
+  hdm_optax transformation given no function of the user's), else ``None``."""
+  if configuration_of(optimizer) is None:
+    return None
+  try:
+    key = OptimizerKey(optimizer)
+  except Uncacheable:  # a function of the user's that holds a traced setting
+    return None
+  return None if key.opaque else key
+
+
+def _update_trace(build: Callable[[Any], Any], params, settings) -> tuple:
+  """:func:`update_signature` of ``build(settings)``, ``settings`` traced as arguments."""
+
+  def run(params, settings):
+    optimizer = build(settings)
     state = optimizer.init(params)
     protocol.check_state(state)  # before its update is traced
     value = jnp.zeros((), _numerics.params_dtype(params))
@@ -675,7 +726,11 @@ def update_signature(optimizer, params) -> tuple:
       params, state, params, value=value, grad=params, value_fn=_placeholder_objective
     )
 
-  traced = jax.make_jaxpr(run)(params)
+  return _trace_key(jax.make_jaxpr(run)(jax.tree.map(_abstract, params), settings))
+
+
+def _trace_key(traced) -> tuple:
+  """A closed jaxpr as a key: its :func:`_signature` and the content of the arrays it holds."""
   inner: list = []
   signature = _signature(traced.jaxpr, inner)
   return ("trace", signature, tuple(map(content, [*traced.consts, *inner])))
