@@ -244,7 +244,7 @@ def _run(batch: _Batch, fun, grid, make_optimizer=None, optimizer=None):
   static (``optimizer``: the one given to ``solve_batch``)."""
   names, points = members_lib.grid_points(grid)
   closed, theta, mapped, params_one = _layout(batch, fun)
-  batch = batch._replace(init_state=resuming.resumed_on(batch.init_state, closed, theta[-1]))
+  batch = batch._replace(init_state=resuming.resumed_on(batch.init_state, closed, theta))
   count = batch.problems.count
   dtype = _numerics.params_dtype(params_one)
   static = (

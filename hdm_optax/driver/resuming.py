@@ -193,7 +193,7 @@ def _checked(init_state, reading: _Reading):
   return Reread(*(result[: len(SolveResult._fields)]))
 
 
-def resumed_on(init_state, objective, consts) -> Any:
+def resumed_on(init_state, objective, args) -> Any:
   """``init_state`` as a front door (:func:`resumable`) runs it, once the door holds its
   objective: a result whose run read other data or ran another objective becomes a
   :class:`Reread`.
@@ -203,11 +203,12 @@ def resumed_on(init_state, objective, consts) -> Any:
     objective: what the door runs: :func:`~hdm_optax.driver.programs.hoist`'s ``Closed``
       (compared by its key, as the program cache compares it), or ``fun`` itself where the
       host calls it.
-    consts: the arrays ``objective`` reads from outside its arguments (the last of
-      ``hoist``'s args), compared as ``fun_args`` are.
+    args: ``hoist``'s args, whose last entry holds the arrays ``objective`` reads from
+      outside its arguments, compared as ``fun_args`` are (``()`` where the host calls
+      ``fun``).
   """
   reading = _READING.get()
-  reading.objective, reading.consts = objective, consts
+  reading.objective, reading.consts = objective, (args[-1] if args else [])
   return _checked(init_state, reading)
 
 

@@ -180,8 +180,7 @@ def solve(
   make_oracle = separate.host_maker(fun, fun_args, init_params, open_)
   on_host = make_oracle is not None  # it makes its own start: no trace, no program here
   closed, args = (None, ()) if on_host else programs.hoist(fun, init_params, tuple(fun_args))
-  objective, consts = (fun, []) if on_host else (closed, args[-1])
-  init_state = resuming.resumed_on(init_state, objective, consts)
+  init_state = resuming.resumed_on(init_state, fun if on_host else closed, args)
   traced = bool(found) or bool(programs.tracers((arrays, args, limits)))  # what fun reads, too
   local = not traced and not on_host and not separate.spread((arrays, init_params, args))
   if local:  # passed alike at each call: kept on the device
