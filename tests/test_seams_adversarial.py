@@ -751,15 +751,25 @@ def _run_watched(door, transform, callback):
   jax.block_until_ready(out)
 
 
-@pytest.mark.parametrize("transform", list(LEAK_TRANSFORMS))
-@pytest.mark.parametrize(
-  "door", ["solve", "solve_closed", "solve_progress", "minimize", "sweep", "solve_batch"]
-)
+# Each front door's own path (solve's fused program, minimize's separate path, the batched
+# program of sweep and solve_batch) under each transformation that reaches it (sweep and
+# solve_batch refuse jax.vmap: they batch already); jax.vjp only through solve, since
+# jax.grad is jax.vjp and its pullback. solve_closed: the objective closes over the traced
+# data, which only a transformation traces; solve_progress: the progress line's host call,
+# unbatched and batched.
+LEAK_CASES = [
+  *[("solve", t) for t in LEAK_TRANSFORMS],
+  *[("solve_closed", t) for t in ("grad", "jvp", "vmap")],
+  *[("solve_progress", t) for t in ("plain", "vmap")],
+  *[("minimize", t) for t in ("plain", "grad", "jvp", "vmap")],
+  *[(door, t) for door in ("sweep", "solve_batch") for t in ("plain", "grad", "jvp")],
+]
+
+
+@pytest.mark.parametrize("door, transform", LEAK_CASES, ids=[f"{d}-{t}" for d, t in LEAK_CASES])
 def test_a_callback_is_released_when_its_call_returns(door, transform, capsys):
   """After the call (un-jitted jax.grad, jax.jvp, jax.vjp, jax.vmap around it included) no
   session holds the callback: a weak reference to it dies once the caller drops it."""
-  if transform == "vmap" and door in ("sweep", "solve_batch"):
-    pytest.skip("sweep and solve_batch refuse jax.vmap (they batch already)")
   before = len(hooks._SESSIONS)  # pylint: disable=protected-access
   callback = _HeavyCallback()
   alive = weakref.ref(callback)
