@@ -169,6 +169,78 @@ def test_a_make_optimizer_that_reads_a_traced_value_runs_inline():
   np.testing.assert_allclose(inside(0.5), _solved(lambda rate: optax.sgd(rate * 0.5)), rtol=1e-12)
 
 
+# --- an optax optimizer: traced at the call where a function of the user's lies inside ----
+
+RATE = 0.1  # a module global the user's schedule and transformation below read
+_HALF_SQUARE = lambda x: 0.5 * jnp.sum(x**2)  # noqa: E731
+_OPTAX_MADE = {
+  "lbfgs": optax.lbfgs,
+  "adam": lambda: optax.adam(1e-2),
+  "chain": lambda: optax.chain(optax.clip(1.0), optax.sgd(0.1)),
+}
+
+
+def _users_update(updates, state, params=None):
+  del params
+  return jax.tree.map(lambda u: -RATE * u, updates), state
+
+
+_READS_RATE = {
+  "schedule": lambda: optax.sgd(lambda count: RATE),
+  "injected schedule": lambda: optax.inject_hyperparams(optax.sgd)(lambda count: RATE),
+  "transformation in a chain": lambda: optax.chain(
+    optax.clip(10.0), optax.GradientTransformation(lambda p: optax.EmptyState(), _users_update)
+  ),
+}
+
+
+@pytest.mark.parametrize("where", list(_READS_RATE))
+def test_a_global_a_users_function_inside_an_optax_optimizer_reads_is_read_at_each_call(
+  where, monkeypatch
+):
+  """x <- (1 - RATE) x three times, RATE read by the user's function at each call: the same
+  optimizer solves again after RATE changes with the new rate."""
+  optimizer = _READS_RATE[where]()
+  for rate in (0.1, 0.5, 0.1):
+    monkeypatch.setitem(globals(), "RATE", rate)
+    for _ in range(3):  # the separate path twice, then the fused program
+      res = hdm_optax.solve(optimizer, _HALF_SQUARE, jnp.ones(2), max_steps=3, tol=0.0)
+      np.testing.assert_allclose(res.params, (1 - rate) ** 3, rtol=1e-6)
+
+
+def test_a_global_a_users_function_inside_a_swept_optax_optimizer_reads_is_read_at_each_sweep(
+  monkeypatch,
+):
+  make = lambda learning_rate: optax.sgd(lambda count: learning_rate * RATE)  # noqa: E731
+  for rate in (1.0, 0.0, 1.0):
+    monkeypatch.setitem(globals(), "RATE", rate)
+    np.testing.assert_allclose(_swept(make), _solved(make), rtol=1e-12)
+
+
+def test_an_optax_optimizer_made_of_library_code_is_keyed_without_tracing_its_update(monkeypatch):
+  """Its functions are optax's and JAX's and what they hold is in its fingerprint: its key
+  needs no trace of init and update (which costs 30 ms for optax.lbfgs's line search), and
+  its repeated call compiles nothing. A function of the user's inside is still traced."""
+  traced = []
+  trace = programs._update_trace  # pylint: disable=protected-access
+  counted = lambda *args: traced.append(args) or trace(*args)  # noqa: E731
+  monkeypatch.setattr(programs, "_update_trace", counted)
+  for make in _OPTAX_MADE.values():
+    _settled(lambda: hdm_optax.solve(make(), _HALF_SQUARE, X0, max_steps=5))
+    before = programs.compiled_count()
+    hdm_optax.solve(make(), _HALF_SQUARE, X0, max_steps=5)
+    assert programs.compiled_count() == before
+  lbfgs = lambda learning_rate: optax.lbfgs(learning_rate)  # noqa: E731
+  _settled(lambda: _swept(lbfgs))
+  before = programs.compiled_count()
+  _swept(lbfgs)
+  assert programs.compiled_count() == before
+  assert not traced
+  for make in _READS_RATE.values():
+    hdm_optax.solve(make(), _HALF_SQUARE, X0, max_steps=5)
+  assert len(traced) == len(_READS_RATE)
+
+
 def test_small_programs_compile_with_the_elemental_emitters_on_the_cpu():
   """docs/speed.md: inputs of at most SMALL_PROGRAM entries compile for a short first call,
   and the separate path's small method program (a host call per iteration) is scheduled

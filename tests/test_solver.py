@@ -641,6 +641,21 @@ def test_sweep_refuses_a_grid_point_its_factory_refuses(bad):
   assert out.results.converged.tolist() == [True, True]
 
 
+@pytest.mark.parametrize("traced_grid", [False, True])
+def test_sweep_in_a_callers_jit_names_the_point_its_factory_refuses(traced_grid):
+  """Inside a caller's jax.jit the point is named as outside it, for a grid of numbers or of
+  the jit's traced values: a factory whose parameters are not the grid's keys."""
+  make = lambda lr: optax.sgd(lr)  # noqa: E731  # the grid says learning_rate
+  run = lambda rate: hdm_optax.sweep(
+    make, {"learning_rate": [rate, 0.2]}, quadratic, jnp.ones(3), fun_args=(A,)
+  )
+  match = r"grid point \{'learning_rate': .*unexpected keyword argument 'learning_rate'"
+  with pytest.raises(TypeError, match=match):
+    run(0.1)
+  with pytest.raises(TypeError, match=match):
+    jax.jit(lambda rate: run(rate if traced_grid else 0.1).results.params)(0.1)
+
+
 def test_sweep_holds_static_a_float_setting_a_trace_cannot_build():
   """optax.exponential_decay compares its decay_rate in Python as it is built: the setting
   gets a program per value, and each point is the solve of its own optimizer."""

@@ -462,11 +462,7 @@ def _blame_point(make_optimizer, points, static, dtype) -> None:
     except Exception as error:  # pylint: disable=broad-except
       plain = error
     if columns is None:
-      columns = {
-        n: list(np.asarray(members_lib.column(n, [p[n] for p in points], dtype)))
-        for n in names
-        if n not in static
-      }
+      columns = {n: _scalars(n, [p[n] for p in points], dtype) for n in names if n not in static}
     try:
       make_optimizer(**{n: columns[n][i] if n in columns else point[n] for n in names})
       continue
@@ -474,6 +470,17 @@ def _blame_point(make_optimizer, points, static, dtype) -> None:
       bad = plain if type(plain) in (ValueError, TypeError) else error
     kind = type(bad) if type(bad) in (ValueError, TypeError) else ValueError
     raise kind(f"sweep: grid point {point!r}: make_optimizer(**point) raised: {bad}") from bad
+
+
+def _scalars(name, values, dtype) -> list:
+  """A grid column's values one by one in the column's dtype
+  (:func:`~hdm_optax.driver.members.column`): NumPy scalars, and a value traced by a caller's
+  ``jax.jit`` as a traced scalar. Inside that jit the column itself is traced, whatever its
+  values: its dtype alone is read."""
+  kind = members_lib.column(name, values, dtype).dtype
+  return [
+    v.astype(kind) if isinstance(v, jax.core.Tracer) else np.asarray(v, kind)[()] for v in values
+  ]
 
 
 @takes_limits

@@ -20,7 +20,10 @@ Every front door prepares its call here before it runs a program:
   factory call (``trial_lbfgs(upper=...)``), with the arrays among its arguments passed as
   arguments (a NumPy array edited in place is read at the next call). Any other optax
   transformation is compared by :func:`fingerprint`: the functions it is made of and what
-  they close over (NumPy arrays by content).
+  they close over (NumPy arrays by content). Where a function of the user's lies anywhere
+  inside (a schedule, a transformation of the user's), ``init`` and ``update`` are also
+  traced at the call, so that what they read (a module global, an attribute) is in the key;
+  JAX's, optax's and the library's own code reads no state of the user's and is not traced.
 - :func:`built_signature`: ``sweep``'s ``make_optimizer`` is keyed on the optimizer it
   builds from a grid point's values, traced: what it reads at the call (a module global, an
   object's attribute) is in the key.
@@ -275,7 +278,7 @@ class _Held:
     return self._by_value and other._by_value and bool(self.obj == other.obj)
 
 
-def fingerprint(obj, _seen: frozenset = frozenset()) -> Any:
+def fingerprint(obj) -> Any:
   """A hashable picture of what ``obj`` computes with: functions by their code, defaults and
   closure cells, containers item by item, NumPy arrays by content, JAX arrays by identity
   (they are immutable), other objects as static arguments are compared.
@@ -283,33 +286,95 @@ def fingerprint(obj, _seen: frozenset = frozenset()) -> Any:
   Raises:
     Uncacheable: ``obj`` holds a traced value.
   """
-  if isinstance(obj, jax.core.Tracer):
-    raise Uncacheable("a traced value")
-  if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, np.generic)):
-    return (type(obj), obj)
-  if isinstance(obj, np.ndarray):
-    return content(obj)
-  if isinstance(obj, jax.Array):
-    return ("jax", _Held(obj))
-  if id(obj) in _seen:
-    return ("cycle",)
-  seen = _seen | {id(obj)}
-  walk = lambda x: fingerprint(x, seen)
-  configuration = configuration_of(obj)
-  if configuration is not None:
-    return ("configured", configuration.factory, walk(configuration.arguments))
-  if isinstance(obj, functools.partial):
-    return ("partial", walk(obj.func), walk(obj.args), walk(obj.keywords))
-  if isinstance(obj, types.MethodType):
-    return ("method", walk(obj.__func__), walk(obj.__self__))
+  return _Walk().picture(obj)
+
+
+class _Walk:
+  """:func:`fingerprint`'s walk, which also notes whether its picture is all ``obj`` computes
+  with.
+
+  Attributes:
+    library: every function met is JAX's, optax's or the library's own (their code reads no
+      state of the user's; :func:`_libraries`) and every other value is one the picture shows
+      whole (a number, a string, an array, a dtype, a container of them, a library class),
+      so that equal pictures compute alike. A function of the user's, or an object the
+      picture holds by ``==`` or identity (its attributes unseen), clears it.
+    arrays: ``None``, or a list that takes the JAX arrays met (traced or not), each pictured
+      by its place in the list, for a trace to picture them (:func:`built_signature`).
+  """
+
+  def __init__(self, arrays: Optional[list] = None):
+    self.library = True
+    self.arrays = arrays
+
+  def picture(self, obj, seen: frozenset = frozenset()) -> Any:
+    """``obj``'s picture (``seen``: the ids of the containers it lies in).
+
+    Raises:
+      Uncacheable: ``obj`` holds a traced value and :attr:`arrays` is ``None``.
+    """
+    if isinstance(obj, jax.Array) and self.arrays is not None:
+      self.arrays.append(obj)
+      return ("array", len(self.arrays) - 1)
+    if isinstance(obj, jax.core.Tracer):
+      raise Uncacheable("a traced value")
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, np.generic)):
+      return (type(obj), obj)
+    if isinstance(obj, np.ndarray):
+      return content(obj)
+    if isinstance(obj, jax.Array):
+      return ("jax", _Held(obj))
+    if id(obj) in seen:
+      return ("cycle",)
+    seen = seen | {id(obj)}
+    walk = lambda x: self.picture(x, seen)
+    configuration = configuration_of(obj)
+    if configuration is not None:
+      self.library &= _factory_ours(configuration)
+      return ("configured", configuration.factory, walk(configuration.arguments))
+    self.library &= _shown_whole(obj)
+    if isinstance(obj, functools.partial):
+      return ("partial", walk(obj.func), walk(obj.args), walk(obj.keywords))
+    if isinstance(obj, types.MethodType):
+      return ("method", walk(obj.__func__), walk(obj.__self__))
+    if isinstance(obj, types.FunctionType):
+      cells = tuple(walk(c.cell_contents) for c in obj.__closure__ or () if _filled(c))
+      return ("function", obj.__code__, cells, walk(obj.__defaults__), walk(obj.__kwdefaults__))
+    if isinstance(obj, (tuple, list)):
+      return (type(obj), tuple(map(walk, obj)))
+    if isinstance(obj, dict):
+      return (dict, tuple((_Held(k), walk(v)) for k, v in obj.items()))
+    return ("object", _Held(obj))
+
+
+# Values a picture shows whole where they are keys of a dict.
+_NUMBERS = (bool, int, float, complex, str, bytes, np.generic, type(None))
+
+
+def _shown_whole(obj) -> bool:
+  """Whether :meth:`_Walk.picture` shows all ``obj`` (a container, a function or other value
+  its walk does not take apart further) computes with, where the parts it walks do: a
+  function of the libraries, a container of theirs or Python's, a dtype, a class of theirs,
+  their ``jax.custom_jvp``/``jax.jit`` objects (:func:`_library_code`)."""
   if isinstance(obj, types.FunctionType):
-    cells = tuple(walk(c.cell_contents) for c in obj.__closure__ or () if _filled(c))
-    return ("function", obj.__code__, cells, walk(obj.__defaults__), walk(obj.__kwdefaults__))
-  if isinstance(obj, (tuple, list)):
-    return (type(obj), tuple(map(walk, obj)))
-  if isinstance(obj, dict):
-    return (dict, tuple((_Held(k), walk(v)) for k, v in obj.items()))
-  return ("object", _Held(obj))
+    return _libraries(obj)
+  if isinstance(obj, types.MethodType):
+    return True  # its function and its object are walked
+  if isinstance(obj, (functools.partial, tuple, list, dict)):
+    builtin = type(obj) in (functools.partial, tuple, list, dict)
+    keys = all(isinstance(k, _NUMBERS) for k in obj) if isinstance(obj, dict) else True
+    return keys and (builtin or _libraries(type(obj)))
+  if isinstance(obj, np.dtype):
+    return True
+  if isinstance(obj, type):
+    return obj.__module__.split(".")[0] in ("builtins", "numpy", "ml_dtypes", *_LIBRARIES)
+  return callable(obj) and _library_code(obj)
+
+
+def _factory_ours(configuration) -> bool:
+  """Whether a configured transformation's factory is the library's own (``configured`` may
+  decorate a factory of the user's)."""
+  return _libraries(getattr(configuration.factory, "__wrapped__", configuration.factory))
 
 
 def _filled(cell) -> bool:
@@ -594,10 +659,13 @@ class OptimizerKey:
   An hdm_optax transformation (it knows its factory call) is keyed on the factory and its
   non-array arguments, and rebuilt from the arrays passed in; any other is keyed on its
   :func:`fingerprint` and used as it is. Where the key cannot see all an optimizer computes
-  with (any optax transformation, whose functions may read module globals or the attributes
-  of objects they hold; an hdm_optax transformation given a function of the user's, such as
-  a schedule), it also holds the trace of ``init`` and ``update`` at the params' shapes
-  (:func:`update_signature`): what those read at this call is in the key, as ``fun``'s is.
+  with (a function of the user's anywhere inside, such as a schedule or a transformation of
+  the user's in a chain, which may read module globals or the attributes of objects it
+  holds; an object whose attributes the fingerprint does not walk), it also holds the trace
+  of ``init`` and ``update`` at the params' shapes (:func:`update_signature`): what those
+  read at this call is in the key, as ``fun``'s is. An optimizer made of JAX's, optax's and
+  the library's code alone, whose values the fingerprint shows whole, is keyed without the
+  trace: their code reads no state of the user's.
   The key holds the avals of the arrays, not the arrays: those are the program's arguments
   (:func:`arrays_of`), so a table keyed on it keeps none of them.
 
@@ -606,20 +674,20 @@ class OptimizerKey:
   """
 
   def __init__(self, optimizer, params=None):
-    configuration = configuration_of(optimizer)
+    configuration, walk = configuration_of(optimizer), _Walk()
     if configuration is not None:
       leaves, self._treedef = jax.tree.flatten(dict(configuration.arguments))
       self._arrays = [_is_array(x) for x in leaves]
       self._factory = configuration.factory
       self._statics = tuple(x for x, a in zip(leaves, self._arrays) if not a)
       avals = tuple((np.shape(x), jnp.result_type(x)) for x in leaves if _is_array(x))
-      self._key = ("configured", self._factory, self._treedef, fingerprint(self._statics), avals)
+      self._key = ("configured", self._factory, self._treedef, walk.picture(self._statics), avals)
+      walk.library &= _factory_ours(configuration)
       self._optimizer = None
-      self.opaque = any(callable(x) and not _libraries(x) for x in self._statics)
     else:
-      self._key = ("fingerprint", fingerprint(optimizer))
+      self._key = ("fingerprint", walk.picture(optimizer))
       self._optimizer = optimizer
-      self.opaque = True
+    self.opaque = not walk.library
     if self.opaque and params is not None:
       self._key += (update_signature(optimizer, params),)
 
@@ -656,9 +724,16 @@ def arrays_of(optimizer) -> list:
 
 
 def _libraries(fn) -> bool:
-  """Whether ``fn`` is one of the library's, optax's or JAX's (its code is theirs)."""
-  module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
-  return module.split(".")[0] in ("hdm_optax", "optax", "jax")
+  """Whether ``fn`` is one of the library's, optax's or JAX's (its code is theirs: a function by
+  the module its code is written in, which ``functools.wraps`` does not rename)."""
+  if isinstance(fn, types.FunctionType):
+    module = fn.__globals__.get("__name__", "") or ""
+  else:
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+  return module.split(".")[0] in _LIBRARIES
+
+
+_LIBRARIES = ("hdm_optax", "optax", "jax")
 
 
 def _placeholder_objective(params):
@@ -680,10 +755,11 @@ def built_signature(build: Callable[[Any], Any], settings, params) -> tuple:
   ``jax.ShapeDtypeStruct``) traced as a program traces them: what the optimizer computes from
   them, and what it reads elsewhere at this call (module globals, an object's attributes).
 
-  An hdm_optax transformation whose :class:`OptimizerKey` sees all it computes with is keyed
-  on that key and the trace of its array arguments from ``settings``; any other optimizer on
-  the trace of ``build``, ``init`` and ``update`` at the params' shapes
-  (:func:`update_signature`).
+  An optimizer whose :class:`OptimizerKey` sees all it computes with (not ``opaque``) is keyed
+  on that key, its arrays (an hdm_optax transformation's array arguments; the JAX arrays an
+  optax transformation holds) pictured by the trace that computes them from ``settings``;
+  any other optimizer on the trace of ``build``, ``init`` and ``update`` at the params'
+  shapes (:func:`update_signature`).
 
   Raises:
     Uncacheable: the optimizer reads a traced value from outside ``settings``.
@@ -691,27 +767,30 @@ def built_signature(build: Callable[[Any], Any], settings, params) -> tuple:
   seen = []
 
   def arguments(settings):
-    optimizer = build(settings)
-    key = _whole_key(optimizer)
+    key, arrays = _whole_key(build(settings))
     seen.append(key)
-    return [] if key is None else arrays_of(optimizer)
+    return arrays
 
   traced = jax.make_jaxpr(arguments)(settings)
   if seen[0] is None:
     return _update_trace(build, params, settings)
-  return ("arguments", seen[0]._key, _trace_key(traced))  # the key, not its traced arrays
+  return ("arguments", seen[0], _trace_key(traced))  # the key, not its traced arrays
 
 
-def _whole_key(optimizer) -> Optional[OptimizerKey]:
-  """``optimizer``'s :class:`OptimizerKey` where it sees all ``optimizer`` computes with (an
-  hdm_optax transformation given no function of the user's), else ``None``."""
-  if configuration_of(optimizer) is None:
-    return None
-  try:
-    key = OptimizerKey(optimizer)
-  except Uncacheable:  # a function of the user's that holds a traced setting
-    return None
-  return None if key.opaque else key
+def _whole_key(optimizer) -> tuple:
+  """``(key, arrays)``: ``optimizer``'s key where it sees all ``optimizer`` computes with (no
+  function of the user's: :attr:`OptimizerKey.opaque`) but ``arrays``, which the caller's
+  trace pictures (an hdm_optax transformation's array arguments, :func:`arrays_of`; the JAX
+  arrays another holds, traced settings among them); ``(None, [])`` elsewhere."""
+  if configuration_of(optimizer) is not None:
+    try:
+      key = OptimizerKey(optimizer)
+    except Uncacheable:  # a function of the user's that holds a traced setting
+      return None, []
+    return (None, []) if key.opaque else (key._key, arrays_of(optimizer))
+  walk = _Walk(arrays=[])
+  picture = walk.picture(optimizer)
+  return (("fingerprint", picture), walk.arrays) if walk.library else (None, [])
 
 
 def _update_trace(build: Callable[[Any], Any], params, settings) -> tuple:
