@@ -237,6 +237,18 @@ def test_implicit_derivative_on_an_active_bound_warns():
   np.testing.assert_array_equal(ref[1], 0.0)
 
 
+def test_without_optimistix_rule_every_solve_on_a_bound_warns(monkeypatch):
+  """Where the installed optimistix has not the tangent rule the adapter looks for, it
+  cannot tell a differentiated solve from a forward one: it warns on both, never on none."""
+  from hdm_optax.adapters import optimistix as adapter
+
+  monkeypatch.setattr(adapter, "_rule_is_known", lambda: False)
+  fn = lambda x, a: jnp.sum(a * (x + 1.0) ** 2)  # x >= 0: x* = 0, every variable bound
+  minimiser = HDMMinimiser(hdm_optax.trial_lbfgs(lower=0.0), atol=1e-6)
+  with pytest.warns(adapter.ActiveBoundAdjointWarning, match="3 variable"):
+    optx.minimise(fn, minimiser, jnp.ones(3), jnp.ones(3), max_steps=100)
+
+
 def test_implicit_derivative_without_an_active_bound_is_right_and_quiet():
   with warnings.catch_warnings():
     warnings.simplefilter("error", hdm_optax.ImplicitGradientWarning)
