@@ -3,7 +3,8 @@
 Needs ``optimistix``; ``import hdm_optax`` does not import it.
 """
 
+from hdm_optax.adapters.optimistix import ActiveBoundAdjointWarning
 from hdm_optax.adapters.optimistix import HDMMinimiser
 from hdm_optax.adapters.optimistix import HDMMinimiserState
 
-__all__ = ("HDMMinimiser", "HDMMinimiserState")
+__all__ = ("ActiveBoundAdjointWarning", "HDMMinimiser", "HDMMinimiserState")

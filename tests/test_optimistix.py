@@ -4,6 +4,7 @@ import contextlib
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import jax
@@ -196,10 +197,95 @@ def test_max_steps_and_non_finite_results():
   assert int(sol.stats["num_steps"]) == 0
 
 
-@pytest.mark.parametrize("kw", [dict(atol=-1.0), dict(rtol=float("nan"))])
+_H = jnp.array([[3.0, 0.5, 0.0], [0.5, 2.0, 0.3], [0.0, 0.3, 1.5]])
+
+
+def _boxed(x, th):
+  """Strongly convex; with x >= 0 and th = (1, -0.5, 2) its minimiser has x1 = 0 on the bound
+  (gradient 0.5 + 0.3 x2 > 0 there) and x0, x2 free."""
+  return 0.5 * x @ _H @ x - th @ x + 0.25 * jnp.sum(x**4) * th[0] ** 2
+
+
+def _boxed_jacobians(lower, adjoint):
+  """The Jacobian of x*(th) by optimistix with ``adjoint``, and by solve (the reference)."""
+  th, x0 = jnp.array([1.0, -0.5, 2.0]), jnp.zeros(3)
+  opt = hdm_optax.trial_lbfgs(lower=lower)
+
+  def by_optx(th):
+    minimiser = HDMMinimiser(opt, atol=1e-12)
+    return optx.minimise(_boxed, minimiser, x0, th, max_steps=300, adjoint=adjoint).value
+
+  def by_solve(th):
+    return hdm_optax.solve(opt, _boxed, x0, fun_args=(th,), max_steps=300, tol=1e-12).params
+
+  return by_optx, jax.jacrev(by_optx)(th), jax.jacrev(by_solve)(th), th
+
+
+def test_implicit_derivative_on_an_active_bound_warns():
+  """optimistix's ImplicitAdjoint differentiates grad f = 0, false on an active bound: its
+  derivative (row 1 = [-0.018, 0.526, -0.041], solve's and finite differences' 0) is warned
+  about where it is taken, not on a forward solve; RecursiveCheckpointAdjoint's is right."""
+  with pytest.warns(hdm_optax.ImplicitGradientWarning, match="active bound") as seen:
+    by_optx, jac, _, th = _boxed_jacobians(0.0, optx.ImplicitAdjoint())
+  assert {type(w.message).__name__ for w in seen} == {"ActiveBoundAdjointWarning"}
+  assert float(jnp.max(jnp.abs(jac[1]))) > 0.1  # the wrong derivative the warning is about
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", hdm_optax.ImplicitGradientWarning)
+    assert float(by_optx(th)[1]) == 0.0
+    _, jac, ref, _ = _boxed_jacobians(0.0, optx.RecursiveCheckpointAdjoint())
+  np.testing.assert_allclose(jac, ref, atol=1e-8)
+  np.testing.assert_array_equal(ref[1], 0.0)
+
+
+def test_without_optimistix_rule_every_solve_on_a_bound_warns(monkeypatch):
+  """Where the installed optimistix has not the tangent rule the adapter looks for, it
+  cannot tell a differentiated solve from a forward one: it warns on both, never on none."""
+  from hdm_optax.adapters import optimistix as adapter
+
+  monkeypatch.setattr(adapter, "_rule_is_known", lambda: False)
+  fn = lambda x, a: jnp.sum(a * (x + 1.0) ** 2)  # x >= 0: x* = 0, every variable bound
+  minimiser = HDMMinimiser(hdm_optax.trial_lbfgs(lower=0.0), atol=1e-6)
+  with pytest.warns(adapter.ActiveBoundAdjointWarning, match="3 variable"):
+    optx.minimise(fn, minimiser, jnp.ones(3), jnp.ones(3), max_steps=100)
+
+
+def test_implicit_derivative_without_an_active_bound_is_right_and_quiet():
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", hdm_optax.ImplicitGradientWarning)
+    _, jac, ref, _ = _boxed_jacobians(-10.0, optx.ImplicitAdjoint())
+  np.testing.assert_allclose(jac, ref, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+  "kw",
+  [
+    dict(atol=-1.0),
+    dict(rtol=float("nan")),
+    dict(atol=jnp.asarray(-1.0)),
+    dict(rtol=np.float32("nan")),
+    dict(atol=jnp.asarray(jnp.inf)),
+    dict(atol=jnp.ones(2)),
+  ],
+)
 def test_bad_tolerances(kw):
-  with pytest.raises(ValueError, match="must be finite and >= 0"):
+  (name,) = kw
+  with pytest.raises(ValueError, match=f"{name} must be finite and >= 0.*pass a number"):
     HDMMinimiser(hdm_optax.hdm_best(), **kw)
+
+
+def test_tolerance_that_is_no_number():
+  with pytest.raises(TypeError, match="atol must be a number, got '1e-3'; pass a number"):
+    HDMMinimiser(hdm_optax.hdm_best(), atol="1e-3")
+
+
+def test_traced_tolerances_are_left_to_the_run():
+  fn = lambda x, a: jnp.sum(a * x**2)
+  solve = lambda atol: (
+    optx.minimise(
+      fn, HDMMinimiser(hdm_optax.hdm_best(), atol=atol), jnp.ones(3), jnp.ones(3), max_steps=100
+    ).value
+  )
+  np.testing.assert_array_equal(jax.jit(solve)(1e-6), solve(1e-6))
 
 
 def test_hdm_optax_imports_without_optimistix():

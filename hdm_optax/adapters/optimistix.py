@@ -6,6 +6,9 @@ dependency ``optimistix`` (the ``bench`` extra).
 
 from __future__ import annotations
 
+import functools
+import sys
+import warnings
 from typing import Any, Callable, Optional
 
 import jax
@@ -24,10 +27,92 @@ except ImportError as err:
   ) from err
 
 from hdm_optax.driver import engine
+from hdm_optax.driver import protocol
+from hdm_optax.driver.adjoint import ImplicitGradientWarning
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.results import Status
 
-__all__ = ("HDMMinimiser", "HDMMinimiserState")
+__all__ = ("ActiveBoundAdjointWarning", "HDMMinimiser", "HDMMinimiserState")
+
+
+class ActiveBoundAdjointWarning(ImplicitGradientWarning):
+  """optimistix's ``ImplicitAdjoint`` differentiated a solution held by a bound: wrong.
+
+  A subclass of :class:`hdm_optax.ImplicitGradientWarning`, so a filter on either applies.
+  """
+
+
+_ACTIVE_BOUND = (
+  "optx.minimise(..., HDMMinimiser(...)) returned a point where {count} variable(s) are "
+  "held by a bound of the optimizer's box, and optimistix's ImplicitAdjoint differentiates "
+  "it: that adjoint differentiates grad f(y) = 0, which does not hold on an active bound, "
+  "so this derivative is wrong (it is not 0 for the bound variables, and the others are "
+  "off too). For the right one pass adjoint=optx.RecursiveCheckpointAdjoint() to "
+  "optx.minimise (it differentiates the iterations, projections included), or use "
+  "hdm_optax.solve / hdm_optax.minimize with the same box (their implicit rule holds the "
+  "bound variables fixed)."
+)
+
+# optimistix's ImplicitAdjoint (optimistix._ad.implicit_jvp) reruns the solve inside the
+# tangent rule of its custom_jvp; a solve traced there is being differentiated by it.
+_RULE_MODULE, _RULE_NAME = "optimistix._ad", "_implicit_impl_jvp"
+
+
+@functools.cache
+def _rule_is_known() -> bool:
+  """Whether the installed optimistix's implicit custom_jvp has the tangent rule that
+  :func:`_in_implicit_rule` looks for (equinox keeps it in its wrapper's closure)."""
+  impl = getattr(sys.modules.get(_RULE_MODULE), "_implicit_impl", None)
+  wrapper = getattr(getattr(impl, "fn", None), "jvp", None)
+  for cell in getattr(wrapper, "__closure__", None) or ():
+    try:
+      code = getattr(cell.cell_contents, "__code__", None)
+    except ValueError:  # an empty cell
+      continue
+    if getattr(code, "co_name", None) == _RULE_NAME:
+      return True
+  return False
+
+
+def _in_implicit_rule() -> bool:
+  """Whether this trace runs inside optimistix's implicit tangent rule (is differentiated).
+
+  Where the installed optimistix has no such rule, True: a solve that may be
+  differentiated by an adjoint it cannot see is warned about rather than left silent.
+  """
+  if not _rule_is_known():
+    return True
+  frame = sys._getframe(1)
+  while frame is not None:
+    code = frame.f_code
+    if code.co_name == _RULE_NAME and frame.f_globals.get("__name__") == _RULE_MODULE:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _warn_active_bound(count):
+  if int(count):
+    warnings.warn(_ACTIVE_BOUND.format(count=int(count)), ActiveBoundAdjointWarning)
+
+
+def _check_tolerance(name: str, value) -> None:
+  """Refuses a concrete ``value`` that is no finite scalar >= 0; a traced one is the run's."""
+  fix = f"pass a number >= 0, e.g. {name}={1e-6 if name == 'atol' else 0.0}"
+  if isinstance(value, (str, bytes)):
+    raise TypeError(f"HDMMinimiser: {name} must be a number, got {value!r}; {fix}.")
+  try:
+    concrete = np.asarray(value, dtype=np.float64)
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+    return
+  except (TypeError, ValueError):
+    raise TypeError(
+      f"HDMMinimiser: {name} must be a number, got {type(value).__name__}; {fix}."
+    ) from None
+  if concrete.ndim or not 0 <= concrete < np.inf:
+    raise ValueError(
+      f"HDMMinimiser: {name} must be finite and >= 0 (a scalar), got {value!r}; {fix}."
+    )
 
 
 class HDMMinimiserState(eqx.Module):
@@ -111,6 +196,14 @@ class HDMMinimiser(optx.AbstractMinimiser):
   (``has_aux=True``) costs one more objective call at the solution), and
   ``solution.state`` is an :class:`HDMMinimiserState`.
 
+  optimistix differentiates the solve with the ``adjoint=`` passed to
+  ``optimistix.minimise``. Its default ``ImplicitAdjoint`` differentiates grad f(y) = 0,
+  which does not hold where a bound of the optimizer's box holds a variable: differentiated
+  there, the derivative is wrong and :class:`ActiveBoundAdjointWarning` says so (pass
+  ``adjoint=optimistix.RecursiveCheckpointAdjoint()``, or use :func:`hdm_optax.solve` with
+  the same box). As with optimistix's own solvers, a run that did not converge
+  (``throw=False``) is differentiated without a warning; ``sol.result`` says it failed.
+
   The analysis of the paper is for deterministic, smooth f.
 
   Example:
@@ -148,18 +241,24 @@ class HDMMinimiser(optx.AbstractMinimiser):
     Args:
       optim: an optax transformation (every hdm_optax transformation).
       rtol: relative tolerance on the gradient norm (relative to the norm at
-        y0), >= 0.
-      atol: absolute tolerance on the gradient norm, >= 0.
+        y0), a finite scalar >= 0 (checked where concrete, a JAX array included;
+        a traced value is not).
+      atol: absolute tolerance on the gradient norm, a finite scalar >= 0 (checked
+        as ``rtol``).
       norm: the norm of the gradient, ``pytree -> scalar``
         (``optimistix.max_norm``, ``rms_norm`` or ``two_norm``).
       max_grad_evals: stop before a step once this many gradient calls have
         been made, the one at y0 included (an update that calls several times,
         such as a linesearch, may end above it), as ``solve``'s
         ``max_grad_evals``. ``None``: no limit but optimistix's ``max_steps``.
+
+    Raises:
+      ValueError: a concrete ``rtol`` or ``atol`` that is negative, infinite, NaN or not
+        a scalar; a bad ``max_grad_evals``.
+      TypeError: a tolerance that is no number; a ``norm`` that is not callable.
     """
-    for name, val in (("rtol", rtol), ("atol", atol)):
-      if isinstance(val, (int, float)) and not 0 <= val < np.inf:
-        raise ValueError(f"HDMMinimiser: {name} must be finite and >= 0, got {val}.")
+    _check_tolerance("rtol", rtol)
+    _check_tolerance("atol", atol)
     Limits(max_grad_evals=max_grad_evals).checked()
     if not callable(norm):
       raise TypeError(f"HDMMinimiser: norm must be callable, got {type(norm).__name__}.")
@@ -215,6 +314,11 @@ class HDMMinimiser(optx.AbstractMinimiser):
 
   def postprocess(self, fn, y, aux, args, options, state, tags, result):
     del options, tags, result
+    box = protocol.box_of(state.opt_state)
+    if box is not None and _in_implicit_rule():
+      free, _ = box.free_at_solution(y, state.grad, state.tol)
+      bound = sum(jnp.sum(~leaf) for leaf in jax.tree.leaves(free))
+      jax.debug.callback(_warn_active_bound, bound)
     stats = dict(num_grad_evals=state.num_grad_evals, num_value_evals=state.num_value_evals)
     if jax.tree.leaves(aux):
       aux = fn(y, args)[1]
