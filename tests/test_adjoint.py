@@ -194,6 +194,7 @@ def test_derivative_wrt_the_bounds_in_a_batch_and_a_sweep():
 
   rev = jax.jacrev(batch, argnums=(0, 1))(LOWER, UPPER)
   fwd = jax.jacfwd(batch, argnums=(0, 1))(LOWER, UPPER)
+  assert np.all(np.asarray(rev[0])[:, 1, 1] == 1.0)  # each member's x1 held on its bound
   for k, theta in enumerate(thetas):
     one = jax.jacrev(lambda *p: _boxed("solve", *p), argnums=(0, 1))(LOWER, UPPER, theta)
     for i in range(2):
