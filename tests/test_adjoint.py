@@ -118,6 +118,101 @@ def test_nonnegative_least_squares_gradient_wrt_b():
   np.testing.assert_allclose(jac.T @ WEIGHTS, grad, rtol=1e-8, atol=1e-12)
 
 
+A_BOX = jnp.array([[3.0, 0.5, 0.2], [0.5, 2.0, 0.3], [0.2, 0.3, 1.5]])
+THETA_BOX = jnp.array([1.0, -0.5, 2.0])
+LOWER = jnp.array([0.0, 0.1, -1.0])  # x1 is held on its lower bound
+UPPER = jnp.array([1.0, 1.0, 1.0])  # x2 on its upper one; x0 strictly inside
+
+
+def _box_quadratic(x, theta):
+  return 0.5 * x @ A_BOX @ x - theta @ x
+
+
+def _boxed(front, lower, upper, theta, adjoint=None):
+  """The solution of the box quadratic through ``front``; the unrolled run makes 40 steps."""
+  steps = {"max_steps": 40} if adjoint is not None else {"max_steps": 300}
+  if front == "minimize":
+    res = hdm_optax.minimize(
+      _box_quadratic,
+      jnp.zeros(3),
+      args=(theta,),
+      bounds=(lower, upper),
+      tol=1e-12,
+      adjoint=adjoint,
+      **steps,
+    )
+    return res.x
+  optimizer = hdm_optax.trial_lbfgs(lower=lower, upper=upper)
+  res = hdm_optax.solve(
+    optimizer, _box_quadratic, jnp.zeros(3), fun_args=(theta,), tol=1e-12, adjoint=adjoint, **steps
+  )
+  return res.params
+
+
+@pytest.mark.parametrize("front", ["minimize", "solve"])
+def test_derivative_wrt_the_bounds_and_the_arguments(front):
+  # A held variable moves with its bound; the free one answers through H_FA. The solution
+  # map is piecewise linear, so central differences are exact but for the solves' rounding
+  # (tol / STEP).
+  point = (LOWER, UPPER, THETA_BOX)
+  x = _boxed(front, *point)
+  assert float(x[1]) == 0.1 and float(x[2]) == 1.0 and 0.0 < float(x[0]) < 1.0
+  of = jax.jit(lambda *p: _boxed(front, *p))
+  rev = jax.jit(jax.jacrev(of, argnums=(0, 1, 2)))(*point)
+  fwd = jax.jit(jax.jacfwd(of, argnums=(0, 1, 2)))(*point)
+  unrolled = jax.jit(
+    jax.jacrev(lambda *p: _boxed(front, *p, hdm_optax.UnrolledAdjoint()), argnums=(0, 1, 2))
+  )(*point)
+  for i, arg in enumerate(point):
+    columns = []
+    for j in range(3):
+      moved = [list(point), list(point)]
+      moved[0][i], moved[1][i] = arg.at[j].add(STEP), arg.at[j].add(-STEP)
+      columns.append((of(*moved[0]) - of(*moved[1])) / (2 * STEP))
+    fd = np.stack(columns, axis=-1)
+    np.testing.assert_allclose(rev[i], fd, atol=1e-6)
+    np.testing.assert_allclose(fwd[i], rev[i], atol=1e-12)
+    np.testing.assert_allclose(unrolled[i], rev[i], atol=1e-8)
+  lower_jac, upper_jac = np.asarray(rev[0]), np.asarray(rev[1])
+  assert lower_jac[1, 1] == 1.0 and upper_jac[2, 2] == 1.0  # held on its bound
+  assert lower_jac[0, 0] == 0.0 and upper_jac[0, 0] == 0.0  # inside: its bounds do nothing
+  assert np.all(lower_jac[:, [0, 2]] == 0) and np.all(upper_jac[:, [0, 1]] == 0)
+  assert abs(lower_jac[0, 1]) > 0.1 and abs(upper_jac[0, 2]) > 0.05  # through H_FA
+
+
+def test_derivative_wrt_the_bounds_in_a_batch_and_a_sweep():
+  # solve_batch: each member's derivative is its own solve's; sweep: a traced grid column of
+  # upper bounds against central differences.
+  thetas = jnp.stack([THETA_BOX, THETA_BOX + jnp.array([0.0, 0.1, 0.2])])
+
+  def batch(lower, upper):
+    optimizer = hdm_optax.trial_lbfgs(lower=lower, upper=upper)
+    res = hdm_optax.solve_batch(
+      optimizer, _box_quadratic, jnp.zeros((2, 3)), fun_args=(thetas,), max_steps=300, tol=1e-12
+    )
+    return res.params
+
+  rev = jax.jacrev(batch, argnums=(0, 1))(LOWER, UPPER)
+  fwd = jax.jacfwd(batch, argnums=(0, 1))(LOWER, UPPER)
+  assert np.all(np.asarray(rev[0])[:, 1, 1] == 1.0)  # each member's x1 held on its bound
+  for k, theta in enumerate(thetas):
+    one = jax.jacrev(lambda *p: _boxed("solve", *p), argnums=(0, 1))(LOWER, UPPER, theta)
+    for i in range(2):
+      np.testing.assert_allclose(rev[i][k], one[i], atol=1e-12)
+      np.testing.assert_allclose(fwd[i][k], one[i], atol=1e-12)
+
+  def swept(scale):
+    grid = {"upper": scale * jnp.array([1.0, 0.9])}
+    make = lambda upper: hdm_optax.trial_lbfgs(upper=upper)
+    fun = lambda x: _box_quadratic(x, THETA_BOX)
+    return hdm_optax.sweep(make, grid, fun, jnp.zeros(3), max_steps=300, tol=1e-12).results.params
+
+  fd = (swept(1.0 + STEP) - swept(1.0 - STEP)) / (2 * STEP)
+  derivative = jax.jacrev(swept)(1.0)
+  assert np.all(np.asarray(derivative)[:, 2] > 0.8)  # x2 held on its upper bound
+  np.testing.assert_allclose(derivative, fd, atol=1e-6)
+
+
 def test_pytree_parameters_and_arguments():
   def fun(params, data):
     r = data["X"] @ params["w"] + params["b"] - data["t"]

@@ -17,8 +17,10 @@ nothing):
   can be differentiated again (``jax.hessian``, ``grad`` of ``grad``). With a box, the
   variables that L-BFGS-B's projected gradient puts on a bound
   (:func:`hdm_optax.pieces.box.free_at_solution` says why this set) (:math:`x_i - g_i \le l_i`
-  with :math:`g_i > 0`, or the same at :math:`u_i`) have derivative 0 and the system is
-  :math:`H_{FF}` on the others. ``x0`` and ``init_state`` get zero derivatives.
+  with :math:`g_i > 0`, or the same at :math:`u_i`) move with their bound,
+  :math:`\dot x_A = \dot l_A` (or :math:`\dot u_A`), and the others solve
+  :math:`H_{FF} \dot x_F = -(\partial_\theta \nabla_F f\, \dot\theta + H_{FA} \dot x_A)`
+  (the KKT conditions). ``x0`` and ``init_state`` get zero derivatives.
 - :class:`UnrolledAdjoint`: the run of ``max_steps`` iterations is a ``lax.scan``
   (:class:`hdm_optax.driver.runs.Scan`) and reverse mode goes through every
   iteration, each under ``jax.checkpoint``: the derivative of the truncated run as it ran.
@@ -107,22 +109,26 @@ class ImplicitAdjoint(NamedTuple):
     del max_steps
     return runs.Staged(runs.stage_sizes(size, compact), bool(stop_at_first_converged))
 
-  def apply(self, run, objective, theta, start, batched=None):
+  def apply(self, run, objective, theta, start, batched=None, bounds=None):
     """``run(theta, start)``, differentiable in ``theta`` by the implicit function theorem.
 
     Args:
       run: ``run(theta, start) -> SolveResult`` (batched: one row per member).
       objective: ``objective(x, theta) -> f`` of one member.
       theta: what the objective depends on (the dynamic arguments).
-      start: what the run starts from (x0, a state): zero derivative.
+      start: what the run starts from (x0, a state, the optimizer's arrays): zero
+        derivative, but for the bounds ``bounds`` reads from it.
       batched: for a batch, the axes of ``theta``'s leaves over the members (``0`` or
         ``None``, a pytree prefix as ``jax.vmap``'s ``in_axes``); ``None`` for one run.
+      bounds: ``bounds(start) -> Box or None``, the box the run keeps its iterate in as a
+        differentiable function of ``start`` (a batch's: one row per member), or ``None``:
+        the box's derivative is then taken as 0.
 
     Returns:
       The :class:`~hdm_optax.driver.results.SolveResult` whose ``params`` and ``value``
       carry the derivative.
     """
-    return _solution(self, run, objective, batched, theta, start)
+    return _solution(self, run, objective, batched, bounds, theta, start)
 
 
 class UnrolledAdjoint(NamedTuple):
@@ -191,9 +197,9 @@ class UnrolledAdjoint(NamedTuple):
       )
     return runs.Lockstep(self.primitive(1, max_steps))
 
-  def apply(self, run, objective, theta, start, batched=None):
+  def apply(self, run, objective, theta, start, batched=None, bounds=None):
     """``run(theta, start)``: reverse mode goes through the scan's iterations."""
-    del objective, batched
+    del objective, batched, bounds
     return run(theta, start)
 
 
@@ -355,8 +361,23 @@ def _check_forward_mode(objective, x, theta) -> None:
     raise
 
 
-def _tangent_of(adjoint, objective, result, theta, theta_dot):
-  """``(x_dot, value_dot)`` of one solution by the implicit function theorem."""
+def _held_tangent(box_dot, x, grad_x):
+  """The tangent of each variable held on a bound: its bound's tangent (the lower one where
+  the gradient pushes down, :func:`~hdm_optax.pieces.box.free_at_solution`'s side)."""
+
+  def leaf(lo_dot, hi_dot, xi, gi):
+    held = jnp.where(gi > 0, lo_dot, hi_dot)
+    return jnp.broadcast_to(held, jnp.shape(xi)).astype(jnp.result_type(xi))
+
+  return jax.tree.map(leaf, box_dot.lower, box_dot.upper, x, grad_x)
+
+
+def _tangent_of(adjoint, objective, result, theta, theta_dot, box_dot=None):
+  r"""``(x_dot, value_dot)`` of one solution by the implicit function theorem.
+
+  With a box, a variable held on a bound moves with it (``box_dot``, the box's tangent, or
+  none), and the free ones solve :math:`H_{FF} \dot x_F = -(\partial_\theta \nabla_F f\,
+  \dot\theta + H_{FA} \dot x_A)`."""
   x = result.params
   _check_forward_mode(objective, x, theta)
   gradient = jax.grad(objective)
@@ -366,8 +387,13 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
     (None, jnp.int32(0)) if box is None else box.free_at_solution(x, grad_x, result.tol)
   )
   zero = optax.tree.zeros_like(x)
-  # The right-hand side -(d/dtheta grad_x f) theta_dot, on the free variables.
+  # The right-hand side -(d/dtheta grad_x f) theta_dot - H_FA x_dot_A, on the free variables.
   _, cross = jax.jvp(lambda th: gradient(x, th), (theta,), (theta_dot,))
+  held = None
+  if free is not None and box_dot is not None:
+    held = _where_free(free, zero, _held_tangent(box_dot, x, grad_x))
+    pushed = jax.jvp(lambda y: gradient(y, theta), (x,), (held,))[1]
+    cross = optax.tree.add(cross, pushed)
   rhs = _where_free(free, optax.tree.scale(-1.0, cross), zero)
 
   def matvec(v):  # H on the free variables, the identity on the others
@@ -386,6 +412,8 @@ def _tangent_of(adjoint, objective, result, theta, theta_dot):
     return x
 
   x_dot = jax.lax.custom_linear_solve(matvec, rhs, solve, symmetric=True)
+  if held is not None:
+    x_dot = _where_free(free, x_dot, held)
   _, value_dot = jax.jvp(objective, (x, theta), (x_dot, theta_dot))
   return x_dot, value_dot
 
@@ -402,20 +430,21 @@ _REVERSE_ONLY = (
 )
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
-def _solution(adjoint, run, objective, batched, theta, start):
-  del adjoint, objective, batched
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3, 4))
+def _solution(adjoint, run, objective, batched, bounds, theta, start):
+  del adjoint, objective, batched, bounds
   return run(theta, start)
 
 
 @_solution.defjvp
-def _solution_jvp(adjoint, run, objective, batched, primals, tangents):
+def _solution_jvp(adjoint, run, objective, batched, bounds, primals, tangents):
   theta, start = primals
-  theta_dot, _ = tangents
+  theta_dot, start_dot = tangents
   # Through the rule itself: the solution inside the tangent is differentiable again.
-  result = _solution(adjoint, run, objective, batched, theta, start)
+  result = _solution(adjoint, run, objective, batched, bounds, theta, start)
+  box_dot = None if bounds is None else jax.jvp(bounds, (start,), (start_dot,))[1]
   tangent = functools.partial(_tangent_of, adjoint, objective)
   if batched is not None:  # one solution per member
-    tangent = jax.vmap(tangent, in_axes=(0, batched, batched))
-  x_dot, value_dot = tangent(result, theta, theta_dot)
+    tangent = jax.vmap(tangent, in_axes=(0, batched, batched, 0))
+  x_dot, value_dot = tangent(result, theta, theta_dot, box_dot)
   return result, _zero_tangent(result)._replace(params=x_dot, value=value_dot)

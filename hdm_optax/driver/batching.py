@@ -84,9 +84,15 @@ def _batch_entry(
 
     return _run_members(make, program, plan, (columns, member_rows), x0, state, handle)
 
+  def bounds(rest):  # each member's box, that of its fresh state (a resumed one keeps it)
+    x0, _, arrays, columns = rest[:4]
+    box = lambda settings, x: protocol.box_of(maker.build(arrays, settings).init(x))
+    return jax.vmap(box)(columns, x0)
+
   rest = (x0, state, arrays, columns, limits, handle)
   axes = jax.tree.unflatten(plan.theta_def, [0 if m else None for m in theta_mapped])
-  return adjoint.apply(run, closed.objective(program.has_aux), theta, rest, axes)
+  objective = closed.objective(program.has_aux)
+  return adjoint.apply(run, objective, theta, rest, axes, bounds=bounds)
 
 
 _batch_entry.num_statics = 5

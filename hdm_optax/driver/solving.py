@@ -68,8 +68,12 @@ def _solve_entry(key, closed, program, primitive, adjoint, handle, arrays, x0, a
     make = lambda member: (loop_, fun)
     return runs.run(make, program, None, x0, state, primitive=primitive, handle=handle)
 
+  def bounds(rest):  # the box of the run's fresh state (a resumed one keeps it)
+    arrays, x0 = rest[:2]
+    return protocol.box_of(key.build(arrays).init(x0))
+
   rest = (arrays, x0, state, limits, handle)
-  return adjoint.apply(run, closed.objective(program.has_aux), args, rest)
+  return adjoint.apply(run, closed.objective(program.has_aux), args, rest, bounds=bounds)
 
 
 _solve_entry.num_statics = 5
