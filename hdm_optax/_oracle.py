@@ -222,8 +222,8 @@ def value_and_grad(value_fn: Callable[..., Any], params, *, has_aux: bool = Fals
     elif isinstance(out, (tuple, list)):
       raise TypeError(
         f"{name} returned a {type(out).__name__} of length {len(out)}, not a scalar; "
-        "if it returns (value, aux), pass has_aux=True to hdm_optax.solve / sweep, or "
-        "give the transformation value_fn=lambda p: fun(p)[0]."
+        "return the value alone (or, where it returns (value, aux), pass has_aux=True to "
+        "hdm_optax.solve / sweep, or give the transformation value_fn=lambda p: fun(p)[0])."
       )
     else:
       value = out

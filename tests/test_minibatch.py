@@ -143,8 +143,70 @@ def test_unjitted_step_inside_scan():
 
 
 def test_loss_fn_must_be_callable():
-  with pytest.raises(TypeError, match="loss_fn must be callable"):
+  with pytest.raises(TypeError, match="^minibatch_step: loss_fn must be callable"):
     hdm_optax.minibatch_step(hdm_optax.hdm_best(), "loss")
+
+
+@pytest.mark.parametrize(
+  "optimizer,message",
+  [
+    ("adam", r"got 'adam' \(str\); pass one"),
+    (optax.adam, r"got 'adam', a callable .*: minibatch_step\(optax\.adam\(\.\.\.\), \.\.\.\)"),
+  ],
+  ids=["str", "factory"],
+)
+def test_a_bad_optimizer_is_refused_when_minibatch_step_is_called(optimizer, message):
+  """Before any step, in minibatch_step's own words (not loop's)."""
+  with pytest.raises(TypeError, match=f"^minibatch_step: optimizer must be .*{message}"):
+    hdm_optax.minibatch_step(optimizer, loss)
+
+
+def _step_error(opt, params, state, batch, loss_fn=loss):
+  with pytest.raises((TypeError, ValueError)) as caught:
+    hdm_optax.minibatch_step(opt, loss_fn)(params, state, batch)
+  assert "Tracer" not in str(caught.value)
+  return str(caught.value)
+
+
+def test_state_none_is_refused_with_the_first_state_to_pass():
+  """docs/minibatch.md starts from opt.init(w); None would start HDM afresh at every step."""
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  message = _step_error(opt, params0(), None, next(batches(1)))
+  assert message.startswith("minibatch_step's step: state is None; pass optimizer.init(params)")
+
+
+def test_a_foreign_state_is_named_as_step_s_state():
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  batch = next(batches(1))
+  message = _step_error(opt, params0(), optax.adam(0.1).init(params0()), batch)
+  assert message.startswith("minibatch_step's step: state is not a state of this optimizer")
+  assert "\n  optimizer.init(params): " in message and "\n  state: " in message
+  assert "init_state" not in message and "result.state" not in message
+  short = {"w": jnp.zeros(N - 1), "b": jnp.zeros([])}
+  message = _step_error(opt, params0(), opt.init(short), batch)
+  assert message.startswith("minibatch_step's step: state is not a state of this optimizer")
+  assert "optimizer.init(params) gives shape (8,)" in message and "init_" not in message
+
+
+def test_params_and_loss_fn_errors_name_step_and_loss_fn():
+  opt = hdm_optax.hdm_best(lipschitz=1.0, precond_lr=0.1)
+  batch = next(batches(1))
+  ints = {"w": jnp.zeros(N, jnp.int32), "b": jnp.zeros([], jnp.int32)}
+  message = _step_error(opt, ints, opt.init(params0()), batch)
+  assert message.startswith("minibatch_step's step: params: params must be real floating-point")
+  message = _step_error(opt, params0(), opt.init(params0()), batch, lambda w, b: jnp.int32(1))
+  assert message.startswith("minibatch_step's step: loss_fn's value has dtype int32")
+  pair = lambda w, b: (loss(w, b), 0.0)
+  message = _step_error(opt, params0(), opt.init(params0()), batch, pair)
+  assert message.startswith("minibatch_step's step: loss_fn returned a tuple of length 2")
+  assert "return the value alone" in message
+  p32 = params0(np.float32)
+  message = _step_error(opt, p32, opt.init(p32), batch)
+  assert message.startswith("minibatch_step's step: loss_fn returns a float64 value")
+  assert (
+    "cast the data in batch (e.g. jax.tree.map(lambda a: a.astype(jnp.float32), batch))" in message
+  )
+  assert "fun_args" not in message
 
 
 def test_docs_and_docstring_examples_run():

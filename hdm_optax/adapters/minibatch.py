@@ -8,8 +8,22 @@ import jax
 import optax
 
 from hdm_optax.driver import engine
+from hdm_optax.driver import protocol
+from hdm_optax.driver import solving
+from hdm_optax.driver.limits import Limits
 
 __all__ = ("MinibatchStats", "minibatch_step")
+
+_STEP = "minibatch_step's step"
+# The arguments as a user of minibatch_step writes them: step(params, state, batch).
+_NAMES = protocol.ArgNames(
+  door=_STEP,
+  fun="loss_fn",
+  fun_args="batch",
+  params="params",
+  state="state",
+  state_source="(optimizer.init(params) at the first step, then the state step returns)",
+)
 
 
 class MinibatchStats(NamedTuple):
@@ -62,7 +76,16 @@ def minibatch_step(
       function, e.g. to call it inside your own ``jax.lax.scan``).
 
   Returns:
-    ``step(params, state, batch) -> (params, state, MinibatchStats)``.
+    ``step(params, state, batch) -> (params, state, MinibatchStats)``; ``state`` is
+    ``optimizer.init(params)`` at the first step, then the state the previous step
+    returned (``None`` is refused: the method would start afresh at every step).
+
+  Raises:
+    TypeError: ``optimizer`` is no optax transformation (e.g. the factory, not what it
+      builds), or ``loss_fn`` is not callable. ``step`` raises, naming its own ``params``,
+      ``state``, ``batch`` and ``loss_fn``, where ``params`` are not floating point,
+      ``state`` is ``None`` or not a state of ``optimizer`` for these params (a
+      ``ValueError``), or ``loss_fn`` returns no floating scalar of the params' dtype.
 
   Examples:
     >>> import jax, jax.numpy as jnp, hdm_optax
@@ -84,13 +107,22 @@ def minibatch_step(
     Chu, Gao, Ye, Udell, *Provable and Practical Online Learning Rate
     Adaptation with Hypergradient Descent*, arXiv:2502.11229 (2025).
   """
+  optimizer = protocol.check_optimizer("minibatch_step", optimizer)
   if not callable(loss_fn):
     raise TypeError(
-      f"loss_fn must be callable as loss_fn(params, batch), got {type(loss_fn).__name__}."
+      "minibatch_step: loss_fn must be callable as loss_fn(params, batch), got "
+      f"{type(loss_fn).__name__}."
     )
 
   def step(params, state, batch):
-    run = engine.loop(optimizer, loss_fn, fun_args=(batch,))
+    solving.check_params(params, f"{_STEP}: params")
+    if state is None:
+      raise TypeError(
+        f"{_STEP}: state is None; pass optimizer.init(params) at the first step, then the "
+        "state each step returns: params, state, stats = step(params, state, batch)."
+      )
+    fun = lambda p: loss_fn(p, batch)
+    run = engine.make_loop(optimizer, fun, Limits().checked(), names=_NAMES)
     s = run.start(params, state)
     params, state, _, calls = run.update(s)
     return params, state, MinibatchStats(loss=s.value, grad_evals=1 + calls)

@@ -93,15 +93,17 @@ def _stationarity(params, grad, opt_state, norm=None):
   return optax.tree.norm(measured, ord=jnp.inf) if norm is None else norm(measured)
 
 
-def check_value_dtype(value, params):
-  """A ``TypeError`` where ``fun``'s value is not of the params' dtype (no silent promotion)."""
+def check_value_dtype(value, params, names: protocol.ArgNames = protocol.ArgNames()):
+  """A ``TypeError`` where ``fun``'s value is not of the params' dtype (no silent promotion);
+  ``names``: how the door names ``fun`` and ``fun_args`` in the message."""
   dtype = _numerics.params_dtype(params)
   if jnp.result_type(value) != dtype:
+    data = names.fun_args
     raise TypeError(
-      f"fun returns a {jnp.result_type(value)} value for {dtype} params, so the run would "
-      f"silently change precision; compute in {dtype}: cast the data in fun_args (e.g. "
-      f"jax.tree.map(lambda a: a.astype(jnp.{dtype}), fun_args)) or the params to "
-      f"{jnp.result_type(value)}."
+      names.lead(f"{names.fun} returns a {jnp.result_type(value)} value for {dtype} params, ")
+      + f"so the run would silently change precision; compute in {dtype}: cast the data in "
+      + f"{data} (e.g. jax.tree.map(lambda a: a.astype(jnp.{dtype}), {data})) or the params "
+      + f"to {jnp.result_type(value)}."
     )
 
 
@@ -202,6 +204,7 @@ class Loop(NamedTuple):
       slope that :func:`judge` tests ``ftol`` with.
     has_aux: ``fun`` returns ``(value, aux)``.
     norm: the stationarity measure's norm, or ``None`` for ``||.||_inf``.
+    names: how the door that made the loop names its arguments in the checks' messages.
   """
 
   optimizer: Any
@@ -209,6 +212,7 @@ class Loop(NamedTuple):
   limits: Limits
   has_aux: bool
   norm: Optional[Callable[[Any], jax.Array]]
+  names: protocol.ArgNames = protocol.ArgNames()
 
   def value_fn(self, params):
     """f at ``params`` (what ``update`` receives as ``value_fn``)."""
@@ -216,9 +220,10 @@ class Loop(NamedTuple):
 
   def evaluate(self, params):
     """``(f, grad f)`` at ``params``: one oracle call, its value of the params' dtype."""
-    out, grad = _oracle.value_and_grad(self.fun, params, has_aux=self.has_aux, name="fun")
+    name = self.names.lead(self.names.fun)
+    out, grad = _oracle.value_and_grad(self.fun, params, has_aux=self.has_aux, name=name)
     value = out[0] if self.has_aux else out
-    check_value_dtype(value, params)
+    check_value_dtype(value, params, self.names)
     return value, grad
 
   def start(self, params, opt_state=None) -> LoopState:
@@ -231,7 +236,7 @@ class Loop(NamedTuple):
     if resume.opt_state is None:
       opt_state = fresh
     else:  # a Resume's state is a placeholder where the run is fresh (one program for all)
-      given = protocol.with_box_of(fresh, resume.opt_state)
+      given = protocol.with_box_of(fresh, resume.opt_state, self.names)
       opt_state = jax.tree.map(lambda f, g: jnp.where(resume.mode == FRESH, f, g), fresh, given)
     box = protocol.box_of(opt_state)
     if box is not None:  # an infeasible start is projected onto the box
@@ -351,12 +356,17 @@ def _at_new_params(p: Loop, params, opt_state):
 
 
 def make_loop(
-  optimizer, fun: Callable[[Any], Any], limits: Limits, has_aux: bool = False, norm=None
+  optimizer,
+  fun: Callable[[Any], Any],
+  limits: Limits,
+  has_aux: bool = False,
+  norm=None,
+  names: protocol.ArgNames = protocol.ArgNames(),
 ) -> Loop:
   """The :class:`Loop` that minimizes ``fun(params)`` (``-> (value, aux)`` with ``has_aux``)
   within ``limits`` (checked). ``norm``: the stationarity measure's norm (default
-  ``||.||_inf``)."""
-  return Loop(optimizer, fun, limits, bool(has_aux), norm)
+  ``||.||_inf``); ``names``: how the calling door names its arguments in the messages."""
+  return Loop(optimizer, fun, limits, bool(has_aux), norm, names)
 
 
 @takes_limits

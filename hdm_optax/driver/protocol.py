@@ -24,13 +24,14 @@ preconditioner, and a cache only where its state has ``value`` and ``grad`` fiel
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, NamedTuple, Optional, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 import optax
 
 __all__ = (
+  "ArgNames",
   "OptimizerState",
   "accepted",
   "box_of",
@@ -91,6 +92,35 @@ def check_optimizer(door: str, optimizer):
 
 # Counters of the oracle calls an update makes (:func:`calls_in_update`).
 _CALL_COUNTERS = ("num_value_evals", "num_grad_evals", "num_linesearch_steps")
+
+
+class ArgNames(NamedTuple):
+  """How a front door names its arguments in the messages of the checks it shares.
+
+  The defaults are the drivers' (``solve(optimizer, fun, init_params, init_state=...,
+  fun_args=...)``); a door whose arguments have other names passes its own, so that each
+  message names what its user wrote.
+
+  Attributes:
+    door: the door's name, put before each message (``""``: none).
+    fun: the objective, called ``fun(params, *fun_args)``.
+    fun_args: the objective's extra arguments (its data).
+    params: the params a run starts from.
+    state: an optimizer state handed in.
+    state_source: where a state that fits comes from, said after "Pass the state of a run
+      ...".
+  """
+
+  door: str = ""
+  fun: str = "fun"
+  fun_args: str = "fun_args"
+  params: str = "init_params"
+  state: str = "init_state"
+  state_source: str = "(result.state), or leave init_state out"
+
+  def lead(self, text: str) -> str:
+    """``text`` after the door's name, where the door has one."""
+    return f"{self.door}: {text}" if self.door else text
 
 
 def _nodes(state, kind) -> list:
@@ -198,8 +228,13 @@ def _bounds_or_none(state):
   return lambda node: node is None or any(node is b for b in boxes)
 
 
-def with_box_of(fresh, given):
+def with_box_of(fresh, given, names: ArgNames = ArgNames()):
   """``given`` (a state handed back in) with the bounds of ``fresh`` (the optimizer's own).
+
+  Args:
+    fresh: the optimizer's ``init`` at the params.
+    given: the state handed in.
+    names: how the door names its arguments in the messages.
 
   Raises:
     ValueError: ``given`` is not a state of this optimizer (another structure, or a leaf of
@@ -209,11 +244,12 @@ def with_box_of(fresh, given):
   fresh_paths, fresh_def = jax.tree_util.tree_flatten_with_path(fresh, is_leaf=fresh_bounds)
   given_leaves, given_def = jax.tree.flatten(given, is_leaf=_bounds_or_none(given))
   if fresh_def != given_def:
+    rows = {f"optimizer.init({names.params}):": fresh, f"{names.state}:": given}
+    width = max(map(len, rows))
+    shown = "".join(f"  {k:<{width}} {jax.tree.structure(v)}\n" for k, v in rows.items())
     raise ValueError(
-      "init_state is not a state of this optimizer (another structure):\n"
-      f"  optimizer.init(params): {jax.tree.structure(fresh)}\n"
-      f"  init_state:             {jax.tree.structure(given)}\n"
-      "Pass the state of a run of the same optimizer (result.state), or leave init_state out."
+      names.lead(f"{names.state} is not a state of this optimizer (another structure):\n")
+      + f"{shown}Pass the state of a run of the same optimizer {names.state_source}."
     )
   leaves = []
   for (path, f), g in zip(fresh_paths, given_leaves):
@@ -223,11 +259,10 @@ def with_box_of(fresh, given):
     want, got = (jnp.shape(f), jnp.result_type(f)), (jnp.shape(g), jnp.result_type(g))
     if want != got:
       raise ValueError(
-        f"init_state is not a state of this optimizer for these params: its leaf "
-        f"{jax.tree_util.keystr(path)} has shape {got[0]} and dtype {got[1]}, where "
-        f"optimizer.init(init_params) gives shape {want[0]} and dtype {want[1]}. Pass the "
-        "state of a run on params of this shape and dtype (result.state), or leave "
-        "init_state out."
+        names.lead(f"{names.state} is not a state of this optimizer for these params: ")
+        + f"its leaf {jax.tree_util.keystr(path)} has shape {got[0]} and dtype {got[1]}, "
+        + f"where optimizer.init({names.params}) gives shape {want[0]} and dtype {want[1]}. "
+        + f"Pass the state of a run on params of this shape and dtype {names.state_source}."
       )
     leaves.append(g)
   return jax.tree.unflatten(fresh_def, leaves)
