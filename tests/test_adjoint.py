@@ -354,3 +354,29 @@ def test_unrolled_jacobian_of_the_learned_methods_against_finite_differences(mak
   # Truncation error of the central difference is O(STEP**2); rounding in the differenced
   # runs leaves entries that are 0 at about 1e-8.
   np.testing.assert_allclose(jacobian, reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [hdm_optax.osgm_best, optax.lbfgs], ids=["osgm_best", "lbfgs"])
+def test_unrolled_reverse_mode_through_an_inner_loop_is_refused_clearly(make):
+  # Their updates enter while loops (probes, a zoom line search) that reverse mode cannot
+  # transpose; forward mode goes through them.
+  run = lambda th: (
+    hdm_optax.solve(
+      make(),
+      _quartic,
+      jnp.zeros(3),
+      fun_args=(th,),
+      max_steps=3,
+      tol=0.0,
+      adjoint=hdm_optax.UnrolledAdjoint(),
+    ).params
+  )
+  th = jnp.array([1.0, -0.5, 2.0])
+  with pytest.raises(ValueError, match="UnrolledAdjoint.*while_loop.*ImplicitAdjoint"):
+    jax.grad(lambda t: jnp.sum(run(t)))(th)
+  forward = jax.jacfwd(run)(th)
+  assert bool(jnp.all(jnp.isfinite(forward)))
+  if make is hdm_optax.osgm_best:  # optax's line search picks its step by comparisons
+    reference = jnp.stack([_directional_fd(run, th, e) for e in jnp.eye(3)], axis=-1)
+    np.testing.assert_allclose(forward, reference, rtol=1e-5, atol=1e-7)
+
