@@ -380,3 +380,34 @@ def test_unrolled_reverse_mode_through_an_inner_loop_is_refused_clearly(make):
     reference = jnp.stack([_directional_fd(run, th, e) for e in jnp.eye(3)], axis=-1)
     np.testing.assert_allclose(forward, reference, rtol=1e-5, atol=1e-7)
 
+
+@pytest.mark.parametrize(
+  "setting, value",
+  [("rtol", -1.0), ("rtol", float("nan")), ("rtol", 0.0), ("max_steps", 2.5)]
+  + [("max_steps", 0), ("max_steps", -1), ("max_steps", True)],
+)
+def test_implicit_adjoint_settings_are_checked_at_construction(setting, value):
+  # A negative or NaN rtol stopped conjugate gradients at once: zero derivatives, no warning.
+  with pytest.raises(ValueError, match=rf"ImplicitAdjoint\({setting}=.*{setting}.*pass"):
+    hdm_optax.ImplicitAdjoint(**{setting: value})
+
+
+def test_implicit_adjoint_stays_a_hashable_named_tuple():
+  adjoint = hdm_optax.ImplicitAdjoint(max_steps=50, rtol=1e-8)
+  assert adjoint == hdm_optax.ImplicitAdjoint(50, 1e-8, True)
+  assert hash(adjoint) == hash(hdm_optax.ImplicitAdjoint(50, 1e-8))
+  assert adjoint._replace(precondition=False).precondition is False
+  assert hdm_optax.ImplicitAdjoint() == (1000, None, True)
+  assert repr(adjoint) == "ImplicitAdjoint(max_steps=50, rtol=1e-08, precondition=True)"
+
+
+def test_unrolled_adjoint_names_max_steps_none():
+  with pytest.raises(ValueError, match=r"got max_steps=None.*e\.g\. max_steps=100"):
+    hdm_optax.solve(
+      optax.sgd(0.1),
+      _quartic,
+      jnp.zeros(3),
+      fun_args=(jnp.ones(3),),
+      max_steps=None,
+      adjoint=hdm_optax.UnrolledAdjoint(),
+    )
