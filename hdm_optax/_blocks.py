@@ -17,10 +17,11 @@ The layout is a function of the leaves' shapes, dtypes and explicit shardings al
 A tree of one leaf is its single block, unchanged. The blocks come in the order of their
 first leaf.
 
-A reduction over a pytree (:func:`vdot`, :func:`norm`, :func:`all_finite`) is one reduction
-per block here: summed leaf by leaf, the scalar would be a sum of L terms, and XLA copies
-such a scalar's computation into every kernel that reads it, so that a per-leaf update
-reading it (a step size, a null step's select) compiles into a program of L^2 operands.
+A reduction over a pytree (:func:`vdot`, :func:`all_finite`, ``_numerics.norm``) is one
+reduction per block here: summed leaf by leaf, the scalar would be a sum of L terms, and XLA
+copies such a scalar's computation into every kernel that reads it, so that a per-leaf
+update reading it (a step size, a null step's select) compiles into a program of L^2
+operands.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ __all__ = (
   "all_finite",
   "groups",
   "layout",
-  "norm",
   "pack",
   "unpack",
   "vdot",
@@ -128,11 +128,6 @@ def unpack(blocks, like) -> Any:
 def vdot(a, b) -> jax.Array:
   """:math:`\\langle a, b\\rangle` over the packed trees (``optax.tree.vdot``'s value)."""
   return optax.tree.vdot(pack(a), pack(b))
-
-
-def norm(tree, ord=None) -> jax.Array:  # pylint: disable=redefined-builtin
-  """``optax.tree.norm(tree, ord)`` over the packed tree."""
-  return optax.tree.norm(pack(tree), ord=ord)
 
 
 def all_finite(*trees) -> jax.Array:

@@ -86,6 +86,24 @@ def safe_div(num, den):
   return jnp.where(ok, num / jnp.where(ok, den, 1), 0)
 
 
+def sqrt(x):
+  """``jnp.sqrt(x)``, whose derivative is 0 where ``x == 0`` rather than infinite.
+
+  The values are ``jnp.sqrt``'s. At 0 the square root of a quantity that is identically 0
+  there (a first step's AdaGrad sum, the norm of a null step) has derivative 0 along it;
+  ``jnp.sqrt``'s infinite derivative times that quantity's zero tangent is NaN, which would
+  spread through a differentiated run (``UnrolledAdjoint``).
+  """
+  zero = x == 0
+  return jnp.where(zero, 0, jnp.sqrt(jnp.where(zero, 1, x)))
+
+
+def norm(tree) -> jax.Array:
+  """The Euclidean norm of a pytree over its packed blocks (``optax.tree.norm``'s value),
+  with derivative 0 where the tree is 0 (see :func:`sqrt`)."""
+  return sqrt(optax.tree.norm(_blocks.pack(tree), squared=True))
+
+
 def scaled_norm(tree, square=None) -> jax.Array:
   """The Euclidean norm of a pytree, without overflow where its square overflows.
 
@@ -96,7 +114,7 @@ def scaled_norm(tree, square=None) -> jax.Array:
   """
   if square is None:
     square = optax.tree.vdot(tree, tree)
-  norm = jnp.sqrt(square)
+  norm = sqrt(square)
 
   def rescaled():
     biggest = optax.tree.norm(tree, ord=jnp.inf).astype(norm.dtype)

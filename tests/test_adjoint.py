@@ -407,3 +407,102 @@ def test_unrolled_through_a_converged_run_is_the_implicit_derivative_vmapped():
   grads = jax.jit(jax.vmap(jax.grad(loss)))(lams)
   for lam, grad in zip(lams, grads):
     np.testing.assert_allclose(grad, _GRAD_VALIDATION(lam, A_TRAIN), rtol=1e-6)
+
+
+_QUARTIC_A = jnp.array([[3.0, 0.5, 0.0], [0.5, 2.0, 0.3], [0.0, 0.3, 1.5]])
+
+
+def _quartic(x, th):
+  return 0.5 * x @ _QUARTIC_A @ x - th @ x + 0.25 * jnp.sum(x**4) * th[0] ** 2
+
+
+@pytest.mark.parametrize(
+  "make",
+  [
+    lambda: hdm_optax.hdm_best(lipschitz=10.0),
+    hdm_optax.hdm_best,
+    hdm_optax.hdm_hb,
+    hdm_optax.hdm_auto,
+  ],
+  ids=["hdm_best_lipschitz", "hdm_best", "hdm_hb", "hdm_auto"],
+)
+def test_unrolled_jacobian_of_the_learned_methods_against_finite_differences(make):
+  # The first step's AdaGrad sum, a null step and an unchanged gradient are exactly 0: the
+  # derivative of their square roots and norms there is 0 (not NaN).
+  run = jax.jit(
+    lambda th: (
+      hdm_optax.solve(
+        make(),
+        _quartic,
+        jnp.zeros(3),
+        fun_args=(th,),
+        max_steps=5,
+        tol=0.0,
+        adjoint=hdm_optax.UnrolledAdjoint(),
+      ).params
+    )
+  )
+  th = jnp.array([1.0, -0.5, 2.0])
+  jacobian = jax.jit(jax.jacrev(run))(th)
+  assert bool(jnp.all(jnp.isfinite(jacobian)))
+  reference = jnp.stack([_directional_fd(run, th, e) for e in jnp.eye(3)], axis=-1)
+  # Truncation error of the central difference is O(STEP**2); rounding in the differenced
+  # runs leaves entries that are 0 at about 1e-8.
+  np.testing.assert_allclose(jacobian, reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("make", [hdm_optax.osgm_best, optax.lbfgs], ids=["osgm_best", "lbfgs"])
+def test_unrolled_reverse_mode_through_an_inner_loop_is_refused_clearly(make):
+  # Their updates enter while loops (probes, a zoom line search) that reverse mode cannot
+  # transpose; forward mode goes through them.
+  run = lambda th: (
+    hdm_optax.solve(
+      make(),
+      _quartic,
+      jnp.zeros(3),
+      fun_args=(th,),
+      max_steps=3,
+      tol=0.0,
+      adjoint=hdm_optax.UnrolledAdjoint(),
+    ).params
+  )
+  th = jnp.array([1.0, -0.5, 2.0])
+  with pytest.raises(ValueError, match="UnrolledAdjoint.*while_loop.*ImplicitAdjoint"):
+    jax.grad(lambda t: jnp.sum(run(t)))(th)
+  forward = jax.jacfwd(run)(th)
+  assert bool(jnp.all(jnp.isfinite(forward)))
+  if make is hdm_optax.osgm_best:  # optax's line search picks its step by comparisons
+    reference = jnp.stack([_directional_fd(run, th, e) for e in jnp.eye(3)], axis=-1)
+    np.testing.assert_allclose(forward, reference, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+  "setting, value",
+  [("rtol", -1.0), ("rtol", float("nan")), ("rtol", 0.0), ("max_steps", 2.5)]
+  + [("max_steps", 0), ("max_steps", -1), ("max_steps", True)],
+)
+def test_implicit_adjoint_settings_are_checked_at_construction(setting, value):
+  # A negative or NaN rtol stopped conjugate gradients at once: zero derivatives, no warning.
+  with pytest.raises(ValueError, match=rf"ImplicitAdjoint\({setting}=.*{setting}.*pass"):
+    hdm_optax.ImplicitAdjoint(**{setting: value})
+
+
+def test_implicit_adjoint_stays_a_hashable_named_tuple():
+  adjoint = hdm_optax.ImplicitAdjoint(max_steps=50, rtol=1e-8)
+  assert adjoint == hdm_optax.ImplicitAdjoint(50, 1e-8, True)
+  assert hash(adjoint) == hash(hdm_optax.ImplicitAdjoint(50, 1e-8))
+  assert adjoint._replace(precondition=False).precondition is False
+  assert hdm_optax.ImplicitAdjoint() == (1000, None, True)
+  assert repr(adjoint) == "ImplicitAdjoint(max_steps=50, rtol=1e-08, precondition=True)"
+
+
+def test_unrolled_adjoint_names_max_steps_none():
+  with pytest.raises(ValueError, match=r"got max_steps=None.*e\.g\. max_steps=100"):
+    hdm_optax.solve(
+      optax.sgd(0.1),
+      _quartic,
+      jnp.zeros(3),
+      fun_args=(jnp.ones(3),),
+      max_steps=None,
+      adjoint=hdm_optax.UnrolledAdjoint(),
+    )

@@ -81,3 +81,24 @@ def test_chain_under_strict_promotion():
   opt = optax.chain(optax.scale(1.0), hdm_optax.hdm_best())
   result = hdm_optax.solve(opt, fun, start(jnp.float32), max_steps=20)
   assert np.isfinite(float(result.value))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=["f32", "f64"])
+def test_derivative_through_a_box_under_strict_promotion(dtype):
+  # The implicit rule counts the degenerate bound variables (booleans summed: int64 under
+  # x64), which must not meet an int32 without promotion.
+  a = jnp.array([[3.0, 0.5, 0.0], [0.5, 2.0, 0.3], [0.0, 0.3, 1.5]], dtype)
+  quadratic = lambda x, th: 0.5 * x @ a @ x - th @ x
+  th = jnp.array([1.0, -0.5, 2.0], dtype)
+  x0 = jnp.zeros(3, dtype)
+  solved = lambda t: (
+    hdm_optax.solve(
+      hdm_optax.trial_lbfgs(lower=0.0), quadratic, x0, fun_args=(t,), max_steps=200
+    ).params
+  )
+  minimized = lambda t: hdm_optax.minimize(quadratic, x0, args=(t,), bounds=(0.0, None)).x
+  for run in (solved, minimized):
+    jacobian = jax.jacrev(run)(th)
+    assert jacobian.dtype == dtype
+    assert np.all(np.isfinite(np.asarray(jacobian)))
+    np.testing.assert_array_equal(np.asarray(jacobian)[1], 0.0)  # x[1] is on its bound

@@ -40,6 +40,7 @@ an :class:`ImplicitGradientWarning`:
 from __future__ import annotations
 
 import functools
+import numbers
 import warnings
 from typing import Any, NamedTuple, Optional
 
@@ -48,6 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hdm_optax import _checks
+from hdm_optax.driver import limits
 from hdm_optax.driver import protocol
 from hdm_optax.driver import runs
 
@@ -64,7 +67,13 @@ class ImplicitGradientWarning(UserWarning):
   """An implicit derivative through a run whose assumptions do not hold (see the module)."""
 
 
-class ImplicitAdjoint(NamedTuple):
+class _ImplicitFields(NamedTuple):
+  max_steps: int
+  rtol: Optional[float]
+  precondition: bool
+
+
+class ImplicitAdjoint(_ImplicitFields):
   r"""Derivatives of the returned point by the implicit function theorem (the default).
 
   Attributes:
@@ -90,9 +99,31 @@ class ImplicitAdjoint(NamedTuple):
     0.25
   """
 
-  max_steps: int = 1000
-  rtol: Optional[float] = None
-  precondition: bool = True
+  __slots__ = ()
+
+  def __new__(cls, max_steps: int = 1000, rtol: Optional[float] = None, precondition: bool = True):
+    """Checks the settings: a bad one would stop conjugate gradients at once (zero
+    derivatives, no warning).
+
+    Raises:
+      ValueError: ``max_steps`` not an int >= 1, or ``rtol`` neither ``None`` nor finite
+        and > 0.
+    """
+    integral = isinstance(max_steps, numbers.Integral) and not isinstance(max_steps, bool)
+    if not integral or max_steps < 1:
+      raise ValueError(
+        f"ImplicitAdjoint(max_steps={max_steps!r}): max_steps is the number of "
+        "conjugate-gradient iterations per linear solve and must be an int >= 1; pass e.g. "
+        "ImplicitAdjoint(max_steps=1000) (the default)."
+      )
+    if rtol is not None:
+      _checks.check_positive(
+        f"ImplicitAdjoint(rtol={rtol!r}): rtol",
+        rtol,
+        "pass a relative residual such as ImplicitAdjoint(rtol=1e-8), or rtol=None for the "
+        "dtype's default",
+      )
+    return super().__new__(cls, int(max_steps), rtol, precondition)
 
   def primitive(self, check_every: int, max_steps) -> Any:
     """The loop of one run: the plain ``while_loop``, or blocks of ``check_every`` steps."""
@@ -166,9 +197,16 @@ class UnrolledAdjoint(NamedTuple):
         f"UnrolledAdjoint runs a scan of max_steps iterations; check_every={check_every} "
         "blocks a while loop: pass check_every=1 with UnrolledAdjoint."
       )
-    if isinstance(max_steps, jax.core.Tracer) or max_steps >= np.iinfo(np.int32).max:
+    if isinstance(max_steps, jax.core.Tracer):
       raise ValueError(
-        f"UnrolledAdjoint needs max_steps as a Python int (the scan's length), got {max_steps}."
+        "UnrolledAdjoint needs max_steps as a Python int (the scan's length), got a traced "
+        "max_steps; pass a number of iterations that is not traced, e.g. max_steps=100."
+      )
+    if max_steps >= limits.NEVER:  # max_steps=None (no limit), as Limits.checked gives it
+      raise ValueError(
+        "UnrolledAdjoint needs max_steps as a Python int (the scan's length), got "
+        "max_steps=None or a count past int32's range (no limit); pass the number of "
+        "iterations to unroll, e.g. max_steps=100."
       )
     return runs.Scan(int(max_steps), self.checkpoint)
 

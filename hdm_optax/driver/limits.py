@@ -28,7 +28,8 @@ __all__ = (
 # The paper's budget (Table 1: 1000 gradient calls) and the benchmark's.
 DEFAULT_MAX_STEPS = 1000
 
-_NEVER = np.iinfo(np.int32).max
+# What Limits.checked makes of a count of None (no limit).
+NEVER = np.iinfo(np.int32).max
 
 
 class Limits(NamedTuple):
@@ -159,14 +160,14 @@ def check_count(name: str, value: Any, lower: int, fix: str) -> Any:
   many steps.
   """
   if value is None:
-    return np.int32(_NEVER)
+    return np.int32(NEVER)
   if not _concrete(value):
     return value
   v = np.asarray(value)
   number = v.ndim == 0 and v.dtype.kind in "iuf" and not isinstance(value, (bool, np.bool_))
   if not number or not v >= lower or (v.dtype.kind == "f" and v != math.inf and v != int(v)):
     raise ValueError(f"{name} must be an int >= {lower} or None ({fix}), got {value!r}")
-  return np.int32(min(float(v), _NEVER))
+  return np.int32(min(float(v), NEVER))
 
 
 def _min_value(value) -> Any:

@@ -18,6 +18,10 @@ import functools
 from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 import jax
+import jax.extend
+from jax.interpreters import ad
+from jax.interpreters import batching
+from jax.interpreters import mlir
 import jax.numpy as jnp
 import numpy as np
 
@@ -280,7 +284,70 @@ class Scan:
       return jax.lax.cond(steps.running(carry), body, lambda c: c, carry), None
 
     one = jax.checkpoint(one) if self.checkpoint else one
-    return jax.lax.scan(one, carry, length=self.length)[0]
+    # Traced once, as a jaxpr (fun is not traced twice), to look for inner loops in it.
+    scan = lambda c: jax.lax.scan(one, c, length=self.length)[0]
+    closed, shape = jax.make_jaxpr(scan, return_shape=True)(carry)
+    out = jax.extend.core.jaxpr_as_fun(closed)(*jax.tree.leaves(carry))
+    out = jax.tree.unflatten(jax.tree.structure(shape), out)
+    if _loops_on_floats(closed.jaxpr):
+      out = jax.tree.map(_refuse_reverse_mode, out)
+    return out
+
+
+_INNER_LOOP = (
+  "UnrolledAdjoint cannot take this derivative: each step of the run enters a "
+  "lax.while_loop (an inner loop of the optimizer's update, such as osgm_best's probes or "
+  "optax.lbfgs's zoom line search, or one in fun), and reverse mode (jax.grad, jax.vjp, "
+  "jax.jacrev) cannot differentiate a loop of dynamic length. Pass "
+  "adjoint=hdm_optax.ImplicitAdjoint() (the default: the derivative of the solution), "
+  "unroll an optimizer without inner loops (hdm_best, trial_lbfgs, optax.sgd), or take "
+  "forward-mode derivatives (jax.jvp, jax.jacfwd), which go through the inner loops' "
+  "iterations as they ran."
+)
+
+
+def _loops_on_floats(jaxpr) -> bool:
+  """Whether ``jaxpr`` (or one inside it) has a ``while`` that carries floating values,
+  which reverse mode cannot transpose."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while" and any(
+      jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in eqn.outvars
+    ):
+      return True
+    for param in jax.tree.leaves(eqn.params, is_leaf=_is_jaxpr):
+      inner = getattr(param, "jaxpr", param)
+      if _is_jaxpr(param) and _loops_on_floats(inner):
+        return True
+  return False
+
+
+def _is_jaxpr(x) -> bool:
+  return isinstance(x, (jax.extend.core.Jaxpr, jax.extend.core.ClosedJaxpr))
+
+
+def _refuse_transpose(cotangent, leaf):
+  del cotangent, leaf
+  raise ValueError(_INNER_LOOP)
+
+
+# The identity, linear, whose transpose (reverse mode) raises _INNER_LOOP before JAX meets
+# the while loop and raises its own error; forward mode and jax.vmap go through it.
+_refuse_reverse_mode_p = jax.extend.core.Primitive("hdm_refuse_reverse_mode")
+_refuse_reverse_mode_p.def_impl(lambda leaf: leaf)
+_refuse_reverse_mode_p.def_abstract_eval(lambda leaf: leaf)
+ad.deflinear2(_refuse_reverse_mode_p, _refuse_transpose)
+batching.primitive_batchers[_refuse_reverse_mode_p] = lambda args, dims: (
+  _refuse_reverse_mode_p.bind(*args),
+  dims[0],
+)
+mlir.register_lowering(_refuse_reverse_mode_p, mlir.lower_fun(lambda leaf: leaf, False))
+
+
+def _refuse_reverse_mode(leaf):
+  """``leaf``; reverse mode through it raises :data:`_INNER_LOOP` (floating leaves)."""
+  if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+    return leaf
+  return _refuse_reverse_mode_p.bind(leaf)
 
 
 @dataclasses.dataclass(frozen=True)

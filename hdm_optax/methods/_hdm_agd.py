@@ -276,7 +276,7 @@ def _step(c: _AGD, state, params, value, grad, oracle):
     info=_info.next_info(
       state.info,
       accepted=accepted,
-      hypergrad_norm=_blocks.norm(hypergrad),
+      hypergrad_norm=_numerics.norm(hypergrad),
       calls=3,
       finite=pre_ok & _numerics.all_finite(lip_value, lip_grad),
     ),

@@ -146,7 +146,7 @@ def gated_lookahead(growth: Any = 2.0) -> Callable[..., LookaheadResult]:
   """
 
   def run(vg, params, value, grad, direction, *, finite, estimating, grad_norm):
-    enabled = finite & ~estimating & (_blocks.norm(grad) > growth * grad_norm)
+    enabled = finite & ~estimating & (_numerics.norm(grad) > growth * grad_norm)
     return armijo_lookahead(vg, params, value, grad, direction, enabled=enabled)
 
   return run

@@ -313,6 +313,8 @@ def free_at_solution(box: Box, x, grad, tol):
   pairs = jax.tree.map(leaf, box.lower, box.upper, x, grad)
   free = jax.tree.map(lambda p: p[0], pairs, is_leaf=lambda p: isinstance(p, tuple))
   odd = jax.tree.leaves(
-    jax.tree.map(lambda p: jnp.sum(p[1]), pairs, is_leaf=lambda p: isinstance(p, tuple))
+    jax.tree.map(
+      lambda p: jnp.sum(p[1], dtype=jnp.int32), pairs, is_leaf=lambda p: isinstance(p, tuple)
+    )
   )
   return free, sum(odd, jnp.int32(0))

@@ -200,8 +200,8 @@ def gradient_probe(size: Any = 1e-4, fallback: Any = 1.0) -> Probe:
   def offset(index, params, grad, active):
     del index, active
     grad_sq = _blocks.vdot(grad, grad)
-    delta = _numerics.cast(size, grad_sq.dtype) * jnp.maximum(1, _blocks.norm(params))
-    return optax.tree.scale(-_numerics.safe_div(delta, jnp.sqrt(grad_sq)), grad), delta
+    delta = _numerics.cast(size, grad_sq.dtype) * jnp.maximum(1, _numerics.norm(params))
+    return optax.tree.scale(-_numerics.safe_div(delta, _numerics.sqrt(grad_sq)), grad), delta
 
   return Probe(num=1, offset=offset, finish=_finisher(fallback))
 

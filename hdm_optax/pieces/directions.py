@@ -146,7 +146,7 @@ def preconditioned(precond: Learnable) -> shell.Direction:
     kept = step_control_lib.kept_scale(ctx.step_size, trial.finite)
     new = precond.learn(state.precond, hypergrad, state.learner_state, kept, ctx.value.dtype)
     learned = _numerics.keep_if(trial.finite, new, (state.precond, state.learner_state))
-    return shell.Learned(PrecondState(*learned), jnp.asarray(False), _blocks.norm(hypergrad))
+    return shell.Learned(PrecondState(*learned), jnp.asarray(False), _numerics.norm(hypergrad))
 
   return shell.Direction(init=init, propose=propose, learn=learn)
 
@@ -262,7 +262,7 @@ def heavy_ball(
       (state.precond, state.momentum, state.precond_learner_state, state.momentum_learner_state),
     )
     prev_params = _numerics.keep_if(verdict.accepted, ctx.params, state.prev_params)
-    hypergrad_norm = jnp.sqrt(_blocks.vdot(grad_p, grad_p) + _blocks.vdot(grad_b, grad_b))
+    hypergrad_norm = _numerics.sqrt(_blocks.vdot(grad_p, grad_p) + _blocks.vdot(grad_b, grad_b))
     return shell.Learned(HeavyBallState(*learned, prev_params), jnp.asarray(False), hypergrad_norm)
 
   return shell.Direction(init=init, propose=propose, learn=learn, merit=merit)

@@ -147,7 +147,9 @@ def adagrad(eps: float = 1e-12) -> OnlineLearner:
     sum_sq = jax.tree.map(lambda u, x: u + x * x, state.sum_sq, g)
     delta = jax.tree.map(
       lambda x, u: (
-        -jnp.asarray(lr).astype(x.dtype) * x / (jnp.sqrt(u) + jnp.asarray(eps).astype(x.dtype))
+        -jnp.asarray(lr).astype(x.dtype)
+        * x
+        / (_numerics.sqrt(u) + jnp.asarray(eps).astype(x.dtype))
       ),
       g,
       sum_sq,
@@ -193,7 +195,9 @@ def decayed_adagrad(decay: Any = 0.9, eps: float = 1e-12) -> OnlineLearner:
     )
     delta = jax.tree.map(
       lambda x, u: (
-        -jnp.asarray(lr).astype(x.dtype) * x / (jnp.sqrt(u) + jnp.asarray(eps).astype(x.dtype))
+        -jnp.asarray(lr).astype(x.dtype)
+        * x
+        / (_numerics.sqrt(u) + jnp.asarray(eps).astype(x.dtype))
       ),
       g,
       sum_sq,

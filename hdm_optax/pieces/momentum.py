@@ -425,11 +425,11 @@ def _learn_online(c: _Momentum, state, trial, ctx, lip, live):
     schedule=lr_schedule,
     precond_lr=jnp.asarray(eta_p, ctx.value.dtype),
   )
-  return learned, jnp.sqrt(_blocks.vdot(grad_p, grad_p) + grad_b**2)
+  return learned, _numerics.sqrt(_blocks.vdot(grad_p, grad_p) + grad_b**2)
 
 
 def _observe(c: _Momentum, state, trial, ctx):
-  grad_change = _blocks.norm(optax.tree.sub(trial.grad, ctx.grad))
+  grad_change = _numerics.norm(optax.tree.sub(trial.grad, ctx.grad))
   lip, last_probe = _lipschitz_now(c, state, grad_change, trial.aux)
   finite = trial.finite & jnp.isfinite(grad_change)
   live = finite & ~_probing(c, state)
@@ -449,9 +449,9 @@ def _observe(c: _Momentum, state, trial, ctx):
     _DIAG.apply(learned.precond, trial.grad),
     finite=live,
     estimating=state.curvature.active,
-    grad_norm=jnp.sqrt(_blocks.vdot(ctx.grad, ctx.grad)),
+    grad_norm=_numerics.sqrt(_blocks.vdot(ctx.grad, ctx.grad)),
   )
-  observed = observed._replace(grad_change=_blocks.norm(optax.tree.sub(look.grad, ctx.grad)))
+  observed = observed._replace(grad_change=_numerics.norm(optax.tree.sub(look.grad, ctx.grad)))
   trial = trial._replace(
     step=optax.tree.sub(look.params, ctx.params),
     value=look.value,
@@ -470,7 +470,7 @@ def _learn(c: _Momentum, state, trial, verdict, ctx):
   curv = c.curvature_estimate.record(
     state.curvature,
     accepted=accepted,
-    step_norm=_blocks.norm(trial.step),
+    step_norm=_numerics.norm(trial.step),
     grad_change=observed.grad_change,
     frozen=_probing(c, state),
   )
