@@ -416,6 +416,21 @@ def _quartic(x, th):
   return 0.5 * x @ _QUARTIC_A @ x - th @ x + 0.25 * jnp.sum(x**4) * th[0] ** 2
 
 
+def _unrolled_params(make, max_steps):
+  """th -> the params of ``max_steps`` unrolled steps of ``make()`` on ``_quartic``."""
+  return lambda th: (
+    hdm_optax.solve(
+      make(),
+      _quartic,
+      jnp.zeros(3),
+      fun_args=(th,),
+      max_steps=max_steps,
+      tol=0.0,
+      adjoint=hdm_optax.UnrolledAdjoint(),
+    ).params
+  )
+
+
 @pytest.mark.parametrize(
   "make",
   [
@@ -429,19 +444,7 @@ def _quartic(x, th):
 def test_unrolled_jacobian_of_the_learned_methods_against_finite_differences(make):
   # The first step's AdaGrad sum, a null step and an unchanged gradient are exactly 0: the
   # derivative of their square roots and norms there is 0 (not NaN).
-  run = jax.jit(
-    lambda th: (
-      hdm_optax.solve(
-        make(),
-        _quartic,
-        jnp.zeros(3),
-        fun_args=(th,),
-        max_steps=5,
-        tol=0.0,
-        adjoint=hdm_optax.UnrolledAdjoint(),
-      ).params
-    )
-  )
+  run = jax.jit(_unrolled_params(make, max_steps=5))
   th = jnp.array([1.0, -0.5, 2.0])
   jacobian = jax.jit(jax.jacrev(run))(th)
   assert bool(jnp.all(jnp.isfinite(jacobian)))
@@ -455,17 +458,7 @@ def test_unrolled_jacobian_of_the_learned_methods_against_finite_differences(mak
 def test_unrolled_reverse_mode_through_an_inner_loop_is_refused_clearly(make):
   # Their updates enter while loops (probes, a zoom line search) that reverse mode cannot
   # transpose; forward mode goes through them.
-  run = lambda th: (
-    hdm_optax.solve(
-      make(),
-      _quartic,
-      jnp.zeros(3),
-      fun_args=(th,),
-      max_steps=3,
-      tol=0.0,
-      adjoint=hdm_optax.UnrolledAdjoint(),
-    ).params
-  )
+  run = _unrolled_params(make, max_steps=3)
   th = jnp.array([1.0, -0.5, 2.0])
   with pytest.raises(ValueError, match="UnrolledAdjoint.*while_loop.*ImplicitAdjoint"):
     jax.grad(lambda t: jnp.sum(run(t)))(th)
