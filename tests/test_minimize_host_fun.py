@@ -178,6 +178,29 @@ def test_a_fun_that_returns_none_only_past_x0_stops_the_run_with_the_reason():
     _minimize(fun, np.zeros(3), jac=lambda x: 2 * (x - 1.0))
 
 
+def _complex_past_x0(x):
+  """A quadratic whose value turns complex once x[0] passes 0.5 (a complex root, say)."""
+  value = float(np.sum((x - 1.0) ** 2))
+  return value if x[0] < 0.5 else complex(value, 1.0)
+
+
+@pytest.mark.parametrize("jac", [None, "given"])
+def test_a_complex_value_of_a_numpy_fun_is_refused_not_cut_to_its_real_part(jac):
+  """Casting fun's complex value to x's dtype dropped its imaginary part: the run converged
+  on the real part without a word. SciPy refuses a complex value, and so does minimize,
+  naming it (the traced path already did)."""
+  jac = None if jac is None else (lambda x: 2 * (x - 1.0))
+  with pytest.raises(TypeError, match=r"fun returned a complex value .*real part \(np.real\)"):
+    _minimize(_complex_past_x0, np.zeros(3), jac=jac)
+
+
+def test_a_complex_gradient_is_refused_not_cut_to_its_real_part():
+  jac = lambda x: 2 * (x - 1.0) + (1j if x[0] >= 0.5 else 0)
+  fun = lambda x: float(np.sum((x - 1.0) ** 2))
+  with pytest.raises(TypeError, match=r"the gradient .* is a complex value"):
+    _minimize(fun, np.zeros(3), jac=jac)
+
+
 @pytest.mark.parametrize("value", [{"f": 1.0}, "3.0"], ids=["dict", "str"])
 def test_a_fun_that_returns_no_number_is_named(value):
   with pytest.raises(TypeError, match=r"fun returned a value of dtype \S+, not a number"):

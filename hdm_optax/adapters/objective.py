@@ -67,6 +67,7 @@ def _scalar(value, dtype, xp=jnp, differentiated=False):
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
+  _refuse_complex(value, "fun returned")
   if differentiated and not jnp.issubdtype(value.dtype, jnp.floating):
     raise TypeError(
       f"fun's value has dtype {value.dtype}, which has no gradient (JAX's would read zero and "
@@ -74,6 +75,19 @@ def _scalar(value, dtype, xp=jnp, differentiated=False):
       "bool, or compute in x0's dtype."
     )
   return value.reshape(()).astype(dtype, copy=False)
+
+
+def _refuse_complex(value, what: str) -> None:
+  """Refuses a complex ``value``: casting it to x's real dtype would drop its imaginary
+  part without a word, so a fun computed in complex arithmetic by mistake would be
+  minimised on its real part only."""
+  if jnp.issubdtype(value.dtype, jnp.complexfloating):
+    shown = f", e.g. {value.reshape(-1)[0]}" if isinstance(value, np.ndarray) and value.size else ""
+    raise TypeError(
+      f"{what} a complex value (dtype {value.dtype}{shown}): minimize needs real "
+      "numbers; return the real part (np.real) if the imaginary part is only rounding, "
+      "else check the computation that made it complex."
+    )
 
 
 def _like(grad, x, xp=jnp):
@@ -88,6 +102,7 @@ def _like(grad, x, xp=jnp):
 
 def _like_leaf(g, leaf, xp):
   g = xp.asarray(g)
+  _refuse_complex(g, "the gradient (jac's output, or fun's second output with jac=True) is")
   if g.size != leaf.size:
     raise ValueError(
       f"the gradient (jac's output, or fun's second output with jac=True) has shape "
