@@ -201,6 +201,27 @@ def test_a_complex_gradient_is_refused_not_cut_to_its_real_part():
     _minimize(fun, np.zeros(3), jac=jac)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_fun_that_turns_non_finite_for_good_stalls_with_that_reason(bad):
+  """fun returns NaN (or inf) from its third call on: every trial is non-finite and
+  rejected, and the run ends at maxiter at the last finite point. The message said the
+  steps were below the rounding of x (advising to scale f); it names the non-finite trials."""
+  calls = []
+
+  def fun(x):
+    calls.append(1)
+    return float(np.sum((x - 1.0) ** 2)) if len(calls) < 3 else bad
+
+  res = _minimize(fun, np.zeros(3), jac=lambda x: 2 * (x - 1.0), options={"maxiter": 300})
+  nulls = int(res.null_run)
+  assert res.status == hdm_optax.Status.MAX_STEPS and nulls >= 290  # one early step or two
+  assert f"{nulls} of the {nulls} trials since the last accepted update met a non-finite f" in (
+    res.message
+  )
+  assert "rounding" not in res.message
+  assert np.isfinite(res.fun)
+
+
 @pytest.mark.parametrize("value", [{"f": 1.0}, "3.0"], ids=["dict", "str"])
 def test_a_fun_that_returns_no_number_is_named(value):
   with pytest.raises(TypeError, match=r"fun returned a value of dtype \S+, not a number"):
