@@ -178,6 +178,26 @@ def test_a_fun_that_returns_none_only_past_x0_stops_the_run_with_the_reason():
     _minimize(fun, np.zeros(3), jac=lambda x: 2 * (x - 1.0))
 
 
+def _rescales_its_argument(x):
+  """A NumPy objective that works in place on its argument (allowed: docs/scipy.md)."""
+  x *= 0.5  # its own variables are x / 2
+  return float(np.sum((x - 1.0) ** 2))
+
+
+@pytest.mark.parametrize("jac", [None, "given"])
+def test_a_fun_that_writes_into_its_argument_leaves_jac_and_the_differences_their_x(jac):
+  """fun got the same copy of x that jac (or the forward differences' base point) then
+  read: its write moved their x, and the run ended at maxfun far from the minimum. Each
+  call now gets its own copy, as SciPy's do: the run is the one of a fun that copies."""
+  grad = None if jac is None else (lambda x: 0.5 * (x - 2.0))
+  copying = lambda x: _rescales_its_argument(np.array(x))
+  ref = _minimize(copying, np.zeros(3), jac=grad)
+  res = _minimize(_rescales_its_argument, np.zeros(3), jac=grad)
+  assert res.success and (res.nfev, res.nit) == (ref.nfev, ref.nit)
+  np.testing.assert_array_equal(res.x, ref.x)
+  np.testing.assert_allclose(res.x, 2.0, atol=1e-3)
+
+
 def _complex_past_x0(x):
   """A quadratic whose value turns complex once x[0] passes 0.5 (a complex root, say)."""
   value = float(np.sum((x - 1.0) ** 2))

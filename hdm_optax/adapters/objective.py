@@ -169,21 +169,27 @@ class _HostPair:
     return self.at(x, _put_back(self.arrangement, args))
 
   def at(self, x, args):
-    """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them."""
-    if isinstance(x, np.ndarray):  # SciPy's x: one array
-      x = np.array(x)  # fun may write
-      dtype = x.dtype
-    else:
-      x = jax.tree.map(np.array, x)
-      dtype = jax.tree.leaves(x)[0].dtype
+    """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them.
+
+    Each call of the user's gets its own copy of x, as SciPy's do: ``fun`` may write into
+    its argument, and ``jac`` (or the forward differences) must still see x.
+    """
+    x = _own(x)
+    dtype = jax.tree.leaves(x)[0].dtype
     if self.jac is True:
       value, grad = _pair_of(self.fun(x, *args))
     elif self.jac is not None:
-      value, grad = self.fun(x, *args), self.jac(x, *args)
+      value, grad = self.fun(_own(x), *args), self.jac(x, *args)
     else:
       box = None if self.box is None else [np.frombuffer(side) for side in self.box]
       value, grad = _forward_differences(lambda x: self.fun(x, *args), x, self.eps, box)
     return _scalar(value, dtype, np), _like(grad, x, np)
+
+
+def _own(x):
+  """A copy of x (one array, SciPy's x, or a pytree of them) that the user's code may write
+  into."""
+  return np.array(x) if isinstance(x, np.ndarray) else jax.tree.map(np.array, x)
 
 
 def _put_back(arrangement, dynamic):
@@ -226,7 +232,7 @@ def _forward_differences(fun, x, eps, box=None):
       "finite differences (jac=None with a fun JAX cannot trace) need x0 as one array; "
       "pass jac= or write fun with jax.numpy."
     )
-  value = _host_value(fun(x))
+  value = _host_value(fun(x.copy()))  # fun may write into its argument; x is read below
   flat = x.ravel()
   steps = np.broadcast_to(np.asarray(eps, np.float64), flat.shape)
   relative = np.sqrt(np.finfo(flat.dtype).eps) * np.where(flat >= 0, 1.0, -1.0)
