@@ -675,6 +675,19 @@ def test_the_store_keeps_the_most_recently_used_programs_within_its_bound(tmp_pa
   assert sorted(os.listdir(folder)) == sorted([new, "notes.txt"])
 
 
+def test_the_store_removes_the_partial_file_of_a_write_that_never_finished(tmp_path):
+  """A process killed while writing a program leaves its temporary ``.partial`` file (half
+  a megabyte), which the bound did not count and nothing removed. The next trim removes one
+  an hour old; one being written now stays."""
+  folder = tmp_path / "programs"
+  folder.mkdir(mode=0o700)
+  for name in ("tmpdead.partial", "tmplive.partial", "kept.program"):
+    (folder / name).write_bytes(bytes(1000))
+  os.utime(folder / "tmpdead.partial", (1e9, 1e9))
+  store._trim(str(folder), 2**30, keep="kept.program")  # pylint: disable=protected-access
+  assert sorted(os.listdir(folder)) == ["kept.program", "tmplive.partial"]
+
+
 def test_each_objective_on_the_separate_path_learns_its_ctrl_c_checks_anew(monkeypatch):
   """The method's program serves every objective of its shapes, so a cheap objective's long
   chunk between Ctrl-C checks is no guide to a dear one's (it held a 20 ms objective's
