@@ -564,6 +564,41 @@ def test_a_process_exits_cleanly_while_a_program_compiles_in_the_background(chil
   assert ("interrupted" in out.stdout) == (child is _CTRL_C_WHILE_WAITING), out.stdout
 
 
+# A build that takes 3 s (a slow XLA compile) is under way when the script ends, and a
+# Ctrl-C comes while the interpreter waits for it. The handler registered between JAX's
+# import and the library's runs after the library's exit handler and before JAX's.
+_CTRL_C_AT_EXIT = """
+import atexit, os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+import jax
+atexit.register(
+  lambda: print("building as JAX cleans up:", sys.modules["hdm_optax"].driver.compiled.building())
+)
+import hdm_optax
+from hdm_optax.driver import compiled
+
+compiled.prepare("slow", lambda: time.sleep(3.0))
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+"""
+
+
+def test_ctrl_c_while_the_process_waits_at_exit_for_a_background_compile():
+  """Ctrl-C ended the interpreter's wait for the build thread (its join is interrupted and
+  the thread counts as ended), and JAX's exit handler then cleared the backends with the
+  build under way: with the build inside XLA's compile, the process aborted (SIGABRT,
+  'terminate called after throwing an instance of ...'). The library's exit handler, which
+  runs before JAX's, waits for the build through the Ctrl-C."""
+  out = subprocess.run(
+    [sys.executable, "-c", _CTRL_C_AT_EXIT],
+    env=dict(os.environ, PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert "KeyboardInterrupt" in out.stderr, out.stderr[-2000:]  # the Ctrl-C came at the wait
+  assert out.stdout.strip() == "building as JAX cleans up: False", (out.stdout, out.stderr)
+
+
 def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
   target = tmp_path / "real"
   target.mkdir(mode=0o700)
