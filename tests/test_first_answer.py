@@ -564,6 +564,41 @@ def test_a_process_exits_cleanly_while_a_program_compiles_in_the_background(chil
   assert ("interrupted" in out.stdout) == (child is _CTRL_C_WHILE_WAITING), out.stdout
 
 
+# A build that takes 3 s (a slow XLA compile) is under way when the script ends, and a
+# Ctrl-C comes while the interpreter waits for it. The handler registered between JAX's
+# import and the library's runs after the library's exit handler and before JAX's.
+_CTRL_C_AT_EXIT = """
+import atexit, os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+import jax
+atexit.register(
+  lambda: print("building as JAX cleans up:", sys.modules["hdm_optax"].driver.compiled.building())
+)
+import hdm_optax
+from hdm_optax.driver import compiled
+
+compiled.prepare("slow", lambda: time.sleep(3.0))
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+"""
+
+
+def test_ctrl_c_while_the_process_waits_at_exit_for_a_background_compile():
+  """Ctrl-C ended the interpreter's wait for the build thread (its join is interrupted and
+  the thread counts as ended), and JAX's exit handler then cleared the backends with the
+  build under way: with the build inside XLA's compile, the process aborted (SIGABRT,
+  'terminate called after throwing an instance of ...'). The library's exit handler, which
+  runs before JAX's, waits for the build through the Ctrl-C."""
+  out = subprocess.run(
+    [sys.executable, "-c", _CTRL_C_AT_EXIT],
+    env=dict(os.environ, PYTHONPATH=ROOT),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert "KeyboardInterrupt" in out.stderr, out.stderr[-2000:]  # the Ctrl-C came at the wait
+  assert out.stdout.strip() == "building as JAX cleans up: False", (out.stdout, out.stderr)
+
+
 def test_the_store_refuses_a_directory_it_cannot_trust(tmp_path, monkeypatch):
   target = tmp_path / "real"
   target.mkdir(mode=0o700)
@@ -673,6 +708,19 @@ def test_the_store_keeps_the_most_recently_used_programs_within_its_bound(tmp_pa
   monkeypatch.setenv("HDM_OPTAX_PROGRAM_CACHE_MB", "0")
   store._trim(str(folder), store._limit_bytes(), keep=new)  # pylint: disable=protected-access
   assert sorted(os.listdir(folder)) == sorted([new, "notes.txt"])
+
+
+def test_the_store_removes_the_partial_file_of_a_write_that_never_finished(tmp_path):
+  """A process killed while writing a program leaves its temporary ``.partial`` file (half
+  a megabyte), which the bound did not count and nothing removed. The next trim removes one
+  an hour old; one being written now stays."""
+  folder = tmp_path / "programs"
+  folder.mkdir(mode=0o700)
+  for name in ("tmpdead.partial", "tmplive.partial", "kept.program"):
+    (folder / name).write_bytes(bytes(1000))
+  os.utime(folder / "tmpdead.partial", (1e9, 1e9))
+  store._trim(str(folder), 2**30, keep="kept.program")  # pylint: disable=protected-access
+  assert sorted(os.listdir(folder)) == ["kept.program", "tmplive.partial"]
 
 
 def test_each_objective_on_the_separate_path_learns_its_ctrl_c_checks_anew(monkeypatch):

@@ -178,6 +178,70 @@ def test_a_fun_that_returns_none_only_past_x0_stops_the_run_with_the_reason():
     _minimize(fun, np.zeros(3), jac=lambda x: 2 * (x - 1.0))
 
 
+def _rescales_its_argument(x):
+  """A NumPy objective that works in place on its argument (allowed: docs/scipy.md)."""
+  x *= 0.5  # its own variables are x / 2
+  return float(np.sum((x - 1.0) ** 2))
+
+
+@pytest.mark.parametrize("jac", [None, "given"])
+def test_a_fun_that_writes_into_its_argument_leaves_jac_and_the_differences_their_x(jac):
+  """fun got the same copy of x that jac (or the forward differences' base point) then
+  read: its write moved their x, and the run ended at maxfun far from the minimum. Each
+  call now gets its own copy, as SciPy's do: the run is the one of a fun that copies."""
+  grad = None if jac is None else (lambda x: 0.5 * (x - 2.0))
+  copying = lambda x: _rescales_its_argument(np.array(x))
+  ref = _minimize(copying, np.zeros(3), jac=grad)
+  res = _minimize(_rescales_its_argument, np.zeros(3), jac=grad)
+  assert res.success and (res.nfev, res.nit) == (ref.nfev, ref.nit)
+  np.testing.assert_array_equal(res.x, ref.x)
+  np.testing.assert_allclose(res.x, 2.0, atol=1e-3)
+
+
+def _complex_past_x0(x):
+  """A quadratic whose value turns complex once x[0] passes 0.5 (a complex root, say)."""
+  value = float(np.sum((x - 1.0) ** 2))
+  return value if x[0] < 0.5 else complex(value, 1.0)
+
+
+@pytest.mark.parametrize("jac", [None, "given"])
+def test_a_complex_value_of_a_numpy_fun_is_refused_not_cut_to_its_real_part(jac):
+  """Casting fun's complex value to x's dtype dropped its imaginary part: the run converged
+  on the real part without a word. SciPy refuses a complex value, and so does minimize,
+  naming it (the traced path already did)."""
+  jac = None if jac is None else (lambda x: 2 * (x - 1.0))
+  with pytest.raises(TypeError, match=r"fun returned a complex value .*real part \(np.real\)"):
+    _minimize(_complex_past_x0, np.zeros(3), jac=jac)
+
+
+def test_a_complex_gradient_is_refused_not_cut_to_its_real_part():
+  jac = lambda x: 2 * (x - 1.0) + (1j if x[0] >= 0.5 else 0)
+  fun = lambda x: float(np.sum((x - 1.0) ** 2))
+  with pytest.raises(TypeError, match=r"the gradient .* is a complex value"):
+    _minimize(fun, np.zeros(3), jac=jac)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_fun_that_turns_non_finite_for_good_stalls_with_that_reason(bad):
+  """fun returns NaN (or inf) from its third call on: every trial is non-finite and
+  rejected, and the run ends at maxiter at the last finite point. The message said the
+  steps were below the rounding of x (advising to scale f); it names the non-finite trials."""
+  calls = []
+
+  def fun(x):
+    calls.append(1)
+    return float(np.sum((x - 1.0) ** 2)) if len(calls) < 3 else bad
+
+  res = _minimize(fun, np.zeros(3), jac=lambda x: 2 * (x - 1.0), options={"maxiter": 300})
+  nulls = int(res.null_run)
+  assert res.status == hdm_optax.Status.MAX_STEPS and nulls >= 290  # one early step or two
+  assert f"{nulls} of the {nulls} trials since the last accepted update met a non-finite f" in (
+    res.message
+  )
+  assert "rounding" not in res.message
+  assert np.isfinite(res.fun)
+
+
 @pytest.mark.parametrize("value", [{"f": 1.0}, "3.0"], ids=["dict", "str"])
 def test_a_fun_that_returns_no_number_is_named(value):
   with pytest.raises(TypeError, match=r"fun returned a value of dtype \S+, not a number"):

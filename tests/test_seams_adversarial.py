@@ -1570,6 +1570,77 @@ def test_ctrl_c_stops_a_compiled_run_and_keeps_its_result():
   assert mine["steps"] == [20_000] and mine["user_handler_ran"] and mine["handler_restored"]
 
 
+# A Ctrl-C that lands while a call sets up its SIGINT handler (simulated: the first
+# reading of the wakeup socket raises KeyboardInterrupt, as Python's default handler
+# would there), then a NumPy fun (Rosenbrock's) that sends SIGINT to the process at its 5th call.
+_CTRL_C_DURING_SETUP = """
+import json, os, signal
+import numpy as np, hdm_optax
+from hdm_optax.driver import interrupts
+from scipy.optimize import rosen_der
+
+drain, landed = interrupts._Signal.drain, []
+
+
+def drain_once_interrupted(state):
+  if not landed:
+    landed.append(1)
+    raise KeyboardInterrupt
+  return drain(state)
+
+
+interrupts._Signal.drain = drain_once_interrupted
+calls = []
+
+
+def fun(x, kill_at):
+  calls.append(1)
+  if len(calls) == kill_at:
+    os.kill(os.getpid(), signal.SIGINT)
+  return float(np.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2))
+
+
+def run(kill_at=0):
+  calls.clear()
+  return hdm_optax.minimize(fun, np.zeros(4), args=(kill_at,), jac=lambda x, k: rosen_der(x))
+
+
+row = {}
+try:
+  run()
+except KeyboardInterrupt:
+  row["first"] = "KeyboardInterrupt"
+row["handler_after"] = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+try:
+  run(kill_at=5)
+except KeyboardInterrupt as error:
+  row["second"] = "with its result" if hasattr(error, "result") else "bare"
+third = run()
+row["third"] = [bool(third.success), third.x.tolist()]
+print(json.dumps(row))
+"""
+
+
+def test_a_ctrl_c_during_the_handlers_setup_leaves_the_next_calls_ctrl_c_working():
+  """The interrupted call raises KeyboardInterrupt and restores Python's handler; the next
+  call still records a SIGINT (its KeyboardInterrupt carries the run's result, not a bare
+  one raised from inside ``fun``) and the one after runs normally."""
+  out = subprocess.run(
+    [sys.executable, "-c", _CTRL_C_DURING_SETUP],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    env=dict(os.environ, PYTHONPATH=str(ROOT), HDM_OPTAX_PROGRAM_CACHE="0"),
+  )
+  assert out.returncode == 0, out.stderr[-3000:]
+  row = json.loads(out.stdout.splitlines()[-1])
+  assert row["first"] == "KeyboardInterrupt" and row["handler_after"], row
+  assert row.get("second") == "with its result", row
+  assert row["third"][0], row
+  np.testing.assert_allclose(row["third"][1], np.ones(4), atol=1e-2)
+
+
 # --- resuming a run (docs/guide.md, "Resuming a run", rule by rule) ----------------------
 
 _RNG = np.random.default_rng(7)

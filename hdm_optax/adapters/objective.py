@@ -67,6 +67,7 @@ def _scalar(value, dtype, xp=jnp, differentiated=False):
     raise ValueError(
       f"fun must return a scalar (or an array of one entry), got shape {value.shape}."
     )
+  _refuse_complex(value, "fun returned")
   if differentiated and not jnp.issubdtype(value.dtype, jnp.floating):
     raise TypeError(
       f"fun's value has dtype {value.dtype}, which has no gradient (JAX's would read zero and "
@@ -74,6 +75,19 @@ def _scalar(value, dtype, xp=jnp, differentiated=False):
       "bool, or compute in x0's dtype."
     )
   return value.reshape(()).astype(dtype, copy=False)
+
+
+def _refuse_complex(value, what: str) -> None:
+  """Refuses a complex ``value``: casting it to x's real dtype would drop its imaginary
+  part without a word, so a fun computed in complex arithmetic by mistake would be
+  minimised on its real part only."""
+  if jnp.issubdtype(value.dtype, jnp.complexfloating):
+    shown = f", e.g. {value.reshape(-1)[0]}" if isinstance(value, np.ndarray) and value.size else ""
+    raise TypeError(
+      f"{what} a complex value (dtype {value.dtype}{shown}): minimize needs real "
+      "numbers; return the real part (np.real) if the imaginary part is only rounding, "
+      "else check the computation that made it complex."
+    )
 
 
 def _like(grad, x, xp=jnp):
@@ -88,6 +102,7 @@ def _like(grad, x, xp=jnp):
 
 def _like_leaf(g, leaf, xp):
   g = xp.asarray(g)
+  _refuse_complex(g, "the gradient (jac's output, or fun's second output with jac=True) is")
   if g.size != leaf.size:
     raise ValueError(
       f"the gradient (jac's output, or fun's second output with jac=True) has shape "
@@ -154,21 +169,27 @@ class _HostPair:
     return self.at(x, _put_back(self.arrangement, args))
 
   def at(self, x, args):
-    """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them."""
-    if isinstance(x, np.ndarray):  # SciPy's x: one array
-      x = np.array(x)  # fun may write
-      dtype = x.dtype
-    else:
-      x = jax.tree.map(np.array, x)
-      dtype = jax.tree.leaves(x)[0].dtype
+    """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them.
+
+    Each call of the user's gets its own copy of x, as SciPy's do: ``fun`` may write into
+    its argument, and ``jac`` (or the forward differences) must still see x.
+    """
+    x = _own(x)
+    dtype = jax.tree.leaves(x)[0].dtype
     if self.jac is True:
       value, grad = _pair_of(self.fun(x, *args))
     elif self.jac is not None:
-      value, grad = self.fun(x, *args), self.jac(x, *args)
+      value, grad = self.fun(_own(x), *args), self.jac(x, *args)
     else:
       box = None if self.box is None else [np.frombuffer(side) for side in self.box]
       value, grad = _forward_differences(lambda x: self.fun(x, *args), x, self.eps, box)
     return _scalar(value, dtype, np), _like(grad, x, np)
+
+
+def _own(x):
+  """A copy of x (one array, SciPy's x, or a pytree of them) that the user's code may write
+  into."""
+  return np.array(x) if isinstance(x, np.ndarray) else jax.tree.map(np.array, x)
 
 
 def _put_back(arrangement, dynamic):
@@ -211,7 +232,7 @@ def _forward_differences(fun, x, eps, box=None):
       "finite differences (jac=None with a fun JAX cannot trace) need x0 as one array; "
       "pass jac= or write fun with jax.numpy."
     )
-  value = _host_value(fun(x))
+  value = _host_value(fun(x.copy()))  # fun may write into its argument; x is read below
   flat = x.ravel()
   steps = np.broadcast_to(np.asarray(eps, np.float64), flat.shape)
   relative = np.sqrt(np.finfo(flat.dtype).eps) * np.where(flat >= 0, 1.0, -1.0)

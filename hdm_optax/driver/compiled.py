@@ -10,9 +10,11 @@ and JAX's own caches, so that the memory of the executables is returned.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Hashable
@@ -214,6 +216,25 @@ def wait() -> None:
       return
     for done, _ in pending:
       done.wait()
+
+
+def _wait_at_exit() -> None:
+  """At exit, waits for the builds under way (:func:`prepare`), through any Ctrl-C.
+
+  The interpreter's own wait for non-daemon threads ends at a Ctrl-C (the join it makes is
+  interrupted, and the thread counts as ended), and JAX's exit handler, which runs after
+  this one (registered later, run first), then clears the backends with a compile still
+  inside XLA: the process aborts ("terminate called after throwing an instance of ''"). A
+  build ends within seconds, so this wait does not give way to Ctrl-C (SIGKILL ends it).
+  """
+  while building():
+    try:
+      wait()
+    except KeyboardInterrupt:
+      print("hdm_optax: a background compile is ending; exiting after it.", file=sys.stderr)
+
+
+atexit.register(_wait_at_exit)
 
 
 def peek(key: Hashable) -> Any:

@@ -51,10 +51,10 @@ class _Signal:
   """The process's SIGINT state while a front door's call is in progress."""
 
   def __init__(self):
-    self.depth = 0
+    self.active = False
     self.seen = False
     self.previous = None
-    self.previous_fd = -1
+    self.previous_fd = None
     self.reader: Optional[socket.socket] = None
     self.writer: Optional[socket.socket] = None
 
@@ -73,6 +73,35 @@ class _Signal:
       pass
     return got
 
+  def install(self) -> None:
+    """Records SIGINTs from now on: the handler :func:`_record` and the wakeup socket.
+
+    What it replaces is noted before each change, so that :meth:`uninstall` undoes exactly
+    what was done, also after a Ctrl-C that landed part way through (Python's handler was
+    still the default one there, and raised).
+    """
+    self.previous, self.previous_fd = None, None
+    self.active, self.seen = True, False
+    if self.reader is None:
+      self.reader, self.writer = socket.socketpair()
+      atexit.register(self.close)
+      self.reader.setblocking(False)
+      self.writer.setblocking(False)
+    self.drain()
+    self.previous = _raw_signal.signal(signal.SIGINT, _record)
+    try:
+      self.previous_fd = _raw_signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread of the main interpreter
+      self.previous_fd = None
+
+  def uninstall(self) -> None:
+    """Puts back the handler and the wakeup descriptor that :meth:`install` replaced."""
+    if self.previous_fd is not None:
+      _raw_signal.set_wakeup_fd(self.previous_fd)
+    if _raw_signal.getsignal(signal.SIGINT) is _record:
+      _raw_signal.signal(signal.SIGINT, self.previous or signal.default_int_handler)
+    self.active = False
+
   def close(self) -> None:
     """Closes the wakeup socket (at exit: it is kept for the process's later calls)."""
     for end in (self.reader, self.writer):
@@ -82,7 +111,6 @@ class _Signal:
 
 
 _STATE = _Signal()
-_LOCK = threading.Lock()
 
 
 def _record(signum, frame):  # the handler while a call is in progress
@@ -103,43 +131,27 @@ def catching(enabled: bool = True):
   Installed only in the main thread and where SIGINT has Python's default handler (a
   handler of the user's is left alone); nested calls share the outermost one's. The
   handler and the wakeup file descriptor that were there before are restored on exit.
+  The outermost call is told by the handler in place, and everything it changes is undone
+  in one ``finally``: a Ctrl-C that lands while the handler is being set up (and raises
+  ``KeyboardInterrupt`` there) leaves no state behind that would keep later calls from
+  installing theirs.
   """
   if not enabled or not _can_install():
     yield False
     return
-  with _LOCK:
-    outermost = _STATE.depth == 0
-    _STATE.depth += 1
-  if outermost:
-    _STATE.seen = False
-    if _STATE.reader is None:
-      _STATE.reader, _STATE.writer = socket.socketpair()
-      atexit.register(_STATE.close)
-      _STATE.reader.setblocking(False)
-      _STATE.writer.setblocking(False)
-    _STATE.drain()
-    _STATE.previous = _raw_signal.signal(signal.SIGINT, _record)
-    try:
-      _STATE.previous_fd = _raw_signal.set_wakeup_fd(
-        _STATE.writer.fileno(), warn_on_full_buffer=False
-      )
-    except ValueError:  # not the main thread of the main interpreter
-      _STATE.previous_fd = None
+  outermost = _raw_signal.getsignal(signal.SIGINT) is not _record
   try:
+    if outermost:
+      _STATE.install()
     yield True
   finally:
-    with _LOCK:
-      _STATE.depth -= 1
-      last = _STATE.depth == 0
-    if outermost or last:
-      if _STATE.previous_fd is not None:
-        _raw_signal.set_wakeup_fd(_STATE.previous_fd)
-      _raw_signal.signal(signal.SIGINT, _STATE.previous or signal.default_int_handler)
+    if outermost:
+      _STATE.uninstall()
 
 
 def seen() -> bool:
   """Whether a SIGINT came while :func:`catching` was open (in any thread's view)."""
-  if _STATE.depth == 0:
+  if not _STATE.active:
     return False
   _STATE.seen = _STATE.seen or _STATE.drain()
   return _STATE.seen

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 
 from hdm_optax import _info
+from hdm_optax.driver import protocol
 
 __all__ = (
   "SolveResult",
@@ -110,13 +111,23 @@ _RECENT_NULL_SHARE = 0.5
 _COLLAPSED_PRECOND = 1e-20
 
 
-def _stall_notes(status: Status, null_run: int, recent, precond, values=None) -> list:
+def _stall_notes(
+  status: Status, null_run: int, recent, precond, values=None, nonfinite: int = 0
+) -> list:
   """What a run that did not converge says about stalling (``recent``: the last updates'
-  accepted flags; ``values``: f after them)."""
+  accepted flags; ``values``: f after them; ``nonfinite``: the trials since the last
+  accepted update that met a non-finite f or grad f)."""
   if status not in (Status.MAX_STEPS, Status.STALLED):
     return []
   notes = []
-  if values is not None and values.size >= _RECENT_STEPS and np.all(values == values[0]):
+  if null_run and 2 * nonfinite > null_run:  # the stall's cause; a rounding note would mislead
+    notes.append(
+      f"{min(nonfinite, null_run)} of the {null_run} trials since the last accepted update "
+      "met a non-finite f or grad f (NaN or inf): f is finite at the reported point but not "
+      "where the steps tried went; check what fun (or its gradient) returns near x, or bound "
+      "x away from where it is not finite"
+    )
+  elif values is not None and values.size >= _RECENT_STEPS and np.all(values == values[0]):
     notes.append(
       f"f has not changed over the last {values.size} steps: the steps are below the "
       "rounding of x (scale f or the variables, or raise the method's step size)"
@@ -254,8 +265,9 @@ class SolveResult(NamedTuple):
       status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
+      nonfinite = int(np.sum(protocol.nonfinite_trials(state_of(i))))
       notes += _stall_notes(
-        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window]
+        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window], nonfinite
       )
       head = status.message
       if status == Status.NON_FINITE:

@@ -38,6 +38,7 @@ import os
 import pickle
 import stat
 import tempfile
+import time
 import types
 import warnings
 from typing import Any, Optional
@@ -61,6 +62,10 @@ def counts() -> dict:
 
 
 _SUFFIX = ".program"
+# A write in progress; one older than this (a write takes well under a second) was left by
+# a process that died while writing.
+_PARTIAL = ".partial"
+_ABANDONED_SECONDS = 3600.0
 DEFAULT_MB = 512
 _MAGIC = b"hdm_optax program\n"
 # Modules whose classes a stored program may name (pickle's find_class).
@@ -340,7 +345,7 @@ def save(key: Optional[str], compiled) -> bool:
 
 def _write(folder: str, name: str, data: bytes) -> None:
   """Writes ``name`` whole or not at all (a temporary file renamed; removed if interrupted)."""
-  handle, temporary = tempfile.mkstemp(dir=folder, suffix=".partial")
+  handle, temporary = tempfile.mkstemp(dir=folder, suffix=_PARTIAL)
   try:
     with os.fdopen(handle, "wb") as file:
       file.write(data)
@@ -365,13 +370,22 @@ def _limit_bytes() -> int:
 
 def _trim(folder: str, limit: int, keep: str) -> None:
   """Removes the least recently used programs of ``folder`` (oldest modification time
-  first) until they hold at most ``limit`` bytes; ``keep``, the one just written, stays."""
-  programs = []
+  first) until they hold at most ``limit`` bytes; ``keep``, the one just written, stays.
+
+  Also removes the temporary files of writes that never finished (older than
+  :data:`_ABANDONED_SECONDS`): a process killed while writing leaves its ``.partial`` file,
+  which no bound would count otherwise.
+  """
+  programs, now = [], time.time()
   for entry in os.scandir(folder):
-    if entry.name.endswith(_SUFFIX) and entry.is_file(follow_symlinks=False):
-      with contextlib.suppress(OSError):
-        info = entry.stat(follow_symlinks=False)
+    if not entry.is_file(follow_symlinks=False):
+      continue
+    with contextlib.suppress(OSError):
+      info = entry.stat(follow_symlinks=False)
+      if entry.name.endswith(_SUFFIX):
         programs.append((info.st_mtime, info.st_size, entry.name))
+      elif entry.name.endswith(_PARTIAL) and now - info.st_mtime > _ABANDONED_SECONDS:
+        os.remove(entry.path)
   total = sum(size for _, size, _ in programs)
   for _, size, name in sorted(programs):
     if total <= limit:
