@@ -730,16 +730,53 @@ def below_resolution(step, x) -> bool:
   return bool(np.all(np.abs(step) <= RESOLUTION * np.abs(x)))
 
 
+def noise_seen(fx, f_t, d0, d1, curvature=0.9) -> float:
+  """|f+ - f - (d0 + d1)/2| where d0 < 0 and |d1 - d0| <= (1 - curvature) |d0|, else 0."""
+  linear = d0 < 0 and abs(d1 - d0) <= (1 - curvature) * abs(d0)
+  return abs(f_t - fx - (d0 + d1) / 2) if linear else 0.0
+
+
+def _within_noise(run, fx, f_t, d0, d1, curvature) -> bool:
+  """After two null steps in a row (``run`` = (nulls, their largest noise_seen)), an increase
+  within that noise along which the slope shrank."""
+  nulls, noise = run
+  flat = d0 < 0 and abs(d1) <= curvature * abs(d0)
+  return nulls >= 2 and noise > 0 and flat and f_t - fx <= noise
+
+
+def _next_run(run, accepted, finite, fx, f_t, d0, d1, curvature):
+  """The null run's (count, noise) after a trial: (0, 0) after an accepted one."""
+  if accepted:
+    return 0, 0.0
+  seen = noise_seen(fx, f_t, d0, d1, curvature) if finite else 0.0
+  return run[0] + 1, max(run[1], seen)
+
+
 def _learn_trial(
-  f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size, lost=False
+  f_t,
+  g_t,
+  fx,
+  g,
+  step,
+  pairs,
+  gamma,
+  band,
+  curvature,
+  pair_tol,
+  agree,
+  memory_size,
+  lost=False,
+  run=(0, 0.0),
 ):
   """trial_lbfgs on a finite trial: (accepted, d0, d1, y, <s, y>, kept, pairs, gamma) after it.
 
   The pair is kept where its curvature passes and the trial was accepted or, rejected, the
   cubic's and the secant's minimisers along s agree, and the step is not ``lost`` (below x's
-  resolution); gamma scales from a kept accepted pair."""
+  resolution); gamma scales from a kept accepted pair. ``run``: the null run before it
+  (:func:`_within_noise`)."""
   accepted, y, sy, curved = _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol)
   d0, d1 = float(g @ step), float(g_t @ step)
+  accepted = accepted or _within_noise(run, fx, f_t, d0, d1, curvature)
   kept = curved and not lost and (accepted or _agree(fx, f_t, d0, d1, agree))
   pairs, gamma = _remember(pairs, gamma, step, y, sy, kept and accepted, kept, memory_size)
   return accepted, d0, d1, y, sy, kept, pairs, gamma
@@ -862,7 +899,8 @@ def trial_lbfgs_reference(
   one min(1, 1/||g||). A pair is kept when <s, y> > pair_tol ||s|| ||y|| and the
   trial was accepted or its cubic and secant minimisers along s agree within
   ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
-  |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule``. A step that moves no coordinate
+  |<g+, s>| <= curvature |<g, s>|, or, after two null steps in a row, f+ - f at most the
+  largest :func:`noise_seen` of those null steps and |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule``. A step that moves no coordinate
   by more than 1024 eps of it (:func:`below_resolution`), or that leaves the gradient as it
   was, restarts: no pair kept, the memory emptied, gamma from the gradient again, alpha = 1.
   ``diagonal``: ``(gate, bound)`` of H_0 = :func:`pairs_diagonal_reference` (trial_lbfgs()'s
@@ -871,7 +909,7 @@ def trial_lbfgs_reference(
   x = np.array(x0, dtype=np.float64)
   fx, g, _ = _oracle(f, grad, x)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
-  gamma, alpha, calls = 0.0, 1.0, 0
+  gamma, alpha, calls, run = 0.0, 1.0, 0, (0, 0.0)
   out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[], restarts=[])
   for _ in range(steps):
     h0 = _first_gamma(gamma, g)
@@ -885,8 +923,22 @@ def trial_lbfgs_reference(
     lost = finite and (below_resolution(step, x) or not np.any(g_t != g))
     if finite:
       accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
-        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size, lost
+        f_t,
+        g_t,
+        fx,
+        g,
+        step,
+        pairs,
+        gamma,
+        band,
+        curvature,
+        pair_tol,
+        agree,
+        memory_size,
+        lost=lost,
+        run=run,
       )
+    run = _next_run(run, accepted, finite, fx, f_t, d0, d1, curvature)
     alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if lost:
       pairs, gamma, alpha = [], 0.0, 1.0
@@ -937,7 +989,7 @@ def trial_lbfgs_box_reference(
   x = np.clip(np.array(x0, dtype=np.float64), lower, upper)
   fx, g, _ = _oracle(f, grad, x)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
-  gamma, alpha, calls = 0.0, 1.0, 0
+  gamma, alpha, calls, run = 0.0, 1.0, 0, (0, 0.0)
   out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[])
   for _ in range(steps):
     free = ~(((x <= lower) & (g > 0)) | ((x >= upper) & (g < 0)))
@@ -959,11 +1011,12 @@ def trial_lbfgs_box_reference(
     d0 = d1 = math.nan
     if finite:
       accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
-        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size
+        f_t, g_t, fx, g, step, pairs, gamma, band, curvature, pair_tol, agree, memory_size, run=run
       )
       sy_free = float(np.where(free, step, 0.0) @ np.where(free, y, 0.0))
       if kept and accepted and sy_free > 0:  # the scale of the pair restricted to F
         gamma = sy_free / float(np.where(free, y, 0.0) @ np.where(free, y, 0.0))
+    run = _next_run(run, accepted, finite, fx, f_t, d0, d1, curvature)
     alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
     if accepted:
       x, fx, g = x + step, f_t, g_t

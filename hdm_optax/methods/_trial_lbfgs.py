@@ -55,15 +55,20 @@ def trial_lbfgs(
     :func:`~hdm_optax.pieces.lbfgs.step_rule.evidence_step`), from f, f+ and the slopes
     :math:`\langle \nabla f(x), s\rangle`, :math:`\langle \nabla f(x^+), s\rangle`: it
     accepts a trial that does not increase f, or increases it within rounding while the
-    slope shrank; it sets the next alpha (extrapolated while an accepted trial's slope stays
-    steep, interpolated by the cubic along s after a null step, halved after a non-finite
-    trial); it trusts a rejected trial's pair only where the cubic and the secant agree on
+    slope shrank, or, after two null steps in a row, within the noise those null steps
+    showed (the part of f+ - f their slopes cannot explain where they say f is linear along
+    s) while the slope shrank; it sets the next alpha (extrapolated while an accepted
+    trial's slope stays steep, interpolated by the cubic along s after a null step, halved
+    after a non-finite trial); it trusts a rejected trial's pair only where the cubic and the secant agree on
     where the minimum along s lies.
 
   From HDM (Algorithms 1 and 4 of Chu et al.) it keeps the trial point, the null step and
   one oracle call per iteration; HDM's learned preconditioner P becomes :math:`\alpha H_m`.
   From L-BFGS it keeps the operator; it takes pairs from rejected trials too, and accepts a
-  trial on the value and its slope instead of the Wolfe conditions.
+  trial on the value and its slope instead of the Wolfe conditions. A departure from both:
+  where f's evaluation noise exceeds the decrease left (terms that cancel), it accepts an
+  increase of f within the noise it measured on its own null steps; the value reported is
+  still f at the reported point.
 
   Bounds (``lower=``, ``upper=``): the trial is projected onto the box,
   :math:`x^+ = P(x - \alpha d)`, with :math:`d = H_F u` on the free variables (not at a

@@ -237,11 +237,14 @@ class StepRule(NamedTuple):
     step_size: ``step_size(state) -> factor`` (a 0-d array of the params' dtype).
     judge: ``judge(state, evidence) -> Verdict``: whether the trial is accepted, the
       next state and whether its pair may be kept.
+    restart: ``restart(state, dtype) -> state``, the state after a restart of the direction
+      (default ``None``: ``init(dtype)``), for a rule that carries what a restart leaves true.
   """
 
   init: Callable[[Any], Any]
   step_size: Callable[[Any], jax.Array]
   judge: Callable[[Any, Evidence], Verdict]
+  restart: Optional[Callable[[Any, Any], Any]] = None
 
 
 class IterationState(NamedTuple):
@@ -409,12 +412,13 @@ def _update(parts: _Parts, updates, state, params, *, value=None, grad=None, val
 
 def _next_state(parts: _Parts, state, packed, learned, verdict, trial, seen, ctx):
   """The state after the update: the trial's value and gradient where it was accepted."""
-  dtype, accepted = state.value.dtype, verdict.accepted
+  dtype, accepted, rule = state.value.dtype, verdict.accepted, parts.step_rule
   hypergrad_norm = learned.hypergrad_norm
+  fresh = rule.init(dtype) if rule.restart is None else rule.restart(verdict.state, dtype)
   return IterationState(
     count=state.count + (~trial.probe).astype(jnp.int32),
     direction=packed.unpack_as(learned.state, state.direction),
-    rule=_numerics.keep_if(learned.restart, parts.step_rule.init(dtype), verdict.state),
+    rule=_numerics.keep_if(learned.restart, fresh, verdict.state),
     value=jnp.where(accepted, trial.value, ctx.value).astype(dtype),
     grad=_numerics.keep_if(accepted, trial.grad, ctx.grad),
     info=_info.next_info(

@@ -18,7 +18,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,12 +28,20 @@ from hdm_optax import _numerics
 from hdm_optax.pieces import shell
 
 __all__ = (
+  "EvidenceState",
   "cubic_minimiser",
   "curvature_checked",
   "evidence_step",
   "models_agree",
+  "noise_sample",
   "secant_minimiser",
 )
+
+# The strong Wolfe constant of the acceptance test (curvature_checked's default).
+_WOLFE = 0.9
+# The null steps in a row after which an increase within f's noise may be accepted: one null
+# step is the ordinary interpolation; a second means the cubic's step failed as well.
+_NULL_RUN = 2
 
 
 def secant_minimiser(slope, trial_slope):
@@ -152,6 +160,63 @@ def _null_factor(cubic, secant, agreed, lo, hi, shrink):
   return jnp.where(jnp.isfinite(t), jnp.clip(t, lo, hi), shrink)
 
 
+class EvidenceState(NamedTuple):
+  """:func:`evidence_step`'s state.
+
+  Attributes:
+    alpha: the factor of the next trial.
+    nulls: the null steps in a row (a restart of the direction's memory keeps it).
+    noise: the largest :func:`noise_sample` of those null steps (0 after an accepted trial).
+  """
+
+  alpha: jax.Array
+  nulls: jax.Array
+  noise: jax.Array
+
+
+def noise_sample(value, trial_value, slope, trial_slope, curvature: Any = 0.9) -> jax.Array:
+  r"""f's noise seen by one trial: :math:`|f^+ - f - (d_0 + d_1)/2|` where the slope barely moved.
+
+  Where :math:`d_0 < 0` and :math:`|d_1 - d_0| \le (1 - c)\,|d_0|` (c = ``curvature``), the
+  gradient says f is linear along s to within a tenth of its slope, so the trapezoid
+  :math:`(d_0 + d_1)/2` predicts :math:`f^+ - f` to within :math:`(1 - c)|d_0|/2`; what the
+  values differ by beyond that is f's evaluation noise (rounding that the gradient does not
+  carry). 0 elsewhere, and where a value is not finite. A jump of f (a discontinuity) moves
+  the gradient too, so its trials are not samples.
+
+  Examples:
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> float(step_rule.noise_sample(0.0, 0.5, -0.25, -0.25))  # up 0.5 where it falls 0.25
+    0.75
+    >>> float(step_rule.noise_sample(1.0, 0.5, -1.0, 0.0))  # the slope moved: no sample
+    0.0
+  """
+  value, trial_value = jnp.asarray(value), jnp.asarray(trial_value)
+  slope, trial_slope = jnp.asarray(slope), jnp.asarray(trial_slope)
+  moved = jnp.abs(trial_slope - slope)
+  linear = (slope < 0) & (moved <= (1 - curvature) * jnp.abs(slope))
+  finite = jnp.isfinite(trial_value) & jnp.isfinite(value) & jnp.isfinite(trial_slope)
+  rise = jnp.where(finite, trial_value - value - (slope + trial_slope) / 2, 0)
+  return jnp.where(finite & linear, jnp.abs(rise), 0).astype(value.dtype)
+
+
+def _within_noise(state: EvidenceState, e, curvature) -> jax.Array:
+  """After a null run, an increase within the run's noise along which the slope shrank."""
+  flat = (e.slope < 0) & (jnp.abs(e.trial_slope) <= curvature * jnp.abs(e.slope))
+  rise = e.trial_value - e.value
+  quiet = (state.noise > 0) & (rise <= state.noise)
+  return (state.nulls >= _NULL_RUN) & flat & quiet
+
+
+def _next_state(state: EvidenceState, e, accepted, alpha, curvature) -> EvidenceState:
+  """alpha, and the null run's count and noise (both 0 after an accepted trial)."""
+  seen = noise_sample(e.value, e.trial_value, e.slope, e.trial_slope, curvature)
+  seen = jnp.where(e.finite & ~e.probe, seen, 0)
+  noise = jnp.where(accepted, 0, jnp.maximum(state.noise, seen)).astype(state.noise.dtype)
+  nulls = jnp.where(accepted, 0, state.nulls + (~e.probe).astype(state.nulls.dtype))
+  return EvidenceState(alpha=alpha, nulls=nulls, noise=noise)
+
+
 def evidence_step(
   shrink: float = 0.5,
   steep: float = 0.9,
@@ -163,7 +228,17 @@ def evidence_step(
   r"""trial_lbfgs's step rule: accept, alpha and the pair's trust from f, f+, :math:`d_0, d_1`.
 
   *Acceptance*: :func:`curvature_checked` (no increase of f, or one within rounding along
-  which the slope shrank), for a finite trial that is no probe.
+  which the slope shrank), for a finite trial that is no probe. After two or more null steps
+  in a row (restarts of the memory included: x has not moved), also an increase within f's
+  noise along which the slope shrank (:math:`d_0 < 0`, :math:`|d_1| \le 0.9\,|d_0|`): the
+  noise is the largest :func:`noise_sample` of the null run's trials, the part of
+  :math:`f^+ - f` that the slopes cannot explain where they say f is linear along s. Where f
+  is computed from terms that cancel (CUTEst's PENALTY3: terms of 1e9, f = -1e-3), its
+  rounding exceeds the decrease left and every trial near x compares higher than a value of
+  f(x) that was rounded low; the slopes (the gradient is not rounded with them) still say
+  where f goes down. *Departure*: neither HDM nor L-BFGS accepts an increase of f; the
+  value reported is still f at the reported point. A jump of f moves the gradient too, so
+  the run's noise stays 0 on a discontinuity whose trials are all that it sees.
 
   *The pair*: an accepted trial's pair may be kept; a rejected trial's only where the cubic
   through f, f+, :math:`d_0, d_1` and the secant of the slopes agree on where the minimum
@@ -190,7 +265,8 @@ def evidence_step(
     agree: the factor within which the cubic and the secant must agree, >= 1.
 
   Returns:
-    A :class:`hdm_optax.pieces.shell.StepRule` whose state is alpha.
+    A :class:`hdm_optax.pieces.shell.StepRule` whose state is an :class:`EvidenceState`
+    (alpha, the null steps in a row and their noise).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -201,11 +277,14 @@ def evidence_step(
     ...   jnp.asarray(1.0), jnp.asarray(0.5), None, None, None, jnp.asarray(-1.0),
     ...   jnp.asarray(-0.95), jnp.asarray(True), jnp.asarray(False))
     >>> verdict = rule.judge(rule.init(jnp.float32), evidence)
-    >>> bool(verdict.accepted), float(verdict.state), bool(verdict.keep_pair)
+    >>> bool(verdict.accepted), float(verdict.state.alpha), bool(verdict.keep_pair)
     (True, 4.0, True)
 
   References:
-    Nocedal and Wright, *Numerical Optimization*, 2nd ed., Section 3.5.
+    Nocedal and Wright, *Numerical Optimization*, 2nd ed., Section 3.5; Hager and Zhang,
+    SIAM J. Optim. 16(1), 2005 (the approximate Wolfe conditions: a decision by slopes
+    where the values cannot decide); More and Wild, SIAM J. Sci. Comput. 33(3), 2011
+    (f's noise estimated from its values along a line).
   """
   lo, hi = bracket
   _checks.check_interval("shrink", shrink, 0, 1, lo_open=True, hi_open=True)
@@ -214,10 +293,11 @@ def evidence_step(
   _checks.check_at_least("agree", agree, 1)
   _checks.check_finite("agree", agree)
 
-  def judge(alpha, evidence):
-    e = evidence
+  def judge(state, evidence):
+    e, alpha = evidence, state.alpha
     c = lambda x: _numerics.cast(x, e.value.dtype)
-    test = curvature_checked(e.value, e.trial_value, e.slope, e.trial_slope)
+    test = curvature_checked(e.value, e.trial_value, e.slope, e.trial_slope, curvature=_WOLFE)
+    test = test | _within_noise(state, e, _WOLFE)
     accepted = ~e.probe & e.finite & test
     cubic = cubic_minimiser(e.value, e.trial_value, e.slope, e.trial_slope)
     secant = secant_minimiser(e.slope, e.trial_slope)
@@ -227,10 +307,15 @@ def evidence_step(
     null = _null_factor(cubic, secant, agreed, lo, hi, shrink)
     factor = jnp.where(e.finite, null, shrink)
     new = jnp.where(accepted, jnp.minimum(up, max_step), alpha * factor)
-    return shell.Verdict(
-      accepted=accepted, state=new.astype(alpha.dtype), keep_pair=accepted | agreed
-    )
+    nxt = _next_state(state, e, accepted, new.astype(alpha.dtype), _WOLFE)
+    return shell.Verdict(accepted=accepted, state=nxt, keep_pair=accepted | agreed)
+
+  def init(dtype):
+    return EvidenceState(jnp.ones([], dtype), jnp.zeros([], jnp.int32), jnp.zeros([], dtype))
+
+  def restart(state, dtype):  # x stays: the null run and its noise go on
+    return init(dtype)._replace(nulls=state.nulls, noise=state.noise)
 
   return shell.StepRule(
-    init=lambda dtype: jnp.ones([], dtype), step_size=lambda alpha: alpha, judge=judge
+    init=init, step_size=lambda state: state.alpha, judge=judge, restart=restart
   )
