@@ -150,8 +150,9 @@ def check_packed_memory(mesh, steps=30):
 
 
 def check_batch_over_devices():
-  """solve_batch and sweep with devices=: each device retires its own members; the
-  answers are the one-device ones (the batch of 37 is padded to 40 for 8 devices)."""
+  """solve_batch and sweep with devices=: each device retires its own members; solve_batch's
+  answers are the one-device ones (the batch of 37 is padded to 40 for 8 devices), sweep's
+  within what the stopping test allows (below)."""
   rng = np.random.default_rng(1)
   scales = jnp.asarray(10 ** rng.uniform(0, 3, (37, 5)))
   fun = lambda x, d: jnp.sum(d * (x - 1.0) ** 2) + 0.1 * jnp.sum(x**4)
@@ -169,7 +170,13 @@ def check_batch_over_devices():
   )
   one, many = sweep(), sweep(devices=jax.devices()[:4])
   err = float(jnp.max(jnp.abs(many.results.params - one.results.params)))
-  assert err < 1e-6 and bool(jnp.all(many.results.converged)), err
+  # The members run in a program partitioned over four devices, whose sums may round apart
+  # from the one-device program's, and a member's path may then part from it. Both stop at
+  # ||grad f||_inf <= tol; f is separable with curvature >= 2 in every coordinate (scales
+  # >= 1), so each answer is within tol / 2 of the minimiser in every coordinate.
+  tol = 1e-4  # solve's default
+  assert bool(jnp.all(one.results.converged)) and bool(jnp.all(many.results.converged))
+  assert err <= tol, err
   print(f"batches over devices: solve_batch err {err:.1e}")
 
 

@@ -179,10 +179,11 @@ def noise_sample(value, trial_value, slope, trial_slope, curvature: Any = 0.9) -
 
   Where :math:`d_0 < 0` and :math:`|d_1 - d_0| \le (1 - c)\,|d_0|` (c = ``curvature``), the
   gradient says f is linear along s to within a tenth of its slope, so the trapezoid
-  :math:`(d_0 + d_1)/2` predicts :math:`f^+ - f` to within :math:`(1 - c)|d_0|/2`; what the
-  values differ by beyond that is f's evaluation noise (rounding that the gradient does not
-  carry). 0 elsewhere, and where a value is not finite. A jump of f (a discontinuity) moves
-  the gradient too, so its trials are not samples.
+  :math:`(d_0 + d_1)/2` predicts :math:`f^+ - f` of a smooth f to within
+  :math:`(1 - c)|d_0|/2`; a residual far above that is f's evaluation noise (rounding that
+  the gradient does not carry). The sample is the whole residual, a smooth f's share
+  included. 0 elsewhere, and where a value is not finite. A jump of f (a discontinuity)
+  moves the gradient too, so its trials are not samples.
 
   Examples:
     >>> from hdm_optax.pieces.lbfgs import step_rule
