@@ -906,8 +906,9 @@ def test_the_update_program_grows_by_a_few_operations_per_leaf():
   """trial_lbfgs's update on 4 and 24 leaves: the memory, the operator and the pairs work
   on the leaves packed into one vector, so a leaf adds only the operations at the edges (the
   trial point, the packing, the selects of a null step): under 60 equations a leaf (750
-  when the memory worked leaf by leaf, and XLA's compile grew faster than that)."""
-  opt = hdm_optax.trial_lbfgs()
+  when the memory worked leaf by leaf, and XLA's compile grew faster than that). m is given:
+  the default follows n, which the leaves change."""
+  opt = hdm_optax.trial_lbfgs(memory_size=10)
   per_leaf = (_update_size(opt, 24) - _update_size(opt, 4)) / 20
   assert per_leaf < 60, per_leaf
 

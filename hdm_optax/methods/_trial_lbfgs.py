@@ -16,12 +16,14 @@ __all__ = ("trial_lbfgs",)
 
 # The default memory: more pairs where n is small (measured on the development lists:
 # docs/research/trial_lbfgs.md, "The memory by the problem's size").
-_SMALL_N, _SMALL_N_PAIRS, _PAIRS = 1000, 30, 10
+_SMALL_N, _MOST_PAIRS, _PAIRS = 1000, 30, 10
 
 
 def memory_by_size(n: int) -> int:
-  """``trial_lbfgs``'s default m: 30 pairs where the params have at most 1000 entries, 10 above."""
-  return _SMALL_N_PAIRS if n <= _SMALL_N else _PAIRS
+  """``trial_lbfgs``'s default m: as many pairs as the params have entries, from 10 to 30,
+  where they have at most 1000 entries; 10 above. Not more pairs than entries where n >= 10,
+  which would switch off the pairs' diagonal."""
+  return min(max(n, _PAIRS), _MOST_PAIRS) if n <= _SMALL_N else _PAIRS
 
 
 @programs.configured
@@ -95,9 +97,10 @@ def trial_lbfgs(
   nothing but alpha.
 
   Args:
-    memory_size: m, the number of pairs kept; ``None``: 30 where the params have at most
-      1000 entries, 10 above (a default that ``optax.inject_hyperparams`` leaves as it is;
-      the operator's work is 7m passes over n per update). It sets the state's shapes: a number given
+    memory_size: m, the number of pairs kept; ``None``: n clipped to [10, 30] where the
+      params have n <= 1000 entries, 10 above (a default that ``optax.inject_hyperparams``
+      leaves as it is; the operator's work is about 7m passes over n per update). It sets
+      the state's shapes: a number given
       to ``optax.inject_hyperparams(trial_lbfgs)`` is injected as an array, which an
       ``init`` under ``jax.jit`` (as in ``hdm_optax.solve``) cannot read; name it in
       ``static_args=("memory_size",)``.
