@@ -115,8 +115,8 @@ def _pairs_count(memory_size) -> Union[int, Callable[[int], int], None]:
     memory_size = int(memory_size)
   if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
     raise ValueError(
-      f"memory_size must be an int >= 1 or a function of the params' size n returning one, "
-      f"got {memory_size!r}; pass e.g. memory_size=10."
+      f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10 (or a "
+      "function of the params' number of entries n that returns one)."
     )
   return memory_size
 
