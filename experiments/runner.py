@@ -205,7 +205,7 @@ class _Configured:
   For a solver whose expression uses neither ``L`` nor ``F_STAR`` and builds a
   transformation that compares by its configuration (every hdm_optax factory), two rows
   of equal configuration (``'trial_lbfgs'``, ``'trial_lbfgs()'``,
-  ``'trial_lbfgs(memory_size=10)'``) are one program.
+  ``'trial_lbfgs(memory_size=None)'``) are one program.
   """
 
   transformation: Any

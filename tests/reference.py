@@ -38,6 +38,7 @@ Conventions shared by all algorithms
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -883,7 +884,7 @@ def trial_lbfgs_reference(
   x0,
   steps: int,
   *,
-  memory_size: int = 10,
+  memory_size: Optional[int] = None,
   pair_tol: float = 1e-10,
   band: float = 1e-10,
   curvature: float = 0.9,
@@ -904,9 +905,15 @@ def trial_lbfgs_reference(
   by more than 1024 eps of it (:func:`below_resolution`), or that leaves the gradient as it
   was, restarts: no pair kept, the memory emptied, gamma from the gradient again, alpha = 1.
   ``diagonal``: ``(gate, bound)`` of H_0 = :func:`pairs_diagonal_reference` (trial_lbfgs()'s
-  default), or None for H_0 = gamma I.
+  default; not where x has fewer entries than pairs), or None for H_0 = gamma I.
+  ``memory_size`` None: trial_lbfgs()'s, x's size clipped to [10, 30] where it is at most
+  1000, 10 above.
   """
   x = np.array(x0, dtype=np.float64)
+  if memory_size is None:
+    memory_size = min(max(x.size, 10), 30) if x.size <= 1000 else 10
+  if x.size < memory_size:
+    diagonal = None
   fx, g, _ = _oracle(f, grad, x)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
   gamma, alpha, calls, run = 0.0, 1.0, 0, (0, 0.0)

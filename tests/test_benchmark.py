@@ -610,12 +610,12 @@ def test_jaxopt_row_counts_every_evaluation_of_its_line_search(tmp_path):
 
 
 def test_rows_of_equal_configuration_share_one_program(monkeypatch):
-  """'trial_lbfgs', 'trial_lbfgs()' and 'trial_lbfgs(memory_size=10)' are one configuration:
-  one compiled program, the same rows; another memory_size and rows that use L keep their own."""
+  """'trial_lbfgs', 'trial_lbfgs()' and 'trial_lbfgs(memory_size=None)' are one configuration:
+  one compiled program, the same rows; a memory_size given and rows that use L keep their own."""
   monkeypatch.setattr(runner, "COMPILE_OPTIONS", FAST_COMPILE)
   inst = _two_start_instance()
   runner._COMPILED.clear()
-  names = ("trial_lbfgs", "trial_lbfgs()", "trial_lbfgs(memory_size=10)")
+  names = ("trial_lbfgs", "trial_lbfgs()", "trial_lbfgs(memory_size=None)")
   outs = [runner.run_optax(solvers.get(name), inst, runner.BUDGET) for name in names]
   assert len(runner._COMPILED) == 1
   assert outs[0][1] > 0 and outs[1][1] == outs[2][1] == 0.0  # compile seconds

@@ -163,7 +163,8 @@ def test_inject_hyperparams_trial_lbfgs_needs_no_static_args():
   assert set(got.state.hyperparams) == {"pair_tol"}
   pair_tol = got.state.hyperparams["pair_tol"]
   assert pair_tol.dtype == x0.dtype and float(pair_tol) == float(jnp.asarray(1e-10, x0.dtype))
-  assert hdm_optax.trial_lbfgs() == hdm_optax.trial_lbfgs(memory_size=10)
+  assert hdm_optax.trial_lbfgs() == hdm_optax.trial_lbfgs(memory_size=None)
+  assert hdm_optax.trial_lbfgs() != hdm_optax.trial_lbfgs(memory_size=10)  # m follows n
 
 
 def test_inject_hyperparams_trial_lbfgs_memory_size():

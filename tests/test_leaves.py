@@ -110,7 +110,7 @@ def _update_equations(opt, leaves: int) -> int:
     hdm_optax.hdm,
     hdm_optax.hdm_hb,
     lambda: hdm_optax.hdm_agd(lipschitz=1.0),
-    hdm_optax.trial_lbfgs,
+    lambda: hdm_optax.trial_lbfgs(memory_size=10),  # the default m follows n
   ],
 )
 def test_an_update_grows_by_its_edges_per_leaf_not_by_its_work(make):

@@ -906,8 +906,9 @@ def test_the_update_program_grows_by_a_few_operations_per_leaf():
   """trial_lbfgs's update on 4 and 24 leaves: the memory, the operator and the pairs work
   on the leaves packed into one vector, so a leaf adds only the operations at the edges (the
   trial point, the packing, the selects of a null step): under 60 equations a leaf (750
-  when the memory worked leaf by leaf, and XLA's compile grew faster than that)."""
-  opt = hdm_optax.trial_lbfgs()
+  when the memory worked leaf by leaf, and XLA's compile grew faster than that). m is given:
+  the default follows n, which the leaves change."""
+  opt = hdm_optax.trial_lbfgs(memory_size=10)
   per_leaf = (_update_size(opt, 24) - _update_size(opt, 4)) / 20
   assert per_leaf < 60, per_leaf
 
@@ -953,3 +954,31 @@ def test_a_leaf_a_mask_before_it_holds_stays_where_it_is(box):
     0
   ]
   np.testing.assert_allclose(np.asarray(res.params["v"]), expected, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+  "n, pairs", [(2, 10), (10, 10), (11, 11), (22, 22), (30, 30), (134, 30), (1000, 30), (1001, 10)]
+)
+def test_the_default_memory_follows_the_number_of_entries(n, pairs):
+  """m = n clipped to [10, 30] up to n = 1000, 10 above; n counts every leaf's entries, and
+  the pairs' diagonal stays on wherever n >= 10 (never more pairs than entries there)."""
+  split = {"a": jnp.zeros(n // 2), "b": jnp.zeros(n - n // 2)}
+  for params in (jnp.zeros(n), split):
+    state = hdm_optax.trial_lbfgs().init(params)
+    (memory,) = [s for s in jax.tree.leaves(state, is_leaf=_is_memory) if _is_memory(s)]
+    assert memory.rho.shape == (pairs,)
+    assert n < 10 or pairs <= n
+
+
+def _is_memory(node):
+  return type(node).__name__ == "SecantMemory"
+
+
+def test_a_memory_size_function_is_called_with_n_and_checked():
+  seen = []
+  opt = hdm_optax.trial_lbfgs(memory_size=lambda n: seen.append(n) or 4)
+  state = opt.init({"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)})
+  (memory,) = [s for s in jax.tree.leaves(state, is_leaf=_is_memory) if _is_memory(s)]
+  assert seen == [8] and memory.rho.shape == (4,)
+  with pytest.raises(ValueError, match=r"memory_size must be an int >= 1.*got 0"):
+    hdm_optax.trial_lbfgs(memory_size=lambda n: 0).init(jnp.zeros(3))

@@ -161,11 +161,7 @@ class _Call:
     return f"{self.factory.__name__}({shown})"
 
 
-def configured(
-  factory: Optional[Callable[..., optax.GradientTransformation]] = None,
-  *,
-  none_means: Optional[dict[str, Any]] = None,
-):
+def configured(factory: Callable[..., optax.GradientTransformation]):
   """Decorates a factory: its transformations carry their configuration.
 
   The factory returns a :class:`ConfiguredTransformation` that compares equal to
@@ -181,20 +177,12 @@ def configured(
   so a NumPy array edited in place is seen.
 
   Args:
-    factory: a function returning an ``optax.GradientTransformationExtraArgs``; left out,
-      ``configured(none_means=...)`` is the decorator.
-    none_means: the values that ``None`` stands for, by argument name (a default of
-      ``None`` that ``optax.inject_hyperparams`` leaves as it is, where a number would be
-      injected as an array): ``None`` and the value are one configuration
-      (``trial_lbfgs() == trial_lbfgs(memory_size=10)``).
+    factory: a function returning an ``optax.GradientTransformationExtraArgs``.
 
   Returns:
     The factory, with its name, docstring and signature.
   """
-  if factory is None:
-    return functools.partial(configured, none_means=none_means)
   signature = inspect.signature(factory)
-  means = dict(none_means or {})
 
   @functools.wraps(factory)
   def build(*args, **kwargs):
@@ -206,11 +194,7 @@ def configured(
     for name, value in bound.arguments.items():
       bound.arguments[name] = _copied(value)
     transformation = factory(*bound.args, **bound.kwargs)
-    arguments = dict(bound.arguments)
-    for name, value in means.items():
-      if arguments[name] is None:
-        arguments[name] = value
-    configuration = _Call(build, arguments)
+    configuration = _Call(build, dict(bound.arguments))
     return ConfiguredTransformation(transformation.init, transformation.update, configuration)
 
   return build

@@ -14,10 +14,19 @@ from hdm_optax.pieces.lbfgs import step_rule as step_rule_lib
 
 __all__ = ("trial_lbfgs",)
 
-_MEMORY_SIZE = 10
+# The default memory: more pairs where n is small (measured on the development lists:
+# docs/research/trial_lbfgs.md, "The memory by the problem's size").
+_SMALL_N, _MOST_PAIRS, _PAIRS = 1000, 30, 10
 
 
-@programs.configured(none_means={"memory_size": _MEMORY_SIZE})
+def memory_by_size(n: int) -> int:
+  """``trial_lbfgs``'s default m: as many pairs as the params have entries, from 10 to 30,
+  where they have at most 1000 entries; 10 above. Not more pairs than entries where n >= 10,
+  which would switch off the pairs' diagonal."""
+  return min(max(n, _PAIRS), _MOST_PAIRS) if n <= _SMALL_N else _PAIRS
+
+
+@programs.configured
 def trial_lbfgs(
   memory_size: Optional[int] = None,
   *,
@@ -88,8 +97,10 @@ def trial_lbfgs(
   nothing but alpha.
 
   Args:
-    memory_size: m, the number of pairs kept; ``None``: 10 (a default that
-      ``optax.inject_hyperparams`` leaves as it is). It sets the state's shapes: a number given
+    memory_size: m, the number of pairs kept; ``None``: n clipped to [10, 30] where the
+      params have n <= 1000 entries, 10 above (a default that ``optax.inject_hyperparams``
+      leaves as it is; the operator's work is about 7m passes over n per update). It sets
+      the state's shapes: a number given
       to ``optax.inject_hyperparams(trial_lbfgs)`` is injected as an array, which an
       ``init`` under ``jax.jit`` (as in ``hdm_optax.solve``) cannot read; name it in
       ``static_args=("memory_size",)``.
@@ -137,7 +148,7 @@ def trial_lbfgs(
     2010 (the bounded step).
   """
   if memory_size is None:
-    memory_size = _MEMORY_SIZE
+    memory_size = memory_by_size
   direction = direction_lib.lbfgs_direction(
     memory_size, pair_tol=pair_tol, lower=lower, upper=upper, diagonal=diagonal
   )

@@ -15,7 +15,7 @@ References:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -102,9 +102,12 @@ def _first_gamma(updates) -> jax.Array:
   return jnp.where(grad_norm > 0, first, 1).astype(grad_norm.dtype)
 
 
-def _pairs_count(memory_size) -> Optional[int]:
-  """``memory_size`` as an int; ``None`` where it is traced (``optax.inject_hyperparams``
-  injects it as an array, traced in a jitted update: the state's pairs then fix m)."""
+def _pairs_count(memory_size) -> Union[int, Callable[[int], int], None]:
+  """``memory_size`` as an int or a function of n; ``None`` where it is traced
+  (``optax.inject_hyperparams`` injects it as an array, traced in a jitted update: the
+  state's pairs then fix m)."""
+  if callable(memory_size):
+    return memory_size
   dtype = getattr(memory_size, "dtype", None)
   if dtype is not None and jnp.issubdtype(dtype, jnp.integer) and jnp.shape(memory_size) == ():
     if isinstance(memory_size, jax.core.Tracer):
@@ -112,7 +115,8 @@ def _pairs_count(memory_size) -> Optional[int]:
     memory_size = int(memory_size)
   if not isinstance(memory_size, int) or isinstance(memory_size, bool) or memory_size < 1:
     raise ValueError(
-      f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10."
+      f"memory_size must be an int >= 1, got {memory_size!r}; pass e.g. memory_size=10 (or a "
+      "function of the params' number of entries n that returns one)."
     )
   return memory_size
 
@@ -179,9 +183,10 @@ def lbfgs_direction(
   the params: they are unpacked only into the trial step.
 
   Args:
-    memory_size: m, the number of pairs kept: an int, or a 0-d integer array (as
-      ``optax.inject_hyperparams`` injects it), concrete where the state is built; traced in
-      ``update``, the state's pairs fix m.
+    memory_size: m, the number of pairs kept: an int, a 0-d integer array (as
+      ``optax.inject_hyperparams`` injects it), concrete where the state is built (traced in
+      ``update``, the state's pairs fix m), or a function ``m(n)`` of the params' number of
+      entries, called where the state is built.
     pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
@@ -217,9 +222,9 @@ def lbfgs_direction(
 
 class _Config(NamedTuple):
   """:func:`lbfgs_direction`'s arguments, as its parts read them: ``memory_size`` an int
-  (``None`` where traced), ``diagonal`` the function ``(memory, gamma) -> (h, on)``."""
+  or a function of n (``None`` where traced), ``diagonal`` the function ``(memory, gamma) -> (h, on)``."""
 
-  memory_size: Optional[int]
+  memory_size: Union[int, Callable[[int], int], None]
   pair_tol: Any
   diagonal: Optional[Callable[..., tuple[Any, jax.Array]]]
   lower: Any
@@ -233,7 +238,14 @@ def _init(cfg: _Config, params):
       "it as a Python int (under optax.inject_hyperparams, "
       'static_args=("memory_size",)).'
     )
-  memory = memory_lib.secant_memory(params, cfg.memory_size)
+  memory_size = cfg.memory_size
+  if callable(memory_size):
+    n = sum(jnp.size(leaf) for leaf in jax.tree.leaves(params))
+    memory_size = memory_size(n)
+    if callable(memory_size):
+      raise ValueError(f"memory_size(n) must return an int >= 1, got {memory_size!r} at n={n}.")
+    memory_size = _pairs_count(memory_size)
+  memory = memory_lib.secant_memory(params, memory_size)
   dtype = _numerics.params_dtype(params)
   box = box_lib.make_box(params, cfg.lower, cfg.upper)
   return LBFGSState(memory=memory, gamma=jnp.zeros([], dtype), box=box)
@@ -252,7 +264,7 @@ def _operator(cfg: _Config, memory, gamma, updates):
 
 def _propose(cfg: _Config, state, ctx):
   held_pairs = state.memory.rho.shape[0]
-  if cfg.memory_size not in (None, held_pairs):
+  if isinstance(cfg.memory_size, int) and cfg.memory_size != held_pairs:
     raise ValueError(
       f"memory_size={cfg.memory_size}, but the state holds {held_pairs} pairs: the pairs' "
       "number is set where the state is built; build the state with this memory_size."
