@@ -213,6 +213,13 @@ def test_callback_both_signatures_and_stop_iteration():
   assert res.nit == 3 and res.status == hdm_optax.Status.STOPPED and not res.success
 
 
+def test_a_callback_that_is_not_callable_is_named():
+  """As solve's: the error names ``callback`` and the value (it was inspect's "3 is not a
+  callable object")."""
+  with pytest.raises(TypeError, match=r"callback must be callable or None, got 3\."):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), callback=3)
+
+
 def test_a_callback_may_keep_what_it_is_given():
   """A NumPy ``fun``'s run (the separate path, whose host calls hand over the program's
   buffers): the x a callback keeps without copying, and the x ``fun`` keeps, stay the

@@ -483,6 +483,8 @@ class _SciPyCallback:
   """
 
   def __init__(self, callback):
+    if not callable(callback):
+      raise TypeError(f"callback must be callable or None, got {callback!r}.")
     self.callback = callback
     params = inspect.signature(callback).parameters
     self.new_style = set(params) == {"intermediate_result"}
