@@ -213,6 +213,22 @@ def test_callback_both_signatures_and_stop_iteration():
   assert res.nit == 3 and res.status == hdm_optax.Status.STOPPED and not res.success
 
 
+def test_a_callbacks_intermediate_result_holds_python_numbers():
+  """As SciPy's (and as the result's ``fun`` and ``nit``): ``fun`` a float, the counts ints,
+  so that a callback may format, compare or serialise them as it would SciPy's."""
+  seen = []
+  res = hdm_optax.minimize(
+    quadratic,
+    np.zeros(3),
+    args=(TARGET,),
+    callback=lambda intermediate_result: seen.append(dict(intermediate_result)),
+  )
+  last = seen[-1]
+  assert type(last["fun"]) is float and last["fun"] == res.fun
+  assert all(type(last[k]) is int for k in ("nit", "nfev", "njev")) and last["nit"] == res.nit
+  assert isinstance(last["x"], np.ndarray)
+
+
 def test_a_callback_that_is_not_callable_is_named():
   """As solve's: the error names ``callback`` and the value (it was inspect's "3 is not a
   callable object")."""

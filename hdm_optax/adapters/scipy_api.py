@@ -500,15 +500,20 @@ class _SciPyCallback:
       self.callback(
         intermediate_result=IntermediateResult(
           x=snapshot.params,
-          fun=snapshot.value,
-          nit=snapshot.num_steps,
-          nfev=snapshot.num_value_evals,
-          njev=snapshot.num_grad_evals,
+          fun=_host_scalar(snapshot.value),
+          nit=_host_scalar(snapshot.num_steps),
+          nfev=_host_scalar(snapshot.num_value_evals),
+          njev=_host_scalar(snapshot.num_grad_evals),
         )
       )
     else:
       self.callback(np.copy(snapshot.params))
     return False
+
+
+def _host_scalar(value):
+  """A run's 0-d value as a Python number (SciPy's ``fun`` is a float), a batch's as it is."""
+  return value.item() if np.ndim(value) == 0 else value
 
 
 class IntermediateResult(dict):
