@@ -283,6 +283,22 @@ def test_list_x0_and_bad_bounds():
     hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2), {"a": jnp.zeros(3, jnp.int32)})
 
 
+def test_a_numpy_scalar_x0_is_one_entry_as_a_number_is():
+  """SciPy reads x0 with np.atleast_1d: a NumPy scalar (np.float32(5.0), np.int64(5)) is a
+  1-d x of one entry, as 5 and 5.0 are (it stayed a 0-d x); its dtype kept, ints as floats."""
+  for x0, dtype in [(np.float32(5.0), np.float32), (np.int64(5), np.float64), (5.0, np.float64)]:
+    seen = []
+
+    def fun(x):
+      seen.append(np.shape(x))
+      return jnp.sum((x - 3.0) ** 2)
+
+    res = hdm_optax.minimize(fun, x0)
+    assert res.x.shape == (1,) and res.x.dtype == dtype, (x0, res.x)
+    assert set(seen) == {(1,)}
+    np.testing.assert_allclose(res.x, [3.0], rtol=1e-6)
+
+
 _CENTER = np.array([1.0, 2.0, 3.0], np.float32)
 
 

@@ -464,7 +464,7 @@ def _start_point(x0):
     return x0
   number = lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
   if isinstance(x0, np.ndarray) or (
-    isinstance(x0, (list, tuple, int, float)) and all(map(number, jax.tree.leaves(x0)))
+    isinstance(x0, (list, tuple, int, float, np.number)) and all(map(number, jax.tree.leaves(x0)))
   ):
     x0 = np.atleast_1d(np.asarray(x0))
     if x0.dtype.kind in "iub":
