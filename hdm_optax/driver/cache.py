@@ -34,8 +34,8 @@ def value_and_grad_from_state(
 
   The data are compared as a resumed run's are (docs/guide.md, "Resuming a run"): the
   arrays among ``args`` and those ``fun`` reads from outside its arguments by identity,
-  numbers by value, and ``fun`` as traced. Called inside ``jax.jit``, where the arrays
-  are traced, the cache is taken: pass the same data at every call there, as the
+  the numbers among ``args`` by value. Called inside ``jax.jit``, where the arrays are
+  traced, the cache is taken: pass the same data at every call there, as the
   ``value_fn`` of the update that made the cache read them.
 
   The returned function runs a program compiled (``jax.jit``) once per
@@ -88,8 +88,8 @@ def value_and_grad_from_state(
     if programs.tracers(hoisted):  # inside a trace the data's identity is not known
       same_data = True
     else:
-      same_data = bool(previous) and resuming.same_reading(previous[0], closed, hoisted)
-      previous[:] = [resuming.kept_reading(closed, hoisted)]
+      same_data = bool(previous) and resuming.same_reading(previous[0], hoisted)
+      previous[:] = [resuming.kept_reading(hoisted)]
     same_data = jnp.asarray(same_data)
     return compiled(closed, params, *hoisted, state=state, same_data=same_data)
 

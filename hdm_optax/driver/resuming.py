@@ -150,21 +150,18 @@ def _same(kept, leaf) -> bool:
   return type(kept) is type(leaf) and bool(kept == leaf)
 
 
-def kept_reading(objective, args) -> tuple:
-  """What a call of ``objective`` on :func:`~hdm_optax.driver.programs.hoist`'s ``args``
-  reads, kept as :func:`_ran_on` keeps a run's: the arrays by identity (weakly), numbers by
-  value, the objective's small NumPy constants by content."""
+def kept_reading(args) -> tuple:
+  """The data of :func:`~hdm_optax.driver.programs.hoist`'s ``args``, kept as
+  :func:`_ran_on` keeps a run's: the arrays by identity (weakly), numbers by value, the
+  objective's small NumPy constants by content."""
   data = [_kept(leaf, False) for leaf in jax.tree.leaves(args[:-1])]
-  data += [_kept(leaf, True) for leaf in jax.tree.leaves(args[-1])]
-  return objective, tuple(data)
+  return tuple(data + [_kept(leaf, True) for leaf in jax.tree.leaves(args[-1])])
 
 
-def same_reading(kept: tuple, objective, args) -> bool:
-  """Whether a call of ``objective`` on ``args`` reads what :func:`kept_reading` kept."""
-  kept_objective, data = kept
+def same_reading(kept: tuple, args) -> bool:
+  """Whether ``args`` hold the data :func:`kept_reading` kept."""
   given = jax.tree.leaves(args)
-  same = len(data) == len(given) and all(_same(k, x) for k, x in zip(data, given))
-  return same and (kept_objective is objective or kept_objective == objective)
+  return len(kept) == len(given) and all(_same(k, x) for k, x in zip(kept, given))
 
 
 def _ran_on(result, reading: _Reading) -> None:
