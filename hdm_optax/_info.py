@@ -76,18 +76,23 @@ def init_info(dtype) -> HDMInfo:
   )
 
 
-def uphill_advice(state) -> str:
-  """What to do where a transformation before an HDM method stalls it ("" where nothing).
-
-  Reads :attr:`HDMInfo.num_uphill_trials` of every HDM state in ``state`` (concrete
-  values: an optimizer state after a run, or a state with a leading batch axis).
-  """
+def uphill_trials(state) -> int:
+  """The sum of :attr:`HDMInfo.num_uphill_trials` over every HDM state in ``state``
+  (concrete values: an optimizer state after a run, or a state with a leading batch axis)."""
   infos = [
     leaf
     for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, HDMInfo))
     if isinstance(leaf, HDMInfo)
   ]
-  uphill = sum(int(np.sum(np.asarray(info.num_uphill_trials))) for info in infos)
+  return sum(int(np.sum(np.asarray(info.num_uphill_trials))) for info in infos)
+
+
+def uphill_advice(state) -> str:
+  """What to do where a transformation before an HDM method stalls it ("" where nothing).
+
+  Reads :func:`uphill_trials` of ``state``.
+  """
+  uphill = uphill_trials(state)
   if not uphill:
     return ""
   return (

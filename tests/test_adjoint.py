@@ -354,6 +354,7 @@ def test_unconverged_run_warns():
     jax.jit(jax.grad(lambda lam: _validation_of(_ridge_fit(lam, A_TRAIN, max_steps=2)))), 0.1
   )
   assert np.isfinite(grad) and any("did not converge" in m for m in messages)
+  assert any("(status MAX_STEPS)" in m for m in messages), messages  # by name, not [1]
   _, messages = _caught(_GRAD_VALIDATION, 0.1, A_TRAIN)
   assert not messages
 

@@ -237,6 +237,26 @@ def test_pytree_bounds_of_numbers_per_leaf_from_the_first_call():
     assert float(res.params["b"]) == 0.5 and res.status == hdm_optax.Status.CONVERGED_IN_BOX
 
 
+def test_pytree_bounds_of_numbers_and_none_leaves_from_the_first_call():
+  """A side whose leaves are numbers and None (open), or None alone, per leaf: the separate
+  path runs it unpacked, as it runs sides of numbers alone (it packed the params and kept
+  the side, whose structure then matched neither), and minimize takes it as SciPy's pair."""
+  fun = lambda p: jnp.sum((p["a"] + 2.0) ** 2) + (p["b"] - 2.0) ** 2
+  x0 = {"a": jnp.zeros(2), "b": jnp.zeros(())}
+  for lower, upper in [
+    ({"a": 0.0, "b": None}, None),
+    (None, {"a": None, "b": 0.5}),
+    ({"a": None, "b": None}, {"a": 1.0, "b": 0.5}),
+  ]:
+    want_a = 0.0 if lower is not None and lower["a"] is not None else -2.0
+    want_b = 0.5 if upper is not None else 2.0
+    res = hdm_optax.solve(hdm_optax.trial_lbfgs(lower=lower, upper=upper), fun, x0, tol=1e-9)
+    other = hdm_optax.minimize(fun, x0, bounds=(lower, upper), options={"gtol": 1e-9})
+    for params in (res.params, other.x):
+      np.testing.assert_allclose(np.asarray(params["a"]), [want_a, want_a], atol=1e-8)
+      np.testing.assert_allclose(float(params["b"]), want_b, atol=1e-8)
+
+
 @pytest.mark.parametrize(
   "lower, upper, error, match",
   [

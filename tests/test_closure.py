@@ -19,6 +19,7 @@ import pytest
 import hdm_optax
 from helpers import Compilations, settled
 from hdm_optax.driver import programs
+from hdm_optax.driver import protocol
 
 X0 = jnp.zeros(3)
 FIRST, SECOND = jnp.array([1.0, -2.0, 3.0]), jnp.array([-4.0, 5.0, 0.5])
@@ -257,6 +258,41 @@ def test_value_and_grad_from_state_reads_rebound_data(case):
   with Compilations() as compiled:
     np.testing.assert_allclose(value_and_grad(X0, state=state)[1], -SECOND)  # main: -FIRST
   assert compiled.count == 0
+
+
+@pytest.mark.parametrize("case", [global_case, bound_method_case], ids=["global", "bound_method"])
+def test_value_and_grad_from_state_takes_no_cache_of_other_data(case):
+  """Where the method's cache is at the params (HDM last) but of f on other data (rebound
+  arrays, or other ``args``: another batch), f is evaluated on this call's data; the same
+  data take the cache, with no call (main returned f on the previous data)."""
+  fun, rebind = case()
+  opt = hdm_optax.trial_lbfgs()
+  value_and_grad = hdm_optax.value_and_grad_from_state(fun)
+  x, state = X0, opt.init(X0)
+  for _ in range(3):
+    value, grad = value_and_grad(x, state=state)
+    updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=fun)
+    x = optax.apply_updates(x, updates)
+  cached = protocol.cache_at_params(state)
+  assert cached is not None and bool(jnp.isfinite(cached.value))
+  value, grad = value_and_grad(x, state=state)
+  assert value is cached.value or float(value) == float(cached.value)  # the same data
+  rebind(SECOND)
+  value, grad = value_and_grad(x, state=state)
+  want_value, want_grad = jax.value_and_grad(fun)(x)
+  np.testing.assert_allclose(float(value), float(want_value), rtol=1e-12)
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-12)
+
+  with_args = lambda p, target: 0.5 * jnp.sum((p - target) ** 2)
+  value_and_grad = hdm_optax.value_and_grad_from_state(with_args)
+  x, state = X0, opt.init(X0)
+  for _ in range(3):
+    value, grad = value_and_grad(x, FIRST, state=state)
+    step = lambda p: with_args(p, FIRST)
+    updates, state = opt.update(grad, state, x, value=value, grad=grad, value_fn=step)
+    x = optax.apply_updates(x, updates)
+  value, _ = value_and_grad(x, SECOND, state=state)
+  np.testing.assert_allclose(float(value), float(with_args(x, SECOND)), rtol=1e-12)
 
 
 def test_a_bound_method_accessed_at_each_call_reuses_the_program():

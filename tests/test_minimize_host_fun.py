@@ -246,3 +246,14 @@ def test_a_fun_that_turns_non_finite_for_good_stalls_with_that_reason(bad):
 def test_a_fun_that_returns_no_number_is_named(value):
   with pytest.raises(TypeError, match=r"fun returned a value of dtype \S+, not a number"):
     _minimize(lambda x: value if float(np.sum(x)) >= 0 else 0.0, np.zeros(3))
+
+
+def test_differences_asked_for_by_jac_2_point_are_not_warned_about():
+  """The note on forward differences is for ``jac=None``, where the caller did not choose
+  them; ``jac="2-point"`` asks for them, as in SciPy, which says nothing."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    res = hdm_optax.minimize(_far_quadratic, np.zeros(5), jac="2-point")
+  np.testing.assert_allclose(res.x, C, atol=1e-3)
+  with pytest.warns(UserWarning, match="forward difference"):
+    hdm_optax.minimize(_far_quadratic, np.zeros(5))

@@ -213,6 +213,29 @@ def test_callback_both_signatures_and_stop_iteration():
   assert res.nit == 3 and res.status == hdm_optax.Status.STOPPED and not res.success
 
 
+def test_a_callbacks_intermediate_result_holds_python_numbers():
+  """As SciPy's (and as the result's ``fun`` and ``nit``): ``fun`` a float, the counts ints,
+  so that a callback may format, compare or serialise them as it would SciPy's."""
+  seen = []
+  res = hdm_optax.minimize(
+    quadratic,
+    np.zeros(3),
+    args=(TARGET,),
+    callback=lambda intermediate_result: seen.append(dict(intermediate_result)),
+  )
+  last = seen[-1]
+  assert type(last["fun"]) is float and last["fun"] == res.fun
+  assert all(type(last[k]) is int for k in ("nit", "nfev", "njev")) and last["nit"] == res.nit
+  assert isinstance(last["x"], np.ndarray)
+
+
+def test_a_callback_that_is_not_callable_is_named():
+  """As solve's: the error names ``callback`` and the value (it was inspect's "3 is not a
+  callable object")."""
+  with pytest.raises(TypeError, match=r"callback must be callable or None, got 3\."):
+    hdm_optax.minimize(quadratic, np.zeros(3), args=(TARGET,), callback=3)
+
+
 def test_a_callback_may_keep_what_it_is_given():
   """A NumPy ``fun``'s run (the separate path, whose host calls hand over the program's
   buffers): the x a callback keeps without copying, and the x ``fun`` keeps, stay the
@@ -258,6 +281,22 @@ def test_list_x0_and_bad_bounds():
     hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2) + jnp.sum(p["b"] ** 2), mixed)
   with pytest.raises(TypeError, match="x0: params must be real floating-point"):
     hdm_optax.minimize(lambda p: jnp.sum(p["a"] ** 2), {"a": jnp.zeros(3, jnp.int32)})
+
+
+def test_a_numpy_scalar_x0_is_one_entry_as_a_number_is():
+  """SciPy reads x0 with np.atleast_1d: a NumPy scalar (np.float32(5.0), np.int64(5)) is a
+  1-d x of one entry, as 5 and 5.0 are (it stayed a 0-d x); its dtype kept, ints as floats."""
+  for x0, dtype in [(np.float32(5.0), np.float32), (np.int64(5), np.float64), (5.0, np.float64)]:
+    seen = []
+
+    def fun(x):
+      seen.append(np.shape(x))
+      return jnp.sum((x - 3.0) ** 2)
+
+    res = hdm_optax.minimize(fun, x0)
+    assert res.x.shape == (1,) and res.x.dtype == dtype, (x0, res.x)
+    assert set(seen) == {(1,)}
+    np.testing.assert_allclose(res.x, [3.0], rtol=1e-6)
 
 
 _CENTER = np.array([1.0, 2.0, 3.0], np.float32)

@@ -492,6 +492,18 @@ def test_a_weight_decay_before_an_hdm_method_is_named_in_solves_message():
   assert bool(fixed.converged)
 
 
+def test_a_stall_of_rejected_uphill_trials_is_not_called_a_rounding_stall():
+  """Where f stays put because the method rejects the trials a transformation before it
+  asks for, x did not move: the message gives the advice, not "the steps are below the
+  rounding of x", which would send the user to rescale a problem that needs no rescaling."""
+  A, y = _logistic_data()
+  opt = optax.chain(optax.add_decayed_weights(0.1), hdm_optax.trial_lbfgs())
+  res = hdm_optax.solve(opt, _mean_logistic, jnp.zeros(10), fun_args=(A, y), max_steps=300)
+  assert int(res.null_run) >= 100, res.message  # the last 100 values are equal
+  assert "put the term in f" in res.message, res.message
+  assert "rounding of x" not in res.message, res.message
+
+
 def test_pitfalls_page_no_longer_says_a_weight_decay_is_honoured():
   """Issue 45.10: docs/pitfalls.md and trial_lbfgs's docstring say to put the decay in f."""
   page = (ROOT / "docs" / "pitfalls.md").read_text()

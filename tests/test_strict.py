@@ -102,3 +102,21 @@ def test_derivative_through_a_box_under_strict_promotion(dtype):
     assert jacobian.dtype == dtype
     assert np.all(np.isfinite(np.asarray(jacobian)))
     np.testing.assert_array_equal(np.asarray(jacobian)[1], 0.0)  # x[1] is on its bound
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64], ids=["f32", "f64"])
+def test_vmapped_solve_under_strict_promotion(dtype):
+  # Under vmap trial_lbfgs writes its secant pairs by a select over the slots, whose
+  # indices (int64 under x64) must not meet the int32 slot without promotion.
+  scale = jnp.array([[1.0, 2.0, 3.0], [0.5, 1.0, 4.0]], dtype)
+  quartic = lambda x, a: jnp.sum(a * x**2) + jnp.sum(x**4)
+  solved = jax.vmap(
+    lambda a: hdm_optax.solve(
+      hdm_optax.trial_lbfgs(), quartic, jnp.ones(3, dtype), fun_args=(a,), max_steps=20
+    )
+  )(scale)
+  assert solved.params.dtype == dtype
+  assert np.all(np.asarray(solved.num_steps) > 2)  # pairs were written
+  assert np.all(
+    np.asarray(solved.value) < np.asarray(jax.vmap(quartic)(jnp.ones((2, 3), dtype), scale))
+  )

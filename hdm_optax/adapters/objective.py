@@ -9,9 +9,9 @@
   whose gradient is the user's, so one oracle call is one call of ``fun`` (and ``jac``).
 - a ``fun`` JAX cannot trace (NumPy code): ``fun`` (and ``jac``) run on the host with NumPy
   arrays, as SciPy calls them (the separate path's oracle, or ``jax.pure_callback`` inside a
-  caller's trace); with ``jac=None`` (or
-  ``"2-point"``) the gradient is SciPy's forward difference with absolute step ``eps``,
-  ``n + 1`` calls of ``fun`` per gradient (a warning says so).
+  caller's trace); with ``jac=None`` (a warning says so) or ``"2-point"`` the gradient is
+  SciPy's forward difference with absolute step ``eps``, ``n + 1`` calls of ``fun`` per
+  gradient.
 """
 
 from __future__ import annotations
@@ -447,13 +447,14 @@ def objective(
       f"options eps={eps!r} is the finite-difference step, but the gradient here is "
       f"{'JAX' if jac is None else 'jac'}'s: drop eps."
     )
-  jac = None if jac == "2-point" else jac
+  asked = jac == "2-point"  # differences the caller chose: no note that they are used
+  jac = None if asked else jac
   if not host and jac is None:
     return _Scalar(fun, has_aux), args, "jax"
   if not host:
     pair, pair_args = programs.hoist(_Pair(fun, jac), x0, args)
     return _WithGradient(pair), pair_args, "jac"
-  if differences:
+  if differences and not asked:
     warnings.warn(
       "minimize: JAX cannot trace fun (it needs concrete values), so fun runs on the host "
       f"and its gradient is SciPy's forward difference ({np.size(x0) + 1} calls of fun per "

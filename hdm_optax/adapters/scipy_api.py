@@ -464,7 +464,7 @@ def _start_point(x0):
     return x0
   number = lambda v: isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
   if isinstance(x0, np.ndarray) or (
-    isinstance(x0, (list, tuple, int, float)) and all(map(number, jax.tree.leaves(x0)))
+    isinstance(x0, (list, tuple, int, float, np.number)) and all(map(number, jax.tree.leaves(x0)))
   ):
     x0 = np.atleast_1d(np.asarray(x0))
     if x0.dtype.kind in "iub":
@@ -483,6 +483,8 @@ class _SciPyCallback:
   """
 
   def __init__(self, callback):
+    if not callable(callback):
+      raise TypeError(f"callback must be callable or None, got {callback!r}.")
     self.callback = callback
     params = inspect.signature(callback).parameters
     self.new_style = set(params) == {"intermediate_result"}
@@ -498,15 +500,20 @@ class _SciPyCallback:
       self.callback(
         intermediate_result=IntermediateResult(
           x=snapshot.params,
-          fun=snapshot.value,
-          nit=snapshot.num_steps,
-          nfev=snapshot.num_value_evals,
-          njev=snapshot.num_grad_evals,
+          fun=_host_scalar(snapshot.value),
+          nit=_host_scalar(snapshot.num_steps),
+          nfev=_host_scalar(snapshot.num_value_evals),
+          njev=_host_scalar(snapshot.num_grad_evals),
         )
       )
     else:
       self.callback(np.copy(snapshot.params))
     return False
+
+
+def _host_scalar(value):
+  """A run's 0-d value as a Python number (SciPy's ``fun`` is a float), a batch's as it is."""
+  return value.item() if np.ndim(value) == 0 else value
 
 
 class IntermediateResult(dict):

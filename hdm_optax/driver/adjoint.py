@@ -53,6 +53,7 @@ from hdm_optax import _checks
 from hdm_optax.driver import limits
 from hdm_optax.driver import protocol
 from hdm_optax.driver import runs
+from hdm_optax.driver.results import Status
 
 __all__ = (
   "ImplicitAdjoint",
@@ -360,7 +361,8 @@ def _warn(outcome, converged, status, degenerate):
   outcome, converged, status = np.asarray(outcome), np.asarray(converged), np.asarray(status)
   if not np.all(converged):
     codes = sorted({int(c) for c in np.atleast_1d(status[~converged])})
-    warnings.warn(_WARNINGS["unconverged"].format(status=codes), ImplicitGradientWarning)
+    names = ", ".join(Status(c).name for c in codes)
+    warnings.warn(_WARNINGS["unconverged"].format(status=names), ImplicitGradientWarning)
   if np.any(degenerate):
     count = int(np.sum(degenerate))
     warnings.warn(_WARNINGS["degenerate"].format(count=count), ImplicitGradientWarning)

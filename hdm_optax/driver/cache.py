@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from hdm_optax import _oracle
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
+from hdm_optax.driver import resuming
 
 __all__ = ("value_and_grad_from_state",)
 
@@ -25,10 +26,17 @@ def value_and_grad_from_state(
 
   ``value_and_grad(params, *args, state=state)`` returns the state's cached
   value and gradient only when :func:`~hdm_optax.driver.protocol.cache_at_params` finds them at the params
-  (the caching transformation is the last one); otherwise, or before the first
-  update (a cached value of +inf), it evaluates ``fun``. optax's function reuses
-  any cache it finds, e.g. the one of ``hdm_best`` inside ``optax.chain(hdm_best(),
-  optax.scale(0.5))``, which is at another point.
+  (the caching transformation is the last one) and this call reads the data the
+  previous call read; otherwise, or before the first update (a cached value of
+  +inf), it evaluates ``fun``. optax's function reuses any cache it finds, e.g. the
+  one of ``hdm_best`` inside ``optax.chain(hdm_best(), optax.scale(0.5))``, which is
+  at another point, or one of f on the previous batch.
+
+  The data are compared as a resumed run's are (docs/guide.md, "Resuming a run"): the
+  arrays among ``args`` and those ``fun`` reads from outside its arguments by identity,
+  the numbers among ``args`` by value. Called inside ``jax.jit``, where the arrays are
+  traced, the cache is taken: pass the same data at every call there, as the
+  ``value_fn`` of the update that made the cache read them.
 
   The returned function runs a program compiled (``jax.jit``) once per
   structure of its arguments: called in a Python loop it costs one dispatch and
@@ -61,21 +69,28 @@ def value_and_grad_from_state(
     True
   """
 
-  def compiled(closed, params, *args, state):
+  def compiled(closed, params, *args, state, same_data):
     def evaluate():
       return _oracle.value_and_grad(lambda p: closed(p, *args), params, has_aux=has_aux)
 
     holder = None if has_aux else protocol.cache_at_params(state)
     if holder is None:
       return evaluate()
-    fresh = jnp.isfinite(holder.value)
+    fresh = jnp.isfinite(holder.value) & same_data
     return jax.lax.cond(fresh, lambda: (holder.value, holder.grad), evaluate)
 
   compiled = jax.jit(compiled, static_argnums=0)
+  previous = []  # what the last call outside a trace read (resuming.kept_reading)
 
   def value_and_grad(params, *args, state):
     # The arrays fun reads from outside its arguments, as they are at this call.
     closed, hoisted = programs.hoist(fun, params, args)
-    return compiled(closed, params, *hoisted, state=state)
+    if programs.tracers(hoisted):  # inside a trace the data's identity is not known
+      same_data = True
+    else:
+      same_data = bool(previous) and resuming.same_reading(previous[0], hoisted)
+      previous[:] = [resuming.kept_reading(hoisted)]
+    same_data = jnp.asarray(same_data)
+    return compiled(closed, params, *hoisted, state=state, same_data=same_data)
 
   return value_and_grad

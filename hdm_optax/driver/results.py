@@ -112,11 +112,12 @@ _COLLAPSED_PRECOND = 1e-20
 
 
 def _stall_notes(
-  status: Status, null_run: int, recent, precond, values=None, nonfinite: int = 0
+  status: Status, null_run: int, recent, precond, values=None, nonfinite: int = 0, uphill: int = 0
 ) -> list:
   """What a run that did not converge says about stalling (``recent``: the last updates'
   accepted flags; ``values``: f after them; ``nonfinite``: the trials since the last
-  accepted update that met a non-finite f or grad f)."""
+  accepted update that met a non-finite f or grad f; ``uphill``: the run's trials that went
+  down the method's incoming updates but not down f)."""
   if status not in (Status.MAX_STEPS, Status.STALLED):
     return []
   notes = []
@@ -127,7 +128,12 @@ def _stall_notes(
       "where the steps tried went; check what fun (or its gradient) returns near x, or bound "
       "x away from where it is not finite"
     )
-  elif values is not None and values.size >= _RECENT_STEPS and np.all(values == values[0]):
+  elif (
+    values is not None
+    and values.size >= _RECENT_STEPS
+    and np.all(values == values[0])
+    and not (null_run and 2 * uphill > null_run)  # rejected uphill trials held x, not rounding
+  ):
     notes.append(
       f"f has not changed over the last {values.size} steps: the steps are below the "
       "rounding of x (scale f or the variables, or raise the method's step size)"
@@ -266,8 +272,15 @@ class SolveResult(NamedTuple):
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
       window &= np.r_[True, trace_steps[i][1:] != trace_steps[i][:-1]]  # each step once
       nonfinite = int(np.sum(protocol.nonfinite_trials(state_of(i))))
+      uphill = _info.uphill_trials(state_of(i))
       notes += _stall_notes(
-        status, int(nulls[i]), accepted[i][window], precond[i], trace_values[i][window], nonfinite
+        status,
+        int(nulls[i]),
+        accepted[i][window],
+        precond[i],
+        trace_values[i][window],
+        nonfinite,
+        uphill,
       )
       head = status.message
       if status == Status.NON_FINITE:

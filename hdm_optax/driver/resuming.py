@@ -31,10 +31,12 @@ __all__ = (
   "Resume",
   "batch_start",
   "check_params",
+  "kept_reading",
   "Reread",
   "resumable",
   "resumed_on",
   "result_of",
+  "same_reading",
   "small",
   "start_of",
 )
@@ -146,6 +148,20 @@ def _same(kept, leaf) -> bool:
   if isinstance(kept, _Content):
     return isinstance(leaf, np.ndarray) and kept == programs.content(leaf)
   return type(kept) is type(leaf) and bool(kept == leaf)
+
+
+def kept_reading(args) -> tuple:
+  """The data of :func:`~hdm_optax.driver.programs.hoist`'s ``args``, kept as
+  :func:`_ran_on` keeps a run's: the arrays by identity (weakly), numbers by value, the
+  objective's small NumPy constants by content."""
+  data = [_kept(leaf, False) for leaf in jax.tree.leaves(args[:-1])]
+  return tuple(data + [_kept(leaf, True) for leaf in jax.tree.leaves(args[-1])])
+
+
+def same_reading(kept: tuple, args) -> bool:
+  """Whether ``args`` hold the data :func:`kept_reading` kept."""
+  given = jax.tree.leaves(args)
+  return len(kept) == len(given) and all(_same(k, x) for k, x in zip(kept, given))
 
 
 def _ran_on(result, reading: _Reading) -> None:

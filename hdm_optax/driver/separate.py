@@ -112,10 +112,12 @@ def method_optimizer(optimizer, params) -> tuple[Any, Layout]:
     return optimizer, layout
   if configuration is None:
     return optimizer, Layout(None)
-  arguments, structure = {}, jax.tree.structure(params)
+  # None leaves counted as leaves: a box's side may hold None (open) where params hold arrays.
+  is_none = lambda x: x is None
+  arguments, structure = {}, jax.tree.structure(params, is_leaf=is_none)
   for name, value in configuration.arguments.items():
     numbers = [x for x in jax.tree.leaves(value) if _numeric(x)]
-    per_leaf = bool(numbers) and jax.tree.structure(value) == structure
+    per_leaf = value is not None and jax.tree.structure(value, is_leaf=is_none) == structure
     if layout.packing.like_params(value):
       arguments[name] = _blocks.pack(value)
     elif all(np.ndim(x) == 0 for x in numbers) and not per_leaf:

@@ -139,7 +139,9 @@ def _batched_as(batched: Callable[..., Any]) -> Callable[[Callable[..., Any]], C
 
 def _put_selected(stacked, new, slot):
   """:func:`_put` as a select over the slots (the same values)."""
-  hit = lambda a: (jnp.arange(a.shape[0]) == slot).reshape((-1,) + (1,) * (a.ndim - 1))
+  hit = lambda a: (jnp.arange(a.shape[0], dtype=jnp.int32) == slot).reshape(
+    (-1,) + (1,) * (a.ndim - 1)
+  )
   return tuple(jnp.where(hit(a), b[None], a) for a, b in zip(stacked, new))
 
 
