@@ -17,8 +17,8 @@ DRIVER = Path(hdm_optax.__file__).parent / "driver"
 LAYERS = [
   {"compiled", "host", "protocol"},  # protocol: what a driver reads of an optimizer
   {"limits", "programs", "results", "interrupts"},
-  {"hooks", "cache", "members", "resuming"},
-  {"engine"},
+  {"hooks", "members", "resuming"},
+  {"cache", "engine"},  # cache: takes the optimizer's cache only on the data resuming kept
   {"runs", "oracle"},
   {"adjoint", "store"},
   {"separate"},  # the method's program apart from the objective
