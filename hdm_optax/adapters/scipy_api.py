@@ -17,6 +17,7 @@ from hdm_optax import _numerics
 from hdm_optax.adapters import objective as objective_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
+from hdm_optax.driver import results
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import SolveResult
@@ -90,7 +91,8 @@ class MinimizeResult(_MinimizeFields):
     njev: evaluations of the gradient (``num_grad_evals``).
   """
 
-  __slots__ = ()
+  # No __slots__: the instance's __dict__ holds what stopped a STOPPED run (its status is a
+  # Python int, which results.note_stop_cause cannot key on).
 
   message = SolveResult.message
 
@@ -574,12 +576,16 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
     nfev=nfev,
     njev=res.num_grad_evals,
   )
+  cause = results.stop_cause(res)
   if not traced:  # through NumPy: a JAX array's int() costs several times more
     host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
     arrays = lambda v: np.asarray(v) if isinstance(v, jax.Array) else jax.tree.map(np.asarray, v)
     fields = {k: host[k](np.asarray(v)) if k in host else arrays(v) for k, v in fields.items()}
     res = res._replace(status=int(np.asarray(res.status)))  # SciPy's status is an int
-  return MinimizeResult(*res, **fields)
+  out = MinimizeResult(*res, **fields)
+  if cause is not None:
+    results.note_stop_cause(out, cause)
+  return out
 
 
 def minimize(
