@@ -634,7 +634,10 @@ def minimize(
   ``jax.pure_callback`` with NumPy arrays, as SciPy calls it, and with ``jac=None`` its
   gradient is SciPy's forward difference (step ``eps``): see
   :mod:`hdm_optax.adapters.objective`. ``fun`` is traced once with abstract values to tell
-  the two apart (a counter in ``fun`` sees that call).
+  the two apart (a counter in ``fun`` sees that call). An exception the NumPy ``fun`` (or
+  ``jac``) raises reaches the caller as itself (chained from JAX's runtime error where the
+  host call was JAX's); under a caller's ``jax.jit`` the program runs after ``minimize``
+  has returned, and JAX's ``JaxRuntimeError`` (which quotes ``fun``'s traceback) is raised.
 
   Called outside ``jit``/``vmap`` it compiles once per (``fun``, ``jac``, ``method``,
   ``maxiter``, ``maxcor``, ``callback``, ``progress``) and the shapes and dtypes of
@@ -724,7 +727,8 @@ def minimize(
   try:
     keywords = dict(has_aux=has_aux, init_state=init_state, callback=callback)
     keywords.update(progress=progress, adjoint=adjoint, trace=trace, rtol=rtol)
-    res = _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords)
+    with objective_lib.raised_in():  # fun's own exception, not JAX's runtime error
+      res = _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords)
   except BaseException as error:  # a callback's error or Ctrl-C: the partial result, SciPy's
     if isinstance(getattr(error, "result", None), SolveResult):
       error.result = _scipy_fields(error.result, mode, x0, False)
