@@ -230,3 +230,16 @@ def test_a_result_resumes_inside_jit():
   again = jax.jit(lambda r: hdm_optax.solve(opt, _fun, r.params, init_state=r, ftol=1e-3))(res)
   assert _status(again) == hdm_optax.Status.CONVERGED_FTOL
   assert int(again.num_steps) == int(res.num_steps)
+
+
+# --- a new user's tasks ------------------------------------------------------------------------
+
+
+def test_scipys_return_all_is_refused_with_the_fix():
+  """A SciPy user's options={"return_all": True} was refused without a fix ("unknown
+  options ['return_all']; L-BFGS-B's are ..."): it says how to get the iterates, and to
+  drop the option."""
+  with pytest.raises(ValueError) as info:
+    hdm_optax.minimize(_fun, np.zeros(3), options={"return_all": True})
+  text = str(info.value)
+  assert "['return_all']" in text and "callback=" in text and "Drop the others" in text

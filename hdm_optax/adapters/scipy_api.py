@@ -392,9 +392,13 @@ def _options(options, tol, max_steps) -> dict:
   options = dict(options or {})
   unknown = set(options) - set(SCIPY_DEFAULTS) - set(_REFUSED) - {"eps", "disp", "iprint"}
   if unknown:
+    hint = ""
+    if "return_all" in unknown:  # other SciPy methods' option: the iterates in a list
+      hint = " For every iterate (return_all), collect them with callback=lambda xk: ...;"
     raise ValueError(
       f"unknown options {sorted(unknown)}; L-BFGS-B's are {sorted(SCIPY_DEFAULTS)}, eps, "
-      "disp and iprint."
+      f"disp and iprint.{hint} Drop the others (SciPy's L-BFGS-B would warn and ignore "
+      "them; here they are refused, so that a misspelt option is not lost)."
     )
   for name, why in _REFUSED.items():
     if options.get(name) is not None and not (name == "workers" and options[name] == 1):
