@@ -7,6 +7,7 @@ import contextlib
 import contextvars
 import functools
 import warnings
+import weakref
 from typing import Any, Callable, Optional
 
 import jax
@@ -206,6 +207,50 @@ def values_at_params():
     _VALUES_AT_PARAMS.reset(token)
 
 
+# The step the last method's update returned, as (its name, weak references to its leaves):
+# a method whose incoming updates are those very arrays follows another method in a chain.
+_LAST_STEP: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar(
+  "hdm_optax_last_step", default=None
+)
+
+
+def _record_step(name: str, updates) -> None:
+  """Notes that the method ``name`` returned ``updates`` (weakly held: nothing is kept alive)."""
+  try:
+    refs = tuple(weakref.ref(leaf) for leaf in jax.tree.leaves(updates))
+  except TypeError:  # a leaf without weak references: nothing to compare later
+    refs = ()
+  _LAST_STEP.set((name, refs) if refs else None)
+
+
+def _refuse_method_step(name: str, updates) -> None:
+  """Refuses ``updates`` that are the step another method's update returned.
+
+  ``optax.chain(trial_lbfgs(), hdm_auto())`` hands the second method the first one's step
+  where it expects a gradient (or a transformed one): two methods that each choose their
+  own step cannot be chained, and the second would reject every trial (only null steps).
+  The test compares the arrays' identity at trace time: it costs nothing at run time.
+
+  Raises:
+    ValueError: naming both methods and the fix.
+  """
+  last = _LAST_STEP.get()
+  if last is None:
+    return
+  maker, refs = last
+  leaves = jax.tree.leaves(updates)
+  if len(leaves) != len(refs) or not all(r() is leaf for r, leaf in zip(refs, leaves)):
+    return
+  raise ValueError(
+    f"{name}.update received, as its updates, the step {maker}.update returned: "
+    f"optax.chain({maker}(...), {name}(...)) chains two methods that each choose their own "
+    f"step and judge it on f. {name} would take {maker}'s step for a gradient and reject "
+    f"every trial (only null steps). Use one of them alone, e.g. "
+    f"hdm_optax.solve(hdm_optax.{maker}(), fun, x0); a transformation that changes the "
+    f"gradient (such as optax.clip_by_global_norm) goes before the method."
+  )
+
+
 def track_point(
   name: str, untransformed_only: Optional[str] = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -271,6 +316,7 @@ def track_point(
           f"{name}.update needs params, the point where value= and grad= were taken: "
           f"update(updates, state, params, value=..., grad=..., value_fn=...)."
         )
+      _refuse_method_step(name, updates)
       value, received = _oracle.require_oracle(
         name, value, grad, value_fn, updates, params=params, state_grad=state.grad
       )
@@ -282,6 +328,7 @@ def track_point(
           updates, state, params, value=value, grad=received, value_fn=value_fn, **extra_args
         )
         unknown = -jnp.ones_like(new_state.info.point_scale)  # no point recorded
+        _record_step(name, out)
         return out, new_state._replace(info=new_state.info._replace(point_scale=unknown))
       point_sum, point_scale = point_fingerprint(params)
       value, fresh, stale = _refresh(
@@ -295,6 +342,7 @@ def track_point(
         updates, state, params, value=value, grad=fresh, value_fn=value_fn, **extra_args
       )
       info = _recorded(new_state.info, params, out, point_scale, stale)
+      _record_step(name, out)
       return out, new_state._replace(info=info)
 
     if isinstance(update_fn, functools.partial):  # no source to point inspect.getsource to

@@ -87,6 +87,8 @@ def one(door):
     result = getattr(error.result, "results", error.result)  # a sweep's SweepResult
     steps = np.ravel(result.num_steps)
     out.update(interrupted=True, steps=steps.tolist(), status=np.ravel(result.status).tolist())
+    message = result.message
+    out["message"] = message[0] if isinstance(message, list) else message
     partial = np.asarray(result.params)
     partial = partial if partial.ndim == 1 else partial[0]
     replay, _ = run(door, int(steps[0]))  # the oracle: a fresh run of exactly that many steps

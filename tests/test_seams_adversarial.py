@@ -1528,7 +1528,8 @@ def test_keyboard_interrupt_and_system_exit_in_a_callback_come_back_as_themselve
   assert np.all(np.ravel(result.num_steps) == at)
   assert np.all(np.ravel(result.status) == hdm_optax.Status.STOPPED)
   messages = result.message if isinstance(result.message, list) else [result.message]
-  assert all("callback" in m and "Ctrl-C" in m for m in messages), messages
+  cause = f"stopped before the end: by the callback, which raised {error.__name__}"
+  assert all(m == cause for m in messages), messages
   params = np.asarray(result.params).reshape(-1, 3)[0]
   if door == "minimize":
     assert isinstance(result, hdm_optax.MinimizeResult) and not result.success
@@ -1546,8 +1547,8 @@ def test_keyboard_interrupt_and_system_exit_in_a_callback_come_back_as_themselve
 def test_ctrl_c_stops_a_compiled_run_and_keeps_its_result():
   """SIGINT one second into a run of 10^8 steps (a fresh process, every front door): a
   KeyboardInterrupt within a few seconds (the figure: the check comes every 0.2 s),
-  carrying a partial result equal to a fresh run of that many steps (status STOPPED), and
-  the SIGINT handler of before restored; a handler of the user's is left alone."""
+  carrying a partial result equal to a fresh run of that many steps (status STOPPED, its
+  message naming Ctrl-C), and the SIGINT handler of before restored; a handler of the user's is left alone."""
   doors = ["solve", "solve_watched", "minimize", "solve_batch", "sweep", "user_handler"]
   out = subprocess.run(
     [sys.executable, str(ROOT / "tests" / "interrupt_worker.py"), *doors],
@@ -1566,6 +1567,7 @@ def test_ctrl_c_stops_a_compiled_run_and_keeps_its_result():
     assert all(0 < s < 100_000_000 for s in row["steps"]) and set(row["status"]) == {3}, row
     assert row["replay_error"] <= 1e-9, row
     assert row["handler_restored"] and row["wakeup_fd_restored"], row
+    assert row["message"] == "stopped before the end: by Ctrl-C (KeyboardInterrupt)", row
   mine = rows[-1]
   assert mine["steps"] == [20_000] and mine["user_handler_ran"] and mine["handler_restored"]
 

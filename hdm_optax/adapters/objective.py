@@ -31,7 +31,7 @@ from hdm_optax.driver import compiled
 from hdm_optax.driver import oracle as oracle_lib
 from hdm_optax.driver import programs
 
-__all__ = ("objective",)
+__all__ = ("objective", "raised_in")
 
 # Raised when ``fun`` cannot be traced: it needs concrete values (NumPy code).
 _UNTRACEABLE = (
@@ -147,6 +147,35 @@ class _Pair:
     return _scalar(value, dtype), _like(grad, x)
 
 
+# The exceptions the user's NumPy code raised inside a jax.pure_callback (the last few), in
+# the order raised: JAX reports each as its own runtime error (JaxRuntimeError, INTERNAL),
+# and a front door whose program ran within its call raises the user's (raised_in).
+_HOST_ERRORS: collections.deque = collections.deque(maxlen=8)
+
+
+@contextlib.contextmanager
+def raised_in():
+  """Re-raises, in place of JAX's runtime error, the exception ``fun`` or ``jac`` raised on
+  the host during the block (its own type, chained ``from`` JAX's error).
+
+  Only a program that runs within the block is seen: under a caller's ``jax.jit`` the
+  program runs at the caller's call, and JAX's error (which quotes the user's traceback)
+  reaches the caller as it is.
+
+  Yields:
+    Nothing.
+  """
+  mark = _HOST_ERRORS[-1] if _HOST_ERRORS else None
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as error:
+    raised = _HOST_ERRORS[-1] if _HOST_ERRORS else None
+    if raised is None or raised is mark or not isinstance(raised, Exception):
+      raise
+    _HOST_ERRORS.clear()
+    raise raised.with_traceback(raised.__traceback__) from error
+
+
 @dataclasses.dataclass(frozen=True)
 class _HostPair:
   """``(f(x), grad f(x))`` on the host, with NumPy arrays, as SciPy calls ``fun``."""
@@ -166,7 +195,11 @@ class _HostPair:
     return jax.pure_callback(self._host, shapes, x, list(args), vmap_method="sequential")
 
   def _host(self, x, args):
-    return self.at(x, _put_back(self.arrangement, args))
+    try:
+      return self.at(x, _put_back(self.arrangement, args))
+    except BaseException as error:  # pylint: disable=broad-except
+      _HOST_ERRORS.append(error)  # JAX raises its own runtime error; the door raises this
+      raise
 
   def at(self, x, args):
     """``(f(x), grad f(x))`` on the host, ``args`` as ``fun`` takes them.

@@ -17,6 +17,7 @@ from hdm_optax import _numerics
 from hdm_optax.adapters import objective as objective_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
+from hdm_optax.driver import results
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import SolveResult
@@ -90,7 +91,8 @@ class MinimizeResult(_MinimizeFields):
     njev: evaluations of the gradient (``num_grad_evals``).
   """
 
-  __slots__ = ()
+  # No __slots__: the instance's __dict__ holds what stopped a STOPPED run (its status is a
+  # Python int, which results.note_stop_cause cannot key on).
 
   message = SolveResult.message
 
@@ -390,9 +392,13 @@ def _options(options, tol, max_steps) -> dict:
   options = dict(options or {})
   unknown = set(options) - set(SCIPY_DEFAULTS) - set(_REFUSED) - {"eps", "disp", "iprint"}
   if unknown:
+    hint = ""
+    if "return_all" in unknown:  # other SciPy methods' option: the iterates in a list
+      hint = " For every iterate (return_all), collect them with callback=lambda xk: ...;"
     raise ValueError(
       f"unknown options {sorted(unknown)}; L-BFGS-B's are {sorted(SCIPY_DEFAULTS)}, eps, "
-      "disp and iprint."
+      f"disp and iprint.{hint} Drop the others (SciPy's L-BFGS-B would warn and ignore "
+      "them; here they are refused, so that a misspelt option is not lost)."
     )
   for name, why in _REFUSED.items():
     if options.get(name) is not None and not (name == "workers" and options[name] == 1):
@@ -574,12 +580,16 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
     nfev=nfev,
     njev=res.num_grad_evals,
   )
+  cause = results.stop_cause(res)
   if not traced:  # through NumPy: a JAX array's int() costs several times more
     host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
     arrays = lambda v: np.asarray(v) if isinstance(v, jax.Array) else jax.tree.map(np.asarray, v)
     fields = {k: host[k](np.asarray(v)) if k in host else arrays(v) for k, v in fields.items()}
     res = res._replace(status=int(np.asarray(res.status)))  # SciPy's status is an int
-  return MinimizeResult(*res, **fields)
+  out = MinimizeResult(*res, **fields)
+  if cause is not None:
+    results.note_stop_cause(out, cause)
+  return out
 
 
 def minimize(
@@ -628,7 +638,10 @@ def minimize(
   ``jax.pure_callback`` with NumPy arrays, as SciPy calls it, and with ``jac=None`` its
   gradient is SciPy's forward difference (step ``eps``): see
   :mod:`hdm_optax.adapters.objective`. ``fun`` is traced once with abstract values to tell
-  the two apart (a counter in ``fun`` sees that call).
+  the two apart (a counter in ``fun`` sees that call). An exception the NumPy ``fun`` (or
+  ``jac``) raises reaches the caller as itself (chained from JAX's runtime error where the
+  host call was JAX's); under a caller's ``jax.jit`` the program runs after ``minimize``
+  has returned, and JAX's ``JaxRuntimeError`` (which quotes ``fun``'s traceback) is raised.
 
   Called outside ``jit``/``vmap`` it compiles once per (``fun``, ``jac``, ``method``,
   ``maxiter``, ``maxcor``, ``callback``, ``progress``) and the shapes and dtypes of
@@ -718,7 +731,8 @@ def minimize(
   try:
     keywords = dict(has_aux=has_aux, init_state=init_state, callback=callback)
     keywords.update(progress=progress, adjoint=adjoint, trace=trace, rtol=rtol)
-    res = _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords)
+    with objective_lib.raised_in():  # fun's own exception, not JAX's runtime error
+      res = _solve(method, objective, x0, args, opts, lower, upper, gtol, ftol, **keywords)
   except BaseException as error:  # a callback's error or Ctrl-C: the partial result, SciPy's
     if isinstance(getattr(error, "result", None), SolveResult):
       error.result = _scipy_fields(error.result, mode, x0, False)

@@ -147,7 +147,9 @@ def _warn_tf32(fun, params) -> None:
     )
 
 
-def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False) -> jax.Array:
+def judge(
+  old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False, flat_before=False
+) -> jax.Array:
   r"""The one stop rule: the status of a run at ``new``, reached from ``old`` (int32).
 
   In order of precedence: ``NON_FINITE`` (f or the gradient norm is not finite),
@@ -168,6 +170,10 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   ``-slope <= 2 ftol max(...)``. A method without a line search may step across the
   minimiser to a point of nearly the same f (a quadratic's mirror point), where L-BFGS-B's
   line search would not have ended; a small decrease there is no sign of convergence.
+
+  ``flat_before``: the ``ftol`` test held at the last update of the run that ``new``
+  resumes (:attr:`hdm_optax.driver.resuming.Resume.ftol_met`): ``new`` is where that run
+  converged, and a resumed run does not move from there unless asked (a smaller ``ftol``).
   """
   dtype = new.value.dtype
   finite = jnp.isfinite(new.value) & jnp.isfinite(new.grad_norm)
@@ -180,6 +186,7 @@ def judge(old: LoopState, new: LoopState, limits: Limits, slope=None, halt=False
   flat = new.accepted & (decrease > 0) & small
   if slope is not None:
     flat &= -slope <= 2 * jnp.asarray(limits.ftol, dtype) * scale
+  flat |= flat_before
   # The trials since the previous accepted update: before this update, and this one's own.
   nonfinite = protocol.nonfinite_trials(old.opt_state) + protocol.nonfinite_trials(new.opt_state)
   edge = flat & (nonfinite > 0)
@@ -263,7 +270,12 @@ class Loop(NamedTuple):
       status=jnp.int32(RUNNING),
       tol=tol,
     )
-    return s._replace(status=judge(s, s, limits))
+    flat_before = False
+    if resume.ftol_met is not None:  # a run that converged on ftol, resumed: it stays there
+      met = jnp.asarray(resume.ftol_met, jnp.float32)
+      ftol = jnp.asarray(limits.ftol, jnp.float32)
+      flat_before = (resume.mode == RESUME) & (ftol > 0) & (met <= ftol)
+    return s._replace(status=judge(s, s, limits, flat_before=flat_before))
 
   def update(self, s: LoopState):
     """``(params, opt_state, value_evals, grad_evals)``: one ``optimizer.update`` at ``s``,

@@ -31,6 +31,8 @@ from hdm_optax import _numerics
 from hdm_optax.driver import host
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
+from hdm_optax.driver import results
+from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import converged
 
@@ -139,6 +141,7 @@ class _Session:
     self.members = 0
     self.table: dict = {}
     self.error: Optional[BaseException] = None
+    self.stopped_by: Optional[str] = None  # what stopped the run, in words
     self.begun = None
     self.drawn = -np.inf
     self.terminal = _terminal()
@@ -249,9 +252,13 @@ def watched(
         result = run(Handle(hook, checks))
         if not ready and (hook is not None or checks is not None):  # its errors known
           result = jax.block_until_ready(result)
-        raised = None if hook is None else _SESSIONS[int(hook)].error
-        if raised is not None:
-          _raise_with(raised, result, "the callback raised this")
+        current = None if hook is None else _SESSIONS[int(hook)]
+        if interrupts.seen() and (current is None or current.stopped_by is None):
+          _note_cause(result, _CTRL_C)
+        elif current is not None and current.stopped_by is not None:
+          _note_cause(result, current.stopped_by)
+        if current is not None and current.error is not None:
+          _raise_with(current.error, result, "the callback raised this")
         if interrupts.seen():
           _raise_with(KeyboardInterrupt(), result, "Ctrl-C (SIGINT) during the run")
   finally:
@@ -272,6 +279,19 @@ def _primal(x):
   if inner is None or isinstance(inner, jax.core.Tracer):
     return None
   return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
+
+
+_CTRL_C = "Ctrl-C (KeyboardInterrupt)"
+
+
+def _note_cause(result, cause: str) -> None:
+  """Records ``cause`` for the message of every result in ``result`` that ended ``STOPPED``."""
+  is_result = lambda node: isinstance(node, SolveResult)
+  for found in jax.tree.leaves(result, is_leaf=is_result):
+    status = getattr(found, "status", None) if is_result(found) else None
+    if status is not None and not isinstance(status, jax.core.Tracer):
+      if np.any(np.asarray(status) == Status.STOPPED):
+        results.note_stop_cause(found, cause)
 
 
 def _raise_with(error_: BaseException, result, why: str) -> None:
@@ -300,7 +320,7 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
   if current is None or (current.error is not None and not final):
     return np.full(status.shape, True)
   if not final and interrupts.seen():  # Ctrl-C: the run stops, the call raises
-    current.error = KeyboardInterrupt()
+    current.error, current.stopped_by = KeyboardInterrupt(), _CTRL_C
     return np.full(status.shape, True)
   current.members = members
   merged = current.merge(member, dict(zip(Snapshot._fields[1:], fields)))
@@ -316,12 +336,16 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
     halt = _halts(
       current.callback(snapshot) if caller is None else caller.run(current.callback, snapshot)
     )
+    said = "the callback, which returned True"
   except StopIteration:
-    halt = True
+    halt, said = True, "the callback, which raised StopIteration"
   except BaseException as err:  # pylint: disable=broad-except
     if current.staged:
       raise
     current.error, halt = err, True  # KeyboardInterrupt and SystemExit too: raised at the end
+    said = f"the callback, which raised {type(err).__name__}"
+  if halt and current.stopped_by is None:
+    current.stopped_by = said
   return np.full(status.shape, halt)
 
 

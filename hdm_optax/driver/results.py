@@ -5,7 +5,8 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-from typing import Any, NamedTuple, Union
+import weakref
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -101,6 +102,43 @@ _MESSAGES = {
   "the region where f is finite, not at a minimum (if the minimum lies on that edge, give "
   "it as bounds)",
 }
+
+
+# What stopped a run that ended STOPPED, where the host knows it (a callback, Ctrl-C, a sweep's
+# first converged point), by the id of the result's status array: (a weak reference to that
+# array, the cause in words). The result's pytree stays as it is; a result whose status was
+# copied (or computed under jit, where the host sees the run only later) says the statuses'
+# common line.
+_STOP_CAUSES: dict = {}
+
+
+def note_stop_cause(result, cause: str) -> None:
+  """Records ``cause`` (words: "the callback returned True") for ``result``'s message.
+
+  Args:
+    result: a :class:`SolveResult` (or a result with the same ``status`` field).
+    cause: what stopped the run, said after "stopped before the end: by".
+  """
+  if hasattr(result, "__dict__"):  # a result that holds it (its status may be a Python int)
+    result.__dict__["stopped_by"] = cause
+    return
+  status = getattr(result, "status", None)
+  key = id(status)
+  try:
+    ref = weakref.ref(status, lambda _: _STOP_CAUSES.pop(key, None))
+  except TypeError:  # no weak reference to it (a NumPy scalar): the common line is said
+    return
+  _STOP_CAUSES[key] = (ref, cause)
+
+
+def stop_cause(result) -> Optional[str]:
+  """The cause :func:`note_stop_cause` recorded for ``result``, or ``None``."""
+  held_here = getattr(result, "__dict__", {}).get("stopped_by")  # a result with a __dict__
+  if held_here is not None:
+    return held_here
+  status = getattr(result, "status", None)
+  held = _STOP_CAUSES.get(id(status))
+  return held[1] if held is not None and held[0]() is status else None
 
 
 # Recent steps: the window, and the share of null steps that names a stall.
@@ -266,7 +304,7 @@ class SolveResult(NamedTuple):
     else:
       state_of = lambda i: jax.tree.map(lambda a: rows(a)[i], self.state)
       precond = _precond_rows(self.state, count)
-    messages = []
+    messages, cause = [], stop_cause(self)
     for i, code in enumerate(codes.ravel()):
       status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
@@ -283,6 +321,8 @@ class SolveResult(NamedTuple):
         uphill,
       )
       head = status.message
+      if status == Status.STOPPED and cause is not None:
+        head = f"stopped before the end: by {cause}"
       if status == Status.NON_FINITE:
         head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))
       if status in (Status.MAX_STEPS, Status.STALLED):

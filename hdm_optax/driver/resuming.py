@@ -23,6 +23,7 @@ from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
 from hdm_optax.driver.results import SolveResult
+from hdm_optax.driver.results import Status
 
 __all__ = (
   "FRESH",
@@ -60,6 +61,11 @@ class Resume(NamedTuple):
     mode: :data:`FRESH`, :data:`WARM` (an optimizer state: the counts start at 0, f and grad
       f are evaluated) or :data:`RESUME` (a result: the counts go on, and f and grad f at
       the params are the optimizer cache's, where it keeps one: no call).
+    ftol_met: for a result that ended ``CONVERGED_FTOL``, the relative decrease of f along
+      its last update (float32), read from its trace, or 0 where the trace does not hold
+      that update (``trace=0``, a batch's default); a resumed run whose ``ftol`` is at
+      least this has converged where it starts, as a gtol-converged one has, and makes no
+      step. ``inf`` for any other start.
   """
 
   opt_state: Any
@@ -69,13 +75,45 @@ class Resume(NamedTuple):
   null_run: Any
   num_null_steps: Any
   mode: Any
+  ftol_met: Any = None
 
   @classmethod
-  def of(cls, opt_state, mode=WARM, **counts) -> "Resume":
+  def of(cls, opt_state, mode=WARM, ftol_met=np.inf, **counts) -> "Resume":
     """A :class:`Resume` of ``opt_state`` (``None``: fresh), the counts 0 unless given."""
-    fields = dict.fromkeys(cls._fields[1:-1], 0)
+    fields = dict.fromkeys(cls._fields[1:-2], 0)
     fields.update(counts, mode=mode)
-    return cls(opt_state, **{k: np.int32(v) for k, v in fields.items()})
+    fields = {k: v if programs.tracers(v) else np.int32(v) for k, v in fields.items()}
+    met = ftol_met if programs.tracers(ftol_met) else np.float32(ftol_met)
+    return cls(opt_state, **fields, ftol_met=met)
+
+
+def _ftol_met(result) -> Any:
+  """:attr:`Resume.ftol_met` of ``result`` (a row per member for a batched one): where it
+  ended ``CONVERGED_FTOL``, the relative decrease ``(f_k - f_{k+1}) / max(|f_k|, |f_{k+1}|,
+  1)`` of its last update if its trace holds f before and after that update, else 0 (the
+  test held, at an ftol not known); ``inf`` for any other status. NumPy outside a trace."""
+  fields = (result.status, result.num_steps, result.trace.value, result.trace.step)
+  xp = jnp if programs.tracers(fields) else np
+  status, steps, values, at = (xp.asarray(a) for a in fields)
+  if result.trace.step is None or values.shape[-1] == 0:
+    picked = None
+  else:
+    index = xp.arange(values.shape[-1])
+
+    def f_at(step):  # f at the trace's entry of ``step`` (its last), and whether it has one
+      entry = xp.max(xp.where(at == step[..., None], index, -1), axis=-1)
+      f = xp.take_along_axis(values, xp.maximum(entry, 0)[..., None], axis=-1)[..., 0]
+      return f, entry >= 0
+
+    picked = (f_at(steps), f_at(steps - 1))
+  if picked is None:
+    known, ratio = False, xp.zeros(status.shape, xp.float32)
+  else:
+    (new, after), (old, before) = picked
+    scale = xp.maximum(xp.maximum(xp.abs(old), xp.abs(new)), xp.ones((), values.dtype))
+    known, ratio = after & before, ((old - new) / scale).astype(xp.float32)
+  met = xp.where(known, ratio, xp.float32(0.0))
+  return xp.where(status == Status.CONVERGED_FTOL, met, xp.float32(np.inf)).astype(xp.float32)
 
 
 def result_of(init_state) -> Optional[Any]:
@@ -271,7 +309,8 @@ def start_of(init_state, init_params, shape, kept: bool = False) -> Resume:
   counts = _counts(result)
   counts = {k: v if programs.tracers(v) else np.int32(np.asarray(v)) for k, v in counts.items()}
   mode = WARM if isinstance(result, Reread) else RESUME
-  return Resume.of(_like(result.state, shape), mode, **counts)
+  met = np.float32(np.inf) if mode == WARM else _ftol_met(result)
+  return Resume.of(_like(result.state, shape), mode, ftol_met=met, **counts)
 
 
 def batch_start(init_state):
@@ -284,7 +323,8 @@ def batch_start(init_state):
   rows = np.shape(result.num_steps)[0]
   counts = dict(_counts(result), mode=np.full(rows, WARM if isinstance(result, Reread) else RESUME))
   counts = {k: jnp.broadcast_to(jnp.asarray(v, jnp.int32), (rows,)) for k, v in counts.items()}
-  return Resume(opt_state=result.state, **counts)
+  met = np.full(rows, np.inf, np.float32) if isinstance(result, Reread) else _ftol_met(result)
+  return Resume(opt_state=result.state, **counts, ftol_met=jnp.asarray(met, jnp.float32))
 
 
 def _avals(shape) -> tuple:

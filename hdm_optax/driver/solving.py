@@ -138,7 +138,11 @@ def solve(
       result's (no call; one counted call where ``fun`` or the data it reads are not its
       run's); or an optimizer state (``result.state``): a warm start from
       ``init_params``, the counts from 0. A state's box is replaced by the optimizer's. The
-      three share one compiled program (docs/guide.md, "Resuming a run").
+      three share one compiled program (docs/guide.md, "Resuming a run"). A resumed run
+      that had converged stays where it is: on ``tol`` (the test holds at its params), and
+      on ``ftol`` where this call's ``ftol`` is at least the relative decrease of the
+      result's last update (read from its trace; without one, any ``ftol > 0``); a smaller
+      ``ftol``, ``ftol=0`` or a warm start from ``result.state`` goes on.
     fun_args: extra arguments of ``fun`` (e.g. the data).
     has_aux: ``fun`` returns ``(value, aux)``; ``aux`` at the final params is in
       :attr:`SolveResult.aux` (one more evaluation of ``fun``, counted).

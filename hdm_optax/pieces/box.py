@@ -86,6 +86,14 @@ def _concrete(value) -> Optional[np.ndarray]:
     return None
 
 
+def _plain(value, leaf) -> str:
+  """``value`` (an entry of the bound ``leaf``) as a number reads, in the leaf's own floating
+  dtype: ``2.0``, ``0.1`` for a float32 0.1 (not ``np.float64(2.0)``, nor its float64
+  digits)."""
+  dtype = np.asarray(leaf).dtype  # concrete: check_order compared its values
+  return str(np.asarray(value, dtype if np.issubdtype(dtype, np.floating) else np.float64)[()])
+
+
 def _side(name: str, bound, params, open_value: float):
   """One side of the box as a pytree of arrays of the params' dtype (0-d where a scalar)."""
   leaves, treedef = jax.tree.flatten(params)
@@ -141,7 +149,8 @@ def _side(name: str, bound, params, open_value: float):
 
 def check_order(lower, upper, lower_name: str = "lower", upper_name: str = "upper") -> None:
   """Raises a ``ValueError`` where concrete bounds have ``lower > upper``."""
-  for lo, hi in zip(jax.tree.leaves(lower), jax.tree.leaves(upper)):
+  lower_paths = jax.tree_util.tree_flatten_with_path(lower)[0]
+  for (path, lo), hi in zip(lower_paths, jax.tree.leaves(upper)):
     lo_arr, hi_arr = _concrete(lo), _concrete(hi)
     if lo_arr is None or hi_arr is None:
       continue
@@ -150,8 +159,12 @@ def check_order(lower, upper, lower_name: str = "lower", upper_name: str = "uppe
       at = tuple(int(i) for i in np.argwhere(bad)[0])
       lo_at = np.broadcast_to(lo_arr, bad.shape)[at]
       hi_at = np.broadcast_to(hi_arr, bad.shape)[at]
+      where = [f"leaf {jax.tree_util.keystr(path)}"] if path else []
+      where += [f"index {at}"] if at else []
+      place = f" at {', '.join(where)}" if where else ""
       raise ValueError(
-        f"{lower_name} > {upper_name} at index {at}: {lo_at!r} > {hi_at!r}; the box is empty. "
+        f"{lower_name} > {upper_name}{place}: {_plain(lo_at, lo)} > {_plain(hi_at, hi)}; the "
+        "box is empty. "
         f"Pass {lower_name} <= {upper_name} everywhere (equal bounds fix a variable)."
       )
 
