@@ -1,6 +1,7 @@
-"""Seams a user's probe found (session 19): one test (or a few) per item.
+"""What a user is told, or refused, at five seams: a chain of two methods, a STOPPED run's
+cause, an empty box, a NumPy fun's own exception, and a resumed ftol-converged run.
 
-Each test reproduces the probe's example and checks the answer, or, where the right answer
+Each test reproduces a user's example and checks the answer, or, where the right answer
 is an error, its type and that its message names what went wrong and the fix.
 """
 
