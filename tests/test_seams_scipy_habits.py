@@ -1,5 +1,6 @@
-"""What a SciPy user is told at two seams of ``minimize``: bounds written as
-``least_squares`` takes them (or one pair short), and a float32 run at its rounding floor.
+"""What a user with SciPy's habits is told at three seams: ``minimize``'s bounds written as
+``least_squares`` takes them (or one pair short), a float32 run at its rounding floor, and
+``solve_batch`` given one start for a batch of data (the default in_axes maps both).
 
 Each test reproduces a user's example; where the right answer is an error or a note, it
 checks that the text names what went wrong and the fix.
@@ -93,3 +94,23 @@ def test_a_run_still_moving_f_has_no_rounding_note():
   res = hdm_optax.minimize(rosen, np.tile([-1.2, 1.0], 10), options={"maxiter": 120})
   assert res.status == hdm_optax.Status.MAX_STEPS
   assert "rounding" not in res.message
+
+
+# --- 3. solve_batch with an unbatched start: which argument has which size, and the fix -------
+
+
+def test_solve_batch_sizes_name_the_arguments_and_in_axes_fix():
+  """One start for five problems under the default in_axes: the error said only
+  'got sizes [3, 5]', not that 3 is the start's length or that in_axes=(None, 0) shares it."""
+  fun = lambda w, c: jnp.sum((w - c) ** 2)
+  opt, data = hdm_optax.trial_lbfgs(), jnp.ones((5, 3))
+  with pytest.raises(ValueError) as caught:
+    hdm_optax.solve_batch(opt, fun, jnp.zeros(3), fun_args=(data,))
+  message = str(caught.value)
+  assert "3 on axis 0 of init_params, of shape (3,)" in message
+  assert "5 on axis 0 of fun_args[0], of shape (5, 3)" in message
+  assert "in_axes=(None, 0)" in message
+  out = hdm_optax.solve_batch(opt, fun, jnp.zeros(3), fun_args=(data,), in_axes=(None, 0))
+  np.testing.assert_allclose(out.params, data, atol=1e-8)
+  with pytest.raises(ValueError, match="axes of size 0"):
+    hdm_optax.solve_batch(opt, fun, jnp.zeros((0, 3)), fun_args=(jnp.ones((0, 3)),))
