@@ -267,6 +267,34 @@ def _bounds_sides(bounds, x0, dtype) -> tuple[Any, Any]:
   return jnp.asarray(sides[0], dtype), jnp.asarray(sides[1], dtype)
 
 
+def _check_sequence_sides(bounds, x0) -> None:
+  """Refuse a list or tuple as a side of ``(lower, upper)`` for an x0 of one array.
+
+  Such a side is a pytree of several leaves, never one like x0, so the box's check would
+  refuse it with pytree structures. Users of ``least_squares`` write ``([0, 0, 0], [1, 1, 1])``
+  and users of ``minimize`` one pair short of n (``[(0, 1), (0, 1)]`` for three entries);
+  say which side, how many entries it has against x0's, and both ways to write it.
+  """
+  if not _one_array(x0):
+    return
+  for name, side in zip(("lower", "upper"), bounds):
+    if isinstance(side, (list, tuple)):
+      shown = repr(side) if len(repr(side)) <= 60 else repr(side)[:57] + "..."
+      what = (
+        "is a Python sequence, where an array like x0 is needed"
+        if len(side) == np.size(x0)
+        else f"has {len(side)} entries for x0's {np.size(x0)} (The number of bounds is not "
+        "compatible with the length of `x0`.)"
+      )
+      raise ValueError(
+        f"bounds was read as a pair (lower, upper), not as SciPy's (min, max) pairs (x0 has "
+        f"{np.size(x0)} entries, bounds {len(bounds)}); its {name}, the "
+        f"{type(side).__name__} {shown}, {what}. Pass SciPy's {np.size(x0)} (min, max) "
+        "pairs, one per entry of x0, or lower and upper as arrays (np.asarray(...)) or "
+        "scipy.optimize.Bounds(lower, upper)."
+      )
+
+
 def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
   """``(lower, upper)`` of what ``minimize(bounds=...)`` accepts (``(None, None)`` for None).
 
@@ -291,6 +319,8 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
   Raises:
     TypeError: ``bounds`` of none of these forms (a sequence of another length, an array of
       another shape), with what it got.
+    ValueError: a pair whose lower or upper is a list or tuple for an x0 of one array
+      (``([0, 0, 0], [1, 1, 1])``, or two SciPy pairs for three entries), naming the side.
   """
   if bounds is None:
     return None, None
@@ -302,6 +332,7 @@ def bounds_to_box(bounds, x0) -> tuple[Any, Any]:
   if pairs is not None:
     return _pairs_to_box(pairs, dtype)
   if isinstance(bounds, (list, tuple)) and len(bounds) == 2:
+    _check_sequence_sides(bounds, x0)
     return bounds[0], bounds[1]
   if isinstance(bounds, (np.ndarray, jax.Array)):
     flat = _one_array(x0) and np.ndim(x0) == 1

@@ -56,32 +56,40 @@ def problems(init_params, fun_args: tuple, in_axes) -> Problems:
       raise TypeError(f"init_params: {err}") from None
   leaves, treedef = jax.tree.flatten(tree)
   paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  out, sizes = [], set()
+  out, sizes = [], {}
   for leaf, axis, path in zip(leaves, axes, paths):
     if axis is not None:
       leaf = jnp.asarray(leaf)
+      where = ("init_params", "fun_args")[path[0].idx] + jax.tree_util.keystr(path[1:])
       if not isinstance(axis, int) or not -leaf.ndim <= axis < leaf.ndim:
-        where = ("init_params", "fun_args")[path[0].idx] + jax.tree_util.keystr(path[1:])
         raise ValueError(
           f"in_axes maps axis {axis!r} of {where}, of shape {leaf.shape}, which has no such "
           "axis; give it None in in_axes (e.g. in_axes=(0, (0, None)) for fun_args=(data, "
           "number): data mapped, the number shared)."
         )
-      sizes.add(leaf.shape[axis])
+      sizes.setdefault(leaf.shape[axis], f"axis {axis} of {where}, of shape {leaf.shape}")
       leaf = jnp.moveaxis(leaf, axis, 0) if axis % leaf.ndim else leaf
     out.append(leaf)
-  if sizes == {0}:
+  if set(sizes) == {0}:
     raise ValueError(
       "in_axes maps axes of size 0 (init_params and fun_args hold no problem): there is "
       "nothing to solve; pass at least one problem on the mapped axes."
     )
+  _check_one_count(sizes)
+  mapped = tuple(a is not None for a in axes)
+  return Problems(jax.tree.unflatten(treedef, out), mapped, sizes.popitem()[0] if sizes else 1)
+
+
+def _check_one_count(sizes: dict) -> None:
+  """The mapped axes' sizes (each with the first axis found of that size) are one count."""
   if len(sizes) > 1:
+    found = "; ".join(f"{size} on {where}" for size, where in sorted(sizes.items()))
     raise ValueError(
       f"in_axes: the mapped axes of init_params and fun_args must have one size (the number "
-      f"of problems), got sizes {sorted(sizes)}"
+      f"of problems), got sizes {sorted(sizes)} ({found}). Give them one size, or None in "
+      "in_axes for what every problem shares: in_axes=(None, 0) for one start (init_params "
+      "unbatched), in_axes=(0, None) for one set of fun_args."
     )
-  mapped = tuple(a is not None for a in axes)
-  return Problems(jax.tree.unflatten(treedef, out), mapped, sizes.pop() if sizes else 1)
 
 
 # --- the grid of settings ----------------------------------------------------------------

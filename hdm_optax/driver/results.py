@@ -149,6 +149,33 @@ _RECENT_NULL_SHARE = 0.5
 _COLLAPSED_PRECOND = 1e-20
 
 
+# f's rounding, as the acceptance tests take it (hdm_optax.pieces.acceptance): 64 eps |f|.
+_ROUNDING_EPS = 64
+
+
+def _rounding_floor_note(values) -> list:
+  """A run whose last updates moved f only within its rounding, back and forth.
+
+  Where ``||grad f||`` cannot go below ``tol`` in f's dtype (float32's floor on a sum of many
+  terms, docs/pitfalls.md), the methods accept steps that leave f equal within its rounding
+  and can cycle among a few points until ``max_steps``; neither the gradient test nor
+  ``ftol`` (a decrease of f) holds there. Say so, with the dtype and the fix.
+  """
+  if not np.all(np.isfinite(values)) or np.all(values == values[0]):
+    return []
+  dtype = values.dtype
+  span, size = float(np.max(values) - np.min(values)), float(np.max(np.abs(values)))
+  if span > _ROUNDING_EPS * float(np.finfo(dtype).eps) * size:
+    return []
+  wider = "" if dtype.itemsize >= 8 else ", or compute in float64 (jax_enable_x64)"
+  return [
+    f"f moved only within its {dtype.name} rounding over the last {values.size} steps "
+    f"({np.min(values):.7g} to {np.max(values):.7g}): ||grad f|| is at its rounding floor "
+    "above tol; ask for a reduction with rtol= (1e-6 to 1e-5) or a larger tol (minimize: "
+    f"gtol){wider} (docs/pitfalls.md, float32)"
+  ]
+
+
 def _stall_notes(
   status: Status, null_run: int, recent, precond, values=None, nonfinite: int = 0, uphill: int = 0
 ) -> list:
@@ -176,6 +203,8 @@ def _stall_notes(
       f"f has not changed over the last {values.size} steps: the steps are below the "
       "rounding of x (scale f or the variables, or raise the method's step size)"
     )
+  elif values is not None and values.size >= _RECENT_STEPS:
+    notes += _rounding_floor_note(values)
   if status == Status.MAX_STEPS and null_run > 0:
     notes.append(
       f"the last {null_run} updates were null steps (the iterate did not move; "
