@@ -787,11 +787,11 @@ def _square_sums(pairs):
   return sum(s * s for s, _ in pairs), sum(y * y for _, y in pairs)
 
 
-def _predicts_newest(pairs) -> bool:
-  """h of the older pairs predicts the newest pair's s from its y better than their scalar
-  c = sqrt(sum ss / sum yy) does."""
-  *old, (s_new, y_new) = pairs
-  ss, yy = _square_sums(old)
+def _predicts_newest(pairs, back: int = 1) -> bool:
+  """h of the other pairs predicts the newest pair's (``back`` = 2: the one before it) s from
+  its y better than their scalar c = sqrt(sum ss / sum yy) does."""
+  s_new, y_new = pairs[-back]
+  ss, yy = _square_sums(pairs[: len(pairs) - back] + pairs[len(pairs) - back + 1 :])
   c = math.sqrt(ss.sum() / max(yy.sum(), np.finfo(np.float64).tiny))
   seen = (ss > 0) & (yy > 0)
   h = np.where(seen, np.sqrt(np.where(seen, ss, 1.0) / np.where(seen, yy, 1.0)), c)
@@ -802,14 +802,18 @@ def pairs_diagonal_reference(pairs, gamma: float, gate: float, bound: float, mem
   """H_0 from the pairs: h_i = sqrt(sum_k s_ki^2 / sum_k y_ki^2) clipped to [gamma / bound,
   gamma bound] (gamma where a coordinate's sums are 0), where at least two pairs are kept,
   max h / min h over the coordinates with nonzero sums exceeds ``gate`` and, until the memory
-  is full, the older pairs' h predicts the newest pair better than their scalar; gamma
+  is full, the older pairs' h predicts the newest pair better than their scalar (with a full
+  memory: the other pairs' h predicts the newest pair or the one before it); gamma
   otherwise."""
   if len(pairs) < 2:
     return gamma
   ss, yy = _square_sums(pairs)
   seen = (ss > 0) & (yy > 0)
   h = np.sqrt(np.where(seen, ss, 1.0) / np.where(seen, yy, 1.0))
-  predicted = len(pairs) == memory_size or _predicts_newest(pairs)
+  if len(pairs) == memory_size:
+    predicted = _predicts_newest(pairs) or _predicts_newest(pairs, 2)
+  else:
+    predicted = _predicts_newest(pairs)
   if not seen.any() or h[seen].max() <= gate * h[seen].min() or not predicted:
     return gamma
   return np.where(seen, np.clip(h, gamma / bound, gamma * bound), gamma)

@@ -777,11 +777,8 @@ def test_a_diagonal_that_does_not_predict_the_next_pair_stays_out():
   by over 1e3, but h of the first two pairs maps the third y worse than their scalar, so
   gamma I stays. The same steps under a badly scaled diagonal Hessian (entries over
   1e-2..1e2): h of the first two pairs predicts the third, and it is used."""
-  rng = np.random.default_rng(3)
-  n = 20
-  q, _ = np.linalg.qr(rng.standard_normal((n, n)))
-  hess = (q * np.linspace(1.0, 2.0, n)) @ q.T
-  steps = rng.standard_normal((3, n)) * np.where(np.arange(n) == 0, 1e-4, 1.0)
+  hess, steps = _rotated_hessian_and_steps(3)
+  n = len(hess)
   isotropic = [(s, hess @ s) for s in steps]
   ss, yy = (sum(v * v for v in vs) for vs in zip(*isotropic))
   h = np.sqrt(ss / yy)
@@ -791,9 +788,35 @@ def test_a_diagonal_that_does_not_predict_the_next_pair_stays_out():
   scaled = [(s, np.geomspace(1e-2, 1e2, n) * s) for s in steps]
   _, on = tl.pairs_diagonal().apply(_memory_of(scaled, 10), 1.0)
   assert bool(on)
-  # With the memory full the spread is the evidence, as before the test on the newest pair.
+
+
+def _rotated_hessian_and_steps(count):
+  """A rotation of eigenvalues in [1, 2] (n = 20) and ``count`` steps that leave the first
+  coordinate nearly unmoved."""
+  rng = np.random.default_rng(3)
+  n = 20
+  q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+  hess = (q * np.linspace(1.0, 2.0, n)) @ q.T
+  return hess, rng.standard_normal((count, n)) * np.where(np.arange(n) == 0, 1e-4, 1.0)
+
+
+def test_a_full_memorys_diagonal_stays_out_once_it_misses_the_two_newest_pairs():
+  """With the memory full, h goes out where it misses both of the two newest pairs (each
+  against h of the other pairs) and stays where it misses only the newest (the test on one
+  pair flips by rounding near a minimiser): the three pairs of the rotated Hessian above in
+  a memory of three miss both; three pairs of a badly scaled diagonal Hessian and a fourth
+  of the rotated one, in a memory of four, miss the newest only (the same four pairs in a
+  memory of ten, not full, keep h out)."""
+  hess, steps = _rotated_hessian_and_steps(4)
+  isotropic = [(s, hess @ s) for s in steps[:3]]
   _, on = tl.pairs_diagonal().apply(_memory_of(isotropic, 3), 1.0)
+  assert not bool(on)
+  scale = np.geomspace(1e-2, 1e2, len(hess))
+  mixed = [(s, scale * s) for s in steps[:3]] + [(steps[3], hess @ steps[3])]
+  _, on = tl.pairs_diagonal().apply(_memory_of(mixed, 4), 1.0)
   assert bool(on)
+  _, on = tl.pairs_diagonal().apply(_memory_of(mixed, 10), 1.0)
+  assert not bool(on)
 
 
 def test_the_batched_benchmarks_slowest_members_take_no_more_calls_than_the_rest(monkeypatch):

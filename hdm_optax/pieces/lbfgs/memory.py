@@ -550,13 +550,20 @@ def _add_leaves(tree) -> jax.Array:
   return functools.reduce(jnp.add, jax.tree.leaves(tree))
 
 
-def _predicts_newest(memory: SecantMemory, full) -> jax.Array:
-  r"""Whether h of the older pairs predicts the newest pair's s from its y better than
-  their scalar :math:`c = \sqrt{\sum_k \|s_k\|^2 / \sum_k \|y_k\|^2}`:
-  :math:`\|h \circ y - s\| < \|c\,y - s\|`, h taking c where the older pairs have not
+def _misses_newest_two(memory: SecantMemory, full) -> jax.Array:
+  """Whether h of the other pairs predicts neither the newest pair nor the one before it
+  (:func:`_predicts_newest` of each)."""
+  return ~_predicts_newest(memory, full) & ~_predicts_newest(memory, full, 2)
+
+
+def _predicts_newest(memory: SecantMemory, full, back: int = 1) -> jax.Array:
+  r"""Whether h of the other pairs predicts the newest pair's (``back`` = 2: the one before
+  it) s from its y better than their scalar
+  :math:`c = \sqrt{\sum_k \|s_k\|^2 / \sum_k \|y_k\|^2}`:
+  :math:`\|h \circ y - s\| < \|c\,y - s\|`, h taking c where the other pairs have not
   seen a coordinate."""
   size = memory.rho.shape[0]
-  newest = (memory.head - 1) % size
+  newest = (memory.head - back) % size
   old = full & (jnp.arange(size, dtype=jnp.int32) != newest)
   ss, yy = _square_sums(memory.s, old), _square_sums(memory.y, old)
   total = lambda tree: _add_leaves(jax.tree.map(jnp.sum, tree))
@@ -597,10 +604,12 @@ class PairsDiagonal(NamedTuple):
     settled = held == full.shape[0]  # a full memory: the spread of m pairs is evidence enough
     spread = (held >= 2) & (hi > gate * lo)
     # The test on the newest pair is two more passes over the pairs: run only where it decides.
-    tested = jax.lax.cond(
-      spread & ~settled, _predicts_newest, lambda *_: jnp.asarray(False), memory, full
-    )
-    on = spread & (settled | tested)
+    false = lambda *_: jnp.asarray(False)
+    tested = jax.lax.cond(spread & ~settled, _predicts_newest, false, memory, full)
+    # A full memory's h stays until it misses both of the two newest pairs (one miss can be
+    # rounding near a minimiser).
+    missed = jax.lax.cond(spread & settled, _misses_newest_two, false, memory, full)
+    on = spread & ((settled & ~missed) | tested)
     gamma = jnp.asarray(gamma, memory.rho.dtype)
     clip = lambda h: jnp.where(h > 0, jnp.clip(h, gamma / bound, gamma * bound), gamma)
     treedef = jax.tree.structure(memory.s)
@@ -622,11 +631,14 @@ def pairs_diagonal(gate: Any = 1e3, bound: Any = 1e12) -> PairsDiagonal:
   Nocedal is kept as it is). Where the Hessian is not diagonal, y mixes coordinates and a
   few pairs spread h by chance; the out-of-sample test keeps such an h out, and where
   coordinates are badly scaled h predicts the next pair and c does not. With m pairs the
-  spread is evidence enough (and the test on one pair would switch h by rounding near a
-  float32 minimiser). h is clipped to
+  spread is evidence enough until h fails the test on both of the two newest pairs (each
+  against h and c of the other m - 1 pairs): the test on one pair would switch h by
+  rounding near a float32 minimiser, and an h that makes the steps too long, the trials
+  rejected and their pairs kept, fails on pair after pair. h is clipped to
   :math:`[\gamma / \text{bound}, \gamma\,\text{bound}]`; a coordinate the pairs have
   not seen keeps :math:`\gamma`. The sums are one pass over the pairs; the test on the newest
-  pair, two more, runs only where it decides (a memory not full, a spread above the gate).
+  pair, two more (four for the two newest, with a full memory), runs only where the spread
+  is above the gate.
 
   Args:
     gate: the spread of h above which it is used, >= 1.
