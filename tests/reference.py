@@ -906,8 +906,10 @@ def trial_lbfgs_reference(
   ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
   |<g+, s>| <= curvature |<g, s>|, or, after two null steps in a row, f+ - f at most the
   largest :func:`noise_seen` of those null steps and |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule``. A step that moves no coordinate
-  by more than 1024 eps of it (:func:`below_resolution`), or that leaves the gradient as it
-  was, restarts: no pair kept, the memory emptied, gamma from the gradient again, alpha = 1.
+  by more than 1024 eps of it (:func:`below_resolution`), or a rejected one that leaves the
+  gradient as it was, restarts: no pair kept, the memory emptied, gamma from the gradient
+  again, alpha = 1. An accepted step that leaves the gradient as it was keeps no pair and
+  goes on (f is linear along it: alpha_rule lengthens the next trial).
   ``diagonal``: ``(gate, bound)`` of H_0 = :func:`pairs_diagonal_reference` (trial_lbfgs()'s
   default; not where x has fewer entries than pairs), or None for H_0 = gamma I.
   ``memory_size`` None: trial_lbfgs()'s, x's size clipped to [10, 30] where it is at most
@@ -931,7 +933,8 @@ def trial_lbfgs_reference(
     calls += 1
     accepted = False
     d0 = d1 = math.nan
-    lost = finite and (below_resolution(step, x) or not np.any(g_t != g))
+    short = below_resolution(step, x)
+    flat = finite and (short or not np.any(g_t != g))  # no curvature along s
     if finite:
       accepted, d0, d1, y, sy, kept, pairs, gamma = _learn_trial(
         f_t,
@@ -946,11 +949,12 @@ def trial_lbfgs_reference(
         pair_tol,
         agree,
         memory_size,
-        lost=lost,
+        lost=flat,
         run=run,
       )
     run = _next_run(run, accepted, finite, fx, f_t, d0, d1, curvature)
     alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
+    lost = flat and (short or not accepted)  # accepted, g unchanged: f linear along s
     if lost:
       pairs, gamma, alpha = [], 0.0, 1.0
     if accepted:

@@ -58,9 +58,10 @@ def trial_lbfgs(
     as ``optax.scale_by_lbfgs``), or the diagonal :math:`h_i = \sqrt{\sum_k s_{ki}^2 /
     \sum_k y_{ki}^2}` where the pairs show badly scaled coordinates and the older pairs'
     h predicts the newest pair better than their scalar (a full memory's h: the newest or
-    the one before it; ``diagonal``). A step that
-    moves no coordinate by more than :math:`1024\,\epsilon_{64}|x_i|` or a trial that
-    leaves the gradient unchanged carries no curvature: the memory restarts, and alpha is 1 again;
+    the one before it; ``diagonal``). A step that moves no coordinate by more than
+    :math:`1024\,\epsilon_{64}|x_i|`, or a rejected trial that leaves the gradient
+    unchanged, carries no curvature: the memory restarts, and alpha is 1 again (an accepted
+    one found f linear along s: no pair, and alpha goes on growing);
   - the step rule (``step_rule``, default
     :func:`~hdm_optax.pieces.lbfgs.step_rule.evidence_step`), from f, f+ and the slopes
     :math:`\langle \nabla f(x), s\rangle`, :math:`\langle \nabla f(x^+), s\rangle`: it

@@ -319,10 +319,12 @@ def _learn(cfg: _Config, state, trial, verdict, ctx):
   overflow = ~jnp.isfinite(products.yy)
   step_norm = jnp.sqrt(products.ss)
   change_norm = _numerics.scaled_norm(change, products.yy)
-  # A step below the resolution of x (or one that left the gradient as it was) carries
-  # no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
+  # A step below the resolution of x (or a rejected one that left the gradient as it was)
+  # carries no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
+  # An accepted step that left the gradient as it was found f linear along s: no pair, and
+  # the step rule lengthens the next trial (a restart would reset it to alpha = 1 each time).
   short = _below_resolution(step, _blocks.pack(ctx.params), c(_RESOLUTION))
-  lost = finite & (short | (change_norm == 0))
+  lost = finite & (short | ((change_norm == 0) & ~verdict.accepted))
   # A finite trial's pair with enough positive curvature enters the memory where the step
   # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).
   curved = sy > c(cfg.pair_tol) * step_norm * change_norm
