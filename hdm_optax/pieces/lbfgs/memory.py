@@ -550,10 +550,19 @@ def _add_leaves(tree) -> jax.Array:
   return functools.reduce(jnp.add, jax.tree.leaves(tree))
 
 
-def _misses_newest_two(memory: SecantMemory, full) -> jax.Array:
-  """Whether h of the other pairs predicts neither the newest pair nor the one before it
-  (:func:`_predicts_newest` of each)."""
-  return ~_predicts_newest(memory, full) & ~_predicts_newest(memory, full, 2)
+def _false(*_) -> jax.Array:
+  return jnp.asarray(False)
+
+
+def _predicts_recent(memory: SecantMemory, full, settled) -> jax.Array:
+  """Whether h of the other pairs predicts the newest pair (:func:`_predicts_newest`) or,
+  in a full memory (``settled``), the one before it: one miss can be rounding near a
+  minimiser, an h whose steps are rejected misses pair after pair. The second test, two
+  more passes over the pairs, runs only where the first misses."""
+  newest = _predicts_newest(memory, full)
+  second = functools.partial(_predicts_newest, back=2)
+  before = jax.lax.cond(settled & ~newest, second, _false, memory, full)
+  return newest | before
 
 
 def _predicts_newest(memory: SecantMemory, full, back: int = 1) -> jax.Array:
@@ -603,13 +612,8 @@ class PairsDiagonal(NamedTuple):
     held = jnp.sum(full)
     settled = held == full.shape[0]  # a full memory: the spread of m pairs is evidence enough
     spread = (held >= 2) & (hi > gate * lo)
-    # The test on the newest pair is two more passes over the pairs: run only where it decides.
-    false = lambda *_: jnp.asarray(False)
-    tested = jax.lax.cond(spread & ~settled, _predicts_newest, false, memory, full)
-    # A full memory's h stays until it misses both of the two newest pairs (one miss can be
-    # rounding near a minimiser).
-    missed = jax.lax.cond(spread & settled, _misses_newest_two, false, memory, full)
-    on = spread & ((settled & ~missed) | tested)
+    # The tests on the newest pairs are passes over the pairs: run only where they decide.
+    on = spread & jax.lax.cond(spread, _predicts_recent, _false, memory, full, settled)
     gamma = jnp.asarray(gamma, memory.rho.dtype)
     clip = lambda h: jnp.where(h > 0, jnp.clip(h, gamma / bound, gamma * bound), gamma)
     treedef = jax.tree.structure(memory.s)
