@@ -125,6 +125,41 @@ def test_a_sweeps_stopped_points_say_what_stopped_them():
   assert all(m.endswith("by the callback, which returned True") for m in out.results.message)
 
 
+def test_a_copied_stopped_result_still_says_what_stopped_it():
+  """The cause was kept on the host by the id of the status array: a copy of the result
+  (``jax.tree.map``, to NumPy or on the device) said only the statuses' common line."""
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, jnp.zeros(3), callback=lambda s: True)
+  for copy in (np.asarray, jnp.copy):
+    copied = jax.tree.map(copy, res)
+    assert copied.message == "stopped before the end: by the callback, which returned True"
+
+
+def test_a_result_made_under_jit_says_what_stopped_it():
+  """Under the user's ``jax.jit`` the host saw the run only later, and the message said the
+  statuses' common line."""
+  run = jax.jit(
+    lambda x0: hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, x0, callback=lambda s: True)
+  )
+  res = run(jnp.zeros(3))
+  assert _status(res) == hdm_optax.Status.STOPPED
+  assert res.message == "stopped before the end: by the callback, which returned True"
+
+
+def test_a_sweep_of_states_of_other_shapes_says_what_stopped_its_points():
+  """Points whose states have other shapes run as programs of their own, and their results
+  are joined (``results.state`` a list): the stopped points said the common line."""
+  make = lambda memory_size, learning_rate: optax.chain(
+    optax.scale_by_lbfgs(memory_size=memory_size), optax.scale(-learning_rate)
+  )
+  grid = [{"memory_size": m, "learning_rate": lr} for m in (3, 5) for lr in (0.5, 0.001)]
+  out = hdm_optax.sweep(make, grid, _fun, jnp.zeros(3), stop_at_first_converged=True)
+  assert isinstance(out.results.state, list)
+  codes = np.asarray(out.results.status)
+  stopped = [m for m, c in zip(out.results.message, codes) if c == hdm_optax.Status.STOPPED]
+  assert len(stopped) == 2, out.results.message
+  assert all(m.endswith("another point converged first") for m in stopped), stopped
+
+
 # --- 3. an empty box's message prints plain numbers and names the leaf ------------------------
 
 

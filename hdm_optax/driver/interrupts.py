@@ -31,6 +31,7 @@ import numpy as np
 
 from hdm_optax.driver import compiled
 from hdm_optax.driver import host
+from hdm_optax.driver import results
 
 try:  # signal's own functions, without its conversions of handlers to enums
   import _signal as _raw_signal
@@ -237,7 +238,7 @@ def chunked(primitive, steps_of, *, watch):
       )
       carry = primitive(within, member, carry)
       size = jax.lax.cond(steps.running(carry), lambda: _ask(watch, steps_of(carry)), lambda: size)
-      stopped = lambda c: steps.stop(member, c, jnp.asarray(True))
+      stopped = lambda c: steps.stop(member, c, jnp.int32(results.BY_CTRL_C))
       carry = jax.lax.cond(size == 0, stopped, lambda c: c, carry)
       return carry, size
 
