@@ -1,5 +1,6 @@
-"""What a user is told, or refused, at five seams: a chain of two methods, a STOPPED run's
-cause, an empty box, a NumPy fun's own exception, and a resumed ftol-converged run.
+"""What a user is told, or refused, at six seams: a chain of two methods, a STOPPED run's
+cause, an empty box, a NumPy fun's own exception, a resumed ftol-converged run, and params
+that are not floating point.
 
 Each test reproduces a user's example and checks the answer, or, where the right answer
 is an error, its type and that its message names what went wrong and the fix.
@@ -279,3 +280,41 @@ def test_scipys_return_all_is_refused_with_the_fix():
     hdm_optax.minimize(_fun, np.zeros(3), options={"return_all": True})
   text = str(info.value)
   assert "['return_all']" in text and "callback=" in text and "Drop the others" in text
+
+
+# --- 6. params that are not floating point: the argument, its dtype and the cast -----------
+
+
+@pytest.mark.parametrize(
+  "call, expected",
+  [
+    (
+      lambda: hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, np.arange(3)),
+      "init_params: params must be real floating-point arrays, got dtype int64: cast it, "
+      "e.g. jnp.asarray(init_params, jnp.float64)",
+    ),
+    (
+      lambda: hdm_optax.solve(hdm_optax.trial_lbfgs(), lambda p: _fun(p["a"]), {"a": np.arange(3)}),
+      "got dtype int64 at init_params['a']: cast it, e.g. "
+      "jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), init_params)",
+    ),
+    (
+      lambda: hdm_optax.minimize(_fun, jnp.arange(3)),
+      "x0: params must be real floating-point arrays, got dtype int64: cast it, e.g. "
+      "jnp.asarray(x0, jnp.float64)",
+    ),
+  ],
+  ids=["solve", "solve_pytree", "minimize"],
+)
+def test_integer_params_are_refused_naming_the_argument_its_dtype_and_the_cast(call, expected):
+  """An int64 x0 was refused as "init_params: params must be real floating-point arrays, got
+  dtype int64; cast them, e.g. jnp.asarray(x, jnp.float32)": a cast of an ``x`` the user
+  never named, to float32 where float64 is on (the suite's), and no leaf named."""
+  with pytest.raises(TypeError) as info:
+    call()
+  assert expected in str(info.value), str(info.value)
+
+
+def test_python_numbers_and_lists_are_still_made_float():
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, [0, 0, 0])
+  assert bool(res.converged) and jnp.issubdtype(res.params.dtype, jnp.floating)
