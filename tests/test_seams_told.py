@@ -106,6 +106,24 @@ def test_a_callbacks_keyboard_interrupt_result_says_so():
   )
 
 
+class _Mine(ValueError):
+  pass
+
+
+def _raise_mine(snapshot):
+  raise _Mine("here")
+
+
+def test_a_callbacks_own_exception_result_names_its_builtin_type():
+  """The cause is an int32 code in the result: a builtin exception type is named, one of
+  the user's by the builtin type it derives from."""
+  with pytest.raises(_Mine) as info:
+    hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, jnp.zeros(3), callback=_raise_mine)
+  assert info.value.result.message == (
+    "stopped before the end: by the callback, which raised an exception derived from ValueError"
+  )
+
+
 def test_a_stopped_minimize_says_what_stopped_it():
   def callback(intermediate_result):
     raise StopIteration
@@ -135,15 +153,17 @@ def test_a_copied_stopped_result_still_says_what_stopped_it():
     assert copied.message == "stopped before the end: by the callback, which returned True"
 
 
-def test_a_result_made_under_jit_says_what_stopped_it():
-  """Under the user's ``jax.jit`` the host saw the run only later, and the message said the
-  statuses' common line."""
-  run = jax.jit(
-    lambda x0: hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, x0, callback=lambda s: True)
+@pytest.mark.parametrize("transform", ["jit", "vmap"])
+def test_a_result_made_under_jit_or_vmap_says_what_stopped_it(transform):
+  """Under the user's ``jax.jit`` or ``jax.vmap`` the host saw the run's result only as
+  another array, and the message said the statuses' common line."""
+  solve = lambda x0: hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, x0, callback=lambda s: True)
+  res = jax.jit(solve)(jnp.zeros(3)) if transform == "jit" else jax.vmap(solve)(jnp.zeros((2, 3)))
+  assert np.all(np.asarray(res.status) == hdm_optax.Status.STOPPED)
+  messages = res.message if transform == "vmap" else [res.message]
+  assert messages == ["stopped before the end: by the callback, which returned True"] * (
+    2 if transform == "vmap" else 1
   )
-  res = run(jnp.zeros(3))
-  assert _status(res) == hdm_optax.Status.STOPPED
-  assert res.message == "stopped before the end: by the callback, which returned True"
 
 
 def test_a_sweep_of_states_of_other_shapes_says_what_stopped_its_points():
