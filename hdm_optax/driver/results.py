@@ -36,7 +36,7 @@ class Status(enum.IntEnum):
     STOPPED: stopped before the stopping rule held (by
       ``sweep(stop_at_first_converged=True)`` when another point converged, by a
       ``callback`` that returned True or raised ``StopIteration``, or by Ctrl-C: the
-      ``KeyboardInterrupt``'s ``.result``).
+      ``KeyboardInterrupt``'s ``.result``); :attr:`SolveResult.stopped_by` says which.
     STALLED: ``max_null_steps`` consecutive null steps (updates that left the iterate
       where it was).
     UNBOUNDED: ``f(params) < min_value``: the objective looks unbounded below.
