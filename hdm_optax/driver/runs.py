@@ -477,7 +477,9 @@ def run(
     lambda member, carry, cause: carry._replace(state=make(member)[0].stop(carry.state, cause)),
   )
   if program.watch:  # Ctrl-C checks between chunks of steps
-    steps = steps._replace(chunked=functools.partial(interrupts.chunked, watch=handle.watch))
+    steps = steps._replace(
+      chunked=functools.partial(interrupts.chunked, watch=handle.watch, cause=results.BY_CTRL_C)
+    )
     if not primitive.batch:
       primitive = steps.chunked(primitive, lambda carry: carry.state.num_steps)
   begin = functools.partial(_begin, make, program, handle)
