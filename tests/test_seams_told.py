@@ -1,5 +1,6 @@
-"""What a user is told, or refused, at five seams: a chain of two methods, a STOPPED run's
-cause, an empty box, a NumPy fun's own exception, and a resumed ftol-converged run.
+"""What a user is told, or refused, at six seams: a chain of two methods, a STOPPED run's
+cause, an empty box, a NumPy fun's own exception, a resumed ftol-converged run, and params
+that are not floating point.
 
 Each test reproduces a user's example and checks the answer, or, where the right answer
 is an error, its type and that its message names what went wrong and the fix.
@@ -105,6 +106,24 @@ def test_a_callbacks_keyboard_interrupt_result_says_so():
   )
 
 
+class _Mine(ValueError):
+  pass
+
+
+def _raise_mine(snapshot):
+  raise _Mine("here")
+
+
+def test_a_callbacks_own_exception_result_names_its_builtin_type():
+  """The cause is an int32 code in the result: a builtin exception type is named, one of
+  the user's by the builtin type it derives from."""
+  with pytest.raises(_Mine) as info:
+    hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, jnp.zeros(3), callback=_raise_mine)
+  assert info.value.result.message == (
+    "stopped before the end: by the callback, which raised an exception derived from ValueError"
+  )
+
+
 def test_a_stopped_minimize_says_what_stopped_it():
   def callback(intermediate_result):
     raise StopIteration
@@ -123,6 +142,43 @@ def test_a_sweeps_stopped_points_say_what_stopped_them():
   assert stopped and all("another point converged first" in m for m in stopped)
   out = hdm_optax.sweep(make, grid, _fun, jnp.zeros(3), callback=lambda s: True)
   assert all(m.endswith("by the callback, which returned True") for m in out.results.message)
+
+
+def test_a_copied_stopped_result_still_says_what_stopped_it():
+  """The cause was kept on the host by the id of the status array: a copy of the result
+  (``jax.tree.map``, to NumPy or on the device) said only the statuses' common line."""
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, jnp.zeros(3), callback=lambda s: True)
+  for copy in (np.asarray, jnp.copy):
+    copied = jax.tree.map(copy, res)
+    assert copied.message == "stopped before the end: by the callback, which returned True"
+
+
+@pytest.mark.parametrize("transform", ["jit", "vmap"])
+def test_a_result_made_under_jit_or_vmap_says_what_stopped_it(transform):
+  """Under the user's ``jax.jit`` or ``jax.vmap`` the host saw the run's result only as
+  another array, and the message said the statuses' common line."""
+  solve = lambda x0: hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, x0, callback=lambda s: True)
+  res = jax.jit(solve)(jnp.zeros(3)) if transform == "jit" else jax.vmap(solve)(jnp.zeros((2, 3)))
+  assert np.all(np.asarray(res.status) == hdm_optax.Status.STOPPED)
+  messages = res.message if transform == "vmap" else [res.message]
+  assert messages == ["stopped before the end: by the callback, which returned True"] * (
+    2 if transform == "vmap" else 1
+  )
+
+
+def test_a_sweep_of_states_of_other_shapes_says_what_stopped_its_points():
+  """Points whose states have other shapes run as programs of their own, and their results
+  are joined (``results.state`` a list): the stopped points said the common line."""
+  make = lambda memory_size, learning_rate: optax.chain(
+    optax.scale_by_lbfgs(memory_size=memory_size), optax.scale(-learning_rate)
+  )
+  grid = [{"memory_size": m, "learning_rate": lr} for m in (3, 5) for lr in (0.5, 0.001)]
+  out = hdm_optax.sweep(make, grid, _fun, jnp.zeros(3), stop_at_first_converged=True)
+  assert isinstance(out.results.state, list)
+  codes = np.asarray(out.results.status)
+  stopped = [m for m, c in zip(out.results.message, codes) if c == hdm_optax.Status.STOPPED]
+  assert len(stopped) == 2, out.results.message
+  assert all(m.endswith("another point converged first") for m in stopped), stopped
 
 
 # --- 3. an empty box's message prints plain numbers and names the leaf ------------------------
@@ -244,3 +300,41 @@ def test_scipys_return_all_is_refused_with_the_fix():
     hdm_optax.minimize(_fun, np.zeros(3), options={"return_all": True})
   text = str(info.value)
   assert "['return_all']" in text and "callback=" in text and "Drop the others" in text
+
+
+# --- 6. params that are not floating point: the argument, its dtype and the cast -----------
+
+
+@pytest.mark.parametrize(
+  "call, expected",
+  [
+    (
+      lambda: hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, np.arange(3)),
+      "init_params: params must be real floating-point arrays, got dtype int64: cast it, "
+      "e.g. jnp.asarray(init_params, jnp.float64)",
+    ),
+    (
+      lambda: hdm_optax.solve(hdm_optax.trial_lbfgs(), lambda p: _fun(p["a"]), {"a": np.arange(3)}),
+      "got dtype int64 at init_params['a']: cast it, e.g. "
+      "jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), init_params)",
+    ),
+    (
+      lambda: hdm_optax.minimize(_fun, jnp.arange(3)),
+      "x0: params must be real floating-point arrays, got dtype int64: cast it, e.g. "
+      "jnp.asarray(x0, jnp.float64)",
+    ),
+  ],
+  ids=["solve", "solve_pytree", "minimize"],
+)
+def test_integer_params_are_refused_naming_the_argument_its_dtype_and_the_cast(call, expected):
+  """An int64 x0 was refused as "init_params: params must be real floating-point arrays, got
+  dtype int64; cast them, e.g. jnp.asarray(x, jnp.float32)": a cast of an ``x`` the user
+  never named, to float32 where float64 is on (the suite's), and no leaf named."""
+  with pytest.raises(TypeError) as info:
+    call()
+  assert expected in str(info.value), str(info.value)
+
+
+def test_python_numbers_and_lists_are_still_made_float():
+  res = hdm_optax.solve(hdm_optax.trial_lbfgs(), _fun, [0, 0, 0])
+  assert bool(res.converged) and jnp.issubdtype(res.params.dtype, jnp.floating)

@@ -289,7 +289,7 @@ class HDMMinimiser(optx.AbstractMinimiser):
     s = run.start(y)
     # optimistix's threshold, atol + rtol norm(grad f(y0)), judged again at y0.
     tol = jnp.asarray(self.atol + self.rtol * s.grad_norm, s.value.dtype)
-    return HDMMinimiserState(loop=run.stop(s._replace(tol=tol), False))
+    return HDMMinimiserState(loop=run.stop(s._replace(tol=tol), 0))
 
   def step(self, fn, y, args, options, state, tags):
     del options, tags

@@ -17,7 +17,6 @@ from hdm_optax import _numerics
 from hdm_optax.adapters import objective as objective_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
-from hdm_optax.driver import results
 from hdm_optax.driver import solving
 from hdm_optax.driver.limits import check_tolerance
 from hdm_optax.driver.results import SolveResult
@@ -90,9 +89,6 @@ class MinimizeResult(_MinimizeFields):
       ``n + 1`` per gradient, as SciPy counts them).
     njev: evaluations of the gradient (``num_grad_evals``).
   """
-
-  # No __slots__: the instance's __dict__ holds what stopped a STOPPED run (its status is a
-  # Python int, which results.note_stop_cause cannot key on).
 
   message = SolveResult.message
 
@@ -611,16 +607,15 @@ def _scipy_fields(res: SolveResult, mode: str, x0, traced) -> MinimizeResult:
     nfev=nfev,
     njev=res.num_grad_evals,
   )
-  cause = results.stop_cause(res)
   if not traced:  # through NumPy: a JAX array's int() costs several times more
     host = {"success": bool, "nit": int, "nfev": int, "njev": int, "fun": float}
     arrays = lambda v: np.asarray(v) if isinstance(v, jax.Array) else jax.tree.map(np.asarray, v)
     fields = {k: host[k](np.asarray(v)) if k in host else arrays(v) for k, v in fields.items()}
-    res = res._replace(status=int(np.asarray(res.status)))  # SciPy's status is an int
-  out = MinimizeResult(*res, **fields)
-  if cause is not None:
-    results.note_stop_cause(out, cause)
-  return out
+    # SciPy's status is an int, and so is the code of what stopped the run
+    res = res._replace(
+      status=int(np.asarray(res.status)), stopped_by=int(np.asarray(res.stopped_by))
+    )
+  return MinimizeResult(*res, **fields)
 
 
 def minimize(

@@ -26,7 +26,6 @@ from hdm_optax.driver import members as members_lib
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
 from hdm_optax.driver import resuming
-from hdm_optax.driver import results as results_lib
 from hdm_optax.driver.limits import Limits
 from hdm_optax.driver.limits import takes_limits
 from hdm_optax.driver.results import SolveResult
@@ -326,14 +325,8 @@ def _run_part(batch: _Batch, maker, arrays, columns, indices, pid, closed, theta
     return programs.call(_batch_entry, statics, dynamic, handle=handle, traced=traced)
 
   def finished(result):
-    cause = results_lib.stop_cause(result)
-    if cause is None and batch.stop_at_first_converged:
-      cause = "sweep(stop_at_first_converged=True): another point converged first"
     result = result if padded == count else jax.tree.map(lambda a: a[:count], result)
-    result = runs.cut_trace(result, shown)
-    if cause is not None and not programs.tracers(result.status):
-      results_lib.note_stop_cause(result, cause)  # the message of a member that ended STOPPED
-    return result
+    return runs.cut_trace(result, shown)
 
   named = programs.program_key(_batch_entry, statics, dynamic) if program.watch else None
   try:

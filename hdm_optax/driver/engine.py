@@ -69,6 +69,8 @@ class LoopState(NamedTuple):
     num_null_steps: null steps so far.
     status: the :class:`Status` the run ends with here, :data:`RUNNING` while it goes on.
     tol: the gradient threshold, ``max(tol, rtol ||grad f(x0)||_inf)``.
+    stopped_by: what stopped a run that ended ``STOPPED`` (:meth:`Loop.stop`'s ``cause``,
+      :attr:`hdm_optax.SolveResult.stopped_by`), 0 otherwise.
   """
 
   params: Any
@@ -84,6 +86,7 @@ class LoopState(NamedTuple):
   num_null_steps: jax.Array
   status: jax.Array
   tol: jax.Array
+  stopped_by: Any = 0
 
 
 def _stationarity(params, grad, opt_state, norm=None):
@@ -269,6 +272,7 @@ class Loop(NamedTuple):
       num_null_steps=resume.num_null_steps,
       status=jnp.int32(RUNNING),
       tol=tol,
+      stopped_by=jnp.int32(0),
     )
     flat_before = False
     if resume.ftol_met is not None:  # a run that converged on ftol, resumed: it stays there
@@ -318,18 +322,24 @@ class Loop(NamedTuple):
     """Whether the run has ended at ``s``."""
     return s.status != RUNNING
 
-  def stop(self, s: LoopState, halt) -> LoopState:
-    """``s`` judged again with ``halt``, a stop asked from outside the rule (a callback's, a
-    batch's first converged member): a run still going on ends ``STOPPED`` where ``halt``
-    holds."""
-    # At s itself no update was made, so the rule's other conditions read as they did.
-    going = s.status == RUNNING
-    return s._replace(status=jnp.where(going, judge(s, s, self.limits, halt=halt), s.status))
+  def stop(self, s: LoopState, cause) -> LoopState:
+    """``s`` judged again with ``cause``, a stop asked from outside the rule: an int32 code
+    of what asked it (:attr:`hdm_optax.SolveResult.stopped_by`: a callback, Ctrl-C, a
+    batch's first converged member), 0 for none. A run still going on ends ``STOPPED``
+    where ``cause`` is not 0, and keeps it in ``stopped_by``."""
+    cause = jnp.asarray(cause, jnp.int32)
+    status = self._judged_again(s, cause != 0)
+    stopped = (s.status == RUNNING) & (status == Status.STOPPED)
+    return s._replace(status=status, stopped_by=jnp.where(stopped, cause, s.stopped_by))
 
   def status(self, s: LoopState) -> jax.Array:
-    """The :class:`Status` a run that ends at ``s`` reports (``STOPPED`` while it goes on:
-    ``stop(s, True)``'s)."""
-    return self.stop(s, True).status
+    """The :class:`Status` a run that ends at ``s`` reports (``STOPPED`` while it goes on)."""
+    return self._judged_again(s, True)
+
+  def _judged_again(self, s: LoopState, halt) -> jax.Array:
+    """The status at ``s`` where the run still goes on, judged with ``halt``; else its own."""
+    # At s itself no update was made, so the rule's other conditions read as they did.
+    return jnp.where(s.status == RUNNING, judge(s, s, self.limits, halt=halt), s.status)
 
   def room(self, s: LoopState, steps: int) -> jax.Array:
     """Whether ``max_steps`` leaves ``steps`` more updates after ``s`` (a primitive that

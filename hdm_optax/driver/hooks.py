@@ -32,7 +32,6 @@ from hdm_optax.driver import host
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
 from hdm_optax.driver import results
-from hdm_optax.driver.results import SolveResult
 from hdm_optax.driver.results import Status
 from hdm_optax.driver.results import converged
 
@@ -141,7 +140,7 @@ class _Session:
     self.members = 0
     self.table: dict = {}
     self.error: Optional[BaseException] = None
-    self.stopped_by: Optional[str] = None  # what stopped the run, in words
+    self.stopped_by = 0  # the code of what raised self.error (SolveResult.stopped_by)
     self.begun = None
     self.drawn = -np.inf
     self.terminal = _terminal()
@@ -253,10 +252,6 @@ def watched(
         if not ready and (hook is not None or checks is not None):  # its errors known
           result = jax.block_until_ready(result)
         current = None if hook is None else _SESSIONS[int(hook)]
-        if interrupts.seen() and (current is None or current.stopped_by is None):
-          _note_cause(result, _CTRL_C)
-        elif current is not None and current.stopped_by is not None:
-          _note_cause(result, current.stopped_by)
         if current is not None and current.error is not None:
           _raise_with(current.error, result, "the callback raised this")
         if interrupts.seen():
@@ -281,19 +276,6 @@ def _primal(x):
   return np.moveaxis(np.asarray(inner), axis, 0) if isinstance(axis, int) else inner
 
 
-_CTRL_C = "Ctrl-C (KeyboardInterrupt)"
-
-
-def _note_cause(result, cause: str) -> None:
-  """Records ``cause`` for the message of every result in ``result`` that ended ``STOPPED``."""
-  is_result = lambda node: isinstance(node, SolveResult)
-  for found in jax.tree.leaves(result, is_leaf=is_result):
-    status = getattr(found, "status", None) if is_result(found) else None
-    if status is not None and not isinstance(status, jax.core.Tracer):
-      if np.any(np.asarray(status) == Status.STOPPED):
-        results.note_stop_cause(found, cause)
-
-
 def _raise_with(error_: BaseException, result, why: str) -> None:
   error_.result = jax.block_until_ready(jax.tree.map(_primal, result))
   error_.add_note(f"hdm_optax: {why}; the run stopped, and the result so far is in .result.")
@@ -315,19 +297,24 @@ def _halts(returned) -> bool:
 
 
 def _host_step(final: bool, members: int, handle, member, params, *fields):
+  """The host's side of :func:`host_call`: every member's code of what stops it here
+  (``SolveResult.stopped_by``), 0 where it goes on."""
   status = np.asarray(fields[-1])
+  stops = lambda code: np.full(status.shape, code, np.int32)
   current = _SESSIONS.get(int(np.asarray(handle).ravel()[0]))
-  if current is None or (current.error is not None and not final):
-    return np.full(status.shape, True)
+  if current is None:  # a call after the call's end (a step recomputed in a backward pass)
+    return stops(0 if final else results.BY_CALLBACK)
+  if current.error is not None and not final:
+    return stops(current.stopped_by)
   if not final and interrupts.seen():  # Ctrl-C: the run stops, the call raises
-    current.error, current.stopped_by = KeyboardInterrupt(), _CTRL_C
-    return np.full(status.shape, True)
+    current.error, current.stopped_by = KeyboardInterrupt(), results.BY_CTRL_C
+    return stops(current.stopped_by)
   current.members = members
   merged = current.merge(member, dict(zip(Snapshot._fields[1:], fields)))
   if current.progress:  # the final line ends the progress line, after an error too
     current.draw(final, merged)
   if final or current.callback is None:
-    return np.full(status.shape, final)
+    return stops(0)
   params = current.merge(member, {"params": params})["params"]
   params = jax.tree.map(np.asarray, params if current.view is None else current.view(params))
   snapshot = Snapshot(params=params, **merged)
@@ -336,17 +323,16 @@ def _host_step(final: bool, members: int, handle, member, params, *fields):
     halt = _halts(
       current.callback(snapshot) if caller is None else caller.run(current.callback, snapshot)
     )
-    said = "the callback, which returned True"
-  except StopIteration:
-    halt, said = True, "the callback, which raised StopIteration"
+    code = results.BY_CALLBACK if halt else 0
+  except StopIteration as err:
+    code = results.raised_code(err)
   except BaseException as err:  # pylint: disable=broad-except
     if current.staged:
       raise
-    current.error, halt = err, True  # KeyboardInterrupt and SystemExit too: raised at the end
-    said = f"the callback, which raised {type(err).__name__}"
-  if halt and current.stopped_by is None:
-    current.stopped_by = said
-  return np.full(status.shape, halt)
+    # KeyboardInterrupt and SystemExit too: raised at the end.
+    current.error, current.stopped_by = err, results.raised_code(err)
+    code = current.stopped_by
+  return stops(code)
 
 
 # --- the program side ----------------------------------------------------------------------
@@ -360,17 +346,17 @@ def begin(hook: Optional[Hook], handle, member) -> Optional[HookState]:
 
 
 def host_call(hook: Optional[Hook], hs: Optional[HookState], s, status, final: bool = False):
-  """The host call after a step: ``halt`` (True: the callback stops the run), or ``None``
-  without a hook. With ``final``, the progress line's summary: a ``halt`` that is False once
-  the line is drawn (the run uses it, so the call stays in the program), or ``None`` without
-  a line."""
+  """The host call after a step: the int32 code of what stops the run (the callback, Ctrl-C:
+  ``SolveResult.stopped_by``), 0 where it goes on, or ``None`` without a hook. With
+  ``final``, the progress line's summary: a code that is 0 once the line is drawn (the run
+  uses it, so the call stays in the program), or ``None`` without a line."""
   if hook is None or (final and not hook.progress):
     return None
   params = s.params if hook.callback and not final else ()
   fields = [getattr(s, name) for name in Snapshot._fields[1:-1]]  # params and status apart
-  halt = host.call(
+  return host.call(
     lambda *a: (_host_step(final, hook.members, *a),),
-    (jax.ShapeDtypeStruct(jnp.shape(status), jnp.bool_),),
+    (jax.ShapeDtypeStruct(jnp.shape(status), jnp.int32),),
     hs.handle,
     hs.member,
     params,
@@ -378,4 +364,3 @@ def host_call(hook: Optional[Hook], hs: Optional[HookState], s, status, final: b
     status,
     vmap_method="expand_dims",
   )[0]
-  return ~halt if final else halt

@@ -212,7 +212,7 @@ def _poll(watch, steps):
   return np.int32(found.steps)
 
 
-def chunked(primitive, steps_of, *, watch):
+def chunked(primitive, steps_of, *, watch, cause):
   """``primitive`` run in chunks with a host check between them.
 
   Args:
@@ -220,6 +220,7 @@ def chunked(primitive, steps_of, *, watch):
       (:class:`hdm_optax.driver.runs.Steps`: ``running``, ``body``, ``room``, ``stop``).
     steps_of: ``steps_of(carry)``: the steps made (int32).
     watch: the int32 ``[id, first_chunk]`` of :func:`watching` (an argument of the program).
+    cause: the :attr:`hdm_optax.SolveResult.stopped_by` code of a stop by Ctrl-C.
 
   Returns:
     The primitive of the same signature: each chunk is ``primitive`` until the run stops
@@ -237,7 +238,7 @@ def chunked(primitive, steps_of, *, watch):
       )
       carry = primitive(within, member, carry)
       size = jax.lax.cond(steps.running(carry), lambda: _ask(watch, steps_of(carry)), lambda: size)
-      stopped = lambda c: steps.stop(member, c, jnp.asarray(True))
+      stopped = lambda c: steps.stop(member, c, jnp.int32(cause))
       carry = jax.lax.cond(size == 0, stopped, lambda c: c, carry)
       return carry, size
 

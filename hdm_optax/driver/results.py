@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import enum
 import functools
 import operator
-import weakref
 from typing import Any, NamedTuple, Optional, Union
 
 import jax
@@ -36,7 +36,7 @@ class Status(enum.IntEnum):
     STOPPED: stopped before the stopping rule held (by
       ``sweep(stop_at_first_converged=True)`` when another point converged, by a
       ``callback`` that returned True or raised ``StopIteration``, or by Ctrl-C: the
-      ``KeyboardInterrupt``'s ``.result``).
+      ``KeyboardInterrupt``'s ``.result``); :attr:`SolveResult.stopped_by` says which.
     STALLED: ``max_null_steps`` consecutive null steps (updates that left the iterate
       where it was).
     UNBOUNDED: ``f(params) < min_value``: the objective looks unbounded below.
@@ -104,41 +104,46 @@ _MESSAGES = {
 }
 
 
-# What stopped a run that ended STOPPED, where the host knows it (a callback, Ctrl-C, a sweep's
-# first converged point), by the id of the result's status array: (a weak reference to that
-# array, the cause in words). The result's pytree stays as it is; a result whose status was
-# copied (or computed under jit, where the host sees the run only later) says the statuses'
-# common line.
-_STOP_CAUSES: dict = {}
+# What stopped a run that ended STOPPED (SolveResult.stopped_by, int32): 0 where nothing
+# did (or it is not known), one of these, or an exception a callback raised (raised_code).
+BY_CALLBACK = 1
+BY_CTRL_C = 2
+BY_OTHER_POINT = 3
+_CAUSES = {
+  BY_CALLBACK: "the callback, which returned True",
+  BY_CTRL_C: "Ctrl-C (KeyboardInterrupt)",
+  BY_OTHER_POINT: "sweep(stop_at_first_converged=True): another point converged first",
+}
+# A callback's exception: 2 codes per builtin exception type, from this one on (the type
+# itself, or one of the user's derived from it).
+_RAISED = 16
+_BUILTIN_ERRORS = tuple(
+  sorted(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+  )
+)
 
 
-def note_stop_cause(result, cause: str) -> None:
-  """Records ``cause`` (words: "the callback returned True") for ``result``'s message.
-
-  Args:
-    result: a :class:`SolveResult` (or a result with the same ``status`` field).
-    cause: what stopped the run, said after "stopped before the end: by".
-  """
-  if hasattr(result, "__dict__"):  # a result that holds it (its status may be a Python int)
-    result.__dict__["stopped_by"] = cause
-    return
-  status = getattr(result, "status", None)
-  key = id(status)
-  try:
-    ref = weakref.ref(status, lambda _: _STOP_CAUSES.pop(key, None))
-  except TypeError:  # no weak reference to it (a NumPy scalar): the common line is said
-    return
-  _STOP_CAUSES[key] = (ref, cause)
+def raised_code(error: BaseException) -> int:
+  """The :attr:`SolveResult.stopped_by` code of a callback that raised ``error``: its type
+  where it is a builtin one, else the nearest builtin type it derives from."""
+  kind = type(error)
+  builtin = next(c for c in kind.__mro__ if getattr(builtins, c.__name__, None) is c)
+  return _RAISED + 2 * _BUILTIN_ERRORS.index(builtin.__name__) + int(builtin is not kind)
 
 
-def stop_cause(result) -> Optional[str]:
-  """The cause :func:`note_stop_cause` recorded for ``result``, or ``None``."""
-  held_here = getattr(result, "__dict__", {}).get("stopped_by")  # a result with a __dict__
-  if held_here is not None:
-    return held_here
-  status = getattr(result, "status", None)
-  held = _STOP_CAUSES.get(id(status))
-  return held[1] if held is not None and held[0]() is status else None
+def stop_cause(code) -> Optional[str]:
+  """What stopped a run whose :attr:`SolveResult.stopped_by` is ``code``, in words said after
+  "stopped before the end: by" (``None`` where nothing is known)."""
+  index, derived = divmod(int(code) - _RAISED, 2)
+  if 0 <= index < len(_BUILTIN_ERRORS):
+    raised = (
+      f"an exception derived from {_BUILTIN_ERRORS[index]}" if derived else _BUILTIN_ERRORS[index]
+    )
+    return f"the callback, which raised {raised}"
+  return _CAUSES.get(int(code))
 
 
 # Recent steps: the window, and the share of null steps that names a stall.
@@ -292,6 +297,9 @@ class SolveResult(NamedTuple):
       ``None`` otherwise.
     tol: the threshold the run stopped at, max(tol, rtol ||grad f(x0)||_inf):
       with ``rtol`` it is known only once x0 is evaluated (docs/pitfalls.md).
+    stopped_by: what stopped a run that ended ``STOPPED`` (a callback, Ctrl-C, another
+      point of a sweep), an int32 code that :attr:`message` says in words; 0 where the run
+      did not end ``STOPPED``.
   """
 
   params: Any
@@ -307,6 +315,7 @@ class SolveResult(NamedTuple):
   null_run: jax.Array
   aux: Any = None
   tol: Any = None
+  stopped_by: Any = 0
 
   @property
   def message(self) -> Union[str, list]:
@@ -322,8 +331,8 @@ class SolveResult(NamedTuple):
     count = codes.size
     each = lambda a: np.broadcast_to(np.asarray(a), codes.shape).ravel()
     rows = lambda a: np.asarray(a).reshape(count, -1)  # one row per run
-    nulls, steps, value, gnorm = map(
-      each, (self.null_run, self.num_steps, self.value, self.grad_norm)
+    nulls, steps, value, gnorm, causes = map(
+      each, (self.null_run, self.num_steps, self.value, self.grad_norm, self.stopped_by)
     )
     trace = self.trace
     accepted, trace_steps, trace_values = rows(trace.accepted), rows(trace.step), rows(trace.value)
@@ -333,7 +342,7 @@ class SolveResult(NamedTuple):
     else:
       state_of = lambda i: jax.tree.map(lambda a: rows(a)[i], self.state)
       precond = _precond_rows(self.state, count)
-    messages, cause = [], stop_cause(self)
+    messages = []
     for i, code in enumerate(codes.ravel()):
       status, notes = Status(int(code)), []
       window = (trace_steps[i] > max(0, steps[i] - _RECENT_STEPS)) & (trace_steps[i] >= 1)
@@ -350,7 +359,8 @@ class SolveResult(NamedTuple):
         uphill,
       )
       head = status.message
-      if status == Status.STOPPED and cause is not None:
+      cause = stop_cause(causes[i]) if status == Status.STOPPED else None
+      if cause is not None:
         head = f"stopped before the end: by {cause}"
       if status == Status.NON_FINITE:
         head = "non-finite: " + _non_finite_note(value[i], int(steps[i]))

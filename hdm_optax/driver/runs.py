@@ -30,6 +30,7 @@ from hdm_optax.driver import hooks as hooks_lib
 from hdm_optax.driver import interrupts
 from hdm_optax.driver import programs
 from hdm_optax.driver import protocol
+from hdm_optax.driver import results
 from hdm_optax.driver.engine import RUNNING
 from hdm_optax.driver.engine import Loop
 from hdm_optax.driver.engine import LoopState
@@ -163,17 +164,18 @@ def _advance(make, program: Program, member, carry: _Carry, active=None) -> _Car
     with _gating.gate(active, old) as gate:
       s = loop_.step(old)
     s = gate.where(s, old)
-  halt = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s))
-  if halt is not None:  # a finished member is not running: the halt leaves it as it is
-    s = loop_.stop(s, halt)
+  cause = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s))
+  if cause is not None:  # a finished member is not running: the stop leaves it as it is
+    s = loop_.stop(s, cause)
   return _Carry(_without_cached_grad(s), _record(carry.trace, s), carry.hook)
 
 
 def _end(make, program: Program, member, carry: _Carry) -> SolveResult:
   loop_, fun = make(member)
   s = _with_cached_grad(carry.state)
-  halt = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s), final=True)
-  status = loop_.status(s if halt is None else loop_.stop(s, halt))
+  cause = hooks_lib.host_call(program.hook, carry.hook, s, loop_.status(s), final=True)
+  s = s if cause is None else loop_.stop(s, cause)
+  status = loop_.status(s)
   num_value_evals, aux = s.num_value_evals, None
   if program.has_aux:  # one more evaluation of f (no gradient) gives aux at params
     aux = fun(s.params)[1]
@@ -192,6 +194,7 @@ def _end(make, program: Program, member, carry: _Carry) -> SolveResult:
     null_run=s.null_run,
     aux=aux,
     tol=s.tol,
+    stopped_by=s.stopped_by,
   )
 
 
@@ -205,8 +208,9 @@ class Steps(NamedTuple):
       (``active`` False, under ``jax.vmap``: the member stays as it was).
     room: ``room(member, carry, steps) -> bool``: the budget leaves ``steps`` more updates
       (the stop rule's ``max_steps``).
-    stop: ``stop(member, carry, halt) -> carry``: a run still going on ends ``STOPPED``
-      where ``halt`` holds (the stop rule's halt).
+    stop: ``stop(member, carry, cause) -> carry``: a run still going on ends ``STOPPED``
+      where ``cause``, an int32 code of what stopped it (``SolveResult.stopped_by``), is
+      not 0 (the stop rule's halt).
     chunked: ``chunked(primitive, steps_of) -> primitive``: ``primitive`` in chunks with a
       Ctrl-C check between them (:func:`hdm_optax.driver.interrupts.chunked`), or ``None``
       where the run is not checked.
@@ -410,8 +414,8 @@ class Staged:
       def step(rows, counted):
         return jax.vmap(advance)(rows, counted[0]), counted[1] + 1
 
-      def halted(rows, counted, halt):  # Ctrl-C: every member still running ends STOPPED
-        return stop(rows, counted[0], halt), counted[1]
+      def halted(rows, counted, cause):  # Ctrl-C: every member still running ends STOPPED
+        return stop(rows, counted[0], cause), counted[1]
 
       loop = While()
       if steps.chunked is not None:  # the stage's iterations count the chunks
@@ -428,7 +432,8 @@ class Staged:
       part = stage(take(members), take(batch), later, stopped)
       batch = jax.tree.map(lambda full, x: full.at[chosen].set(x), batch, part)
     if self.stop_at_first_converged:  # the members still running end STOPPED
-      batch = stop(members, batch, first(batch))
+      cause = jnp.where(first(batch), jnp.int32(results.BY_OTHER_POINT), jnp.int32(0))
+      batch = stop(members, batch, cause)
     return batch
 
 
@@ -469,10 +474,12 @@ def run(
     lambda carry: carry.state.status == RUNNING,
     functools.partial(_advance, make, program),
     lambda member, carry, n: make(member)[0].room(carry.state, n),
-    lambda member, carry, halt: carry._replace(state=make(member)[0].stop(carry.state, halt)),
+    lambda member, carry, cause: carry._replace(state=make(member)[0].stop(carry.state, cause)),
   )
   if program.watch:  # Ctrl-C checks between chunks of steps
-    steps = steps._replace(chunked=functools.partial(interrupts.chunked, watch=handle.watch))
+    steps = steps._replace(
+      chunked=functools.partial(interrupts.chunked, watch=handle.watch, cause=results.BY_CTRL_C)
+    )
     if not primitive.batch:
       primitive = steps.chunked(primitive, lambda carry: carry.state.num_steps)
   begin = functools.partial(_begin, make, program, handle)

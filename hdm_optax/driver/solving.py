@@ -39,11 +39,35 @@ def check_params(params, name: str = "init_params"):
       params = jnp.asarray(np.asarray(params, dtype=float))
   if not jax.tree.leaves(params):
     raise ValueError(f"{name} is an empty pytree: there is nothing to optimize; pass arrays.")
+  _refuse_non_float(params, name)
   try:
     _numerics.params_dtype(params)
   except (TypeError, ValueError) as err:
     raise type(err)(f"{name}: {err}") from None
   return params
+
+
+def _refuse_non_float(params, name: str) -> None:
+  """Raises where an array of ``params`` is not real floating point, naming it (``name``: the
+  argument), its dtype as given, and the cast."""
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None or jnp.issubdtype(dtype, jnp.floating):
+      continue  # not an array: params_dtype's check says what it is
+    arg = name.split()[-1]  # a door's "step: params" names the argument params
+    where = f" at {arg}{jax.tree_util.keystr(path)}" if path else ""
+    target = "jnp.float64" if jax.config.read("jax_enable_x64") else "jnp.float32"
+    cast = f"jnp.asarray({arg}, {target})"
+    if path:
+      cast = f"jax.tree.map(lambda x: jnp.asarray(x, {target}), {arg})"
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+      fix = "optimize its real and imaginary parts as two real arrays"
+    else:
+      fix = f"cast it, e.g. {cast} (Python numbers, and lists of them, are cast for you)"
+    raise TypeError(
+      f"{name}: params must be real floating-point arrays, got dtype "
+      f"{np.dtype(dtype).name}{where}: {fix}."
+    )
 
 
 def _watch_and_loop(check_every, callback, progress, adjoint, limits) -> tuple:
