@@ -4,7 +4,8 @@ float64 is enabled once for the whole suite (the NumPy reference loops of
 ``tests/reference.py`` run in float64; float32 tests ask for it explicitly), each test
 process has a program store of its own, and a process's compiled programs are released
 when its memory mappings near the kernel's limit.
-``classification_problem`` builds the paper's SVM / logistic objectives on a
+A JAX objective's top-level runs stay on the separate path (``separate_path_only``) except
+in tests marked ``fused_program``. ``classification_problem`` builds the paper's SVM / logistic objectives on a
 small synthetic dataset; ``cpu_default_device`` runs a test on the CPU device
 (skipped without one, see ``tests/backends.py``).
 """
@@ -61,6 +62,28 @@ def _map_count() -> int:
 
 
 _MAX_MAPS = _max_map_count()
+
+
+# From an objective's third top-level run the library serves it with the fused program,
+# which the second run compiles in the background (docs/guide.md, "Which program runs").
+# Those compiles are about half of the suite's compile time, and a fused program computes
+# the separate path's iterates (tests/test_first_answer.py). So the suite's runs stay on
+# the separate path, the one every user's first answers take, except in tests marked
+# ``fused_program``: those of the switch itself, of the fused program's store and cache,
+# and the tests that count what a settled objective compiles. Under a caller's jit, vmap
+# or grad the fused program runs in every test, as it always does there.
+
+
+@pytest.fixture(autouse=True)
+def separate_path_only(request, monkeypatch):
+  """Keeps a JAX objective's top-level runs on the separate path (``helpers.SEPARATE_ONLY``
+  runs of it before the fused program), unless the test is marked ``fused_program``."""
+  if request.node.get_closest_marker("fused_program") is None:
+    from hdm_optax.driver import separate  # pylint: disable=import-outside-toplevel
+
+    from helpers import SEPARATE_ONLY  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(separate, "SEPARATE_RUNS", SEPARATE_ONLY)
 
 
 def pytest_runtest_teardown(item, nextitem):

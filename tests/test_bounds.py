@@ -329,6 +329,7 @@ def test_minimize_errors():
     hdm_optax.minimize(fun, jnp.ones(2), method="lbfgsb")
 
 
+@pytest.mark.fused_program  # counts the programs the library's own choice builds
 def test_minimize_compiles_once():
   """Another start, box, data and tol reuse the compiled program."""
   fun = lambda x, t: jnp.sum((x - t) ** 2)

@@ -18,6 +18,9 @@ import hdm_optax
 from hdm_optax.driver import compiled as compiled_lib
 from hdm_optax.driver import programs
 
+# The separate path, the fused program and the switch between them (tests/conftest.py).
+pytestmark = pytest.mark.fused_program
+
 X0 = jnp.zeros(3)
 
 

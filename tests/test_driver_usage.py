@@ -65,6 +65,7 @@ def test_factories_carry_their_configuration(factory, base, other):
 _PROGRAMS_OF_AN_OBJECTIVE = 3
 
 
+@pytest.mark.fused_program  # counts the programs the library's own choice builds
 def test_a_fresh_optimizer_with_equal_arguments_reuses_the_program():
   hdm_optax.clear_caches()
   before = _cache_size()
@@ -81,6 +82,7 @@ def test_a_fresh_optimizer_with_equal_arguments_reuses_the_program():
   assert _cache_size() == before + _PROGRAMS_OF_AN_OBJECTIVE + 1  # its own method's program
 
 
+@pytest.mark.fused_program  # counts the programs the library's own choice builds
 def test_budgets_and_tolerances_are_traced():
   opt = hdm_optax.hdm_auto(seed=2)
   run = lambda **kw: hdm_optax.solve(opt, logistic, PROBLEM.x0, fun_args=ARGS, **kw)

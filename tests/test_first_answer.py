@@ -28,6 +28,9 @@ from hdm_optax.driver import separate as separate_lib
 from hdm_optax.driver import solving
 from hdm_optax.driver import store
 
+# The separate path, the fused program and the switch between them (tests/conftest.py).
+pytestmark = pytest.mark.fused_program
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

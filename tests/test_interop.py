@@ -543,6 +543,7 @@ def test_jitted_update_compiles_once():
   assert len(traces) == 1 and step._cache_size() == 1  # pylint: disable=protected-access
 
 
+@pytest.mark.fused_program  # counts the programs the library's own choice builds
 def test_solve_does_not_recompile_for_new_values():
   opt = hdm_optax.hdm(precond_lr=0.5125)  # a configuration no other test compiles
   cache = programs.compiled_count

@@ -426,6 +426,7 @@ def test_integer_and_boolean_grid_values_keep_their_dtype():
     np.testing.assert_allclose(out.results.params[i], res.params, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.fused_program  # counts the programs the library's own choice builds
 def test_no_recompilation_on_a_second_call():
   kw = dict(max_steps=30, fun_args=(A,))
   hdm_optax.clear_caches()  # an earlier test may have compiled this sweep
