@@ -3,11 +3,11 @@
 float64 is enabled once for the whole suite (the NumPy reference loops of
 ``tests/reference.py`` run in float64; float32 tests ask for it explicitly), each test
 process has a program store of its own, and a process's compiled programs are released
-when its memory mappings near the kernel's limit.
-A JAX objective's top-level runs stay on the separate path (``separate_path_only``) except
-in tests marked ``fused_program``. ``classification_problem`` builds the paper's SVM / logistic objectives on a
-small synthetic dataset; ``cpu_default_device`` runs a test on the CPU device
-(skipped without one, see ``tests/backends.py``).
+when its memory mappings near the kernel's limit. A JAX objective's top-level runs stay on
+the separate path (``separate_path_only``) except in tests marked ``fused_program``.
+``classification_problem`` builds the paper's SVM / logistic objectives on a small synthetic
+dataset; ``cpu_default_device`` runs a test on the CPU device (skipped without one, see
+``tests/backends.py``).
 """
 
 import atexit
