@@ -156,7 +156,7 @@ def lbfgs_direction(
   :math:`H_m` is the L-BFGS inverse-Hessian operator
   (:func:`hdm_optax.pieces.lbfgs.memory.inverse_hessian_product`) of the last m pairs
   :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))` of finite trials, kept when
-  :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` and the step rule trusts the pair
+  :math:`\langle s, y\rangle > \epsilon_p \sum_i |s_i y_i|` and the step rule trusts the pair
   (:attr:`hdm_optax.pieces.shell.Verdict.keep_pair`). :math:`H_0 = \gamma I` with
   :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
   (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
@@ -187,7 +187,8 @@ def lbfgs_direction(
       ``optax.inject_hyperparams`` injects it), concrete where the state is built (traced in
       ``update``, the state's pairs fix m), or a function ``m(n)`` of the params' number of
       entries, called where the state is built.
-    pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    pair_tol: :math:`\epsilon_p`, the fraction of :math:`\sum_i |s_i y_i|` that
+      :math:`\langle s, y\rangle` must exceed for the pair to be kept.
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
     upper: the upper bound, like ``lower``.

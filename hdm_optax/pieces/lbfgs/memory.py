@@ -75,7 +75,7 @@ class SecantMemory(NamedTuple):
 
 
 class PairProducts(NamedTuple):
-  """The inner products of a pair (s, y) that the pair test and :math:`H_0` use.
+  r"""The inner products of a pair (s, y) that the pair test and :math:`H_0` use.
 
   ``sy_abs`` is :math:`\sum_i |s_i y_i|`, the size of :math:`\langle s, y\rangle`'s terms
   (the pair test's scale: unchanged by a rescaling of the coordinates, as
