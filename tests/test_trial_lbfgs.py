@@ -1045,10 +1045,10 @@ def test_a_curved_valley_of_badly_scaled_coordinates_is_followed_to_its_minimum(
   move b1 by tens while y is the jump of the gradient across the valley, along b2: their
   cosine is 1e-11 to 1e-12, below the former pair test's 1e-10 (pair_tol ||s|| ||y||), so none
   entered the memory and the run crawled (f = 63.13 at 1000 calls); sum_i |s_i y_i| is the
-  pair test's scale now. Misra1a also needs the trials that f's rounding hides (the slope
-  unmoved, f up by 6e-11 at f = 63.4) lengthened rather than shortened: otherwise the
-  restart at the valley's floor repeats the same six trials to the budget. 529 and 446 calls
-  on the development machine."""
+  pair test's scale now. Misra1a also needs the trials that f's rounding hides after the
+  restart at the valley's floor (the slope unmoved, f up by 6e-11 at f = 63.4) lengthened
+  rather than shortened: shortened, they reach x's resolution and the memory restarts into
+  the same six trials, to the budget. 529 and 446 calls on the development machine."""
   x, y = jnp.asarray(_MISRA_X), jnp.asarray(_MISRA_Y)
   fun = lambda b: jnp.sum((_MISRA_MODELS[model](b, x) - y) ** 2)
   x0 = jnp.array([5e4, 1e-2])
@@ -1082,16 +1082,20 @@ def test_a_pair_is_tested_on_its_terms_not_on_the_norms():
   assert int(jnp.sum(state.direction.memory.rho != 0)) == want["pairs"][-1]
 
 
-def test_a_trial_too_short_for_fs_rounding_lengthens_the_next_one():
+def test_a_trial_too_short_for_fs_rounding_after_a_restart_lengthens_the_next_one():
   """A rejected trial whose slope did not move (f linear along s) and whose f+ is above f
   within the acceptance band: f's rounding hid a decrease of |d0|, and a shorter trial would
-  hide a smaller one; alpha grows by the extrapolation factor, as in the reference. Beyond
-  the band (a bump of f between the two points) the cubic shortens it as before."""
+  hide a smaller one. After a restart of the memory at this x, alpha grows by the
+  extrapolation factor (shortened, the trials would reach x's resolution and restart into
+  the same trials); before one, and beyond the band (a bump of f between the two points),
+  the cubic shortens it as before. The reference does the same."""
   rule = step_rule.evidence_step()
-  state = rule.init(jnp.float64)
+  fresh = rule.init(jnp.float64)
+  restarted = rule.restart(fresh, jnp.float64)
+  assert not bool(fresh.restarted) and bool(restarted.restarted)
   f = jnp.asarray(63.4, jnp.float64)
 
-  def judged(trial_value, slope, trial_slope):
+  def judged(state, trial_value, slope, trial_slope):
     e = shell.Evidence(
       f, jnp.asarray(trial_value, jnp.float64), None, None, None,
       jnp.asarray(slope, jnp.float64), jnp.asarray(trial_slope, jnp.float64),
@@ -1099,11 +1103,18 @@ def test_a_trial_too_short_for_fs_rounding_lengthens_the_next_one():
     )  # fmt: skip
     return rule.judge(state, e)
 
-  hidden = judged(63.4 + 6e-11, -6e-12, -6e-12)
+  alpha = lambda *a, **k: ref.evidence_alpha(1.0, 63.4, *a, True, False, **k)
+  hidden = judged(restarted, 63.4 + 6e-11, -6e-12, -6e-12)
   assert not bool(hidden.accepted) and float(hidden.state.alpha) == 4.0
-  assert ref.evidence_alpha(1.0, 63.4, 63.4 + 6e-11, -6e-12, -6e-12, True, False) == 4.0
-  bump = judged(63.4 + 1e-3, -6e-12, -6e-12)
+  assert bool(hidden.state.restarted)  # until a trial is accepted
+  assert alpha(63.4 + 6e-11, -6e-12, -6e-12, restarted=True) == 4.0
+  before = judged(fresh, 63.4 + 6e-11, -6e-12, -6e-12)
+  assert float(before.state.alpha) <= 0.5
+  assert alpha(63.4 + 6e-11, -6e-12, -6e-12) <= 0.5
+  bump = judged(restarted, 63.4 + 1e-3, -6e-12, -6e-12)
   assert not bool(bump.accepted) and float(bump.state.alpha) <= 0.5
-  assert ref.evidence_alpha(1.0, 63.4, 63.4 + 1e-3, -6e-12, -6e-12, True, False) <= 0.5
+  assert alpha(63.4 + 1e-3, -6e-12, -6e-12, restarted=True) <= 0.5
+  accepted = judged(restarted, 63.4 - 1e-3, -6e-3, -6e-3)
+  assert bool(accepted.accepted) and not bool(accepted.state.restarted)
   assert bool(step_rule.unseen_decrease(f, f + 6e-11, -6e-12, -6e-12))
   assert not bool(step_rule.unseen_decrease(f, f + 6e-11, -6e-12, 6e-12))  # the slope moved
