@@ -711,7 +711,7 @@ def _judge_trial(f_t, g_t, fx, g, step, band, curvature, pair_tol):
   sy = float(step @ y)
   near = f_t <= fx + max(band, 1024 * np.finfo(np.float64).eps) * abs(fx)
   flat = abs(float(g_t @ step)) <= curvature * abs(float(g @ step))
-  kept = sy > pair_tol * np.linalg.norm(step) * np.linalg.norm(y)
+  kept = sy > pair_tol * float(np.sum(np.abs(step * y)))  # not ||s|| ||y||: scale-free
   return f_t <= fx or (near and flat), y, sy, kept
 
 
@@ -849,6 +849,13 @@ def _agree(f0, f1, d0, d1, factor):
   return math.isfinite(ratio) and 1.0 / factor <= ratio <= factor
 
 
+def unseen_decrease(f0, f1, d0, d1, curvature=0.9) -> bool:
+  """d0 < 0, |d1 - d0| <= (1 - curvature) |d0| and f1 <= f0 + max(1e-10, 1024 eps) |f0|: the
+  slopes show a decrease along s that f's values cannot (step_rule.unseen_decrease)."""
+  width = max(1e-10, 1024 * np.finfo(np.float64).eps) * abs(f0)
+  return d0 < 0 and abs(d1 - d0) <= (1 - curvature) * abs(d0) and f1 <= f0 + width
+
+
 def evidence_alpha(
   alpha,
   f0,
@@ -865,8 +872,11 @@ def evidence_alpha(
   lo=0.1,
   hi=0.5,
   agree=3.0,
+  restarted=False,
 ):
-  """hdm_optax.pieces.lbfgs.step_rule.evidence_step's alpha after one trial, case by case."""
+  """hdm_optax.pieces.lbfgs.step_rule.evidence_step's alpha after one trial, case by case.
+
+  ``restarted``: the memory restarted at this x since the last accepted trial."""
   if not finite:
     return alpha * shrink
   if accepted:
@@ -876,6 +886,8 @@ def evidence_alpha(
       return 1.0
     back = alpha * min(max(_secant_t(d0, d1), lo), 1.0)
     return max(1.0, back) if d1 > 0 and math.isfinite(back) else alpha
+  if restarted and unseen_decrease(f0, f1, d0, d1):  # too short for f's rounding: lengthened
+    return min(max_step, alpha * extrapolate)
   t = _cubic_t(f0, f1, d0, d1)
   if _agree(f0, f1, d0, d1, agree):
     t = t / _secant_t(d0, d1)
@@ -901,11 +913,13 @@ def trial_lbfgs_reference(
   H is the L-BFGS inverse-Hessian matrix built explicitly (BFGS updates of
   H_0 = gamma I by the kept pairs, oldest first), not by the two-loop
   recursion. gamma = <s, y>/<y, y> of the newest accepted kept pair, before
-  one min(1, 1/||g||). A pair is kept when <s, y> > pair_tol ||s|| ||y|| and the
+  one min(1, 1/||g||). A pair is kept when <s, y> > pair_tol sum_i |s_i y_i| and the
   trial was accepted or its cubic and secant minimisers along s agree within
   ``agree``. Accepted: f+ <= f, or f+ <= f + band |f| and
   |<g+, s>| <= curvature |<g, s>|, or, after two null steps in a row, f+ - f at most the
-  largest :func:`noise_seen` of those null steps and |<g+, s>| <= curvature |<g, s>|. alpha: ``alpha_rule``. A step that moves no coordinate
+  largest :func:`noise_seen` of those null steps and |<g+, s>| <= curvature |<g, s>|. alpha:
+  ``alpha_rule`` (told whether the memory restarted at this x since the last accepted
+  trial). A step that moves no coordinate
   by more than 1024 eps of it (:func:`below_resolution`), or a rejected one that leaves the
   gradient as it was, restarts: no pair kept, the memory emptied, gamma from the gradient
   again, alpha = 1. An accepted step that leaves the gradient as it was keeps no pair and
@@ -922,7 +936,7 @@ def trial_lbfgs_reference(
     diagonal = None
   fx, g, _ = _oracle(f, grad, x)
   pairs: list[tuple[np.ndarray, np.ndarray]] = []
-  gamma, alpha, calls, run = 0.0, 1.0, 0, (0, 0.0)
+  gamma, alpha, calls, run, restarted = 0.0, 1.0, 0, (0, 0.0), False
   out = dict(xs=[], values=[], accepted=[], calls=[], alphas=[], gammas=[], pairs=[], restarts=[])
   for _ in range(steps):
     h0 = _first_gamma(gamma, g)
@@ -953,8 +967,9 @@ def trial_lbfgs_reference(
         run=run,
       )
     run = _next_run(run, accepted, finite, fx, f_t, d0, d1, curvature)
-    alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted)
+    alpha = alpha_rule(alpha, fx, f_t, d0, d1, finite, accepted, restarted=restarted)
     lost = flat and (short or not accepted)  # accepted, g unchanged: f linear along s
+    restarted = lost or (restarted and not accepted)
     if lost:
       pairs, gamma, alpha = [], 0.0, 1.0
     if accepted:

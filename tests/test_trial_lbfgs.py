@@ -1022,3 +1022,99 @@ def test_a_linear_objective_lengthens_the_steps_as_the_reference_does():
   np.testing.assert_array_equal(np.asarray(accepted), np.asarray(want["accepted"]))
   np.testing.assert_allclose(np.asarray(values), np.asarray(want["values"]), rtol=1e-12)
   assert want["values"][-1] < -1e6
+
+
+# NIST's Misra1a and Misra1b data (CUTEst's MISRA1ALS and MISRA1BLS, least squares in b1, b2).
+_MISRA_X = np.array(
+  [77.6, 114.9, 141.1, 190.8, 239.9, 289.0, 332.8, 378.4, 434.8, 477.3, 536.8, 593.1, 689.1, 760.0]
+)
+_MISRA_Y = np.array(
+  [10.07, 14.73, 17.94, 23.93, 29.61, 35.18, 40.02, 44.82, 50.76, 55.05, 61.01, 66.4, 75.47, 81.78]
+)
+_MISRA_MODELS = {
+  "a": lambda b, x: b[0] * (1.0 - jnp.exp(-b[1] * x)),
+  "b": lambda b, x: b[0] * (1.0 - (1.0 + b[1] * x / 2.0) ** (-2.0)),
+}
+
+
+@pytest.mark.parametrize("model", ["a", "b"])
+def test_a_curved_valley_of_badly_scaled_coordinates_is_followed_to_its_minimum(model):
+  """Misra1a/1b from 100 times NIST's start, (5e4, 1e-2): the run falls into the valley b1 b2
+  = const at b1 = 5e4, b2 = 2e-6 within 25 calls (f = 63.43), and the minimum lies at b1 = 239
+  (Misra1a, f = 0.1246) or 338 (Misra1b, f = 0.0755) along it. The steps along the valley
+  move b1 by tens while y is the jump of the gradient across the valley, along b2: their
+  cosine is 1e-11 to 1e-12, below the former pair test's 1e-10 (pair_tol ||s|| ||y||), so none
+  entered the memory and the run crawled (f = 63.13 at 1000 calls); sum_i |s_i y_i| is the
+  pair test's scale now. Misra1a also needs the trials that f's rounding hides after the
+  restart at the valley's floor (the slope unmoved, f up by 6e-11 at f = 63.4) lengthened
+  rather than shortened: shortened, they reach x's resolution and the memory restarts into
+  the same six trials, to the budget. 529 and 446 calls on the development machine."""
+  x, y = jnp.asarray(_MISRA_X), jnp.asarray(_MISRA_Y)
+  fun = lambda b: jnp.sum((_MISRA_MODELS[model](b, x) - y) ** 2)
+  x0 = jnp.array([5e4, 1e-2])
+  result = hdm_optax.solve(hdm_optax.trial_lbfgs(), fun, x0, max_steps=1000, tol=1e-4)
+  assert bool(result.converged), (float(result.value), result.params)
+  assert float(result.value) < {"a": 0.125, "b": 0.076}[model]
+  assert int(result.num_grad_evals) < 800
+
+
+def test_a_pair_is_tested_on_its_terms_not_on_the_norms():
+  """A pair whose <s, y> is all positive curvature but whose s and y lie along different
+  coordinates (cosine 2e-11) enters the memory; one whose terms cancel to 1e-12 of their size
+  does not. The reference keeps the same pairs."""
+  s = np.array([1.0, 1e-11])
+  kept = lambda y: ref._judge_trial(0.0, np.zeros(2) + y, 1.0, np.zeros(2), s, 1e-10, 0.9, 1e-10)
+  y = np.array([1e-6, 1e5])  # <s, y> = 2e-6, ||s|| ||y|| = 1e5
+  assert float(s @ y) / (np.linalg.norm(s) * np.linalg.norm(y)) < 1e-10
+  assert kept(y)[3]
+  assert not kept(np.array([1e-6, -1e5 + 1e-7]))[3]  # 1e-6 - 1e-6 + 1e-18: cancelled
+  products = tl.pair_products(jnp.asarray(s), jnp.asarray(y))
+  assert float(products.sy) > 1e-10 * float(products.sy_abs)
+  fun = lambda b: 0.5 * (1e-6 * b[0] ** 2 + 1e16 * b[1] ** 2)
+  x0 = jnp.array([1.0, 1e-11])
+  (_, state), _ = _run(hdm_optax.trial_lbfgs(), fun, x0, 3)
+  want = ref.trial_lbfgs_reference(
+    lambda b: float(0.5 * (1e-6 * b[0] ** 2 + 1e16 * b[1] ** 2)),
+    lambda b: np.array([1e-6 * b[0], 1e16 * b[1]]),
+    np.asarray(x0),
+    3,
+  )
+  assert int(jnp.sum(state.direction.memory.rho != 0)) == want["pairs"][-1]
+
+
+def test_a_trial_too_short_for_fs_rounding_after_a_restart_lengthens_the_next_one():
+  """A rejected trial whose slope did not move (f linear along s) and whose f+ is above f
+  within the acceptance band: f's rounding hid a decrease of |d0|, and a shorter trial would
+  hide a smaller one. After a restart of the memory at this x, alpha grows by the
+  extrapolation factor (shortened, the trials would reach x's resolution and restart into
+  the same trials); before one, and beyond the band (a bump of f between the two points),
+  the cubic shortens it as before. The reference does the same."""
+  rule = step_rule.evidence_step()
+  fresh = rule.init(jnp.float64)
+  restarted = rule.restart(fresh, jnp.float64)
+  assert not bool(fresh.restarted) and bool(restarted.restarted)
+  f = jnp.asarray(63.4, jnp.float64)
+
+  def judged(state, trial_value, slope, trial_slope):
+    e = shell.Evidence(
+      f, jnp.asarray(trial_value, jnp.float64), None, None, None,
+      jnp.asarray(slope, jnp.float64), jnp.asarray(trial_slope, jnp.float64),
+      jnp.asarray(True), jnp.asarray(False),
+    )  # fmt: skip
+    return rule.judge(state, e)
+
+  alpha = lambda *a, **k: ref.evidence_alpha(1.0, 63.4, *a, True, False, **k)
+  hidden = judged(restarted, 63.4 + 6e-11, -6e-12, -6e-12)
+  assert not bool(hidden.accepted) and float(hidden.state.alpha) == 4.0
+  assert bool(hidden.state.restarted)  # until a trial is accepted
+  assert alpha(63.4 + 6e-11, -6e-12, -6e-12, restarted=True) == 4.0
+  before = judged(fresh, 63.4 + 6e-11, -6e-12, -6e-12)
+  assert float(before.state.alpha) <= 0.5
+  assert alpha(63.4 + 6e-11, -6e-12, -6e-12) <= 0.5
+  bump = judged(restarted, 63.4 + 1e-3, -6e-12, -6e-12)
+  assert not bool(bump.accepted) and float(bump.state.alpha) <= 0.5
+  assert alpha(63.4 + 1e-3, -6e-12, -6e-12, restarted=True) <= 0.5
+  accepted = judged(restarted, 63.4 - 1e-3, -6e-3, -6e-3)
+  assert bool(accepted.accepted) and not bool(accepted.state.restarted)
+  assert bool(step_rule.unseen_decrease(f, f + 6e-11, -6e-12, -6e-12))
+  assert not bool(step_rule.unseen_decrease(f, f + 6e-11, -6e-12, 6e-12))  # the slope moved

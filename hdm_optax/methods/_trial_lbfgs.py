@@ -52,7 +52,7 @@ def trial_lbfgs(
   The parts (:mod:`hdm_optax.pieces.lbfgs`):
 
   - the direction (:func:`~hdm_optax.pieces.lbfgs.direction.lbfgs_direction`): a pair is
-    kept when :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` and the step rule trusts
+    kept when :math:`\langle s, y\rangle > \epsilon_p \sum_i |s_i y_i|` and the step rule trusts
     it; :math:`H_0 = \gamma I` with :math:`\gamma = \langle s, y\rangle / \langle y,
     y\rangle` of the newest accepted kept pair (:math:`\min(1, 1/\|u\|)` before one exists,
     as ``optax.scale_by_lbfgs``), or the diagonal :math:`h_i = \sqrt{\sum_k s_{ki}^2 /
@@ -69,8 +69,9 @@ def trial_lbfgs(
     slope shrank, or, after two null steps in a row, within the noise those null steps
     showed (the part of f+ - f their slopes cannot explain where they say f is linear along
     s) while the slope shrank; it sets the next alpha (extrapolated while an accepted
-    trial's slope stays steep, interpolated by the cubic along s after a null step, halved
-    after a non-finite trial); it trusts a rejected trial's pair only where the cubic and the secant agree on
+    trial's slope stays steep, interpolated by the cubic along s after a null step,
+    extrapolated after a null step too short for f's rounding (the slope unmoved, f up within
+    the band), halved after a non-finite trial); it trusts a rejected trial's pair only where the cubic and the secant agree on
     where the minimum along s lies.
 
   From HDM (Algorithms 1 and 4 of Chu et al.) it keeps the trial point, the null step and
@@ -106,7 +107,8 @@ def trial_lbfgs(
       to ``optax.inject_hyperparams(trial_lbfgs)`` is injected as an array, which an
       ``init`` under ``jax.jit`` (as in ``hdm_optax.solve``) cannot read; name it in
       ``static_args=("memory_size",)``.
-    pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    pair_tol: :math:`\epsilon_p`, the fraction of :math:`\sum_i |s_i y_i|` that
+      :math:`\langle s, y\rangle` must exceed for the pair to be kept.
     step_rule: a :class:`hdm_optax.pieces.shell.StepRule` (default
       :func:`hdm_optax.pieces.lbfgs.step_rule.evidence_step` ``()``: its arguments set the
       factor after a non-finite trial, ``shrink``, and the models' agreement, ``agree``).

@@ -156,7 +156,7 @@ def lbfgs_direction(
   :math:`H_m` is the L-BFGS inverse-Hessian operator
   (:func:`hdm_optax.pieces.lbfgs.memory.inverse_hessian_product`) of the last m pairs
   :math:`(s, y) = (x^+ - x, \nabla f(x^+) - \nabla f(x))` of finite trials, kept when
-  :math:`\langle s, y\rangle > \epsilon_p \|s\|\|y\|` and the step rule trusts the pair
+  :math:`\langle s, y\rangle > \epsilon_p \sum_i |s_i y_i|` and the step rule trusts the pair
   (:attr:`hdm_optax.pieces.shell.Verdict.keep_pair`). :math:`H_0 = \gamma I` with
   :math:`\gamma = \langle s, y\rangle / \langle y, y\rangle` of the newest accepted kept pair
   (:math:`\min(1, 1/\|u\|)` before one exists), or, with ``diagonal``, the diagonal it
@@ -187,7 +187,8 @@ def lbfgs_direction(
       ``optax.inject_hyperparams`` injects it), concrete where the state is built (traced in
       ``update``, the state's pairs fix m), or a function ``m(n)`` of the params' number of
       entries, called where the state is built.
-    pair_tol: :math:`\epsilon_p`, the cosine below which a pair is not kept.
+    pair_tol: :math:`\epsilon_p`, the fraction of :math:`\sum_i |s_i y_i|` that
+      :math:`\langle s, y\rangle` must exceed for the pair to be kept.
     lower: the box's lower bound: ``None`` (none), a number, or a pytree shaped like
       the params; -inf for an open side.
     upper: the upper bound, like ``lower``.
@@ -317,7 +318,6 @@ def _learn(cfg: _Config, state, trial, verdict, ctx):
   # ||y|| and gamma = <s, y> / ||y||^2 where ||y||^2 overflows (gradients of 1e19 in
   # float32) from the rescaled norm: a pair of such an f still enters the memory.
   overflow = ~jnp.isfinite(products.yy)
-  step_norm = jnp.sqrt(products.ss)
   change_norm = _numerics.scaled_norm(change, products.yy)
   # A step below the resolution of x (or a rejected one that left the gradient as it was)
   # carries no curvature: H has collapsed along g; the memory restarts from H_0 = gamma_0 I.
@@ -327,7 +327,11 @@ def _learn(cfg: _Config, state, trial, verdict, ctx):
   lost = finite & (short | ((change_norm == 0) & ~verdict.accepted))
   # A finite trial's pair with enough positive curvature enters the memory where the step
   # rule trusts it (an accepted trial's, a rejected one's whose values agree with its slopes).
-  curved = sy > c(cfg.pair_tol) * step_norm * change_norm
+  # Enough: <s, y> above pair_tol times the size of its terms, sum_i |s_i y_i|, a test that a
+  # rescaling of the coordinates leaves as it is (the cosine of s and y does not: in a valley
+  # where s is along a coordinate of 1e4 and y along one of 1e-6, it is 1e-11 for a pair
+  # whose curvature is all of <s, y>).
+  curved = sy > c(cfg.pair_tol) * products.sy_abs
   keep = finite & curved & ~lost & verdict.keep_pair
   memory = memory_lib.secant_record(state.memory, step, change, keep, sy=sy)
   memory = memory_lib.reset(memory, lost)

@@ -75,11 +75,17 @@ class SecantMemory(NamedTuple):
 
 
 class PairProducts(NamedTuple):
-  """The inner products of a pair (s, y) that the pair test and :math:`H_0` use."""
+  r"""The inner products of a pair (s, y) that the pair test and :math:`H_0` use.
+
+  ``sy_abs`` is :math:`\sum_i |s_i y_i|`, the size of :math:`\langle s, y\rangle`'s terms
+  (the pair test's scale: unchanged by a rescaling of the coordinates, as
+  :math:`\langle s, y\rangle` is).
+  """
 
   ss: jax.Array
   yy: jax.Array
   sy: jax.Array
+  sy_abs: jax.Array
 
 
 def _stacked_zeros(block, size: int) -> jax.Array:
@@ -194,7 +200,7 @@ def _row_dots(stacked, vector, dtype) -> jax.Array:
 
 
 def pair_products(step, change) -> PairProducts:
-  r""":math:`\|s\|^2`, :math:`\|y\|^2` and :math:`\langle s, y\rangle`.
+  r""":math:`\|s\|^2`, :math:`\|y\|^2`, :math:`\langle s, y\rangle` and :math:`\sum_i |s_i y_i|`.
 
   Three dot products in the leaves' precision (a single variadic reduction over s and y
   is summed in order, not pairwise, by XLA on the CPU, and loses accuracy at large n).
@@ -204,18 +210,24 @@ def pair_products(step, change) -> PairProducts:
     change: y, shaped like ``step``.
 
   Returns:
-    :class:`PairProducts` ``(ss, yy, sy)``, each summed over the leaves.
+    :class:`PairProducts` ``(ss, yy, sy, sy_abs)``, each summed over the leaves.
 
   Examples:
     >>> import jax.numpy as jnp
     >>> from hdm_optax.pieces.lbfgs import memory
-    >>> p = memory.pair_products(jnp.array([1.0, 2.0]), jnp.array([3.0, 0.0]))
-    >>> float(p.ss), float(p.yy), float(p.sy)
-    (5.0, 9.0, 3.0)
+    >>> p = memory.pair_products(jnp.array([1.0, 2.0]), jnp.array([3.0, -1.0]))
+    >>> float(p.ss), float(p.yy), float(p.sy), float(p.sy_abs)
+    (5.0, 10.0, 1.0, 5.0)
   """
   dot = lambda a, b: jnp.vdot(a, b, precision=_EXACT)
-  total = lambda a, b: functools.reduce(jnp.add, jax.tree.leaves(jax.tree.map(dot, a, b)))
-  return PairProducts(ss=total(step, step), yy=total(change, change), sy=total(step, change))
+  size = lambda a, b: jnp.sum(jnp.abs(a * b))
+  total = lambda f, a, b: functools.reduce(jnp.add, jax.tree.leaves(jax.tree.map(f, a, b)))
+  return PairProducts(
+    ss=total(dot, step, step),
+    yy=total(dot, change, change),
+    sy=total(dot, step, change),
+    sy_abs=total(size, step, change),
+  )
 
 
 def _with_column(memory: SecantMemory, slot, column) -> jax.Array:

@@ -35,6 +35,7 @@ __all__ = (
   "models_agree",
   "noise_sample",
   "secant_minimiser",
+  "unseen_decrease",
 )
 
 # The strong Wolfe constant of the acceptance test (curvature_checked's default).
@@ -142,6 +143,35 @@ def curvature_checked(
   return (trial_value <= value) | (near & flat)
 
 
+def unseen_decrease(value, trial_value, slope, trial_slope, curvature: Any = 0.9) -> jax.Array:
+  r"""A trial whose decrease the slopes show and the values cannot: too short for f's rounding.
+
+  :math:`d_0 < 0`, :math:`|d_1 - d_0| \le (1 - c)\,|d_0|` (the slope barely moved: f falls
+  all along s, by about :math:`|d_0|`) and :math:`f^+ \le f + \max(10^{-10},
+  1024\epsilon)\,|f|` (:func:`curvature_checked`'s band: f's change is below what its values
+  resolve). Such a trial is rejected where f's rounding makes :math:`f^+` compare higher;
+  a shorter trial along the same line would show a smaller decrease under the same rounding.
+  :func:`evidence_step` lengthens the next one instead (alpha times ``extrapolate``) where
+  the memory already restarted at this x (without it, the shortened trials reach x's
+  resolution and the memory restarts, which is what a collapsed operator needs). A rise
+  beyond the band along an unmoved slope (a bump of f between x and :math:`x^+`) is
+  interpolated as any other rejected trial.
+
+  Examples:
+    >>> from hdm_optax.pieces.lbfgs import step_rule
+    >>> bool(step_rule.unseen_decrease(63.4, 63.4 + 6e-11, -6e-12, -6e-12))
+    True
+    >>> bool(step_rule.unseen_decrease(1.5e5, 2.6e5, -1.5e5, -1.6e5))  # beyond the band
+    False
+  """
+  value, trial_value = jnp.asarray(value), jnp.asarray(trial_value)
+  slope, trial_slope = jnp.asarray(slope), jnp.asarray(trial_slope)
+  eps = jnp.finfo(jnp.result_type(value)).eps
+  width = jnp.maximum(jnp.asarray(1e-10, value.dtype), 1024 * eps) * jnp.abs(value)
+  linear = (slope < 0) & (jnp.abs(trial_slope - slope) <= (1 - curvature) * jnp.abs(slope))
+  return linear & (trial_value <= value + width)
+
+
 def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, lo):
   """alpha after an accepted trial (see :func:`evidence_step`)."""
   steep_still = trial_slope < steep * slope
@@ -167,11 +197,14 @@ class EvidenceState(NamedTuple):
     alpha: the factor of the next trial.
     nulls: the null steps in a row (a restart of the direction's memory keeps it).
     noise: the largest :func:`noise_sample` of those null steps (0 after an accepted trial).
+    restarted: the direction's memory restarted since the last accepted trial (x has not
+      moved since: a second restart would repeat the same trials).
   """
 
   alpha: jax.Array
   nulls: jax.Array
   noise: jax.Array
+  restarted: Any = False
 
 
 def noise_sample(value, trial_value, slope, trial_slope, curvature: Any = 0.9) -> jax.Array:
@@ -215,7 +248,8 @@ def _next_state(state: EvidenceState, e, accepted, alpha, curvature) -> Evidence
   seen = jnp.where(e.finite & ~e.probe, seen, 0)
   noise = jnp.where(accepted, 0, jnp.maximum(state.noise, seen)).astype(state.noise.dtype)
   nulls = jnp.where(accepted, 0, state.nulls + (~e.probe).astype(state.nulls.dtype))
-  return EvidenceState(alpha=alpha, nulls=nulls, noise=noise)
+  restarted = ~accepted & jnp.asarray(state.restarted)
+  return EvidenceState(alpha=alpha, nulls=nulls, noise=noise, restarted=restarted)
 
 
 def evidence_step(
@@ -253,7 +287,11 @@ def evidence_step(
   the minimiser of the cubic (:func:`cubic_minimiser`) relative to the secant's (the
   operator, updated by this pair, already moves the minimum along s to :math:`t_s`), or by
   the cubic's own where the two disagree, clipped to ``bracket``; by ``shrink`` where the
-  cubic has no minimiser or the trial was not finite. A restart of the direction's memory
+  cubic has no minimiser or the trial was not finite; by ``extrapolate`` (up to
+  ``max_step``) where the trial was too short for f's rounding (:func:`unseen_decrease`: the
+  slope did not move and f rose within the acceptance band) after a restart of the memory
+  at this x: shortened, the trials would reach x's resolution, where the memory restarts
+  into the same trials again. A restart of the direction's memory
   sets alpha = 1 (the shell restarts the rule).
 
   Args:
@@ -306,16 +344,23 @@ def evidence_step(
     agreed = jnp.isfinite(ratio) & (ratio >= 1 / c(agree)) & (ratio <= c(agree))
     up = _accepted_factor(alpha, e.slope, e.trial_slope, steep, extrapolate, lo)
     null = _null_factor(cubic, secant, agreed, lo, hi, shrink)
+    # Too short for f's rounding after a restart at this x: lengthened, not shortened down to
+    # x's resolution, where the memory would restart into the same trials (unseen_decrease).
+    unseen = unseen_decrease(e.value, e.trial_value, e.slope, e.trial_slope, _WOLFE)
+    unseen = unseen & state.restarted
+    null = jnp.where(unseen, c(extrapolate), null)
     factor = jnp.where(e.finite, null, shrink)
-    new = jnp.where(accepted, jnp.minimum(up, max_step), alpha * factor)
+    new = jnp.minimum(jnp.where(accepted, up, alpha * factor), max_step)
     nxt = _next_state(state, e, accepted, new.astype(alpha.dtype), _WOLFE)
     return shell.Verdict(accepted=accepted, state=nxt, keep_pair=accepted | agreed)
 
   def init(dtype):
-    return EvidenceState(jnp.ones([], dtype), jnp.zeros([], jnp.int32), jnp.zeros([], dtype))
+    ones, zeros = jnp.ones([], dtype), jnp.zeros([], dtype)
+    return EvidenceState(ones, jnp.zeros([], jnp.int32), zeros, jnp.zeros([], bool))
 
   def restart(state, dtype):  # x stays: the null run and its noise go on
-    return init(dtype)._replace(nulls=state.nulls, noise=state.noise)
+    fresh = init(dtype)._replace(nulls=state.nulls, noise=state.noise)
+    return fresh._replace(restarted=jnp.ones([], bool))
 
   return shell.StepRule(
     init=init, step_size=lambda state: state.alpha, judge=judge, restart=restart
