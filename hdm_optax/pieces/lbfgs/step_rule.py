@@ -100,6 +100,12 @@ def models_agree(value, trial_value, slope, trial_slope, factor):
   return jnp.isfinite(ratio) & (ratio >= 1 / factor) & (ratio <= factor)
 
 
+def _rounding_width(value, band: Any = 1e-10, ulps=1024.0) -> jax.Array:
+  r""":math:`\max(b, u\epsilon)\,|f|`: the change of f still treated as its rounding."""
+  eps = jnp.finfo(jnp.result_type(value)).eps
+  return jnp.maximum(jnp.asarray(band, value.dtype), ulps * eps) * jnp.abs(value)
+
+
 def curvature_checked(
   value, trial_value, slope, trial_slope, band: Any = 1e-10, curvature: Any = 0.9, ulps=1024.0
 ) -> jax.Array:
@@ -136,9 +142,7 @@ def curvature_checked(
     >>> bool(step_rule.curvature_checked(f, f + 1e-5, -1.0, -0.95))
     False
   """
-  eps = jnp.finfo(jnp.result_type(value)).eps
-  width = jnp.maximum(jnp.asarray(band, value.dtype), ulps * eps) * jnp.abs(value)
-  near = trial_value <= value + width
+  near = trial_value <= value + _rounding_width(value, band, ulps)
   flat = jnp.abs(trial_slope) <= curvature * jnp.abs(slope)
   return (trial_value <= value) | (near & flat)
 
@@ -166,10 +170,8 @@ def unseen_decrease(value, trial_value, slope, trial_slope, curvature: Any = 0.9
   """
   value, trial_value = jnp.asarray(value), jnp.asarray(trial_value)
   slope, trial_slope = jnp.asarray(slope), jnp.asarray(trial_slope)
-  eps = jnp.finfo(jnp.result_type(value)).eps
-  width = jnp.maximum(jnp.asarray(1e-10, value.dtype), 1024 * eps) * jnp.abs(value)
   linear = (slope < 0) & (jnp.abs(trial_slope - slope) <= (1 - curvature) * jnp.abs(slope))
-  return linear & (trial_value <= value + width)
+  return linear & (trial_value <= value + _rounding_width(value))
 
 
 def _accepted_factor(alpha, slope, trial_slope, steep, extrapolate, lo):
