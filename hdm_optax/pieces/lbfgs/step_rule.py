@@ -206,7 +206,7 @@ class EvidenceState(NamedTuple):
   alpha: jax.Array
   nulls: jax.Array
   noise: jax.Array
-  restarted: Any = False
+  restarted: jax.Array
 
 
 def noise_sample(value, trial_value, slope, trial_slope, curvature: Any = 0.9) -> jax.Array:
@@ -250,7 +250,7 @@ def _next_state(state: EvidenceState, e, accepted, alpha, curvature) -> Evidence
   seen = jnp.where(e.finite & ~e.probe, seen, 0)
   noise = jnp.where(accepted, 0, jnp.maximum(state.noise, seen)).astype(state.noise.dtype)
   nulls = jnp.where(accepted, 0, state.nulls + (~e.probe).astype(state.nulls.dtype))
-  restarted = ~accepted & jnp.asarray(state.restarted)
+  restarted = ~accepted & state.restarted
   return EvidenceState(alpha=alpha, nulls=nulls, noise=noise, restarted=restarted)
 
 
